@@ -1,0 +1,41 @@
+# Two commands do all set-up on a fresh machine:
+#   make run   — install, then open the Streamlit app on the bundled MovieLens sample
+#   make test  — install (with Debian's chromium for the browser test), then the full suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# With an NVIDIA GPU take the CUDA build that the GPU suite ran on (torch 2.11 brings
+# triton 3.6); without one, the CPU wheel (torch 2.13.0 is on disk on the dev machines).
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ifeq ($(HAS_GPU),1)
+TORCH_SPEC := torch==2.11.0
+else
+TORCH_SPEC := torch==2.13.0 triton==3.6.0
+endif
+PORT ?= 8501
+
+.PHONY: install run test test-gpu browser clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+install: $(STAMP)
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the end-to-end test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+run: install
+	$(PY) -m streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+
+test: install browser
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis test-artifacts

@@ -1,0 +1,288 @@
+"""The in-memory SID catalog: a lexicographically sorted (N, L) token table.
+
+File formats live in :mod:`zerogr_core.catalog.io`; this module needs numpy only so that
+the GPU path (index, decoders, kernels, bench) imports without Polars.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CatalogError
+
+
+def level_names(n_levels: int) -> list[str]:
+    """Column names of the per-level layout: ``s1 … sL``."""
+    return [f"s{i + 1}" for i in range(n_levels)]
+
+
+def lexsort_rows(sids: np.ndarray) -> np.ndarray:
+    """Return the permutation that sorts the rows of ``sids`` lexicographically.
+
+    Parameters
+    ----------
+    sids : np.ndarray, shape (N, L), integer, non-negative
+
+    Returns
+    -------
+    np.ndarray, shape (N,), int64
+        Stable order (ties keep input order).
+    """
+    n, n_levels = sids.shape
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    maxes = sids.max(axis=0).astype(np.int64) + 1
+    bits = [int(m - 1).bit_length() or 1 for m in maxes]
+    if sum(bits) <= 63:
+        # Pack the row into one integer key: one stable argsort instead of L passes.
+        key = np.zeros(n, dtype=np.int64)
+        for level in range(n_levels):
+            key <<= bits[level]
+            key |= sids[:, level].astype(np.int64)
+        return np.argsort(key, kind="stable")
+    return np.lexsort(sids.T[::-1])
+
+
+def lcp_with_previous(sids: np.ndarray) -> np.ndarray:
+    """Longest common prefix of each row with the row before it (row 0 gets 0).
+
+    Parameters
+    ----------
+    sids : np.ndarray, shape (N, L), rows sorted lexicographically
+
+    Returns
+    -------
+    np.ndarray, shape (N,), int8
+        ``h[i] = LCP(T[i-1], T[i])``; ``h[i] == L`` marks a duplicate SID.
+    """
+    n, n_levels = sids.shape
+    h = np.zeros(n, dtype=np.int8)
+    if n < 2:
+        return h
+    alive = np.ones(n - 1, dtype=bool)
+    for level in range(n_levels):
+        col = sids[:, level]
+        alive &= col[1:] == col[:-1]
+        h[1:] += alive
+    return h
+
+
+@dataclass(frozen=True, eq=False)
+class Catalog:
+    """A validated catalog of items and their semantic IDs, sorted lexicographically.
+
+    Attributes
+    ----------
+    sids : np.ndarray, shape (N, L)
+        Per-level local token ids, sorted lexicographically, rows unique. dtype is the
+        smallest signed type that holds every codebook (int16 up to 32,767 tokens).
+    codebook_sizes : tuple[int, ...]
+        |V_l| per level, length L.
+    item_ids : np.ndarray, shape (N,), int64
+        Item id of each row (same order as ``sids``).
+    titles : np.ndarray or None, shape (N,), object
+        Optional human-readable names (same order as ``sids``).
+    band_offsets : tuple[int, ...] or None
+        For models with one shared head: the first head row of each level's band.
+    name : str
+        Label used in reports.
+    """
+
+    sids: np.ndarray
+    codebook_sizes: tuple[int, ...]
+    item_ids: np.ndarray
+    titles: np.ndarray | None = None
+    band_offsets: tuple[int, ...] | None = None
+    name: str = "catalog"
+    collision_level_added: bool = False
+    duplicate_groups: int = field(default=0)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_sids(cls, sids, codebook_sizes=None, *, item_ids=None, titles=None,
+                  band_offsets=None, on_duplicate: str = "error", name: str = "catalog",
+                  assume_sorted: bool = False) -> "Catalog":
+        """Validate, sort and wrap a SID table.
+
+        Parameters
+        ----------
+        sids : array-like, shape (N, L), integer
+            Token ids per level. N ≥ 1, L ≥ 1.
+        codebook_sizes : sequence of int, optional
+            |V_l| per level. Inferred as ``max + 1`` per level when omitted.
+        item_ids : array-like, shape (N,), int, optional
+            Item ids; default ``arange(N)``. Must be unique.
+        titles : array-like, shape (N,), optional
+        band_offsets : sequence of int, optional
+            First head row of each level when the model uses one shared head.
+        on_duplicate : {"error", "collision"}
+            What to do when two items share a SID: raise, or append a collision level
+            (TIGER style: 0, 1, 2, … within each group of equal SIDs).
+        name : str
+        assume_sorted : bool
+            Skip sorting when the caller guarantees lexicographic order (generators).
+
+        Raises
+        ------
+        CatalogError
+            Empty table, non-integer or negative tokens, tokens outside their codebook,
+            duplicate item ids, or duplicate SIDs with ``on_duplicate="error"``.
+        """
+        arr = np.asarray(sids)
+        if arr.ndim != 2:
+            raise CatalogError(f"SID table must be 2-D (items × levels), got shape {arr.shape}")
+        if arr.shape[0] == 0:
+            raise CatalogError("catalog is empty: no items")
+        if arr.shape[1] == 0:
+            raise CatalogError("catalog has no SID levels")
+        n, n_levels = arr.shape
+        names = level_names(n_levels)
+        if arr.dtype.kind == "f":
+            bad = ~np.isfinite(arr) | (arr != np.round(arr))
+            if bad.any():
+                r, c = np.argwhere(bad)[0]
+                raise CatalogError(f"token {arr[r, c]!r} is not an integer", row=int(r), column=names[c])
+            arr = arr.astype(np.int64)
+        elif arr.dtype.kind not in "iu":
+            raise CatalogError(f"SID tokens must be integers, got dtype {arr.dtype}")
+        neg = arr < 0
+        if neg.any():
+            r, c = np.argwhere(neg)[0]
+            raise CatalogError(f"negative token {int(arr[r, c])}", row=int(r), column=names[c])
+        observed = arr.max(axis=0).astype(np.int64) + 1
+        if codebook_sizes is None:
+            sizes = tuple(int(v) for v in observed)
+        else:
+            sizes = tuple(int(v) for v in codebook_sizes)
+            if len(sizes) != n_levels:
+                raise CatalogError(f"{len(sizes)} codebook sizes given for {n_levels} levels",
+                                   column="codebook_sizes")
+            for level, size in enumerate(sizes):
+                if size < 1:
+                    raise CatalogError(f"codebook size must be ≥ 1, got {size}", column=names[level])
+                if observed[level] > size:
+                    r = int(np.argmax(arr[:, level] >= size))
+                    raise CatalogError(
+                        f"token {int(arr[r, level])} ≥ codebook size {size}", row=r, column=names[level])
+        if item_ids is None:
+            ids = np.arange(n, dtype=np.int64)
+        else:
+            ids = np.asarray(item_ids)
+            if ids.shape != (n,):
+                raise CatalogError(f"item_ids has shape {ids.shape}, expected ({n},)", column="item_id")
+            if ids.dtype.kind not in "iu":
+                raise CatalogError(f"item ids must be integers, got dtype {ids.dtype}", column="item_id")
+            ids = ids.astype(np.int64)
+            uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
+            if (counts > 1).any():
+                dup = uniq[counts > 1][0]
+                rows = np.flatnonzero(ids == dup)
+                raise CatalogError(f"duplicate item id {int(dup)} (also on row {int(rows[0]) + 1})",
+                                   row=int(rows[1]), column="item_id")
+        titles_arr = None if titles is None else np.asarray(titles, dtype=object)
+        if titles_arr is not None and titles_arr.shape != (n,):
+            raise CatalogError(f"titles has shape {titles_arr.shape}, expected ({n},)", column="title")
+        if band_offsets is not None:
+            band_offsets = tuple(int(b) for b in band_offsets)
+            if len(band_offsets) != n_levels:
+                raise CatalogError(f"{len(band_offsets)} band offsets for {n_levels} levels",
+                                   column="band_offsets")
+
+        order = np.arange(n) if assume_sorted else lexsort_rows(arr)
+        table = arr[order]
+        ids = ids[order]
+        if titles_arr is not None:
+            titles_arr = titles_arr[order]
+        h = lcp_with_previous(table)
+        dup_mask = h == n_levels
+        groups = 0
+        collision = False
+        if dup_mask.any():
+            groups = int(np.count_nonzero(np.diff(np.concatenate([[0], dup_mask.astype(np.int8)])) == 1))
+            if on_duplicate == "error":
+                r = int(np.argmax(dup_mask))
+                raise CatalogError(
+                    f"SID {' '.join(map(str, table[r]))} is shared by items {int(ids[r - 1])} and "
+                    f"{int(ids[r])} ({groups} duplicated SIDs in all; use the collision option "
+                    f"to append a disambiguating level)", column="sid")
+            if on_duplicate != "collision":
+                raise CatalogError(f"on_duplicate must be 'error' or 'collision', got {on_duplicate!r}",
+                                   column="on_duplicate")
+            # Rank within each run of equal SIDs: position minus the run's start.
+            run_start = np.maximum.accumulate(np.where(~dup_mask, np.arange(n), 0))
+            extra = (np.arange(n) - run_start).astype(np.int64)
+            table = np.concatenate([table.astype(np.int64), extra[:, None]], axis=1)
+            sizes = sizes + (int(extra.max()) + 1,)
+            if band_offsets is not None:
+                band_offsets = band_offsets + (band_offsets[-1] + sizes[-2],)
+            collision = True
+        elif on_duplicate not in ("error", "collision"):
+            raise CatalogError(f"on_duplicate must be 'error' or 'collision', got {on_duplicate!r}",
+                               column="on_duplicate")
+        dtype = token_dtype(max(sizes))
+        return cls(sids=np.ascontiguousarray(table.astype(dtype, copy=False)), codebook_sizes=sizes,
+                   item_ids=ids, titles=titles_arr, band_offsets=band_offsets, name=name,
+                   collision_level_added=collision, duplicate_groups=groups)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def n_items(self) -> int:
+        return int(self.sids.shape[0])
+
+    @property
+    def n_levels(self) -> int:
+        return int(self.sids.shape[1])
+
+    def sid_table_bytes_int16(self) -> int:
+        """Bytes of the raw SID table stored as int16 (N·L·2), the memory yardstick."""
+        return self.n_items * self.n_levels * 2
+
+    def row_of_item(self, item_id: int) -> int:
+        """Row of ``item_id`` in the sorted table (raises ``KeyError`` if absent)."""
+        hits = np.flatnonzero(self.item_ids == item_id)
+        if hits.size == 0:
+            raise KeyError(item_id)
+        return int(hits[0])
+
+    def step_stats(self) -> list[dict]:
+        """Per-step statistics of the prefix tree.
+
+        Returns
+        -------
+        list of dict, one per step l (0-based) with keys ``step`` (1-based), ``codebook``,
+        ``states`` (S_l), ``entries`` (E_l), ``density`` (catalog-level: E_l / (S_l·|V_l|)),
+        ``max_segment`` and ``mean_segment``.
+        """
+        h = lcp_with_previous(self.sids)
+        out = []
+        states = 1
+        for level in range(self.n_levels):
+            seg = _segment_lengths(h, level)
+            entries = int(seg.sum())
+            size = self.codebook_sizes[level]
+            out.append(dict(step=level + 1, codebook=size, states=states, entries=entries,
+                            density=entries / (states * size), max_segment=int(seg.max()),
+                            mean_segment=entries / states))
+            states = entries
+        return out
+
+    def segment_lengths(self, level: int) -> np.ndarray:
+        """Branching factor of every state at ``level`` (0-based), shape (S_l,), int64."""
+        return _segment_lengths(lcp_with_previous(self.sids), level)
+
+
+def _segment_lengths(h: np.ndarray, level: int) -> np.ndarray:
+    # Entries of step l are rows with h <= l; a state opens where h < l.
+    sub = h[h <= level]
+    starts = np.flatnonzero(sub < level) if level else np.zeros(1, dtype=np.int64)
+    return np.diff(np.append(starts, sub.size))
+
+
+def token_dtype(max_codebook: int) -> np.dtype:
+    """Smallest signed integer dtype that holds local ids ``0 … max_codebook-1``."""
+    if max_codebook <= 128:
+        return np.dtype(np.int8)
+    if max_codebook <= 32768:
+        return np.dtype(np.int16)
+    return np.dtype(np.int32)

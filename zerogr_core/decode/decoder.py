@@ -1,0 +1,111 @@
+"""The public decoder: constrained beam search in either order, or unconstrained."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import ZeroGRError
+from ..index.layout import StepIndex
+from .heads import Heads
+from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
+from .search import DecodeResult, HiddenFn, beam_search
+
+ORDERS = ("filter-first", "score-first", "unconstrained")
+ENGINES = ("auto", "reference", "graph", "eager")
+
+
+def default_projection(index: StepIndex) -> tuple[str, ...]:
+    """Reference projection per step: a GEMM on dense steps, selective on sparse ones."""
+    return tuple("full" if s.kind == "dense" else "selective" for s in index.steps)
+
+
+class Decoder:
+    """Constrained beam search over a step-sliced index.
+
+    Parameters
+    ----------
+    index : StepIndex
+        Built by :func:`zerogr_core.build_index`; its device is where decoding runs.
+    heads : list of torch.Tensor (|V_l|, H), or torch.Tensor (rows, H)
+        Per-level heads, or one shared head with a band per level (``band_offsets``).
+    beam_width : int
+        M, beams kept per request.
+    order : {"filter-first", "score-first", "unconstrained"}
+    band_offsets : sequence of int, optional
+        First head row of each level for a shared head (default: cumulative codebooks).
+    projection : "full", "selective", or a sequence of them per step, optional
+        Filter-first projection per step for the reference path (default: full on dense
+        steps, selective on sparse ones). The GPU engine plans its own unless given.
+    source : StaticIndex or HostTrie, optional
+        For score-first: where valid tokens come from (default: ``index`` itself).
+    engine : {"auto", "reference", "graph", "eager"}
+        ``auto`` uses the GPU engine (CUDA graph replay) for filter-first on a CUDA index
+        and the pure-PyTorch reference elsewhere.
+    """
+
+    def __init__(self, index: StepIndex, heads, beam_width: int, order: str = "filter-first", *,
+                 band_offsets: Sequence[int] | None = None, projection=None, source=None,
+                 engine: str = "auto"):
+        if order not in ORDERS:
+            raise ZeroGRError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        if engine not in ENGINES:
+            raise ZeroGRError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if not isinstance(beam_width, int) or beam_width < 1:
+            raise ZeroGRError(f"beam_width must be a positive integer, got {beam_width!r}")
+        self.index = index
+        self.heads = Heads.build(heads, index.codebook_sizes, band_offsets)
+        if self.heads.device != index.device:
+            raise ZeroGRError(f"heads are on {self.heads.device} but the index is on {index.device}")
+        self.beam_width = beam_width
+        self.order = order
+        if isinstance(projection, str):
+            if projection not in PROJECTIONS:
+                raise ZeroGRError(f"projection must be one of {PROJECTIONS}, got {projection!r}")
+            projection = (projection,) * index.n_levels
+        self.projection = tuple(projection) if projection is not None else None
+        self.source = source if source is not None else index
+        use_gpu = order == "filter-first" and index.device.type == "cuda" and engine != "reference"
+        if engine in ("graph", "eager") and not use_gpu:
+            raise ZeroGRError(f"engine {engine!r} needs filter-first decoding on a CUDA index")
+        self.engine = None
+        if use_gpu:
+            from .engine import GpuEngine
+
+            self.engine = GpuEngine(index, self.heads, beam_width, plan_override=self.projection,
+                                    use_graph=engine != "eager")
+
+    def step_fn(self):
+        """The per-step candidate function of this decoder's order (reference path)."""
+        if self.order == "filter-first":
+            return FilterFirst(self.index, self.heads, self.projection or default_projection(self.index))
+        if self.order == "score-first":
+            return ScoreFirst(self.source, self.heads)
+        return Unconstrained(self.heads)
+
+    @torch.no_grad()
+    def decode(self, hidden_fn: HiddenFn, batch_size: int) -> DecodeResult:
+        """Decode ``batch_size`` requests.
+
+        Parameters
+        ----------
+        hidden_fn : callable(step, prefixes) -> torch.Tensor
+            ``prefixes``: int64 (batch, beams_at_step, step), -1 for unfilled beams;
+            ``beams_at_step`` is 1 at step 0 and ``beam_width`` afterwards. Returns the
+            hidden states (batch, beams_at_step, H).
+        batch_size : int
+
+        Returns
+        -------
+        DecodeResult
+        """
+        if self.engine is not None:
+            return self.engine.decode(hidden_fn, batch_size)
+        result = beam_search(self.step_fn(), hidden_fn, batch_size=batch_size, beam_width=self.beam_width,
+                             n_levels=self.index.n_levels, hidden_size=self.heads.hidden_size,
+                             device=self.index.device)
+        if self.order == "unconstrained":
+            flat = result.tokens.reshape(-1, self.index.n_levels)
+            rows = resolve_rows(self.index, flat).reshape(result.item_rows.shape)
+            result.item_rows = torch.where(result.scores > float("-inf"), rows, -1)
+        return result

@@ -1,0 +1,88 @@
+"""Output projections: per-level heads, or one shared head with a band per level."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..errors import ZeroGRError
+
+
+@dataclass(frozen=True, eq=False)
+class Heads:
+    """The model's output projection, seen per level.
+
+    Attributes
+    ----------
+    bands : tuple of torch.Tensor
+        ``bands[l]`` has shape (|V_l|, H): the rows that score level l's tokens. For a
+        shared head these are views into ``shared`` (never copies).
+    shared : torch.Tensor or None, shape (rows, H)
+        The whole head when the model has one shared head.
+    band_offsets : tuple of int
+        First row of each band in the shared head (0s for per-level heads).
+    """
+
+    bands: tuple[torch.Tensor, ...]
+    shared: torch.Tensor | None
+    band_offsets: tuple[int, ...]
+
+    @classmethod
+    def build(cls, heads, codebook_sizes: Sequence[int], band_offsets: Sequence[int] | None = None) -> "Heads":
+        """Normalise the user's ``heads`` argument.
+
+        Parameters
+        ----------
+        heads : list of torch.Tensor (|V_l|, H), or torch.Tensor (rows, H)
+            Per-level heads, or one shared head.
+        codebook_sizes : sequence of int
+        band_offsets : sequence of int, optional
+            For a shared head: first row of each level (default: cumulative codebook sizes).
+        """
+        sizes = tuple(int(s) for s in codebook_sizes)
+        if isinstance(heads, torch.Tensor):
+            if heads.dim() != 2:
+                raise ZeroGRError(f"heads: a shared head must be 2-D (rows, H), got shape {tuple(heads.shape)}")
+            offsets = tuple(int(o) for o in band_offsets) if band_offsets is not None else \
+                tuple(int(sum(sizes[:l])) for l in range(len(sizes)))
+            if len(offsets) != len(sizes):
+                raise ZeroGRError(f"band_offsets: {len(offsets)} offsets for {len(sizes)} levels")
+            for level, (o, s) in enumerate(zip(offsets, sizes)):
+                if o < 0 or o + s > heads.shape[0]:
+                    raise ZeroGRError(f"band_offsets: level {level + 1} band [{o}, {o + s}) exceeds the "
+                                      f"head's {heads.shape[0]} rows")
+            return cls(tuple(heads[o:o + s] for o, s in zip(offsets, sizes)), heads, offsets)
+        heads = list(heads)
+        if len(heads) != len(sizes):
+            raise ZeroGRError(f"heads: {len(heads)} per-level heads for {len(sizes)} levels")
+        hidden = None
+        for level, (w, s) in enumerate(zip(heads, sizes)):
+            if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] != s:
+                shape = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+                raise ZeroGRError(f"heads[{level}]: expected shape ({s}, H), got {shape}")
+            if hidden is not None and w.shape[1] != hidden:
+                raise ZeroGRError(f"heads[{level}]: hidden size {w.shape[1]} differs from {hidden}")
+            hidden = w.shape[1]
+        return cls(tuple(heads), None, (0,) * len(sizes))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.bands[0].shape[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.bands[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.bands[0].device
+
+    def normaliser(self, level: int) -> tuple[torch.Tensor, int]:
+        """What scoring first projects at ``level``: (weight, row of the band's token 0).
+
+        The whole shared head (as STATIC normalises), or the level's own head.
+        """
+        if self.shared is not None:
+            return self.shared, self.band_offsets[level]
+        return self.bands[level], 0

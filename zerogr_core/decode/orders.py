@@ -1,0 +1,131 @@
+"""Per-step candidate scoring for the three decode orders.
+
+filter-first
+    Look up each beam's valid tokens in the step-sliced index, compute only their logits
+    (selective projection) or a full GEMM over the level's band whose valid logits are
+    copied into the slots, then log-softmax over the valid slots.
+score-first
+    Full projection over everything the model projects (the level's head, or the whole
+    shared head as STATIC does), log-softmax over all of it, then keep the valid tokens,
+    found in the step-sliced index, the STATIC-style index or the host trie.
+unconstrained
+    Full projection and log-softmax with no mask; every token of the level's band competes.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kernels import filter_slots, log_softmax_slots, selective_projection
+
+from ..errors import ZeroGRError
+from ..index.host_trie import HostTrie
+from ..index.layout import StepIndex
+from ..index.static_style import StaticIndex
+from .heads import Heads
+
+PROJECTIONS = ("full", "selective")
+
+
+def full_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Logits of every row of ``weight``: (n, H) × (V, H)ᵀ → (n, V), float32."""
+    return (hidden.to(weight.dtype) @ weight.T).float()
+
+
+class FilterFirst:
+    """Filtering first over a :class:`StepIndex`.
+
+    Parameters
+    ----------
+    index : StepIndex
+    heads : Heads
+    projection : sequence of {"full", "selective"}, one per step
+    """
+
+    def __init__(self, index: StepIndex, heads: Heads, projection: Sequence[str]):
+        if len(projection) != index.n_levels or any(p not in PROJECTIONS for p in projection):
+            raise ZeroGRError(f"projection must list one of {PROJECTIONS} per step, got {list(projection)}")
+        self.index, self.heads, self.projection = index, heads, tuple(projection)
+
+    def __call__(self, step, states, hidden, scores):
+        mapping = self.index.steps[step]
+        band = self.heads.bands[step]
+        if self.projection[step] == "full":
+            slots = filter_slots(mapping, states, logits=full_logits(hidden, band))
+        else:
+            slots = filter_slots(mapping, states)
+            selective_projection(hidden, band, slots)
+        return log_softmax_slots(slots.logits, scores), slots.tokens, slots.succ
+
+
+class ScoreFirst:
+    """Scoring first: full-vocabulary log-softmax, then keep the valid slots.
+
+    Parameters
+    ----------
+    source : StepIndex, StaticIndex or HostTrie
+        Where the valid tokens come from.
+    heads : Heads
+    """
+
+    def __init__(self, source, heads: Heads):
+        self.source, self.heads = source, heads
+
+    def __call__(self, step, states, hidden, scores):
+        weight, band_start = self.heads.normaliser(step)
+        logprobs = torch.log_softmax(full_logits(hidden, weight), dim=-1)
+        source = self.source
+        if isinstance(source, StepIndex):
+            slots = filter_slots(source.steps[step], states, logits=logprobs, logit_offset=band_start)
+            tokens, succ, slot_lp = slots.tokens.to(torch.int64), slots.succ, slots.logits
+        else:
+            if isinstance(source, StaticIndex):
+                tokens, succ = source.candidates(step, states)
+                tokens = torch.where(tokens >= 0, tokens - source.band_offsets[step], -1)
+            elif isinstance(source, HostTrie):
+                tok, nxt = source.children(step, states.cpu().numpy())
+                tokens = torch.from_numpy(tok).to(states.device, non_blocking=True)
+                succ = torch.from_numpy(nxt).to(states.device, non_blocking=True)
+            else:
+                raise ZeroGRError(f"score-first needs a StepIndex, StaticIndex or HostTrie, got {type(source).__name__}")
+            slot_lp = torch.gather(logprobs, 1, (tokens + band_start).clamp(min=0))
+            slot_lp = torch.where(tokens >= 0, slot_lp, float("-inf"))
+        return slot_lp + scores[:, None], tokens, succ
+
+
+class Unconstrained:
+    """No mask: log-softmax over what the model projects, top-k over the level's band."""
+
+    def __init__(self, heads: Heads):
+        self.heads = heads
+
+    def __call__(self, step, states, hidden, scores):
+        weight, band_start = self.heads.normaliser(step)
+        size = self.heads.bands[step].shape[0]
+        logprobs = torch.log_softmax(full_logits(hidden, weight), dim=-1)[:, band_start:band_start + size]
+        n = states.shape[0]
+        tokens = torch.arange(size, device=states.device).expand(n, size)
+        succ = torch.full((n, size), -1, dtype=torch.int64, device=states.device)
+        return logprobs + scores[:, None], tokens, succ
+
+
+def resolve_rows(index: StepIndex, tokens: torch.Tensor) -> torch.Tensor:
+    """Catalog rows of complete SIDs, -1 for sequences that are not items.
+
+    Parameters
+    ----------
+    tokens : torch.Tensor, shape (n, L), int64 (-1 allowed)
+
+    Returns
+    -------
+    torch.Tensor, shape (n,), int64
+    """
+    state = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
+    for step, mapping in enumerate(index.steps):
+        slots = filter_slots(mapping, state)
+        hit = (slots.tokens.to(torch.int64) == tokens[:, step:step + 1]) & (slots.tokens >= 0)
+        found = hit.any(dim=1)
+        state = torch.where(found, slots.succ.gather(1, hit.to(torch.int8).argmax(dim=1, keepdim=True))[:, 0], -1)
+    return state
+

@@ -1,0 +1,105 @@
+"""The beam-search loop shared by every decode order.
+
+A decode order supplies one function per step that turns the beams' states, hidden states
+and accumulated scores into fixed-width candidate slots; the loop selects the top-M
+candidates per request, gathers parents, tokens and successor states, and calls the model
+again. Nothing here depends on how the candidates were scored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from kernels import topk_gather
+
+from ..errors import ZeroGRError
+
+HiddenFn = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class DecodeResult:
+    """Beams of a finished decode.
+
+    Attributes
+    ----------
+    tokens : torch.Tensor, shape (batch, beam_width, L), int64
+        Per-level local token ids; -1 for unfilled beams.
+    scores : torch.Tensor, shape (batch, beam_width), float32
+        Accumulated log-probabilities; -inf for unfilled beams.
+    item_rows : torch.Tensor, shape (batch, beam_width), int64
+        Row of each beam's item in the sorted catalog; -1 for unfilled beams and for
+        sequences that are not catalog items (unconstrained decoding only).
+    """
+
+    tokens: torch.Tensor
+    scores: torch.Tensor
+    item_rows: torch.Tensor
+
+    def item_ids(self, catalog) -> np.ndarray:
+        """Item ids (batch, beam_width), int64; -1 where there is no item."""
+        rows = self.item_rows.cpu().numpy()
+        return np.where(rows >= 0, catalog.item_ids[np.maximum(rows, 0)], -1)
+
+
+class StepFn(Protocol):
+    def __call__(self, step: int, states: torch.Tensor, hidden: torch.Tensor,
+                 scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Candidates of every beam.
+
+        Parameters
+        ----------
+        states : (n,) int64, -1 for dead beams
+        hidden : (n, H)
+        scores : (n,) float32, accumulated log-probability (-inf for dead beams)
+
+        Returns
+        -------
+        slot_scores (n, K) float32, -inf for invalid slots; slot_tokens (n, K) int32/int64;
+        slot_succ (n, K) int64.
+        """
+
+
+def check_hidden(hidden: torch.Tensor, batch: int, beams: int, hidden_size: int, step: int) -> None:
+    if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape) != (batch, beams, hidden_size):
+        got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+        raise ZeroGRError(f"hidden_fn(step={step}) returned {got}, expected ({batch}, {beams}, {hidden_size})")
+
+
+def beam_search(step_fn: StepFn, hidden_fn: HiddenFn, *, batch_size: int, beam_width: int, n_levels: int,
+                hidden_size: int, device: torch.device) -> DecodeResult:
+    """Run L steps of beam search (reference loop, eager).
+
+    Parameters
+    ----------
+    step_fn : StepFn
+    hidden_fn : callable(step, prefixes) -> (batch, beams_at_step, H)
+        ``prefixes`` is int64 (batch, beams_at_step, step); unfilled beams carry -1.
+    batch_size, beam_width, n_levels, hidden_size : int
+    device : torch.device
+
+    Returns
+    -------
+    DecodeResult
+    """
+    if batch_size < 1:
+        raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
+    states = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)
+    scores = torch.zeros(batch_size, 1, dtype=torch.float32, device=device)
+    prefixes = torch.empty(batch_size, 1, 0, dtype=torch.int64, device=device)
+    for step in range(n_levels):
+        beams = states.shape[1]
+        hidden = hidden_fn(step, prefixes)
+        check_hidden(hidden, batch_size, beams, hidden_size, step)
+        slot_scores, slot_tokens, slot_succ = step_fn(
+            step, states.reshape(-1), hidden.reshape(batch_size * beams, hidden_size), scores.reshape(-1))
+        scores, parents, tokens, succ = topk_gather(slot_scores, slot_tokens, slot_succ, batch_size, beam_width)
+        flat_prefix = prefixes.reshape(batch_size * beams, step)
+        kept = flat_prefix[parents.clamp(min=0)]
+        kept = torch.where((parents >= 0)[..., None], kept, -1)
+        prefixes = torch.cat([kept, tokens.to(torch.int64)[..., None]], dim=2)
+        states = succ
+    return DecodeResult(prefixes, scores, states)

@@ -1,0 +1,49 @@
+"""One-line, user-facing errors.
+
+Every error the CLI or the app shows to a user is a :class:`ZeroGRError`. Its message is a
+single line that names the file, row, column or argument at fault, so the CLI can print it
+without a traceback and the app can put it in an error box.
+"""
+from __future__ import annotations
+
+
+class ZeroGRError(ValueError):
+    """Base class of all user-facing errors (a ``ValueError``)."""
+
+
+class CatalogError(ZeroGRError):
+    """A catalog is malformed.
+
+    Parameters
+    ----------
+    message : str
+        What is wrong, in one line.
+    row : int, optional
+        0-based row of the offending record in the input order (data rows, header excluded).
+    column : str, optional
+        Name of the offending column or level (``"s3"``, ``"sid"``, ``"item_id"``).
+    source : str, optional
+        File the catalog came from.
+    """
+
+    def __init__(self, message: str, *, row: int | None = None, column: str | None = None,
+                 source: str | None = None):
+        self.reason = message
+        self.row = row
+        self.column = column
+        self.source = source
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.source:
+            where.append(str(self.source))
+        if self.row is not None:
+            where.append(f"row {self.row + 1}")
+        if self.column is not None:
+            where.append(f"column '{self.column}'")
+        return (", ".join(where) + ": " if where else "") + self.reason
+
+    def with_source(self, source: str) -> "CatalogError":
+        """Return the same error, attributed to ``source`` (a file name)."""
+        return CatalogError(self.reason, row=self.row, column=self.column, source=source)
