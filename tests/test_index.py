@@ -84,7 +84,7 @@ def test_baseline_indexes_agree_with_step_index(cat_seed):
     assert static.nbytes == static_style_bytes([m.n_entries for m in index.steps], static.vocab, dense_levels)
     # Walk every catalog SID through the STATIC-style index and the host trie.
     states = torch.zeros(catalog.n_items, dtype=torch.int64)
-    trie_states = np.zeros(catalog.n_items, dtype=np.int64)
+    trie_states = torch.zeros(catalog.n_items, dtype=torch.int64)
     sids = torch.from_numpy(catalog.sids.astype(np.int64))
     for step in range(catalog.n_levels):
         tok, succ = static.candidates(step, states)
@@ -93,11 +93,11 @@ def test_baseline_indexes_agree_with_step_index(cat_seed):
         assert bool(hit.any(1).all())
         states = succ[hit]
         ttok, tsucc = trie.children(step, trie_states)
-        thit = ttok == catalog.sids[:, step:step + 1]
-        assert thit.any(1).all()
+        thit = ttok.long() == sids[:, step:step + 1]
+        assert bool(thit.any(1).all())
         trie_states = tsucc[thit]
     np.testing.assert_array_equal(states.numpy(), np.arange(catalog.n_items))
-    np.testing.assert_array_equal(trie_states, np.arange(catalog.n_items))
+    np.testing.assert_array_equal(trie_states.numpy(), np.arange(catalog.n_items))
 
 
 def test_single_item_catalog():

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from kernels import filter_slots, log_softmax_slots, selective_projection
+from kernels import filter_slots, log_softmax_slots, selective_proj
 
 from ..errors import ZeroGRError
 from ..index.host_trie import HostTrie
@@ -52,11 +52,12 @@ class FilterFirst:
         mapping = self.index.steps[step]
         band = self.heads.bands[step]
         if self.projection[step] == "full":
-            slots = filter_slots(mapping, states, logits=full_logits(hidden, band))
+            slots = filter_slots(states, mapping.slot_width, **mapping.filter_args(),
+                                 logits=full_logits(hidden, band))
         else:
-            slots = filter_slots(mapping, states)
-            selective_projection(hidden, band, slots)
-        return log_softmax_slots(slots.logits, scores), slots.tokens, slots.succ
+            slots = filter_slots(states, mapping.slot_width, **mapping.filter_args())
+            selective_proj(hidden.to(band.dtype), band, slots.slot_tokens, slots.tasks, slots.slot_logits)
+        return log_softmax_slots(slots.slot_logits, scores), slots.slot_tokens, slots.slot_succ
 
 
 class ScoreFirst:
@@ -77,19 +78,19 @@ class ScoreFirst:
         logprobs = torch.log_softmax(full_logits(hidden, weight), dim=-1)
         source = self.source
         if isinstance(source, StepIndex):
-            slots = filter_slots(source.steps[step], states, logits=logprobs, logit_offset=band_start)
-            tokens, succ, slot_lp = slots.tokens.to(torch.int64), slots.succ, slots.logits
+            mapping = source.steps[step]
+            band = logprobs.narrow(1, band_start, mapping.codebook)
+            slots = filter_slots(states, mapping.slot_width, **mapping.filter_args(), logits=band)
+            tokens, succ, slot_lp = slots.slot_tokens, slots.slot_succ, slots.slot_logits
         else:
             if isinstance(source, StaticIndex):
                 tokens, succ = source.candidates(step, states)
                 tokens = torch.where(tokens >= 0, tokens - source.band_offsets[step], -1)
             elif isinstance(source, HostTrie):
-                tok, nxt = source.children(step, states.cpu().numpy())
-                tokens = torch.from_numpy(tok).to(states.device, non_blocking=True)
-                succ = torch.from_numpy(nxt).to(states.device, non_blocking=True)
+                tokens, succ = source.children(step, states)
             else:
                 raise ZeroGRError(f"score-first needs a StepIndex, StaticIndex or HostTrie, got {type(source).__name__}")
-            slot_lp = torch.gather(logprobs, 1, (tokens + band_start).clamp(min=0))
+            slot_lp = torch.gather(logprobs, 1, (tokens.long() + band_start).clamp(min=0))
             slot_lp = torch.where(tokens >= 0, slot_lp, float("-inf"))
         return slot_lp + scores[:, None], tokens, succ
 
@@ -123,9 +124,9 @@ def resolve_rows(index: StepIndex, tokens: torch.Tensor) -> torch.Tensor:
     """
     state = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
     for step, mapping in enumerate(index.steps):
-        slots = filter_slots(mapping, state)
-        hit = (slots.tokens.to(torch.int64) == tokens[:, step:step + 1]) & (slots.tokens >= 0)
+        slots = filter_slots(state, mapping.slot_width, **mapping.filter_args())
+        hit = (slots.slot_tokens.to(torch.int64) == tokens[:, step:step + 1]) & (slots.slot_tokens >= 0)
         found = hit.any(dim=1)
-        state = torch.where(found, slots.succ.gather(1, hit.to(torch.int8).argmax(dim=1, keepdim=True))[:, 0], -1)
+        pos = hit.to(torch.int8).argmax(dim=1, keepdim=True)
+        state = torch.where(found, slots.slot_succ.gather(1, pos)[:, 0], -1)
     return state
-

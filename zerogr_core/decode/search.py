@@ -96,7 +96,8 @@ def beam_search(step_fn: StepFn, hidden_fn: HiddenFn, *, batch_size: int, beam_w
         check_hidden(hidden, batch_size, beams, hidden_size, step)
         slot_scores, slot_tokens, slot_succ = step_fn(
             step, states.reshape(-1), hidden.reshape(batch_size * beams, hidden_size), scores.reshape(-1))
-        scores, parents, tokens, succ = topk_gather(slot_scores, slot_tokens, slot_succ, batch_size, beam_width)
+        scores, parents, tokens, succ = topk_gather(slot_scores.contiguous(), slot_tokens.to(torch.int32),
+                                                    slot_succ, batch_size, beam_width)
         flat_prefix = prefixes.reshape(batch_size * beams, step)
         kept = flat_prefix[parents.clamp(min=0)]
         kept = torch.where((parents >= 0)[..., None], kept, -1)

@@ -146,6 +146,12 @@ class StepMapping:
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.tokens, self.offsets, self.table) if t is not None]
 
+    def filter_args(self) -> dict:
+        """Keyword arguments of :func:`kernels.filter_slots` for this mapping."""
+        if self.kind == "dense":
+            return {"table": self.table}
+        return {"tokens": self.tokens, "offsets": self.offsets}
+
     def sparse_view(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, offsets) of this step; derived from the table for a dense step.
 

@@ -1,0 +1,177 @@
+"""Reference decoders against brute-force beam search on small catalogs."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
+from zerogr_core.index import INDEX_PRESETS, HostTrie, build_static_index
+
+
+class PrefixModel:
+    """A hidden_fn whose output depends only on (request, step, prefix tokens)."""
+
+    def __init__(self, sizes, hidden, batch, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.req = torch.randn(batch, hidden, generator=g, dtype=torch.float64)
+        self.tok = [torch.randn(max(sizes) + 1, hidden, generator=g, dtype=torch.float64) for _ in sizes]
+        self.step_emb = torch.randn(len(sizes), hidden, generator=g, dtype=torch.float64)
+
+    def hidden(self, request, step, prefix):
+        h = self.req[request] + self.step_emb[step]
+        for level, t in enumerate(prefix):
+            h = h + self.tok[level][t] * (level + 1)
+        return torch.tanh(h)
+
+    def __call__(self, step, prefixes):
+        b, m, _ = prefixes.shape
+        out = torch.empty(b, m, self.req.shape[1], dtype=torch.float64)
+        for i in range(b):
+            for j in range(m):
+                out[i, j] = self.hidden(i, step, [int(t) if t >= 0 else -1 for t in prefixes[i, j]])
+        return out.float()
+
+
+def brute_force(catalog, heads_per_level, model, request, beam, order, normalisers=None):
+    """Plain beam search over Python lists, float64."""
+    sids = catalog.sids.astype(np.int64)
+    beams = [((), 0.0)]
+    for step in range(catalog.n_levels):
+        cands = []
+        for prefix, score in beams:
+            rows = sids[np.all(sids[:, :step] == np.array(prefix, dtype=np.int64), axis=1)] if step else sids
+            valid = np.unique(rows[:, step])
+            h = model.hidden(request, step, list(prefix)).float().double()
+            w = heads_per_level[step].double()
+            logits = w @ h
+            if order == "filter-first":
+                lp = torch.log_softmax(logits[valid], 0)
+                cands += [(prefix + (int(t),), score + float(v)) for t, v in zip(valid, lp)]
+            else:
+                wn, off = normalisers[step]
+                full = torch.log_softmax(wn.double() @ h, 0)
+                cands += [(prefix + (int(t),), score + float(full[off + t])) for t in valid]
+        cands.sort(key=lambda c: -c[1])
+        beams = cands[:beam]
+    return beams
+
+
+def random_catalog(rng, sizes, n):
+    sids = np.unique(np.stack([rng.integers(0, s, n) for s in sizes], 1), axis=0)
+    return Catalog.from_sids(sids, sizes)
+
+
+def check_against_brute(result, catalog, expected_per_request, beam):
+    for r, expected in enumerate(expected_per_request):
+        got_scores = result.scores[r].double().numpy()
+        for j, (sid, score) in enumerate(expected):
+            assert tuple(result.tokens[r, j].tolist()) == sid, f"request {r} beam {j}"
+            assert math.isclose(got_scores[j], score, rel_tol=1e-4, abs_tol=1e-4)
+            row = int(result.item_rows[r, j])
+            assert tuple(catalog.sids[row].tolist()) == sid
+        for j in range(len(expected), beam):  # padded beams
+            assert result.scores[r, j] == float("-inf") and int(result.item_rows[r, j]) == -1
+            assert (result.tokens[r, j] == -1).all()
+
+
+@pytest.mark.parametrize("sizes,n,beam,batch,projection,preset", [
+    ((5, 7, 3), 60, 4, 2, "selective", "default"),
+    ((5, 7, 3), 60, 4, 2, "full", "all-sparse"),
+    ((2, 2), 3, 8, 1, "selective", "default"),           # fewer items than beams
+    ((9, 4, 6, 3), 150, 1, 3, "full", "default"),          # beam width 1
+    ((16,), 10, 5, 2, "selective", "all-sparse"),          # one level
+    ((3, 3, 3, 3, 3), 1, 3, 1, "selective", "default"),   # single-item catalog
+])
+def test_filter_first_equals_brute_force(sizes, n, beam, batch, projection, preset):
+    rng = np.random.default_rng(n + beam)
+    catalog = random_catalog(rng, sizes, n)
+    index = build_index(catalog, config=INDEX_PRESETS[preset])
+    hidden = 7
+    g = torch.Generator().manual_seed(3)
+    heads = [torch.randn(s, hidden, generator=g) for s in sizes]
+    model = PrefixModel(sizes, hidden, batch, seed=5)
+    result = Decoder(index, heads, beam, projection=projection).decode(model, batch)
+    assert result.tokens.shape == (batch, beam, len(sizes))
+    expected = [brute_force(catalog, heads, model, r, beam, "filter-first") for r in range(batch)]
+    check_against_brute(result, catalog, expected, beam)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_score_first_equals_brute_force_over_every_index(shared):
+    rng = np.random.default_rng(11)
+    sizes = (6, 5, 4)
+    catalog = random_catalog(rng, sizes, 70)
+    index = build_index(catalog)
+    hidden, batch, beam = 9, 2, 5
+    g = torch.Generator().manual_seed(4)
+    if shared:
+        head = torch.randn(sum(sizes) + 3, hidden, generator=g)  # 3 rows outside every band
+        offsets = (0, 6, 11)
+        per_level = [head[o:o + s] for o, s in zip(offsets, sizes)]
+        normalisers = [(head, o) for o in offsets]
+        heads_arg = head
+    else:
+        per_level = [torch.randn(s, hidden, generator=g) for s in sizes]
+        normalisers = [(w, 0) for w in per_level]
+        heads_arg, offsets = per_level, None
+    model = PrefixModel(sizes, hidden, batch, seed=9)
+    expected = [brute_force(catalog, per_level, model, r, beam, "score-first", normalisers) for r in range(batch)]
+    sources = [None, build_static_index(catalog, band_offsets=offsets), HostTrie.from_catalog(catalog)]
+    for source in sources:
+        result = Decoder(index, heads_arg, beam, "score-first", band_offsets=offsets, source=source).decode(model, batch)
+        check_against_brute(result, catalog, expected, beam)
+
+
+def test_unconstrained_marks_non_items():
+    rng = np.random.default_rng(2)
+    sizes = (4, 4, 4)
+    catalog = random_catalog(rng, sizes, 8)
+    index = build_index(catalog)
+    heads = [torch.randn(s, 5) for s in sizes]
+    model = PrefixModel(sizes, 5, 2, seed=1)
+    result = Decoder(index, heads, 16, "unconstrained").decode(model, 2)
+    table = {tuple(r) for r in catalog.sids.tolist()}
+    for r in range(2):
+        for j in range(16):
+            sid = tuple(result.tokens[r, j].tolist())
+            row = int(result.item_rows[r, j])
+            if sid in table:
+                assert tuple(catalog.sids[row].tolist()) == sid
+            else:
+                assert row == -1
+    assert (result.item_rows == -1).any()  # 16 beams over 64 sequences, 8 items
+
+
+def test_every_output_is_an_item_or_padding():
+    rng = np.random.default_rng(8)
+    sizes = (8, 8, 8, 8)
+    catalog = random_catalog(rng, sizes, 200)
+    index = build_index(catalog)
+    heads = [torch.randn(s, 16) for s in sizes]
+    hidden = lambda step, prefixes: torch.randn(prefixes.shape[0], prefixes.shape[1], 16)  # noqa: E731
+    table = {tuple(r) for r in catalog.sids.tolist()}
+    for order in ("filter-first", "score-first"):
+        result = Decoder(index, heads, 32, order).decode(hidden, 3)
+        for r in range(3):
+            for j in range(32):
+                row = int(result.item_rows[r, j])
+                if row < 0:
+                    assert result.scores[r, j] == float("-inf")
+                else:
+                    assert tuple(result.tokens[r, j].tolist()) in table
+                    assert tuple(catalog.sids[row].tolist()) == tuple(result.tokens[r, j].tolist())
+
+
+def test_bad_arguments():
+    catalog = Catalog.from_sids(np.array([[0, 1], [1, 0]]), [2, 2])
+    index = build_index(catalog)
+    heads = [torch.randn(2, 4), torch.randn(2, 4)]
+    with pytest.raises(ZeroGRError, match="order"):
+        Decoder(index, heads, 2, order="sideways")
+    with pytest.raises(ZeroGRError, match="beam_width"):
+        Decoder(index, heads, 0)
+    with pytest.raises(ZeroGRError, match=r"heads\[1\]"):
+        Decoder(index, [torch.randn(2, 4), torch.randn(3, 4)], 2)
+    with pytest.raises(ZeroGRError, match="hidden_fn"):
+        Decoder(index, heads, 2).decode(lambda s, p: torch.zeros(1, 1, 5), 1)

@@ -1,0 +1,98 @@
+"""The GPU engine (eager here, graph on CUDA) returns the reference beams under any plan."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
+from zerogr_core.index import INDEX_PRESETS
+from zerogr_core.decode.engine import GpuEngine, StepOption, step_options
+from zerogr_core.decode.heads import Heads
+from zerogr_core.decode.planner import make_plan
+
+
+def setup(seed=0, sizes=(12, 6, 5), n=150, hidden=24, shared=False, dtype=torch.float32):
+    rng = np.random.default_rng(seed)
+    sids = np.unique(np.stack([rng.integers(0, s, n) for s in sizes], 1), axis=0)
+    catalog = Catalog.from_sids(sids, sizes)
+    index = build_index(catalog)
+    g = torch.Generator().manual_seed(seed)
+    if shared:
+        heads = torch.randn(sum(sizes) + 2, hidden, generator=g).to(dtype)
+    else:
+        heads = [torch.randn(s, hidden, generator=g).to(dtype) for s in sizes]
+    table = torch.randn(64, hidden, generator=g).to(dtype)
+
+    def hidden_fn(step, prefixes):
+        # Depends on the beams' prefixes, so a wrong parent gather changes the result.
+        key = (prefixes.clamp(min=0) * 7 + 3).sum(-1) + step * 13
+        return table[key % 64]
+
+    return catalog, index, heads, hidden_fn
+
+
+def assert_same_beams(a, b):
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(a.item_rows, b.item_rows)
+    torch.testing.assert_close(a.scores, b.scores, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_every_plan_matches_reference(shared):
+    catalog, index, heads, hidden_fn = setup(shared=shared)
+    beam, batch = 6, 2
+    ref_sel = Decoder(index, heads, beam, projection="selective", engine="reference").decode(hidden_fn, batch)
+    h = Heads.build(heads, index.codebook_sizes)
+    per_step = [step_options(m, 1 if l == 0 else beam, beam) for l, m in enumerate(index.steps)]
+    combos = list(itertools.product(*per_step))
+    rng = np.random.default_rng(0)
+    for pick in rng.choice(len(combos), size=min(6, len(combos)), replace=False):
+        plan = combos[pick]
+        out = GpuEngine(index, h, beam, plan_override=list(plan), use_graph=False).decode(hidden_fn, batch)
+        assert_same_beams(out, ref_sel)
+
+
+def test_planner_times_every_option_and_caches_per_shape():
+    catalog, index, heads, hidden_fn = setup(seed=3, sizes=(6, 4), n=20, hidden=8)
+    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 3, use_graph=False)
+    plan = make_plan(engine, hidden_fn, 1)
+    assert len(plan.steps) == 2
+    for level, choice in enumerate(plan.steps):
+        labels = {o.label for o in step_options(index.steps[level], 1 if level == 0 else 3, 3)}
+        assert set(choice.times_us) == labels
+        assert choice.times_us[choice.option.label] == min(choice.times_us.values())
+    rows = plan.table()
+    assert rows[0]["step"] == 1 and rows[0]["mode"] in ("dense+full", "sparse+full", "sparse+selective")
+    out = engine.decode(hidden_fn, 1)
+    assert engine.key(1) in engine.plans
+    ref = Decoder(index, heads, 3, engine="reference").decode(hidden_fn, 1)
+    assert torch.equal(out.tokens, ref.tokens)
+
+
+def test_bad_overrides():
+    catalog, index, heads, hidden_fn = setup(sizes=(4, 4), n=10, hidden=4)
+    h = Heads.build(heads, index.codebook_sizes)
+    with pytest.raises(ZeroGRError, match="MODE/TOPK"):
+        StepOption.parse("sparse+magic/small")
+    with pytest.raises(ZeroGRError, match="plan override"):
+        GpuEngine(index, h, 2, plan_override=["full"])
+    sparse_index = build_index(catalog, config=INDEX_PRESETS["all-sparse"])
+    with pytest.raises(ZeroGRError, match="not available"):
+        GpuEngine(sparse_index, h, 2, plan_override=["dense+full/small"] * 2).options_for(1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_graph_replay_matches_eager_on_gpu(dtype):
+    catalog, index, heads, hidden_fn = setup(seed=5, sizes=(300, 40, 30, 20), n=20000, hidden=96, dtype=dtype)
+    index = index.to("cuda")
+    heads = [w.cuda() for w in heads]
+    table_hidden = hidden_fn
+    hidden_fn = lambda step, prefixes: table_hidden(step, prefixes.cpu()).cuda()  # noqa: E731
+    for batch in (1, 4):
+        eager = Decoder(index, heads, 16, engine="eager").decode(hidden_fn, batch)
+        graph = Decoder(index, heads, 16, engine="graph")
+        a = graph.decode(hidden_fn, batch)
+        assert_same_beams(a, eager)

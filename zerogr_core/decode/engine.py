@@ -1,0 +1,273 @@
+"""The filtering-first GPU engine: static buffers, a per-step plan, one CUDA graph.
+
+For a serving shape (batch, beam width, dtype, hidden size) the engine
+
+1. runs the decode once eagerly to see real beam states at every step,
+2. times every option per step (:mod:`zerogr_core.decode.planner`) and fixes the fastest,
+3. compiles every Triton variant, then captures all L steps — model call included — in
+   one CUDA graph whose replays serve later calls of that shape.
+
+Every step is four launches at most: filter (+ GEMM on full steps), selective projection,
+and a top-k kernel that also normalises (fused log-softmax). On a CPU the same code runs
+eagerly (reference ops, or the Triton interpreter in tests).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import (SMALL_MAX, FilterOut, TopkOut, filter_slots, full_proj, selective_proj, small_tile,
+                     topk_gather)
+
+from ..errors import ZeroGRError
+from ..index.layout import StepIndex, StepMapping
+from .heads import Heads
+from .search import DecodeResult, HiddenFn, check_hidden
+
+MODES = ("dense+full", "sparse+full", "sparse+selective")
+TOPK_PATHS = ("small", "wide")
+
+
+@dataclass(frozen=True)
+class StepOption:
+    """How one step runs: mapping representation + projection, and top-k path."""
+
+    mode: str
+    topk: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode} / {self.topk}"
+
+    @classmethod
+    def parse(cls, text: str) -> "StepOption":
+        """Parse ``"sparse+selective/small"`` (spaces ignored)."""
+        parts = [p.strip() for p in text.split("/")]
+        if len(parts) != 2 or parts[0] not in MODES or parts[1] not in TOPK_PATHS:
+            raise ZeroGRError(f"step option must look like 'MODE/TOPK' with MODE in {MODES} and TOPK in "
+                              f"{TOPK_PATHS}, got {text!r}")
+        return cls(parts[0], parts[1])
+
+
+def step_options(mapping: StepMapping, beams_in: int, beam_width: int) -> list[StepOption]:
+    """Every option that can serve ``mapping`` with ``beams_in`` beams per request."""
+    modes = (["dense+full"] if mapping.kind == "dense" else []) + ["sparse+full", "sparse+selective"]
+    out = []
+    for mode in modes:
+        width = mapping.codebook if mode == "dense+full" else mapping.max_segment
+        bm, bk, _ = small_tile(beams_in, width, beam_width)
+        paths = ["small", "wide"] if bm * bk <= SMALL_MAX else ["wide"]
+        out += [StepOption(mode, p) for p in paths]
+    return out
+
+
+class StepRunner:
+    """One step of one shape, with its static buffers.
+
+    Parameters
+    ----------
+    mapping : StepMapping
+    sparse : tuple of (tokens, offsets)
+        Sparse view of the mapping (derived once for dense steps).
+    weight : torch.Tensor, shape (rows, H)
+        The head that holds this level's band (the shared head, or the level's head).
+    band_start : int
+    option : StepOption
+    batch, beams_in, beam_width : int
+    """
+
+    def __init__(self, mapping: StepMapping, sparse, weight: torch.Tensor, band_start: int,
+                 option: StepOption, batch: int, beams_in: int, beam_width: int):
+        self.mapping, self.option = mapping, option
+        self.weight, self.band_start = weight, band_start
+        self.batch, self.beam_width = batch, beam_width
+        dense = option.mode == "dense+full"
+        self.args = {"table": mapping.table} if dense else {"tokens": sparse[0], "offsets": sparse[1]}
+        self.K = mapping.codebook if dense else mapping.max_segment
+        n = batch * beams_in
+        dev = weight.device
+        self.filter_out = FilterOut(
+            torch.empty(n, self.K, dtype=torch.int32, device=dev), torch.empty(n, self.K, dtype=torch.int64, device=dev),
+            torch.empty(n, self.K, dtype=torch.float32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
+            torch.empty(n * -(-self.K // 64), 3, dtype=torch.int32, device=dev))
+        self.logits = (torch.empty(n, mapping.codebook, dtype=weight.dtype, device=dev)
+                       if option.mode.endswith("full") else None)
+        self.top = TopkOut(torch.empty(batch, beam_width, dtype=torch.float32, device=dev),
+                           torch.empty(batch, beam_width, dtype=torch.int64, device=dev),
+                           torch.empty(batch, beam_width, dtype=torch.int32, device=dev),
+                           torch.empty(batch, beam_width, dtype=torch.int64, device=dev))
+
+    def project(self, states: torch.Tensor, hidden: torch.Tensor) -> FilterOut:
+        """Filter + projection: slot logits of every beam (raw, not normalised)."""
+        if self.logits is not None:
+            full_proj(hidden, self.weight, self.band_start, self.mapping.codebook, out=self.logits)
+            return filter_slots(states, self.K, **self.args, logits=self.logits, out=self.filter_out)
+        slots = filter_slots(states, self.K, **self.args, out=self.filter_out)
+        selective_proj(hidden, self.weight, slots.slot_tokens, slots.tasks, slots.slot_logits,
+                       band_start=self.band_start)
+        return slots
+
+    def select(self, slots: FilterOut, scores: torch.Tensor) -> TopkOut:
+        """Fused log-softmax over valid slots + beam score, top-M and gather."""
+        return topk_gather(slots.slot_logits, slots.slot_tokens, slots.slot_succ, self.batch, self.beam_width,
+                           beam_scores=scores, path=self.option.topk, out=self.top)
+
+    def __call__(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor) -> TopkOut:
+        return self.select(self.project(states, hidden), scores)
+
+
+class ShapeState:
+    """Static buffers and runners of one (batch, beam, dtype, H) shape."""
+
+    def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption]):
+        self.batch = batch
+        index, heads, m = engine.index, engine.heads, engine.beam_width
+        dev = index.device
+        self.runners = []
+        for level, option in enumerate(options):
+            mapping = index.steps[level]
+            weight = heads.shared if heads.shared is not None else heads.bands[level]
+            self.runners.append(StepRunner(mapping, engine.sparse_view(level), weight, heads.band_offsets[level],
+                                           option, batch, 1 if level == 0 else m, m))
+        self.states0 = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self.scores0 = torch.zeros(batch, dtype=torch.float32, device=dev)
+        # prefixes[l]: (batch, beams_at_step, l), what hidden_fn sees at step l.
+        self.prefixes = [torch.empty(batch, 1 if l == 0 else m, l, dtype=torch.int64, device=dev)
+                         for l in range(index.n_levels + 1)]
+        self.graph = None
+        self.graph_fn = None
+        self.outputs = None
+
+    def run(self, hidden_fn: HiddenFn, hidden_size: int, dtype: torch.dtype, record=None):
+        """All L steps; returns (tokens, scores, rows) views of static buffers."""
+        states, scores = self.states0, self.scores0
+        for level, runner in enumerate(self.runners):
+            prev = self.prefixes[level]
+            hidden = hidden_fn(level, prev)
+            check_hidden(hidden, self.batch, prev.shape[1], hidden_size, level)
+            hidden = hidden.reshape(-1, hidden_size).to(dtype)
+            if record is not None:
+                record.append((states.clone(), hidden.clone(), scores.clone()))
+            top = runner(states, hidden, scores)
+            nxt = self.prefixes[level + 1]
+            if level:
+                flat = prev.view(-1, level)
+                kept = flat.index_select(0, top.parents.clamp(min=0).view(-1)).view(self.batch, -1, level)
+                nxt[..., :level] = torch.where(top.parents[..., None] >= 0, kept, -1)
+            nxt[..., level] = top.tokens
+            states, scores = top.succ.view(-1), top.scores.view(-1)
+        return self.prefixes[-1], scores.view(self.batch, -1), states.view(self.batch, -1)
+
+
+class GpuEngine:
+    """Filtering-first decoding with a warm-up plan and whole-decode CUDA graph replay.
+
+    Parameters
+    ----------
+    index : StepIndex
+    heads : Heads
+    beam_width : int
+    plan_override : sequence, optional
+        Per step: a :class:`StepOption`, its text form (``"sparse+selective/small"``), or
+        a projection name (``"full"`` / ``"selective"``; the engine picks the rest).
+    use_graph : bool
+        Capture and replay a CUDA graph (CUDA only); ``False`` runs eagerly.
+    """
+
+    def __init__(self, index: StepIndex, heads: Heads, beam_width: int, plan_override=None,
+                 use_graph: bool = True):
+        self.index, self.heads, self.beam_width = index, heads, beam_width
+        self.use_graph = use_graph and index.device.type == "cuda"
+        self.plan_override = None if plan_override is None else list(plan_override)
+        if self.plan_override is not None and len(self.plan_override) != index.n_levels:
+            raise ZeroGRError(f"plan override lists {len(self.plan_override)} steps, the index has {index.n_levels}")
+        self._sparse = {}
+        self.plans = {}
+        self._shapes = {}
+        self.graph_error = None
+
+    def sparse_view(self, level: int):
+        if level not in self._sparse:
+            self._sparse[level] = self.index.steps[level].sparse_view()
+        return self._sparse[level]
+
+    def key(self, batch: int) -> tuple:
+        return (batch, self.beam_width, str(self.heads.dtype).replace("torch.", ""), self.heads.hidden_size)
+
+    def options_for(self, batch: int) -> list[list[StepOption]]:
+        """Candidate options per step for ``batch`` (the override narrows them)."""
+        out = []
+        for level, mapping in enumerate(self.index.steps):
+            opts = step_options(mapping, 1 if level == 0 else self.beam_width, self.beam_width)
+            if self.plan_override is not None:
+                want = self.plan_override[level]
+                if want in ("full", "selective"):
+                    mode = "sparse+selective" if want == "selective" else \
+                        ("dense+full" if mapping.kind == "dense" else "sparse+full")
+                    opts = [o for o in opts if o.mode == mode]
+                else:
+                    want = want if isinstance(want, StepOption) else StepOption.parse(want)
+                    if want not in opts:
+                        raise ZeroGRError(f"step {level + 1}: option {want.label} is not available "
+                                          f"(choose from {', '.join(o.label for o in opts)})")
+                    opts = [want]
+            out.append(opts)
+        return out
+
+    def plan(self, hidden_fn: HiddenFn, batch: int):
+        """The plan for ``batch`` (timed at the first call, then cached per shape)."""
+        from .planner import make_plan
+
+        key = self.key(batch)
+        if key not in self.plans:
+            self.plans[key] = make_plan(self, hidden_fn, batch)
+        return self.plans[key]
+
+    def shape_state(self, hidden_fn: HiddenFn, batch: int) -> ShapeState:
+        key = self.key(batch)
+        if key not in self._shapes:
+            plan = self.plan(hidden_fn, batch)
+            self._shapes[key] = ShapeState(self, batch, [s.option for s in plan.steps])
+        return self._shapes[key]
+
+    def release(self) -> None:
+        """Drop plans, static buffers and graphs (frees their GPU memory)."""
+        self._shapes.clear()
+        self.plans.clear()
+        self._sparse.clear()
+
+    def decode(self, hidden_fn: HiddenFn, batch_size: int) -> DecodeResult:
+        if batch_size < 1:
+            raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
+        shape = self.shape_state(hidden_fn, batch_size)
+        H, dtype = self.heads.hidden_size, self.heads.dtype
+        if self.use_graph:
+            if shape.graph is None or shape.graph_fn is not hidden_fn:
+                self._capture(shape, hidden_fn)
+            if shape.graph is not None:
+                shape.graph.replay()
+                tokens, scores, rows = shape.outputs
+                return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
+        tokens, scores, rows = shape.run(hidden_fn, H, dtype)
+        return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
+
+    def _capture(self, shape: ShapeState, hidden_fn: HiddenFn) -> None:
+        """Warm up (compiles every Triton variant) and capture all steps in one graph."""
+        H, dtype = self.heads.hidden_size, self.heads.dtype
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                shape.run(hidden_fn, H, dtype)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                shape.outputs = shape.run(hidden_fn, H, dtype)
+        except Exception as exc:  # a hidden_fn that syncs with the host cannot be captured
+            self.graph_error = f"{type(exc).__name__}: {exc}"
+            shape.graph, shape.graph_fn = None, None
+            torch.cuda.synchronize()
+            return
+        shape.graph, shape.graph_fn = graph, hidden_fn
