@@ -189,11 +189,15 @@ class Catalog:
                 raise CatalogError(f"{len(band_offsets)} band offsets for {n_levels} levels",
                                    column="band_offsets")
 
-        order = np.arange(n) if assume_sorted else lexsort_rows(arr)
-        table = arr[order]
-        ids = ids[order]
-        if titles_arr is not None:
-            titles_arr = titles_arr[order]
+        if assume_sorted:
+            order = np.arange(n)
+            table = arr
+        else:
+            order = lexsort_rows(arr)
+            table = arr[order]
+            ids = ids[order]
+            if titles_arr is not None:
+                titles_arr = titles_arr[order]
         h = lcp_with_previous(table)
         dup_mask = h == n_levels
         groups = 0
@@ -205,7 +209,7 @@ class Catalog:
                 raise CatalogError(
                     f"SID {' '.join(map(str, table[r]))} is shared by items {int(ids[r - 1])} and "
                     f"{int(ids[r])} ({groups} duplicated SIDs in all; use the collision option "
-                    f"to append a disambiguating level)", column="sid")
+                    f"to append a disambiguating level)", row=int(order[r]), column="sid")
             if on_duplicate != "collision":
                 raise CatalogError(f"on_duplicate must be 'error' or 'collision', got {on_duplicate!r}",
                                    column="on_duplicate")

@@ -1,0 +1,186 @@
+"""Catalog files: both layouts in every format, and one clear error per malformed case."""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from zerogr_core.catalog.catalog import Catalog
+from zerogr_core.catalog.io import catalog_format, load_catalog, save_catalog
+from zerogr_core.errors import CatalogError
+
+
+def write(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def expect_error(path, *fragments, **kwargs) -> CatalogError:
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(str(path))
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    return info.value
+
+
+# ---------------------------------------------------------------------------- malformed files
+MALFORMED = {
+    # name: (file text, fragments the message must contain)
+    "ragged-sid": ("item_id,sid\n1,3 5 1\n2,3 5 2\n3,3 5\n", ["row 3", "column 'sid'", "2 tokens", "row 1 has 3"]),
+    "missing-level-value": ("item_id,s1,s2\n1,3,4\n2,,4\n", ["row 2", "column 's1'", "missing value"]),
+    "short-row": ("item_id,s1,s2\n1,3,4\n2,3\n", ["row 2", "column 's2'", "missing value"]),
+    "missing-sid": ("item_id,sid\n1,3 4\n2,\n", ["row 2", "column 'sid'", "missing value"]),
+    "missing-item-id": ("item_id,s1\n1,3\n,4\n", ["row 2", "column 'item_id'", "missing value"]),
+    "non-integer-token": ("item_id,s1,s2\n1,3,4\n2,x,4\n", ["row 2", "column 's1'", "'x' is not an integer"]),
+    "fractional-token": ("item_id,s1\n1,3\n2,2.5\n", ["row 2", "column 's1'", "not an integer"]),
+    "non-integer-sid-token": ("item_id,sid\n1,3 4\n2,3 y\n", ["row 2", "column 'sid'", "'y'", "token 2"]),
+    "negative-token": ("item_id,s1,s2\n1,3,4\n2,1,-1\n", ["row 2", "column 's2'", "negative token -1"]),
+    "negative-sid-token": ("item_id,sid\n1,3 4\n2,-3 4\n", ["row 2", "column 'sid'", "negative token -3", "token 1"]),
+    "duplicate-item-id": ("item_id,s1\n7,1\n8,2\n7,3\n", ["row 3", "column 'item_id'", "duplicate item id 7",
+                                                          "also on row 1"]),
+    "non-integer-item-id": ("item_id,s1\n1,1\nabc,2\n", ["row 2", "column 'item_id'", "'abc' is not an integer"]),
+    "duplicate-sid": ("item_id,s1,s2\n1,3,4\n2,0,1\n3,3,4\n", ["column 'sid'", "SID 3 4", "items 1 and 3",
+                                                              "collision"]),
+    "no-item-id-column": ("id,s1\n1,2\n", ["no 'item_id' column", "id, s1"]),
+    "no-level-columns": ("item_id,title\n1,a\n", ["no SID columns"]),
+    "level-gap": ("item_id,s1,s3\n1,2,3\n", ["column 's2'", "without gaps"]),
+    "both-layouts": ("item_id,s1,sid\n1,2,3\n", ["column 'sid'", "both"]),
+    "header-only": ("item_id,s1,s2\n", ["no data rows"]),
+    "blank-lines-only": ("\n\n\n", ["file is empty"]),
+    "extra-field": ("item_id,s1\n1,2\n3,4,5\n", ["row 2", "3 fields but the header has 2"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_csv_names_file_row_column(tmp_path, case):
+    text, fragments = MALFORMED[case]
+    expect_error(write(tmp_path, f"{case}.csv", text), *fragments)
+
+
+def test_rows_refer_to_file_order_not_sorted_order(tmp_path):
+    # The bad row is the 4th data row of the file even though sorting would move it.
+    path = write(tmp_path, "unsorted.csv", "item_id,s1,s2\n1,9,1\n2,5,0\n3,7,7\n4,0,-2\n")
+    expect_error(path, "row 4", "column 's2'")
+
+
+def test_missing_file_empty_file_and_extension(tmp_path):
+    expect_error(tmp_path / "absent.csv", "no such file")
+    expect_error(write(tmp_path, "empty.csv", ""), "file is empty")
+    expect_error(write(tmp_path, "catalog.json", "{}"), "unsupported extension '.json'")
+    (tmp_path / "folder.csv").mkdir()
+    expect_error(tmp_path / "folder.csv", "not a regular file")
+
+
+def test_max_bytes(tmp_path):
+    path = write(tmp_path, "big.csv", "item_id,s1\n" + "".join(f"{i},{i}\n" for i in range(100)))
+    expect_error(path, "over the limit of 100", max_bytes=100)
+    assert load_catalog(path, max_bytes=10_000).n_items == 100
+
+
+def test_token_beyond_declared_codebook(tmp_path):
+    path = write(tmp_path, "sizes.csv", "item_id,s1,s2\n1,3,4\n2,1,9\n")
+    expect_error(path, "row 2", "column 's2'", "token 9 ≥ codebook size 8", codebook_sizes=(4, 8))
+    expect_error(path, "column 'codebook_sizes'", "3 codebook sizes given for 2 levels", codebook_sizes=(4, 8, 8))
+    sid_path = write(tmp_path, "sizes_sid.csv", "item_id,sid\n1,3 4\n2,1 9\n")
+    expect_error(sid_path, "row 2", "column 'sid'", "token 9 ≥ codebook size 8", "token 2", codebook_sizes=(4, 8))
+
+
+def test_duplicate_sids_with_collision_level(tmp_path):
+    path = write(tmp_path, "dups.csv", "item_id,s1,s2\n1,3,4\n2,0,1\n3,3,4\n4,3,4\n")
+    catalog = load_catalog(path, on_duplicate="collision")
+    assert catalog.collision_level_added and catalog.duplicate_groups == 1
+    assert catalog.sids.tolist() == [[0, 1, 0], [3, 4, 0], [3, 4, 1], [3, 4, 2]]
+    assert catalog.item_ids.tolist() == [2, 1, 3, 4]
+    assert catalog.codebook_sizes == (4, 5, 3)
+    expect_error(path, "on_duplicate", on_duplicate="ignore")
+
+
+def test_parquet_errors(tmp_path):
+    path = tmp_path / "bad.parquet"
+    pl.DataFrame({"item_id": [1, 2, 3], "s1": [1.0, None, 2.0]}).write_parquet(path)
+    expect_error(path, "row 2", "column 's1'", "missing value")
+    pl.DataFrame({"item_id": [1, 2], "sid": [[1, 2], [3]]}).write_parquet(path)
+    expect_error(path, "row 2", "column 'sid'", "1 tokens, but row 1 has 2")
+    pl.DataFrame({"item_id": [1, 2], "sid": [[1, 2], [3, None]]}).write_parquet(path)
+    expect_error(path, "row 2", "column 'sid'", "missing value", "token 2")
+    pl.DataFrame({"item_id": [1, 2], "s1": [True, False]}).write_parquet(path)
+    expect_error(path, "column 's1'", "expected integers")
+    garbage = write(tmp_path, "garbage.parquet", "not a parquet file at all")
+    expect_error(garbage, "cannot read as PARQUET")
+
+
+# ---------------------------------------------------------------------------- reading and round trips
+def test_layouts_agree_and_sort(tmp_path):
+    per_level = write(tmp_path, "a.csv", "Item_ID, s1 ,s2,s3,Title,genre\n10,3,5,1,x,g\n11,0,2,2,\"y, z\",g\n")
+    sid_tsv = write(tmp_path, "b.tsv", "item_id\tsid\ttitle\n10\t3 5 1\tx\n11\t 0, 2 ,2 \ty, z\n")
+    sid_txt = write(tmp_path, "c.txt", "item_id\tsid\ttitle\n10\t3,5,1\tx\n11\t0 2 2\ty, z\n")
+    sid_list = tmp_path / "d.parquet"
+    pl.DataFrame({"item_id": [10, 11], "sid": [[3, 5, 1], [0, 2, 2]], "title": ["x", "y, z"]}).write_parquet(sid_list)
+    for path in (per_level, sid_tsv, sid_txt, sid_list):
+        catalog = load_catalog(path)
+        assert catalog.sids.tolist() == [[0, 2, 2], [3, 5, 1]], path
+        assert catalog.item_ids.tolist() == [11, 10]
+        assert catalog.titles.tolist() == ["y, z", "x"]
+        assert catalog.codebook_sizes == (4, 6, 3)
+        assert catalog.name == path.stem
+
+
+def test_array_column_and_float_columns(tmp_path):
+    path = tmp_path / "arr.parquet"
+    pl.DataFrame({"item_id": [5.0, 6.0], "sid": pl.Series([[1, 2], [0, 3]], dtype=pl.Array(pl.Int16, 2))}
+                 ).write_parquet(path)
+    catalog = load_catalog(path, codebook_sizes=(2, 4))
+    assert catalog.sids.tolist() == [[0, 3], [1, 2]] and catalog.item_ids.tolist() == [6, 5]
+
+
+def random_catalog(rng, n=300, sizes=(50, 7, 300), titles=True, band_offsets=None) -> Catalog:
+    sids = np.stack([rng.integers(0, s, n) for s in sizes], axis=1)
+    sids = np.unique(sids, axis=0)
+    ids = rng.permutation(10 * len(sids))[:len(sids)]
+    names = [f"item {i}, \"quoted\"\t" if i % 7 == 0 else f"item {i}" for i in range(len(sids))] if titles else None
+    return Catalog.from_sids(sids, tuple(s + 3 for s in sizes), item_ids=ids, titles=names,
+                             band_offsets=band_offsets)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".txt", ".parquet"])
+@pytest.mark.parametrize("titles", [True, False])
+def test_round_trip_is_exact(tmp_path, suffix, titles):
+    rng = np.random.default_rng(len(suffix) + titles)
+    catalog = random_catalog(rng, titles=titles, band_offsets=(0, 53, 63))
+    path = save_catalog(catalog, tmp_path / f"cat{suffix}")
+    sizes = None if suffix == ".parquet" else catalog.codebook_sizes
+    back = load_catalog(path, codebook_sizes=sizes)
+    assert np.array_equal(back.sids, catalog.sids) and back.sids.dtype == catalog.sids.dtype
+    assert np.array_equal(back.item_ids, catalog.item_ids)
+    assert back.codebook_sizes == catalog.codebook_sizes
+    if titles:
+        assert back.titles.tolist() == catalog.titles.tolist()
+    else:
+        assert back.titles is None
+    if suffix == ".parquet":
+        assert back.band_offsets == catalog.band_offsets   # kept in the Parquet metadata
+    header = pl.read_parquet(path) if suffix == ".parquet" else pl.read_csv(path, separator="," if suffix == ".csv" else "\t")
+    assert header.columns[:4] == ["item_id", "s1", "s2", "s3"]
+
+
+def test_round_trip_of_collision_catalog(tmp_path):
+    catalog = Catalog.from_sids([[1, 1], [1, 1], [0, 2]], (2, 3), on_duplicate="collision")
+    back = load_catalog(save_catalog(catalog, tmp_path / "c.parquet"))
+    assert np.array_equal(back.sids, catalog.sids) and back.codebook_sizes == catalog.codebook_sizes == (2, 3, 2)
+
+
+def test_declared_sizes_override_metadata(tmp_path):
+    catalog = Catalog.from_sids([[1, 1], [0, 2]], (8, 8), band_offsets=(0, 8))
+    path = save_catalog(catalog, tmp_path / "c.parquet")
+    back = load_catalog(path, codebook_sizes=(4, 4))
+    assert back.codebook_sizes == (4, 4) and back.band_offsets is None
+
+
+def test_catalog_format():
+    assert [catalog_format(p) for p in ("a.csv", "a.TSV", "a.txt", "a.parquet")] == ["csv", "tsv", "tsv", "parquet"]
+    with pytest.raises(CatalogError, match="unsupported extension"):
+        catalog_format("a.xlsx")

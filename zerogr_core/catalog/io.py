@@ -1,0 +1,310 @@
+"""Catalog files: CSV, TSV and Parquet in two layouts.
+
+Layouts
+-------
+* per level: ``item_id, s1, s2, …, sL`` with one integer column per level;
+* one column: ``item_id, sid`` where ``sid`` is a string of tokens separated by spaces
+  or commas (``"3 5 1"``, ``"3,5,1"``) or, in Parquet, a list column.
+
+An optional ``title`` column holds human-readable names; other columns are ignored.
+Column names are matched case-insensitively. The format follows the extension:
+``.csv`` (comma), ``.tsv`` and ``.txt`` (tab), ``.parquet``.
+
+Every problem raises a one-line :class:`~zerogr_core.errors.CatalogError` that names the
+file, the data row (1-based, header excluded) and the column. This is the only module
+that imports Polars, so the GPU path never needs it.
+"""
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+import polars as pl
+
+from ..errors import CatalogError
+from .catalog import Catalog, level_names
+
+#: Extension → format name.
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".txt": "tsv", ".parquet": "parquet"}
+_SEPARATORS = {"csv": ",", "tsv": "\t"}
+#: Parquet key-value metadata written by :func:`save_catalog`.
+META_CODEBOOK_SIZES = "zerogr.codebook_sizes"
+META_BAND_OFFSETS = "zerogr.band_offsets"
+_LEVEL_COLUMN = re.compile(r"^s([1-9]\d*)$")
+_TOKEN = r"[^\s,]+"
+
+
+def catalog_format(path: str | Path) -> str:
+    """Format of a catalog file from its extension: ``"csv"``, ``"tsv"`` or ``"parquet"``.
+
+    Raises
+    ------
+    CatalogError
+        The extension is not one of ``.csv``, ``.tsv``, ``.txt``, ``.parquet``.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise CatalogError(f"unsupported extension {suffix or '(none)'!r}; use one of "
+                           f"{', '.join(FORMATS)}", source=str(path))
+    return FORMATS[suffix]
+
+
+def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "error",
+                 max_bytes: int | None = None) -> Catalog:
+    """Read, validate and sort a catalog file.
+
+    Parameters
+    ----------
+    path : str or Path
+        A ``.csv``, ``.tsv``/``.txt`` or ``.parquet`` file in either layout.
+    codebook_sizes : sequence of int, optional
+        |V_l| per level. Default: the sizes stored in the Parquet metadata by
+        :func:`save_catalog`, otherwise inferred as ``max + 1`` per level.
+    on_duplicate : {"error", "collision"}
+        Items sharing a SID raise, or get a TIGER-style collision level appended.
+    max_bytes : int, optional
+        Refuse files larger than this (the app's upload limit).
+
+    Returns
+    -------
+    Catalog
+        Rows sorted lexicographically; ``name`` is the file's stem.
+
+    Raises
+    ------
+    CatalogError
+        Missing, empty, oversized or unreadable file; missing ``item_id`` or SID columns;
+        missing values; ragged ``sid`` strings; non-integer, negative or out-of-codebook
+        tokens; non-integer or duplicate item ids; duplicate SIDs (with
+        ``on_duplicate="error"``).
+    """
+    path = Path(path)
+    source = str(path)
+    fmt = catalog_format(path)
+    _check_file(path, max_bytes)
+    frame, metadata = _read_frame(path, fmt)
+    columns = _column_map(frame, source)
+    if "item_id" not in columns:
+        raise CatalogError(f"no 'item_id' column (columns: {', '.join(frame.columns)})", source=source)
+    layout_columns = _layout(columns, source)
+    if frame.height == 0:
+        raise CatalogError("no data rows", source=source)
+    item_ids = _int_column(frame[columns["item_id"]], columns["item_id"], source)
+    if layout_columns == ["sid"]:
+        sids = _sid_column(frame[columns["sid"]], columns["sid"], source)
+    else:
+        sids = np.stack([_int_column(frame[columns[name]], columns[name], source)
+                         for name in layout_columns],
+                        axis=1)
+    titles = None
+    if "title" in columns:
+        titles = np.array(frame[columns["title"]].cast(pl.String).fill_null("").to_list(), dtype=object)
+    band_offsets = None
+    if codebook_sizes is None:
+        codebook_sizes = _int_tuple_metadata(metadata, META_CODEBOOK_SIZES, source)
+        band_offsets = _int_tuple_metadata(metadata, META_BAND_OFFSETS, source)
+    try:
+        return Catalog.from_sids(sids, codebook_sizes, item_ids=item_ids, titles=titles,
+                                 band_offsets=band_offsets, on_duplicate=on_duplicate, name=path.stem)
+    except CatalogError as err:
+        if layout_columns == ["sid"] and err.column in level_names(sids.shape[1]):
+            level = level_names(sids.shape[1]).index(err.column) + 1
+            raise CatalogError(f"{err.reason} (token {level})", row=err.row, column=columns["sid"],
+                               source=source) from None
+        raise err.with_source(source) from None
+
+
+def save_catalog(catalog: Catalog, path: str | Path) -> Path:
+    """Write ``catalog`` in the per-level layout (``item_id, s1 … sL[, title]``).
+
+    Rows are written in the catalog's sorted order. Parquet files also keep the codebook
+    sizes and band offsets in their metadata, so :func:`load_catalog` restores them;
+    CSV/TSV readers must pass ``codebook_sizes`` to get unused top tokens back.
+
+    Parameters
+    ----------
+    catalog : Catalog
+    path : str or Path
+        Destination; the extension picks the format.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    path = Path(path)
+    fmt = catalog_format(path)
+    data = {"item_id": catalog.item_ids.astype(np.int64)}
+    for level, name in enumerate(level_names(catalog.n_levels)):
+        data[name] = catalog.sids[:, level]
+    if catalog.titles is not None:
+        data["title"] = pl.Series("title", catalog.titles.tolist(), dtype=pl.String)
+    frame = pl.DataFrame(data)
+    if fmt == "parquet":
+        metadata = {META_CODEBOOK_SIZES: ",".join(map(str, catalog.codebook_sizes))}
+        if catalog.band_offsets is not None:
+            metadata[META_BAND_OFFSETS] = ",".join(map(str, catalog.band_offsets))
+        frame.write_parquet(path, metadata=metadata)
+    else:
+        frame.write_csv(path, separator=_SEPARATORS[fmt])
+    return path
+
+
+# ---------------------------------------------------------------------------- reading
+def _check_file(path: Path, max_bytes: int | None) -> None:
+    if not path.exists():
+        raise CatalogError("no such file", source=str(path))
+    if not path.is_file():
+        raise CatalogError("not a regular file", source=str(path))
+    size = path.stat().st_size
+    if size == 0:
+        raise CatalogError("file is empty", source=str(path))
+    if max_bytes is not None and size > max_bytes:
+        raise CatalogError(f"file is {size:,} bytes, over the limit of {max_bytes:,}", source=str(path))
+
+
+def _read_frame(path: Path, fmt: str) -> tuple[pl.DataFrame, dict[str, str]]:
+    """The file as a DataFrame (CSV/TSV: every column a string) and its Parquet metadata."""
+    try:
+        if fmt == "parquet":
+            return pl.read_parquet(path), pl.read_parquet_metadata(path)
+        return pl.read_csv(path, separator=_SEPARATORS[fmt], infer_schema=False), {}
+    except pl.exceptions.NoDataError:
+        raise CatalogError("file is empty", source=str(path)) from None
+    except pl.exceptions.PolarsError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if fmt != "parquet" and "more fields" in reason:
+            _raise_extra_fields(path, _SEPARATORS[fmt])
+        raise CatalogError(f"cannot read as {fmt.upper()}: {reason}", source=str(path)) from None
+
+
+def _raise_extra_fields(path: Path, separator: str) -> NoReturn:
+    """Locate the first data row with more fields than the header (Polars does not say)."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+        reader = csv.reader(handle, delimiter=separator)
+        header = next(reader)
+        for row, fields in enumerate(reader):
+            if len(fields) > len(header):
+                raise CatalogError(f"{len(fields)} fields but the header has {len(header)}", row=row,
+                                   source=str(path))
+    raise CatalogError("a row has more fields than the header", source=str(path))
+
+
+def _column_map(frame: pl.DataFrame, source: str) -> dict[str, str]:
+    """Normalised (stripped, lower-case) column name → name in the file."""
+    columns: dict[str, str] = {}
+    for name in frame.columns:
+        key = name.strip().lower()
+        if key in columns:
+            raise CatalogError(f"column appears twice (as {columns[key]!r} and {name!r})", column=key,
+                               source=source)
+        columns[key] = name
+    return columns
+
+
+def _layout(columns: dict[str, str], source: str) -> list[str]:
+    """Normalised SID column names: ``["sid"]``, or the level columns in order s1 … sL."""
+    levels: dict[int, str] = {}
+    for key in columns:
+        match = _LEVEL_COLUMN.match(key)
+        if match:
+            levels[int(match.group(1))] = key
+    if "sid" in columns and levels:
+        raise CatalogError("both a 'sid' column and level columns s1…; keep one layout", column="sid",
+                           source=source)
+    if "sid" in columns:
+        return ["sid"]
+    if not levels:
+        raise CatalogError("no SID columns: expected 's1', 's2', … (one per level) or 'sid'",
+                           source=source)
+    top = max(levels)
+    for number, name in enumerate(level_names(top), start=1):
+        if number not in levels:
+            raise CatalogError(f"level columns must run s1…s{top} without gaps", column=name,
+                               source=source)
+    return [levels[number] for number in range(1, top + 1)]
+
+
+def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> np.ndarray:
+    """Parse a column (or ``width`` flattened tokens per row) into int64, or raise at the bad row.
+
+    Parameters
+    ----------
+    series : pl.Series, shape (N·width,)
+        Integer, float or string values.
+    column : str
+        Column name for messages.
+    width : int
+        Values per data row (the SID length for a flattened ``sid`` column).
+
+    Returns
+    -------
+    np.ndarray, shape (N·width,), int64
+    """
+    def fail(index: int, reason: str) -> CatalogError:
+        token = f" (token {index % width + 1})" if width > 1 else ""
+        return CatalogError(reason + token, row=index // width, column=column, source=source)
+
+    dtype = series.dtype
+    if dtype.is_integer():
+        values = series
+    elif dtype.is_float():
+        bad = series.is_null() | series.is_nan()
+        if bad.any():
+            raise fail(int(bad.arg_true()[0]), "missing value")
+        fractional = series != series.round()
+        if fractional.any():
+            index = int(fractional.arg_true()[0])
+            raise fail(index, f"{series[index]!r} is not an integer")
+        values = series.cast(pl.Int64)
+    elif dtype == pl.String:
+        text = series.str.strip_chars()
+        empty = text.is_null() | (text == "")
+        if empty.any():
+            raise fail(int(empty.arg_true()[0]), "missing value")
+        values = text.cast(pl.Int64, strict=False)
+        bad = values.is_null()
+        if bad.any():
+            index = int(bad.arg_true()[0])
+            raise fail(index, f"{text[index]!r} is not an integer")
+    else:
+        raise CatalogError(f"column has type {dtype}, expected integers", column=column, source=source)
+    missing = values.is_null()
+    if missing.any():
+        raise fail(int(missing.arg_true()[0]), "missing value")
+    return values.cast(pl.Int64).to_numpy()
+
+
+def _sid_column(series: pl.Series, column: str, source: str) -> np.ndarray:
+    """Split the ``sid`` column (strings or lists) into an (N, L) int64 table."""
+    if isinstance(series.dtype, pl.Array):
+        tokens = series.cast(pl.List(series.dtype.inner))
+    elif isinstance(series.dtype, pl.List):
+        tokens = series
+    else:
+        tokens = series.cast(pl.String).str.extract_all(_TOKEN)
+    lengths = tokens.list.len().fill_null(0)
+    empty = lengths == 0
+    if empty.any():
+        raise CatalogError("missing value", row=int(empty.arg_true()[0]), column=column, source=source)
+    n_levels = int(lengths[0])
+    ragged = lengths != n_levels
+    if ragged.any():
+        row = int(ragged.arg_true()[0])
+        raise CatalogError(f"{int(lengths[row])} tokens, but row 1 has {n_levels}", row=row, column=column,
+                           source=source)
+    flat = _int_column(tokens.explode(), column, source, width=n_levels)
+    return flat.reshape(-1, n_levels)
+
+
+def _int_tuple_metadata(metadata: dict[str, str], key: str, source: str) -> tuple[int, ...] | None:
+    if key not in metadata:
+        return None
+    try:
+        return tuple(int(v) for v in metadata[key].split(","))
+    except ValueError:
+        raise CatalogError(f"Parquet metadata {key}={metadata[key]!r} is not a list of integers",
+                           source=source) from None

@@ -1,0 +1,306 @@
+"""Command line interface: ``python -m zerogr_core COMMAND …``.
+
+Commands are contributed by *registrars*: functions ``register(subparsers)`` that add
+one or more subcommands and set ``handler`` (a function of the parsed arguments that
+returns an exit status or ``None``) as a parser default. To add commands from another
+module, append its ``register`` to :data:`REGISTRARS`.
+
+Every :class:`~zerogr_core.errors.ZeroGRError`, ``OSError`` and usage error ends the
+program with a one-line ``error: …`` on stderr and a non-zero status, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from .catalog.catalog import Catalog
+from .catalog.samples import SAMPLES, open_catalog, parse_count
+from .catalog.synth import SYNTH_PRESETS, generate
+from .errors import ZeroGRError
+from .index import BUILDERS, INDEX_PRESETS, build_index
+
+CATALOG_HELP = ("catalog file (.csv/.tsv/.txt/.parquet), a sample name (" + ", ".join(SAMPLES) +
+                "), or synth:KIND:N[:SEED[:V]]")
+
+
+class UsageError(ZeroGRError):
+    """Bad command-line usage (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are raised, so :func:`main` prints them on one line."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------------------- shared helpers
+def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``CATALOG``, ``--codebook-sizes`` and ``--collision`` to ``parser``."""
+    parser.add_argument("catalog", metavar="CATALOG", help=CATALOG_HELP)
+    parser.add_argument("--codebook-sizes", metavar="V1,V2,…",
+                        help="declared codebook size per level (default: from the file or max + 1)")
+    parser.add_argument("--collision", action="store_true",
+                        help="append a collision level to items sharing a SID instead of failing")
+
+
+def catalog_from_args(args: argparse.Namespace) -> Catalog:
+    """The catalog named by the arguments of :func:`add_catalog_arguments`."""
+    sizes = None
+    if args.codebook_sizes is not None:
+        sizes = parse_int_list(args.codebook_sizes, "--codebook-sizes")
+    return open_catalog(args.catalog, codebook_sizes=sizes,
+                        on_duplicate="collision" if args.collision else "error")
+
+
+def parse_int_list(text: str, option: str) -> list[int]:
+    """Parse ``"3,5"`` or ``"3 5"`` (``""`` gives ``[]``) into ints, naming ``option`` on error."""
+    items = text.replace(",", " ").split()
+    try:
+        return [int(item) for item in items]
+    except ValueError:
+        bad = next(item for item in items if not _is_int(item))
+        raise UsageError(f"{option}: {bad!r} is not an integer") from None
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def print_json(payload) -> None:
+    """Print ``payload`` as indented JSON (numpy scalars and arrays become plain values)."""
+    def plain(value):
+        if isinstance(value, (np.generic, np.ndarray)):
+            return value.tolist()
+        raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+    print(json.dumps(payload, indent=2, default=plain))
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    """Right-aligned text table of ``rows`` (dicts) over ``columns``."""
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        if isinstance(value, (int, np.integer)):
+            return f"{int(value):,}"
+        return str(value)
+
+    body = [[cell(row[c]) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in body]
+    return "\n".join(lines)
+
+
+def _describe(catalog: Catalog) -> str:
+    text = (f"{catalog.name}: {catalog.n_items:,} items, {catalog.n_levels} levels, codebooks "
+            f"{'/'.join(map(str, catalog.codebook_sizes))}")
+    if catalog.collision_level_added:
+        text += f" (collision level added for {catalog.duplicate_groups} shared SIDs)"
+    return text
+
+
+# ---------------------------------------------------------------------------- index
+def register_index(subparsers) -> None:
+    """``index CATALOG``: build the step-sliced index with every builder and report it."""
+    p = subparsers.add_parser("index", help="build the index and show its per-step layout and bytes")
+    add_catalog_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--preset", choices=sorted(INDEX_PRESETS), default="default",
+                   help="representation rule (default: default)")
+    p.add_argument("--dense-steps", metavar="STEPS", default="", help="force these 1-based steps dense")
+    p.add_argument("--sparse-steps", metavar="STEPS", default="", help="force these 1-based steps sparse")
+    p.add_argument("--builders", metavar="NAMES", default=",".join(BUILDERS),
+                   help=f"builders to run and time (default: {','.join(BUILDERS)}); the first one's "
+                        "index is reported")
+    p.add_argument("--device", default=None, help="torch device of the index (default: cpu)")
+    p.set_defaults(handler=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> None:
+    catalog = catalog_from_args(args)
+    config = INDEX_PRESETS[args.preset]
+    overrides = {}
+    for option, kind in (("--dense-steps", "dense"), ("--sparse-steps", "sparse")):
+        for step in parse_int_list(getattr(args, option[2:].replace("-", "_")), option):
+            if not 1 <= step <= catalog.n_levels:
+                raise UsageError(f"{option}: step {step} is outside 1…{catalog.n_levels}")
+            if overrides.get(step, kind) != kind:
+                raise UsageError(f"step {step} is in both --dense-steps and --sparse-steps")
+            overrides[step] = kind
+    if overrides:
+        config = config.with_overrides(overrides)
+    builders = [b.strip() for b in args.builders.split(",") if b.strip()]
+    for builder in builders:
+        if builder not in BUILDERS:
+            raise UsageError(f"--builders: unknown builder {builder!r}; choose from {', '.join(BUILDERS)}")
+    if not builders:
+        raise UsageError("--builders: name at least one builder")
+    timings, report = {}, None
+    for builder in builders:
+        start = time.perf_counter()
+        try:
+            index = build_index(catalog, device=args.device, builder=builder, config=config)
+        except ZeroGRError as err:
+            if builder == builders[0]:
+                raise
+            timings[builder] = {"error": str(err)}
+            continue
+        timings[builder] = dict(index.build, wall_s=time.perf_counter() - start)
+        if report is None:
+            report = index.report()
+        del index
+    report = dict(catalog=catalog.name, n_levels=catalog.n_levels, codebook_sizes=list(catalog.codebook_sizes),
+                  **report, builders=timings)
+    if args.json:
+        print_json(report)
+        return
+    print(_describe(catalog))
+    print(format_table(report["steps"], ["step", "codebook", "states", "entries", "density", "max_segment",
+                                         "kind", "bytes"]))
+    total, raw, static = report["total_bytes"], report["sid_table_int16_bytes"], report["static_style_bytes"]
+    print(f"index: {total:,} bytes = {total / raw:.3f}× the int16 SID table ({raw:,} bytes), "
+          f"{100 * total / static:.3g}% of the STATIC-style index ({static:,} bytes)")
+    for builder, timing in timings.items():
+        if "error" in timing:
+            print(f"build {builder}: not run ({timing['error']})")
+        else:
+            print(f"build {builder}: {timing['total_s']:.4f} s "
+                  f"({catalog.n_items / max(timing['total_s'], 1e-9) / 1e6:.1f} M SIDs/s)")
+
+
+# ---------------------------------------------------------------------------- next
+def register_next(subparsers) -> None:
+    """``next CATALOG --prefix 3,5``: valid next tokens after a prefix."""
+    p = subparsers.add_parser("next", help="list the valid next tokens after a prefix")
+    add_catalog_arguments(p)
+    p.add_argument("--prefix", required=True, metavar="T1,T2,…",
+                   help='tokens so far, comma or space separated ("" for the first step)')
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    p.set_defaults(handler=_run_next)
+
+
+def _run_next(args: argparse.Namespace) -> None:
+    prefix = parse_int_list(args.prefix, "--prefix")
+    catalog = catalog_from_args(args)
+    if len(prefix) >= catalog.n_levels:
+        raise UsageError(f"--prefix has {len(prefix)} tokens; a prefix of this catalog has at most "
+                         f"{catalog.n_levels - 1}")
+    index = build_index(catalog)
+    tokens = index.next_tokens(prefix)
+    answer = dict(prefix=prefix, step=len(prefix) + 1, tokens=tokens.tolist())
+    if len(prefix) == catalog.n_levels - 1:
+        # Last step: the entry position of each completed SID is its row in the sorted table.
+        rows = [index.walk(prefix + [int(t)]) for t in tokens]
+        answer["item_ids"] = catalog.item_ids[rows].tolist()
+        if catalog.titles is not None:
+            answer["titles"] = catalog.titles[rows].tolist()
+    if args.json:
+        print_json(answer)
+        return
+    shown = ",".join(map(str, prefix)) or "(empty prefix)"
+    print(f"step {answer['step']}: {len(tokens)} valid next tokens after {shown}")
+    if "item_ids" in answer:
+        titles = answer.get("titles", [""] * len(tokens))
+        for token, item, title in zip(answer["tokens"], answer["item_ids"], titles):
+            print(f"{token}\titem {item}\t{title}".rstrip())
+    else:
+        print(" ".join(map(str, answer["tokens"])))
+
+
+# ---------------------------------------------------------------------------- synth
+def register_synth(subparsers) -> None:
+    """``synth KIND --n N --out FILE``: write a synthetic catalog."""
+    p = subparsers.add_parser("synth", help="generate a synthetic catalog file")
+    p.add_argument("kind", metavar="KIND", help=f"preset: {', '.join(SYNTH_PRESETS)}")
+    p.add_argument("--n", required=True, metavar="N", help="number of items (e.g. 50000 or 2e7)")
+    p.add_argument("--out", required=True, metavar="FILE", help="output .csv/.tsv/.txt/.parquet")
+    p.add_argument("--seed", default="0", help="random seed (default 0)")
+    p.add_argument("--codebook", default=None, metavar="V", help="codebook size of every level")
+    p.set_defaults(handler=_run_synth)
+
+
+def _run_synth(args: argparse.Namespace) -> None:
+    from .catalog.io import catalog_format, save_catalog
+
+    catalog_format(args.out)  # fail on a bad extension before generating
+    n_items = parse_count(args.n, "--n")
+    seed = parse_count(args.seed, "--seed")
+    codebook = None if args.codebook is None else parse_count(args.codebook, "--codebook")
+    start = time.perf_counter()
+    catalog = generate(args.kind, n_items, seed=seed, codebook=codebook)
+    generated = time.perf_counter() - start
+    save_catalog(catalog, args.out)
+    print(f"wrote {args.out}: {_describe(catalog)} (generated in {generated:.2f} s)")
+
+
+# ---------------------------------------------------------------------------- stats
+def register_stats(subparsers) -> None:
+    """``stats CATALOG``: catalog-level statistics per step."""
+    p = subparsers.add_parser("stats", help="per-step states, entries, density and segment lengths")
+    add_catalog_arguments(p)
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.set_defaults(handler=_run_stats)
+
+
+def _run_stats(args: argparse.Namespace) -> None:
+    catalog = catalog_from_args(args)
+    stats = dict(catalog=catalog.name, items=catalog.n_items, levels=catalog.n_levels,
+                 codebook_sizes=list(catalog.codebook_sizes),
+                 band_offsets=None if catalog.band_offsets is None else list(catalog.band_offsets),
+                 collision_level_added=catalog.collision_level_added,
+                 duplicate_groups=catalog.duplicate_groups,
+                 sid_table_int16_bytes=catalog.sid_table_bytes_int16(), steps=catalog.step_stats())
+    if args.json:
+        print_json(stats)
+        return
+    print(_describe(catalog))
+    if catalog.band_offsets is not None:
+        print(f"shared head, band offsets {'/'.join(map(str, catalog.band_offsets))}")
+    print(format_table(stats["steps"], ["step", "codebook", "states", "entries", "density", "max_segment",
+                                        "mean_segment"]))
+
+
+# ---------------------------------------------------------------------------- entry point
+#: Functions ``register(subparsers)`` that contribute subcommands, in help order.
+REGISTRARS = (register_index, register_next, register_synth, register_stats)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = _Parser(prog="python -m zerogr_core",
+                     description="ZeroGR: filtering-first constrained decoding for generative "
+                                 "recommendation.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in REGISTRARS:
+        register(subparsers)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.handler(args) or 0
+    except UsageError as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except (ZeroGRError, OSError) as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
