@@ -1,0 +1,41 @@
+"""Triton kernels of the ZeroGR filtering-first decoder, each beside its PyTorch reference.
+
+This is the repository's top-level ``kernels`` package, not the unrelated PyPI package
+of the same name: import it with the repository root first on ``sys.path`` (run from the
+root, e.g. ``python -m pytest`` or ``streamlit run app.py``; ``tests/conftest.py`` also
+inserts the root). ``kernels.__file__`` tells which one was imported.
+
+Every public op ``op`` dispatches to ``op_triton`` for CUDA tensors or when
+``TRITON_INTERPRET=1`` (CPU tensors then run in the Triton interpreter, which must be
+enabled before this package is imported), and to ``op_reference`` otherwise; both are
+exported so tests can compare them. Ops never synchronise with the host on the Triton
+path (except the naive ablation), so a whole decode can be captured in a CUDA graph.
+
+Per decoding step (DESIGN.md section 4), op (module):
+
+1. :func:`filter_slots` (``filtering``) - slot rows and the work queue, sparse or dense.
+2. :func:`selective_proj` (``selective``), or :func:`full_proj` (``full_projection``)
+   followed by ``filter_slots(logits=...)``, or the ablation :func:`naive_selective_proj`
+   (``naive_selective``) - logits of the valid slots.
+3. :func:`log_softmax_slots` (``normalize``) - normalisation plus beam scores.
+4. :func:`topk_gather` (``selection``) - top-M per request and the next beams; with
+   ``beam_scores`` it fuses step 3.
+
+Modules are not named after their ops, so ``kernels.filter_slots`` is always the function.
+"""
+from .filtering import (TASK_WIDTH, FilterOut, filter_slots, filter_slots_reference,
+                           filter_slots_triton, num_tasks)
+from .full_projection import full_proj
+from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
+from .naive_selective import naive_selective_proj
+from .selective import selective_proj, selective_proj_reference, selective_proj_triton
+from .selection import (SMALL_AUTO_MAX, SMALL_MAX, TopkOut, small_tile, topk_gather,
+                          topk_gather_reference, topk_gather_triton)
+
+__all__ = [
+    "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
+    "num_tasks", "full_proj", "log_softmax_slots", "log_softmax_slots_reference",
+    "log_softmax_slots_triton", "naive_selective_proj", "selective_proj",
+    "selective_proj_reference", "selective_proj_triton", "SMALL_AUTO_MAX", "SMALL_MAX",
+    "TopkOut", "small_tile", "topk_gather", "topk_gather_reference", "topk_gather_triton",
+]

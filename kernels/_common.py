@@ -1,0 +1,79 @@
+"""Helpers shared by the kernel modules: dispatch, argument checks, block sizes."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    """Return whether Triton runs in interpreter mode (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def use_triton(*tensors: torch.Tensor) -> bool:
+    """Return whether a public op should take its Triton path.
+
+    True when the first tensor lives on a CUDA device, or when the interpreter is on
+    (CPU tensors then run through the Triton interpreter). Otherwise the op uses its
+    pure-PyTorch reference.
+    """
+    return tensors[0].is_cuda or interpreting()
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= ``max(n, 1)``."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
+
+
+def check_tensor(name: str, t, *, dtypes, ndim: int, device: torch.device | None = None,
+                 shape: tuple | None = None, contiguous: bool = False) -> None:
+    """Raise ``TypeError`` / ``ValueError`` when ``t`` does not match the expectation.
+
+    Parameters
+    ----------
+    name : str
+        Argument name used in the message.
+    t : torch.Tensor
+        The argument.
+    dtypes : tuple of torch.dtype
+        Accepted dtypes.
+    ndim : int
+        Required number of dimensions.
+    device : torch.device, optional
+        Required device.
+    shape : tuple, optional
+        Required shape; ``None`` entries match any size.
+    contiguous : bool
+        Require a contiguous tensor.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if shape is not None and any(s is not None and s != ts for s, ts in zip(shape, t.shape)):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def check_out(out, specs) -> None:
+    """Check a preallocated ``out`` tuple against ``(name, shape, dtype, device)`` specs."""
+    if len(out) != len(specs):
+        raise ValueError(f"out must hold {len(specs)} tensors, got {len(out)}")
+    for t, (name, shape, dtype, device) in zip(out, specs):
+        check_tensor(f"out.{name}", t, dtypes=(dtype,), ndim=len(shape), device=device,
+                     shape=shape, contiguous=True)
