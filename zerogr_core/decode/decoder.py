@@ -20,6 +20,17 @@ def default_projection(index: StepIndex) -> tuple[str, ...]:
     return tuple("full" if s.kind == "dense" else "selective" for s in index.steps)
 
 
+def _projection_of(option) -> str:
+    """The projection ("full"/"selective") of a per-step engine option or projection name."""
+    from .engine import StepOption
+
+    if isinstance(option, str) and "/" in option:
+        option = StepOption.parse(option)
+    if isinstance(option, StepOption):
+        return "full" if option.mode.endswith("full") else "selective"
+    return option
+
+
 class Decoder:
     """Constrained beam search over a step-sliced index.
 
@@ -34,9 +45,12 @@ class Decoder:
     order : {"filter-first", "score-first", "unconstrained"}
     band_offsets : sequence of int, optional
         First head row of each level for a shared head (default: cumulative codebooks).
-    projection : "full", "selective", or a sequence of them per step, optional
-        Filter-first projection per step for the reference path (default: full on dense
-        steps, selective on sparse ones). The GPU engine plans its own unless given.
+    projection : "full", "selective", or a sequence per step, optional
+        Filter-first projection per step (default: full on dense steps, selective on sparse
+        ones for the reference path; the GPU engine plans its own). Per step the GPU
+        engine also takes a whole option, ``"sparse+selective/small"`` or a
+        :class:`~zerogr_core.decode.engine.StepOption`; the reference path keeps its
+        projection part.
     source : StaticIndex or HostTrie, optional
         For score-first: where valid tokens come from (default: ``index`` itself).
     engine : {"auto", "reference", "graph", "eager"}
@@ -78,7 +92,9 @@ class Decoder:
     def step_fn(self):
         """The per-step candidate function of this decoder's order (reference path)."""
         if self.order == "filter-first":
-            return FilterFirst(self.index, self.heads, self.projection or default_projection(self.index))
+            projection = [_projection_of(p) for p in self.projection] if self.projection else \
+                default_projection(self.index)
+            return FilterFirst(self.index, self.heads, projection)
         if self.order == "score-first":
             return ScoreFirst(self.source, self.heads)
         return Unconstrained(self.heads)
