@@ -29,13 +29,14 @@ from .full_projection import full_proj
 from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
 from .naive_selective import naive_selective_proj
 from .selective import selective_proj, selective_proj_reference, selective_proj_triton
-from .selection import (SMALL_AUTO_MAX, SMALL_MAX, TopkOut, small_tile, topk_gather,
-                          topk_gather_reference, topk_gather_triton)
+from .selection import (SMALL_AUTO_MAX, SMALL_MAX, SPLIT_CHUNK_MAX, SPLIT_CHUNK_MIN, TopkOut,
+                          small_tile, split_plan, topk_gather, topk_gather_reference,
+                          topk_gather_triton)
 
 __all__ = [
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
     "num_tasks", "full_proj", "log_softmax_slots", "log_softmax_slots_reference",
     "log_softmax_slots_triton", "naive_selective_proj", "selective_proj",
     "selective_proj_reference", "selective_proj_triton", "SMALL_AUTO_MAX", "SMALL_MAX",
-    "TopkOut", "small_tile", "topk_gather", "topk_gather_reference", "topk_gather_triton",
+    "SPLIT_CHUNK_MAX", "SPLIT_CHUNK_MIN", "TopkOut", "small_tile", "split_plan", "topk_gather", "topk_gather_reference", "topk_gather_triton",
 ]

@@ -10,7 +10,7 @@ Candidates with score -inf are never selected: when a request has fewer than ``M
 finite candidates the tail is padded with score -inf, parent -1, token -1, succ -1.
 Inputs must not hold NaN.
 
-Two paths give bit-identical outputs:
+Three paths give bit-identical outputs:
 
 - ``"small"``: one program per request loads all ``Mb * K`` candidates, packs each into
   an int64 key ``(order-preserving score bits << 32) + (2**31 - 1 - p)`` (unique keys, so
@@ -18,10 +18,20 @@ Two paths give bit-identical outputs:
   (bitonic, ``O(n log^2 M)``) and gathers. Used when the padded tile fits
   (``SMALL_AUTO_MAX`` candidates by default, at most ``SMALL_MAX``).
 - ``"wide"``: a Triton kernel writes the keys, ``torch.topk`` selects per request
-  (radix select on CUDA), and a small Triton kernel decodes and gathers.
+  (radix select on CUDA, one CTA per request row), and a small Triton kernel decodes
+  and gathers.
+- ``"split"``: the same key kernel, then a chunked tournament: a grid of
+  ``(batch, n_chunks)`` programs each keeps the top keys of ``CHUNK`` consecutive keys
+  of its request (``tl.topk``), shrinking each row by a factor ``CHUNK / BLOCK_OUT``,
+  repeated until a row fits one chunk, whose single program selects the final top keys
+  and gathers. Fills the GPU when a request has many candidates and ``batch`` is small,
+  where ``"wide"`` (one CTA per request) and ``"small"`` (one program per request)
+  are latency-bound. The number of stages depends only on the shapes, so it is
+  CUDA-graph capturable. Never chosen by ``path=None``; the engine's planner picks it
+  by timing.
 
 With ``beam_scores`` the op takes raw slot logits and fuses the normalisation of
-:mod:`kernels.normalize` into the key computation (both paths).
+:mod:`kernels.normalize` into the key computation (all paths).
 """
 from __future__ import annotations
 
@@ -40,8 +50,17 @@ SMALL_AUTO_MAX = 8192
 SMALL_MAX = 16384
 """Largest padded candidate tile the small kernel accepts."""
 
+SPLIT_CHUNK_MIN = 1024
+"""Smallest chunk of the split path (its chunk is ``max(SPLIT_CHUNK_MIN, 4 * BLOCK_OUT)``,
+capped at ``SPLIT_CHUNK_MAX`` but never below ``2 * BLOCK_OUT``); see :func:`split_plan`."""
+SPLIT_CHUNK_MAX = 8192
+"""Largest chunk of the split path unless ``2 * BLOCK_OUT`` is larger."""
+
 # high key word of -inf: ((bits(-inf) as int32) ^ 0x7FFFFFFF); valid keys lie above it
 _NEG_INF_HI = tl.constexpr(-2139095041)
+# padding key of the split path: high word -2**31 < _NEG_INF_HI, so padding sorts below
+# every real key (-inf candidates included) and decodes as padding like them
+_PAD_KEY = tl.constexpr(-(2**63) + 1)
 
 
 class TopkOut(NamedTuple):
@@ -75,6 +94,29 @@ def small_tile(beams_per_request: int, K: int, beam_width: int) -> tuple[int, in
     return block_m, block_k, block_out
 
 
+def split_plan(n_cand: int, beam_width: int) -> tuple[int, int, list[int]]:
+    """``(CHUNK, BLOCK_OUT, n_chunks per stage)`` of the split path for ``n_cand = Mb * K``
+    candidates per request.
+
+    Each stage maps a row of ``L`` keys to ``cdiv(L, CHUNK) * BLOCK_OUT`` keys; the last
+    stage has one chunk. ``CHUNK >= 2 * BLOCK_OUT`` makes every non-final stage shrink the
+    row (``L > CHUNK`` gives ``cdiv(L, CHUNK) * BLOCK_OUT < L / 2 + BLOCK_OUT < L``), so
+    the loop ends; ``4 * BLOCK_OUT`` shrinks it about 4x per stage for few stages, at
+    least ``SPLIT_CHUNK_MIN`` keeps the per-program work above launch/latency noise, and
+    at most ``SPLIT_CHUNK_MAX`` bounds the registers of one bitonic ``tl.topk`` tile.
+    Shapes only: no data-dependent control flow.
+    """
+    block_out = max(2, next_pow2(beam_width))
+    chunk = max(2 * block_out, min(SPLIT_CHUNK_MAX, max(next_pow2(SPLIT_CHUNK_MIN), 4 * block_out)))
+    stages, length = [], n_cand
+    while True:
+        n = cdiv(length, chunk)
+        stages.append(n)
+        if n == 1:
+            return chunk, block_out, stages
+        length = n * block_out
+
+
 def _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, path, out) -> TopkOut:
     check_tensor("scores", scores, dtypes=FLOAT_DTYPES, ndim=2, contiguous=True)
     n_beams, K = scores.shape
@@ -92,8 +134,8 @@ def _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, pat
         raise ValueError(f"beam_width must be a positive int, got {beam_width!r}")
     if K < 1 or (n_beams // batch) * K >= 2**31:
         raise ValueError(f"need 1 <= beams_per_request * K < 2**31, got K={K}")
-    if path not in (None, "small", "wide"):
-        raise ValueError(f"path must be None, 'small' or 'wide', got {path!r}")
+    if path not in (None, "small", "wide", "split"):
+        raise ValueError(f"path must be None, 'small', 'wide' or 'split', got {path!r}")
     specs = [("scores", (batch, beam_width), torch.float32, device),
              ("parents", (batch, beam_width), torch.int64, device),
              ("tokens", (batch, beam_width), torch.int32, device),
@@ -203,6 +245,27 @@ def _gather_kernel(top_ptr, n_top, slot_tok_ptr, slot_succ_ptr,
                   out_score_ptr, out_parent_ptr, out_tok_ptr, out_succ_ptr)
 
 
+@triton.jit
+def _chunk_topk_kernel(keys_ptr, L, top_ptr, slot_tok_ptr, slot_succ_ptr,
+                       out_score_ptr, out_parent_ptr, out_tok_ptr, out_succ_ptr,
+                       Mb, K, M, CHUNK: tl.constexpr, BLOCK_OUT: tl.constexpr,
+                       FINAL: tl.constexpr):
+    # program (req, c): top BLOCK_OUT of keys [c * CHUNK, (c + 1) * CHUNK) of row req
+    # (row length L, rows contiguous); FINAL (one chunk per row) decodes and gathers
+    req = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1).to(tl.int64)
+    n_chunks = tl.num_programs(1).to(tl.int64)
+    i = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(keys_ptr + req * L + i, mask=i < L, other=_PAD_KEY)
+    top = tl.topk(x, BLOCK_OUT)
+    o = tl.arange(0, BLOCK_OUT)
+    if FINAL:
+        _gather_store(top, o >= 0, o, req, M, Mb, K, slot_tok_ptr, slot_succ_ptr,
+                      out_score_ptr, out_parent_ptr, out_tok_ptr, out_succ_ptr)
+    else:
+        tl.store(top_ptr + (req * n_chunks + c) * BLOCK_OUT + o, top)
+
+
 def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torch.Tensor,
                        batch: int, beam_width: int, *, beam_scores: torch.Tensor | None = None,
                        path: str | None = None, out=None) -> TopkOut:
@@ -229,6 +292,19 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
     _slot_keys_kernel[(cdiv(n_beams, rows),)](
         scores, bs, keys, n_beams, mb, K,
         NORMALIZE=normalize, ROWS=rows, BLOCK_K=kb, N_CHUNKS=n_chunks, num_warps=4)
+    if path == "split":
+        chunk, block_out, stages = split_plan(mb * K, beam_width)
+        length = mb * K
+        warps = 4 if chunk <= 1024 else (8 if chunk <= 4096 else 16)
+        for n in stages:
+            final = n == 1
+            top = keys if final else torch.empty(batch, n * block_out, dtype=torch.int64,
+                                                 device=scores.device)
+            _chunk_topk_kernel[(batch, n)](
+                keys, length, top, slot_tokens, slot_succ, *res, mb, K, beam_width,
+                CHUNK=chunk, BLOCK_OUT=block_out, FINAL=final, num_warps=warps)
+            keys, length = top, n * block_out
+        return res
     n_top = min(beam_width, mb * K)
     top = torch.topk(keys.view(batch, mb * K), n_top, dim=1, largest=True, sorted=True).values
     _gather_kernel[(batch,)](
@@ -272,9 +348,9 @@ def topk_gather(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torc
     """Select the top ``beam_width`` candidates of each request and gather their beams.
 
     Runs the Triton kernels for CUDA tensors or under ``TRITON_INTERPRET=1``, else the
-    PyTorch reference. No host synchronisation on the Triton path (the wide path
-    allocates one ``(n_beams, K)`` int64 key buffer from the caching allocator, which
-    CUDA-graph capture supports).
+    PyTorch reference. No host synchronisation on the Triton path (the wide and split
+    paths allocate an ``(n_beams, K)`` int64 key buffer, and split one smaller buffer
+    per stage, from the caching allocator, which CUDA-graph capture supports).
 
     Parameters
     ----------
@@ -292,9 +368,10 @@ def topk_gather(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torc
         ``M``, the number of beams kept per request (may differ from ``Mb``).
     beam_scores : torch.Tensor, optional
         ``(n_beams,)`` float32 accumulated beam scores; fuses the normalisation.
-    path : {None, "small", "wide"}
+    path : {None, "small", "wide", "split"}
         Kernel choice; ``None`` picks ``"small"`` when the padded tile
-        (:func:`small_tile`) holds at most ``SMALL_AUTO_MAX`` candidates.
+        (:func:`small_tile`) holds at most ``SMALL_AUTO_MAX`` candidates, else
+        ``"wide"`` (never ``"split"``; the engine's planner times all three).
     out : tuple of torch.Tensor, optional
         Preallocated contiguous outputs in :class:`TopkOut` order.
 

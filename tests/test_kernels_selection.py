@@ -1,12 +1,13 @@
-"""Top-k selection and gather (kernels/selection.py): both paths against the reference."""
+"""Top-k selection and gather (kernels/selection.py): every path against the reference."""
 import numpy as np
 import pytest
 import torch
 
 from kernel_asserts import (assert_outputs_equal, assert_selection_equivalent, kernel_device,
                             random_sparse_mapping, random_states)
+import kernels.selection as selection
 from kernels import (SMALL_MAX, TopkOut, filter_slots_reference, log_softmax_slots_reference,
-                     small_tile, topk_gather_reference, topk_gather_triton)
+                     small_tile, split_plan, topk_gather_reference, topk_gather_triton)
 
 DEV = kernel_device()
 NAMES = TopkOut._fields
@@ -28,7 +29,9 @@ def _candidates(seed, batch, mb, vocab, max_len, dead_frac=0.2):
 
 def _paths(batch, mb, K, M):
     bm, bk, _ = small_tile(mb, K, M)
-    return ["wide", "small"] if bm * bk <= SMALL_MAX else ["wide"]
+    paths = ["wide", "split", "small"] if bm * bk <= SMALL_MAX else ["wide", "split"]
+    # the interpreter is slow; larger split shapes are covered by the GPU test below
+    return paths if DEV == "cuda" or mb * K <= 4096 else [p for p in paths if p != "split"]
 
 
 def _exact(scores, slots, batch, M):
@@ -104,7 +107,7 @@ def test_out_buffers_and_checks():
     slots, logits, beam_scores = _candidates(2, 2, 3, 50, 20)
     scores = log_softmax_slots_reference(logits, beam_scores)
     exp = topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, 2, 9)
-    for path in ("small", "wide"):
+    for path in ("small", "wide", "split"):
         out = TopkOut(*(torch.full_like(t, 3) for t in exp))
         got = topk_gather_triton(scores, slots.slot_tokens, slots.slot_succ, 2, 9, path=path, out=out)
         assert all(g is o for g, o in zip(got, out))
@@ -115,3 +118,105 @@ def test_out_buffers_and_checks():
         topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, 2, 9, path="radix")
     with pytest.raises(TypeError):
         topk_gather_reference(scores, slots.slot_tokens.long(), slots.slot_succ, 2, 9)
+
+
+def test_split_plan_shrinks_to_one_chunk():
+    for n_cand, M in [(1, 1), (7, 128), (25728, 128), (8192, 128), (25728, 256), (10**6, 1024),
+                      (50000, 4096), (16384 * 3, 8192)]:
+        chunk, block_out, stages = split_plan(n_cand, M)
+        assert chunk >= 2 * block_out and chunk & (chunk - 1) == 0 and block_out >= max(2, M)
+        assert stages[-1] == 1 and all(n > 1 for n in stages[:-1])
+        length = n_cand
+        for n in stages:
+            assert n == -(-length // chunk)
+            length = n * block_out
+    assert split_plan(25728, 128) == (1024, 128, [26, 4, 1])
+    assert split_plan(8192, 128) == (1024, 128, [8, 1])
+
+
+# tiny chunks so the interpreter runs several reduction stages
+@pytest.mark.parametrize("batch,mb,vocab,max_len,M,chunk_min", [
+    (1, 1, 1, 1, 1, 4),            # one candidate, beam width 1
+    (3, 4, 2, 2, 7, 8),            # fewer valid candidates than M
+    (2, 5, 30, 12, 1, 4),          # beam width 1, many stages
+    (2, 6, 60, 24, 4, 8),
+    (1, 1, 40, 3, 16, 8),          # Mb * K smaller than M
+])
+def test_split_multi_stage(monkeypatch, batch, mb, vocab, max_len, M, chunk_min):
+    monkeypatch.setattr(selection, "SPLIT_CHUNK_MIN", chunk_min)
+    slots, logits, beam_scores = _candidates(batch * 7 + vocab, batch, mb, vocab, max_len)
+    if batch > 1:  # a request with only -inf candidates
+        logits[:mb] = float("-inf")
+    scores = log_softmax_slots_reference(logits, beam_scores)
+    assert len(split_plan(mb * logits.shape[1], M)[2]) >= (2 if mb * logits.shape[1] > 8 * M else 1)
+    exp = topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, batch, M)
+    got = topk_gather_triton(scores, slots.slot_tokens, slots.slot_succ, batch, M, path="split")
+    assert_outputs_equal(got, exp, names=NAMES, rtol=0.0, atol=0.0)
+    got = topk_gather_triton(logits, slots.slot_tokens, slots.slot_succ, batch, M,
+                             beam_scores=beam_scores, path="split")
+    assert_selection_equivalent(got, exp, scores, slots.slot_tokens, slots.slot_succ, batch)
+    wide = topk_gather_triton(logits, slots.slot_tokens, slots.slot_succ, batch, M,
+                              beam_scores=beam_scores, path="wide")
+    assert_outputs_equal(got, wide, names=NAMES, rtol=0.0, atol=0.0)
+
+
+def _serving_candidates(seed, batch, mb, K, dead_frac=0.3):
+    """Raw logits of ``batch * mb`` beams of width ``K`` on the GPU, with ``-inf`` slots,
+    a dead beam per request, and ties; slot rows with unique tokens per beam."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    n = batch * mb
+    logits = torch.randn(n, K, generator=g, device="cuda") * 3
+    logits = torch.where(torch.rand(n, K, generator=g, device="cuda") < dead_frac, float("-inf"), logits)
+    if mb > 1:
+        logits[::mb] = float("-inf")           # first beam of each request dead
+    elif batch > 1:
+        logits[1::2] = float("-inf")           # every other request all dead
+    t = min(8, K // 2)
+    logits[:, :t] = logits[:, t:2 * t].round()  # exact ties
+    tokens = torch.arange(K, dtype=torch.int32, device="cuda").repeat(n, 1)
+    tokens = torch.where(logits > float("-inf"), tokens, -1)
+    succ = torch.randint(0, 2**40, (n, K), generator=g, device="cuda")
+    succ = torch.where(tokens >= 0, succ, -1)
+    beam_scores = -torch.rand(n, generator=g, device="cuda") * 5
+    return logits, tokens, succ, beam_scores
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("batch,mb,K,M", [(1, 128, 201, 128), (32, 128, 201, 128), (1, 1, 8192, 128),
+                                          (32, 1, 8192, 128), (4, 64, 201, 64), (4, 256, 201, 256),
+                                          (2, 128, 201, 1), (3, 2, 5, 128)])
+def test_split_gpu_serving_shapes_and_cuda_graph(batch, mb, K, M):
+    logits, tokens, succ, beam_scores = _serving_candidates(batch * 1000 + K + M, batch, mb, K)
+    scores = log_softmax_slots_reference(logits, beam_scores)
+    exp = topk_gather_reference(scores, tokens, succ, batch, M)
+    for inputs, kw in [(scores, {}), (logits, {"beam_scores": beam_scores})]:
+        wide = topk_gather_triton(inputs, tokens, succ, batch, M, path="wide", **kw)
+        split = topk_gather_triton(inputs, tokens, succ, batch, M, path="split", **kw)
+        assert_outputs_equal(split, wide, names=NAMES, rtol=0.0, atol=0.0)
+        if not kw:
+            assert_outputs_equal(split, exp, names=NAMES, rtol=0.0, atol=0.0)
+        else:
+            assert_selection_equivalent(split, exp, scores, tokens, succ, batch)
+    # capture and replay: fresh inputs copied into the captured buffers give fresh outputs
+    x, bs = logits.clone(), beam_scores.clone()
+    out = TopkOut(*(torch.empty_like(t) for t in exp))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        topk_gather_triton(x, tokens, succ, batch, M, beam_scores=bs, path="split", out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk_gather_triton(x, tokens, succ, batch, M, beam_scores=bs, path="split", out=out)
+    logits2, _, _, bs2 = _serving_candidates(batch * 1000 + K + M + 1, batch, mb, K)
+    logits2 = torch.where(tokens >= 0, logits2, float("-inf"))
+    x.copy_(logits2)
+    bs.copy_(bs2)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = topk_gather_triton(logits2, tokens, succ, batch, M, beam_scores=bs2, path="split")
+    assert_outputs_equal(out, eager, names=NAMES, rtol=0.0, atol=0.0)
+    wide = topk_gather_triton(logits2, tokens, succ, batch, M, beam_scores=bs2, path="wide")
+    assert_outputs_equal(out, wide, names=NAMES, rtol=0.0, atol=0.0)

@@ -17,11 +17,13 @@ import time
 
 import numpy as np
 
+from .bench.commands import register as register_bench
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLES, open_catalog, parse_count
 from .catalog.synth import SYNTH_PRESETS, generate
 from .errors import ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
+from .recsys.commands import register as register_recsys
 
 CATALOG_HELP = ("catalog file (.csv/.tsv/.txt/.parquet), a sample name (" + ", ".join(SAMPLES) +
                 "), or synth:KIND:N[:SEED[:V]]")
@@ -272,7 +274,7 @@ def _run_stats(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------- entry point
 #: Functions ``register(subparsers)`` that contribute subcommands, in help order.
-REGISTRARS = (register_index, register_next, register_synth, register_stats)
+REGISTRARS = (register_index, register_next, register_synth, register_stats, register_bench, register_recsys)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ from .heads import Heads
 from .search import DecodeResult, HiddenFn, check_hidden
 
 MODES = ("dense+full", "sparse+full", "sparse+selective")
-TOPK_PATHS = ("small", "wide")
+TOPK_PATHS = ("small", "wide", "split")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ def step_options(mapping: StepMapping, beams_in: int, beam_width: int) -> list[S
     for mode in modes:
         width = mapping.codebook if mode == "dense+full" else mapping.max_segment
         bm, bk, _ = small_tile(beams_in, width, beam_width)
-        paths = ["small", "wide"] if bm * bk <= SMALL_MAX else ["wide"]
+        # "split" serves every shape; the planner times each option and keeps the fastest
+        paths = ["small", "wide", "split"] if bm * bk <= SMALL_MAX else ["wide", "split"]
         out += [StepOption(mode, p) for p in paths]
     return out
 

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The one script to run on the lent GPU (NVIDIA H200): GPU tests, then the benchmark suites in
+# priority order, each under its own time budget, results written as they come.
+#
+#   bash bench/gpu_run.sh                      # every group, in priority order, within BENCH_BUDGET_S
+#   bash bench/gpu_run.sh tests headline detail
+#   bash bench/gpu_run.sh watch sweeps scale
+#
+# Groups (priority order; each is one `python3 -m zerogr_core bench` call unless noted):
+#   tests     GPU-marked tests and the whole kernel/engine suite on CUDA (pytest), log with GPU + versions
+#   headline  search-like 19,269,255 SIDs (DESIGN.md §7 anchor, "2e7"): index memory, then every method, batches 1..32,
+#             FP16/H1024 and FP32/H4096, checks, plans
+#   detail    search-like 19,269,255: stages, step-2 ablation, per-step latency, index construction, interference
+#   watch     watch-like 2e7: memory + headline
+#   sweeps    synthetic-7 1e7: beam-width sweep (64,128,256) and codebook sweep (V 2048..16384)
+#   scale     search-like 1e8 (BENCH_BIG_SCALE): memory, headline at batches 1,8,32, build
+#
+# Environment:
+#   OUT             folder whose files come back (default ./gpu_out). At most 4 files land there:
+#                   gpu_run.log, gpu_tests.log, summary.txt, bench_results.tar.gz (re-packed after every
+#                   group; it holds results/<group>/*.json|jsonl|csv and results/logs/; unpack it with
+#                   `tar xzf bench_results.tar.gz -C bench/` to land in bench/results/)
+#   BENCH_BUDGET_S  total seconds for the whole script (default 540); groups stop starting new work when it
+#                   is spent, and each group is capped by BUDGET_<GROUP> (e.g. BUDGET_HEADLINE=200)
+#   BENCH_BIG_SCALE SIDs of the scale group (default 1e8)
+#   BENCH_ARGS      extra arguments for every bench call (e.g. "--repeats 20")
+#   PYTHON          interpreter (default python3)
+#   BENCH_QUICK=1   dry run of this script on a CPU: every bench call in --quick mode (tiny catalogs),
+#                   and only tests/test_bench.py in the tests group
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PYTHON:-python3}
+OUT=${OUT:-$ROOT/gpu_out}
+WORK=${BENCH_WORK:-/tmp/zerogr_gpu_run}
+TOTAL=${BENCH_BUDGET_S:-540}
+BIG=${BENCH_BIG_SCALE:-1e8}
+EXTRA=${BENCH_ARGS:-}
+mkdir -p "$OUT" "$WORK/results/logs"
+LOG="$OUT/gpu_run.log"
+export PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/zerogr_triton_cache}
+unset TRITON_INTERPRET
+START=$(date +%s)
+
+log() { echo "[gpu_run $(date +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+left() { echo $(( TOTAL - ($(date +%s) - START) )); }
+budget() {  # budget GROUP DEFAULT -> min(BUDGET_GROUP or DEFAULT, time left - 15 s for packing)
+  local var="BUDGET_$(echo "$1" | tr 'a-z-' 'A-Z_')"
+  local want=${!var:-$2}
+  local rest=$(( $(left) - 15 ))
+  (( want < rest )) && echo "$want" || echo "$rest"
+}
+pack() {
+  tar -czf "$OUT/bench_results.tar.gz.tmp" -C "$WORK" results 2>/dev/null \
+    && mv -f "$OUT/bench_results.tar.gz.tmp" "$OUT/bench_results.tar.gz"
+  $PY -m zerogr_core bench --summarize "$WORK/results" > "$OUT/summary.txt" 2>&1 || true
+}
+bench() {  # bench GROUP BUDGET ARGS...
+  local group=$1 b=$2; shift 2
+  if (( b < 20 )); then log "skip $group: time budget spent"; return; fi
+  mkdir -p "$WORK/results/$group"
+  if [[ "${BENCH_QUICK:-0}" == 1 ]]; then  # drop --scale/--batch, add --quick
+    local args=() skip=0
+    for a in "$@"; do
+      if (( skip )); then skip=0; continue; fi
+      if [[ "$a" == --scale || "$a" == --batch ]]; then skip=1; continue; fi
+      args+=("$a")
+    done
+    set -- "${args[@]}" --quick
+  fi
+  log "group $group: budget ${b}s: bench $*"
+  # --budget-s stops new measurements; timeout is the hard stop for a hung process
+  timeout --signal=INT --kill-after=20 $(( b + 45 )) \
+    $PY -m zerogr_core bench --out "$WORK/results/$group" --budget-s "$b" "$@" $EXTRA 2>&1 \
+    | tee "$WORK/results/logs/$group.log" | tee -a "$LOG" | grep -E "^\[|^===|^bench:|error" || true
+  pack
+  log "group $group done"
+}
+
+header() {
+  echo "# zerogr GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null || echo "nvidia-smi: n/a"
+  $PY - <<'EOF' 2>&1
+import os, platform, torch
+try:
+    import triton; tv = triton.__version__
+except Exception as exc:  # noqa: BLE001
+    tv = f"n/a ({exc})"
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+print(f"gpu: {gpu} | torch {torch.__version__} (CUDA {torch.version.cuda}) | triton {tv} | "
+      f"python {platform.python_version()} | cpus {os.cpu_count()}")
+EOF
+}
+
+group_tests() {
+  local b; b=$(budget tests 150)
+  if (( b < 30 )); then log "skip tests: time budget spent"; return; fi
+  local tl="$OUT/gpu_tests.log"
+  { header; echo; } > "$tl"
+  log "group tests: budget ${b}s"
+  # the whole kernel suite (and engine/decoder/index) on CUDA, then every GPU-marked test
+  local suite=(tests/test_kernels_filter.py tests/test_kernels_normalize.py tests/test_kernels_selection.py
+               tests/test_kernels_selective.py tests/test_engine.py tests/test_decode.py tests/test_index.py)
+  local marked=(tests/)
+  [[ "${BENCH_QUICK:-0}" == 1 ]] && suite=(tests/test_bench.py) && marked=(tests/test_bench.py)
+  timeout --kill-after=15 $(( b * 3 / 5 )) $PY -m pytest -q -rs -p no:cacheprovider "${suite[@]}" \
+    >> "$tl" 2>&1
+  echo "kernel/engine suite exit status: $?" >> "$tl"
+  echo >> "$tl"
+  timeout --kill-after=15 $(( b * 2 / 5 )) $PY -m pytest -q -rs -p no:cacheprovider \
+    --continue-on-collection-errors -m gpu "${marked[@]}" >> "$tl" 2>&1
+  echo "gpu-marked tests exit status: $?" >> "$tl"
+  tail -n 25 "$tl" | tee -a "$LOG"
+  cp "$tl" "$WORK/results/logs/gpu_tests.log"
+  pack
+}
+
+group_headline() {
+  bench headline "$(budget headline 200)" --suite memory,headline --catalog search-like --scale 19269255 \
+    --suite-budgets memory=40
+}
+group_detail() {
+  bench detail "$(budget detail 180)" --suite stages,ablation,steps,build,interference --catalog search-like \
+    --scale 19269255 --build-repeats 1 --suite-budgets stages=30,ablation=25,steps=50,build=45,interference=30
+}
+group_watch() {
+  bench watch "$(budget watch 120)" --suite memory,headline --catalog watch-like --scale 2e7 \
+    --suite-budgets memory=40
+}
+group_sweeps() {
+  bench sweeps "$(budget sweeps 180)" --suite beam-sweep,codebook-sweep --catalog synthetic-7 --scale 1e7 \
+    --repeats 20 --suite-budgets beam-sweep=75,codebook-sweep=105
+}
+group_scale() {
+  bench scale "$(budget scale 230)" --suite memory,headline,build --catalog search-like --scale "$BIG" \
+    --batch 1,8,32 --build-repeats 1 --suite-budgets memory=120,build=60
+}
+
+GROUPS_ALL=(tests headline detail watch sweeps scale)
+if (( $# )); then GROUPS_RUN=("$@"); else GROUPS_RUN=("${GROUPS_ALL[@]}"); fi
+header | tee -a "$LOG"
+log "groups: ${GROUPS_RUN[*]} | total budget ${TOTAL}s | results under $WORK, packed into $OUT"
+for g in "${GROUPS_RUN[@]}"; do
+  if ! declare -F "group_$g" > /dev/null; then log "unknown group '$g' (choose from ${GROUPS_ALL[*]})"; continue; fi
+  if (( $(left) < 35 )); then log "skip $g: time budget spent"; continue; fi
+  "group_$g"
+done
+pack
+log "finished; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+echo
+cat "$OUT/summary.txt"

@@ -1,0 +1,197 @@
+"""The benchmark command end to end in --quick mode, its result files, and the figures.
+
+The main run uses the kernels' PyTorch references (TRITON_INTERPRET=0) so every suite fits
+in seconds on a CPU; a second, smaller run goes through the Triton interpreter. On a GPU
+machine the last test runs the quick bench on CUDA, where every capturable method is
+replayed from a CUDA graph.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from zerogr_core.bench.methods import CAPTURABLE, METHODS
+from zerogr_core.bench.results import FORMAT, load_results
+from zerogr_core.bench.suites import SUITES
+from zerogr_core.bench.workload import static_from_index
+from zerogr_core.catalog.synth import generate
+from zerogr_core.index import INDEX_PRESETS, build_index, build_static_index
+
+ROOT = Path(__file__).resolve().parents[1]
+META = ("gpu", "driver", "torch", "triton", "seed", "command", "run_command", "catalog", "n_items", "codebooks",
+        "states", "entries", "max_segments", "mean_segments")
+
+
+def run_bench(*args: str, interpret: str = "0", timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET=interpret, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "zerogr_core", "bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    result = run_bench("--quick", "--suite", "all", "--device", "cpu", "--json", str(out / "quick.json"),
+                       "--csv", str(out / "quick.csv"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, result
+
+
+def test_quick_bench_writes_every_suite_with_metadata(quick_run):
+    out, result = quick_run
+    doc = json.loads((out / "quick.json").read_text())
+    assert doc["format"] == FORMAT and doc["finished"] is True
+    assert doc["run_command"].startswith("python -m zerogr_core bench --suite ")
+    records = doc["records"]
+    assert {r["suite"] for r in records} == set(SUITES)
+    assert not [r for r in records if r["kind"] == "error"]
+    for rec in records:
+        if rec["kind"] == "skipped":
+            continue
+        for key in META:
+            assert key in rec, (key, rec["kind"], rec["suite"])
+        assert rec["command"].startswith("python -m zerogr_core bench --suite " + rec["suite"])
+        assert rec["states"].startswith("1/") and len(rec["max_segments"].split("/")) == rec["n_levels"]
+    catalogs = [r for r in records if r["kind"] == "catalog"]
+    assert catalogs and all(r["catalog_stats"][0]["step"] == 1 for r in catalogs)
+    kinds = {r["kind"] for r in records}
+    assert (out / "quick.jsonl").exists() and len(load_results(out / "quick.jsonl")) == len(records)
+    assert {"catalog", "latency", "speedup", "plan", "check", "step", "stage", "ablation", "memory", "build", "bandwidth",
+            "interference"} <= kinds
+    # every method was checked valid, and zerogr equals the reference, at batch 1 and the largest batch
+    checks = [r for r in records if r["kind"] == "check"]
+    assert checks and all(r["passed"] for r in checks), [r for r in checks if not r["passed"]][:3]
+    head = [r for r in checks if r["suite"] == "headline"]
+    for method in METHODS:
+        for batch in (1, 2):
+            assert any(r["method"] == method and r["batch"] == batch and r["check"] == "valid-items" for r in head)
+    zref = [r for r in head if r["method"] == "zerogr" and r["check"].startswith("equals")]
+    assert zref and all(r["status"] == "equal" for r in zref)
+    # latency: every method at every shape, eager everywhere; graph marked unavailable on a CPU
+    lat = [r for r in records if r["kind"] == "latency" and r["suite"] == "headline"]
+    for method in METHODS:
+        eager = [r for r in lat if r["method"] == method and r["mode"] == "eager"]
+        assert len(eager) == 4 and all(r["median_ms"] > 0 and r["n"] == 3 for r in eager)
+        graph = [r for r in lat if r["method"] == method and r["mode"] == "graph"]
+        assert all(r["status"] == "unavailable" for r in graph)
+    # the per-step, per-stage and ablation reports cover every step / stage / variant
+    steps = {(r["method"], r["step"]) for r in records if r["kind"] == "step"}
+    assert {("zerogr", s) for s in range(1, 6)} <= steps and ("band-gemm", 2) in steps
+    stages = {r["stage"] for r in records if r["kind"] == "stage"}
+    assert {"filtering+projection", "normalisation", "selection+gather", "fused step"} <= stages
+    variants = {r["variant"] for r in records if r["kind"] == "ablation"}
+    assert {"full projection", "naive selective", "slot-based selective"} <= variants
+    memory = {r["structure"] for r in records if r["kind"] == "memory" and r["step"] == "total"}
+    assert {"zerogr", "static-style", "sid-table-int16", "host-trie"} <= memory
+    builds = [r for r in records if r["kind"] == "build" and r.get("identical_to_zerogr_index") is not None]
+    assert builds and all(r["identical_to_zerogr_index"] for r in builds)
+    conditions = {r["condition"] for r in records if r["kind"] == "interference"}
+    assert {"idle", "during layout rebuild", "during host-copy rebuild"} == conditions
+    # the sweeps really sweep
+    assert {r["beam"] for r in records if r["suite"] == "beam-sweep" and r["kind"] == "latency"} == {2, 4}
+    assert {r["codebook"] for r in records if r["suite"] == "codebook-sweep" and r["kind"] == "latency"} == {16, 32}
+    # CSV: one row per record over the union of the keys; the summary is printed last
+    with open(out / "quick.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(records)
+    assert set(META) <= set(rows[0])
+    assert "[checks]" in result.stdout.strip().splitlines()[-2] or "[checks]" in result.stdout[-2000:]
+
+
+def test_summarize_saved_results(quick_run):
+    out, _ = quick_run
+    result = run_bench("--summarize", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "[headline]" in result.stdout and "[memory]" in result.stdout and "[checks]" in result.stdout
+
+
+def test_figures_from_results(quick_run, tmp_path):
+    from zerogr_core.bench import figures
+
+    out, _ = quick_run
+    records = load_results(out)
+    assert records and all(r["source"] == "quick.json" for r in records)
+    for name in ("figure_speedup", "figure_latency", "figure_beam_sweep", "figure_codebook_sweep", "figure_steps",
+                 "figure_stages", "figure_ablation", "figure_memory", "figure_build", "figure_interference"):
+        fig = getattr(figures, name)(records)
+        assert len(fig.data) > 0, name
+        empty = getattr(figures, name)([])
+        assert len(empty.data) == 0 and empty.layout.annotations, name
+    rows = figures.headline_rows(records)
+    assert rows and {"zerogr ms", "speedup vs static"} <= set(rows[0])
+    written = figures.save_figures(records, tmp_path, png=False)
+    assert len(written["html"]) == 10 and all(Path(p).stat().st_size > 1000 for p in written["html"])
+
+
+def test_quick_bench_through_the_triton_interpreter(tmp_path):
+    # the methods that run every Triton kernel: filtering, selective projection, normalisation, top-k
+    methods = ["zerogr", "static-adapted", "naive-selective"]
+    result = run_bench("--quick", "--suite", "headline", "--catalog", "watch-like", "--codebook", "16",
+                       "--batch", "2", "--beam", "3", "--dtype", "fp32", "--hidden", "16", "--device", "cpu",
+                       "--methods", ",".join(methods), "--out", str(tmp_path), interpret="1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = load_results(tmp_path)
+    assert records[0]["run_command"].endswith("--device cpu")
+    checks = [r for r in records if r["kind"] == "check"]
+    assert len(checks) == 2 * len(methods) and all(r["passed"] for r in checks)
+
+
+@pytest.mark.parametrize("kind,codebook", [("search-like", 24), ("watch-like", 20)])
+@pytest.mark.parametrize("dense_levels", [1, 2])
+def test_static_from_index_equals_the_static_builder(kind, codebook, dense_levels):
+    catalog = generate(kind, 700, seed=5, codebook=codebook)
+    offsets = catalog.band_offsets or (0,) * catalog.n_levels
+    want = build_static_index(catalog, dense_levels=dense_levels, band_offsets=offsets)
+    cpu = build_index(catalog, config=INDEX_PRESETS["all-sparse"])
+    got = static_from_index(catalog, cpu, "cpu", offsets, dense_levels)
+    assert (got.vocab, got.band_offsets, got.max_row) == (want.vocab, want.band_offsets, want.max_row)
+    for a, b in [(got.first_mask, want.first_mask), (got.dense_mask, want.dense_mask),
+                 (got.dense_states, want.dense_states), *zip(got.indptr, want.indptr), *zip(got.pairs, want.pairs)]:
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert got.nbytes == want.nbytes
+
+
+def test_usage_errors_are_one_line():
+    for args, fragment in ((["--suite", "nope"], "--suite"), (["--dtype", "fp16,fp32", "--hidden", "1,2,3"],
+                                                               "pair them"),
+                           (["--methods", "zerogr,magic"], "--methods"), (["--batch", "0"], "--batch")):
+        result = run_bench("--quick", *args)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], result.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quick_bench_on_cuda_replays_every_capturable_method(tmp_path):
+    result = run_bench("--quick", "--suite", "headline,ablation,build", "--dtype", "fp32", "--batch", "2",
+                       "--device", "cuda", "--out", str(tmp_path), interpret="0", timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    records = load_results(tmp_path)
+    assert not [r for r in records if r["kind"] == "error"]
+    assert all(r["passed"] for r in records if r["kind"] == "check")
+    graph = {r["method"] for r in records if r["kind"] == "latency" and r["mode"] == "graph" and r["status"] == "ok"}
+    assert graph == {m for m in METHODS if CAPTURABLE[m]}
+    assert all(r["gpu"] != "none (CPU run)" and r["device"] == "cuda" for r in records if "gpu" in r)
+    assert np.isfinite([r["median_ms"] for r in records if r["kind"] == "latency" and r["status"] == "ok"]).all()
+
+
+def test_bench_runs_without_polars_or_plotly(tmp_path):
+    # The GPU machine has torch, numpy and triton but neither Polars nor Plotly.
+    code = ("import sys; sys.modules['polars'] = None; sys.modules['plotly'] = None; "
+            "from zerogr_core.cli import main; "
+            f"sys.exit(main(['bench', '--quick', '--suite', 'memory,build', '--out', {str(tmp_path)!r}]) or "
+            f"main(['bench', '--summarize', {str(tmp_path)!r}]))")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "[memory]" in result.stdout

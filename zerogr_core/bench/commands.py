@@ -1,0 +1,279 @@
+"""``python -m zerogr_core bench``: the benchmark command.
+
+Examples::
+
+    python -m zerogr_core bench --quick --suite all --out /tmp/bench      # CPU / CI smoke run
+    python -m zerogr_core bench --suite headline --catalog search-like --scale 2e7
+    python -m zerogr_core bench --suite stages,ablation,steps --batch 1,8,32
+    python -m zerogr_core bench --suite codebook-sweep --codebook 2048,4096,8192,16384
+    python -m zerogr_core bench --summarize bench/results                 # tables from saved files
+
+Only the standard library is imported when the CLI starts; torch and the kernels load in
+the handler.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+METHOD_NAMES = ("zerogr", "static", "static-adapted", "unconstrained", "cpu-trie", "naive-selective")
+SUITE_NAMES = ("headline", "beam-sweep", "codebook-sweep", "steps", "stages", "ablation", "memory", "build",
+               "interference")
+DEFAULT_HIDDEN = {"fp16": 1024, "bf16": 1024, "fp32": 4096}
+
+
+def register(subparsers) -> None:
+    """Add the ``bench`` subcommand."""
+    p = subparsers.add_parser(
+        "bench", help="benchmark zerogr against the baselines (latency, steps, stages, memory, build)",
+        description="Time the filtering-first GPU engine against STATIC-style scoring first (as published and "
+                    "adapted), unconstrained decoding, a host trie and the naive selective projection, on one "
+                    "catalog with the same heads and hidden states. Results go to JSON and CSV as the run goes.")
+    p.add_argument("--suite", default="headline",
+                   help=f"comma list of suites, or 'all': {', '.join(SUITE_NAMES)} (default headline)")
+    p.add_argument("--catalog", default=None,
+                   help="search-like, watch-like, synthetic-7, a sample name, synth:KIND:N[:SEED[:V]] or a catalog "
+                        "file (default: search-like; synthetic-7 for the sweeps)")
+    p.add_argument("--scale", default=None, metavar="N",
+                   help="SIDs of a synthetic catalog, e.g. 2e7 (default: search-like 19269255, the DESIGN.md §7 anchor; "
+                        "watch-like 2e7; synthetic-7 1e7)")
+    p.add_argument("--methods", default=None,
+                   help=f"comma list of {', '.join(METHOD_NAMES)} (default: all; the sweeps skip cpu-trie and "
+                        "naive-selective)")
+    p.add_argument("--batch", default=None, help="batch sizes (default 1,2,4,8,16,32; 1,8,32 for sweeps/steps)")
+    p.add_argument("--beam", default=None, help="beam widths (default 128; beam-sweep 64,128,256)")
+    p.add_argument("--dtype", default=None, help="head/hidden dtypes fp16, bf16, fp32, paired with --hidden "
+                                                 "(default fp16,fp32)")
+    p.add_argument("--hidden", default=None, help="hidden sizes, paired with --dtype (default 1024,4096)")
+    p.add_argument("--codebook", default=None,
+                   help="codebook size V of every level of a synthetic catalog; the codebook-sweep sweeps a list "
+                        "(default 2048,4096,8192,16384)")
+    p.add_argument("--json", default=None, metavar="FILE", help="JSON result file (default OUT/<name>.json)")
+    p.add_argument("--csv", default=None, metavar="FILE", help="CSV result file (default OUT/<name>.csv)")
+    p.add_argument("--out", default="bench/results", metavar="DIR", help="result folder (default bench/results)")
+    p.add_argument("--quick", action="store_true",
+                   help="CPU/CI mode: tiny catalogs (codebook 32), small hidden sizes, batches 1,2, beam 4, "
+                        "3 repeats; every code path still runs")
+    p.add_argument("--seed", default="0", help="seed of catalogs, heads and hidden states (default 0)")
+    p.add_argument("--repeats", default=None, help="timed runs per measurement (default 30; quick 3)")
+    p.add_argument("--warmup", default=None, help="untimed runs before timing (default 5; quick 1)")
+    p.add_argument("--budget-s", default=None, metavar="S",
+                   help="stop starting new measurements after S seconds (what finished is kept)")
+    p.add_argument("--suite-budgets", default=None, metavar="SUITE=S,…",
+                   help="per-suite time budgets in seconds, e.g. headline=200,build=60")
+    p.add_argument("--check", choices=("ends", "all", "none"), default="ends",
+                   help="check outputs before timing at the smallest and largest batch (ends), every batch, "
+                        "or never (default ends)")
+    p.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
+    p.add_argument("--build-repeats", default=None, help="runs per builder in the build suite (default 2)")
+    p.add_argument("--interference-s", default=None, metavar="S",
+                   help="seconds of decoding per condition in the interference suite (default 3)")
+    p.add_argument("--summarize", default=None, metavar="PATH",
+                   help="print the summary tables of saved results (file or folder) and exit")
+    p.set_defaults(handler=run_bench)
+
+
+def _usage(message: str):
+    from ..cli import UsageError
+
+    return UsageError(message)
+
+
+def _ints(text, option: str) -> list[int] | None:
+    if text is None:
+        return None
+    from ..catalog.samples import parse_count
+    from ..errors import ZeroGRError
+
+    items = [t for t in text.replace(",", " ").split() if t]
+    if not items:
+        raise _usage(f"{option}: give at least one value")
+    try:
+        values = [parse_count(t, option) for t in items]
+    except ZeroGRError as err:
+        raise _usage(str(err)) from None
+    if any(v < 1 for v in values):
+        raise _usage(f"{option}: values must be ≥ 1")
+    return values
+
+
+def _list(text, option: str, allowed) -> list[str] | None:
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if items == ["all"]:
+        return list(allowed)
+    for item in items:
+        if item not in allowed:
+            raise _usage(f"{option}: unknown value {item!r}; choose from {', '.join(allowed)}")
+    if not items:
+        raise _usage(f"{option}: give at least one value")
+    return items
+
+
+def _configs(dtypes, hiddens, quick: bool):
+    if dtypes is None and hiddens is None:
+        return None
+    default = [("fp16", 32), ("fp32", 48)] if quick else [("fp16", 1024), ("fp32", 4096)]
+    if dtypes is None:
+        dtypes = [d for d, _ in default][:len(hiddens)] if len(hiddens) <= 2 else ["fp16"]
+    if hiddens is None:
+        hiddens = [(32 if d != "fp32" else 48) if quick else DEFAULT_HIDDEN[d] for d in dtypes]
+    if len(dtypes) == 1:
+        dtypes = dtypes * len(hiddens)
+    if len(hiddens) == 1:
+        hiddens = hiddens * len(dtypes)
+    if len(dtypes) != len(hiddens):
+        raise _usage(f"--dtype lists {len(dtypes)} values and --hidden {len(hiddens)}; pair them one to one")
+    return list(zip(dtypes, hiddens))
+
+
+def _stem(suites, options) -> str:
+    name = "+".join(suites) if len(suites) < len(SUITE_NAMES) else "all"
+    if options.catalog:
+        name += "__" + Path(options.catalog).stem.replace(":", "-")
+    if options.scale is not None:
+        from .workload import format_count
+
+        name += "-" + format_count(options.scale)
+    if options.codebooks and len(options.codebooks) == 1:
+        name += f"-V{options.codebooks[0]}"
+    if options.quick:
+        name += "__quick"
+    return name
+
+
+def parse_options(args):
+    """The :class:`~zerogr_core.bench.suites.Options` of parsed arguments (usage errors raised)."""
+    import torch
+
+    from .suites import Options
+
+    suites = _list(args.suite, "--suite", SUITE_NAMES)
+    methods = _list(args.methods, "--methods", METHOD_NAMES)
+    dtypes = _list(args.dtype, "--dtype", ("fp16", "bf16", "fp32"))
+    hiddens = _ints(args.hidden, "--hidden")
+    scale = None if args.scale is None else _ints(args.scale, "--scale")[0]
+    try:
+        seed = int(args.seed)
+    except ValueError:
+        raise _usage(f"--seed: {args.seed!r} is not an integer") from None
+    if args.device is not None:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise _usage("--device cuda: CUDA is not available here")
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    budget = None
+    if args.budget_s is not None:
+        try:
+            budget = float(args.budget_s)
+        except ValueError:
+            raise _usage(f"--budget-s: {args.budget_s!r} is not a number") from None
+    inter = None
+    if args.interference_s is not None:
+        try:
+            inter = float(args.interference_s)
+        except ValueError:
+            raise _usage(f"--interference-s: {args.interference_s!r} is not a number") from None
+    budgets = {}
+    for item in (args.suite_budgets or "").split(","):
+        if not item.strip():
+            continue
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in SUITE_NAMES:
+            raise _usage(f"--suite-budgets: unknown suite {name!r}")
+        try:
+            budgets[name] = float(value)
+        except ValueError:
+            raise _usage(f"--suite-budgets: {item!r} is not SUITE=SECONDS") from None
+    return Options(suites=suites, suite_budgets=budgets, catalog=args.catalog, scale=scale, methods=methods,
+                   batches=_ints(args.batch, "--batch"), beams=_ints(args.beam, "--beam"),
+                   configs=_configs(dtypes, hiddens, args.quick), codebooks=_ints(args.codebook, "--codebook"),
+                   seed=seed, repeats=None if args.repeats is None else _ints(args.repeats, "--repeats")[0],
+                   warmup=None if args.warmup is None else int(args.warmup), quick=args.quick, budget_s=budget,
+                   check=args.check,
+                   build_repeats=None if args.build_repeats is None else _ints(args.build_repeats,
+                                                                                "--build-repeats")[0],
+                   interference_s=inter, device=device)
+
+
+def canonical_command(o) -> str:
+    """A command line that reruns ``o`` exactly (every effective option spelled out)."""
+    parts = ["python", "-m", "zerogr_core", "bench", "--suite", ",".join(o.suites), "--seed", str(o.seed)]
+    if o.catalog:
+        parts += ["--catalog", o.catalog]
+    if o.scale is not None:
+        parts += ["--scale", str(o.scale)]
+    for flag, values in (("--methods", o.methods), ("--batch", o.batches), ("--beam", o.beams),
+                         ("--codebook", o.codebooks)):
+        if values:
+            parts += [flag, ",".join(map(str, values))]
+    if o.configs:
+        parts += ["--dtype", ",".join(d for d, _ in o.configs), "--hidden", ",".join(str(h) for _, h in o.configs)]
+    if o.quick:
+        parts.append("--quick")
+    if o.repeats is not None:
+        parts += ["--repeats", str(o.repeats)]
+    if o.warmup is not None:
+        parts += ["--warmup", str(o.warmup)]
+    if o.check != "ends":
+        parts += ["--check", o.check]
+    if o.device.type != "cuda":
+        parts += ["--device", str(o.device)]
+    return shlex.join(parts)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if args.summarize is not None:
+        from .results import load_results
+        from .summary import summary_text
+
+        records = load_results(args.summarize)
+        if not records:
+            raise _usage(f"--summarize: no benchmark results under {args.summarize}")
+        print(summary_text(records))
+        return 0
+    options = parse_options(args)
+    import torch
+
+    from .env import environment
+    from .results import ResultWriter
+    from .suites import Session
+    from .summary import summary_text
+
+    if options.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # plain FP32 math (issue 3)
+        torch.backends.cudnn.allow_tf32 = False
+    elif options.quick:
+        torch.set_num_threads(1)  # tiny CPU problems: threads only add noise
+    stem = _stem(options.suites, options)
+    out = Path(args.out)
+    json_path = Path(args.json) if args.json else out / f"{stem}.json"
+    csv_path = Path(args.csv) if args.csv else out / f"{stem}.csv"
+    env = environment(options.device)
+    command = canonical_command(options)
+    env["argv"] = shlex.join(sys.argv)
+    writer = ResultWriter(json_path, csv_path, env, command)
+    print(f"bench: {command}")
+    print(f"bench: {env['gpu']} | driver {env['driver']} | torch {env['torch']} | triton {env['triton']} | "
+          f"writing {json_path} and {csv_path}", flush=True)
+    t0 = time.perf_counter()
+    session = Session(options, writer, env, command, log=lambda line: print(line, flush=True))
+    interrupted = False
+    try:
+        session.run()
+    except KeyboardInterrupt:  # a time limit's SIGINT: keep and summarise what finished
+        interrupted = True
+    finally:
+        writer.close()
+    state = "interrupted" if interrupted else "finished"
+    print(f"\nbench: {state} after {time.perf_counter() - t0:.1f} s; {len(writer.records)} records in {json_path}\n")
+    print(summary_text(writer.records), flush=True)
+    if interrupted:
+        return 130
+    return 1 if session.errors else 0
