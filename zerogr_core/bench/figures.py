@@ -129,6 +129,15 @@ def figure_speedup(records: list[dict], suites=("headline",)) -> go.Figure:
     fig, cols = _grid([f"{k[0]} · {k[1]} · beam {k[2]}" for k in keys],
                       "Speedup of zerogr over each baseline (whole decode, model forward excluded)", "batch size",
                       "speedup (×, baseline time / zerogr time)", log_y=True, log_x=True)
+    _method_lines(fig, cols, keys, panels)
+    for i in range(len(keys)):
+        fig.add_hline(y=1.0, line_dash="dot", line_color="black", **_pos(i, cols))
+    _ticks(fig, {k[4] for k in table})
+    return fig
+
+
+def _method_lines(fig: go.Figure, cols: int, keys: list, panels) -> None:
+    """One line per method in each panel: ``panels[key][method]`` holds (x, y, …) points."""
     for i, key in enumerate(keys):
         for m in METHOD_ORDER:
             pts = sorted(panels[key].get(m, []))
@@ -137,9 +146,6 @@ def figure_speedup(records: list[dict], suites=("headline",)) -> go.Figure:
             fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=m,
                                      legendgroup=m, showlegend=i == 0, line=dict(color=COLORS.get(m))),
                           **_pos(i, cols))
-        fig.add_hline(y=1.0, line_dash="dot", line_color="black", **_pos(i, cols))
-    _ticks(fig, {k[4] for k in table})
-    return fig
 
 
 def figure_latency(records: list[dict], suites=("headline",)) -> go.Figure:
@@ -155,14 +161,7 @@ def figure_latency(records: list[dict], suites=("headline",)) -> go.Figure:
     fig, cols = _grid([f"{k[0]} · {k[1]} · beam {k[2]}" for k in keys],
                       "Decode latency, all steps (median; graph replay where capturable, else eager)", "batch size",
                       "latency (ms)", log_y=True, log_x=True)
-    for i, key in enumerate(keys):
-        for m in METHOD_ORDER:
-            pts = sorted(panels[key].get(m, []))
-            if not pts:
-                continue
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=m,
-                                     legendgroup=m, showlegend=i == 0, line=dict(color=COLORS.get(m))),
-                          **_pos(i, cols))
+    _method_lines(fig, cols, keys, panels)
     _ticks(fig, {k[4] for k in table})
     return fig
 

@@ -32,7 +32,7 @@ import torch
 
 from kernels import TopkOut, filter_slots, full_proj, log_softmax_slots, naive_selective_proj, topk_gather
 
-from ..decode.engine import GpuEngine
+from ..decode.engine import GpuEngine, extend_prefixes
 from ..decode.heads import Heads
 from ..index.host_trie import HostTrie
 from ..index.layout import StepIndex
@@ -123,12 +123,7 @@ class BeamLoop:
             if record is not None:
                 record.append((states.clone(), hidden.clone(), scores.clone()))
             top = self.step_fn(level, states, hidden, scores)
-            nxt = self.prefixes[level + 1]
-            if level:
-                flat = prev.view(-1, level)
-                kept = flat.index_select(0, top.parents.clamp(min=0).view(-1)).view(self.batch, -1, level)
-                nxt[..., :level] = torch.where(top.parents[..., None] >= 0, kept, -1)
-            nxt[..., level] = top.tokens
+            extend_prefixes(prev, self.prefixes[level + 1], top)
             states, scores = top.succ.view(-1), top.scores.view(-1)
         return self.prefixes[-1], scores.view(self.batch, -1), states.view(self.batch, -1)
 

@@ -118,6 +118,19 @@ class StepRunner:
         return self.select(self.project(states, hidden), scores)
 
 
+def extend_prefixes(prev: torch.Tensor, nxt: torch.Tensor, top: TopkOut) -> None:
+    """Write the next step's prefixes into ``nxt`` (batch, M, l+1) from the selection.
+
+    ``prev`` is (batch, beams, l); a padded beam (parent -1) gets -1 everywhere but its
+    token column (also -1).
+    """
+    level = prev.shape[2]
+    if level:
+        kept = prev.reshape(-1, level).index_select(0, top.parents.clamp(min=0).view(-1)).view(nxt.shape[0], -1, level)
+        nxt[..., :level] = torch.where(top.parents[..., None] >= 0, kept, -1)
+    nxt[..., level] = top.tokens
+
+
 class ShapeState:
     """Static buffers and runners of one (batch, beam, dtype, H) shape."""
 
@@ -151,12 +164,7 @@ class ShapeState:
             if record is not None:
                 record.append((states.clone(), hidden.clone(), scores.clone()))
             top = runner(states, hidden, scores)
-            nxt = self.prefixes[level + 1]
-            if level:
-                flat = prev.view(-1, level)
-                kept = flat.index_select(0, top.parents.clamp(min=0).view(-1)).view(self.batch, -1, level)
-                nxt[..., :level] = torch.where(top.parents[..., None] >= 0, kept, -1)
-            nxt[..., level] = top.tokens
+            extend_prefixes(prev, self.prefixes[level + 1], top)
             states, scores = top.succ.view(-1), top.scores.view(-1)
         return self.prefixes[-1], scores.view(self.batch, -1), states.view(self.batch, -1)
 
