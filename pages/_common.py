@@ -1,0 +1,158 @@
+"""What every page of the app shares: cached heavy objects, the active catalog and index,
+and the error guard. Not a page itself (app.py registers the pages explicitly).
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Callable
+
+import streamlit as st
+import torch
+
+from zerogr_core.app_support import gpu as gpu_info
+from zerogr_core.app_support import movielens
+from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
+from zerogr_core.app_support.sources import CatalogSource, default_source, load_source, sample_source
+from zerogr_core.errors import ZeroGRError
+from zerogr_core.index import IndexConfig, build_index
+
+log = logging.getLogger("zerogr.app")
+
+#: Session-state key of the active catalog source (not a widget key, so it survives page switches).
+SOURCE_KEY = "active_source"
+#: Session-state key of the per-step representation overrides applied to the index ({step: kind}).
+OVERRIDES_KEY = "index_overrides"
+#: Widget keys with these prefixes keep their values across page switches (see app.py).
+PERSISTENT_PREFIXES = ("cat_", "den_", "idx_", "dec_", "reb_", "bench_", "gpu_")
+
+
+# ---------------------------------------------------------------------------- device
+def device() -> torch.device:
+    return torch.device("cuda") if gpu_info.has_gpu() else torch.device("cpu")
+
+
+def cpu_banner(what: str = "") -> None:
+    """Say plainly that there is no GPU and what the page does instead."""
+    if not gpu_info.has_gpu():
+        st.info("**No GPU on this machine.** " + (what or "This page runs on the CPU with the PyTorch "
+                                                    "reference path; timings are CPU timings."), icon=":material/info:")
+
+
+# ---------------------------------------------------------------------------- caches
+@st.cache_resource(show_spinner=False)
+def slots() -> ResourceSlots:
+    """One live index / decoder / engine per slot for the whole server; replacing releases."""
+    return ResourceSlots()
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def cached_catalog(source: CatalogSource):
+    return load_source(source)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def cached_step_stats(source: CatalogSource, _catalog) -> list[dict]:
+    return _catalog.step_stats()
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def cached_segment_lengths(source: CatalogSource, _catalog) -> list:
+    return [_catalog.segment_lengths(level) for level in range(_catalog.n_levels)]
+
+
+@st.cache_resource(show_spinner=False)
+def cached_study(device_name: str):
+    """The bundled MovieLens recommender on ``device_name`` (cached per device)."""
+    return movielens.bundled_study(device_name)
+
+
+@st.cache_resource(show_spinner=False)
+def cached_test_users(device_name: str):
+    return movielens.test_users(cached_study(device_name))
+
+
+# ---------------------------------------------------------------------------- active catalog
+def active_source() -> CatalogSource:
+    if not st.session_state.get(SOURCE_KEY):
+        st.session_state[SOURCE_KEY] = default_source()
+    return st.session_state[SOURCE_KEY]
+
+
+def set_active_source(source: CatalogSource) -> None:
+    if st.session_state.get(SOURCE_KEY) != source:
+        st.session_state[SOURCE_KEY] = source
+        st.session_state[OVERRIDES_KEY] = {}
+        for key in list(st.session_state.keys()):
+            if key in ("decode_runs", "density_runs", "rebuild_report", "index_builders") or (
+                    isinstance(key, str) and key.startswith("idx_ov_")):
+                st.session_state.pop(key, None)
+
+
+def get_catalog():
+    """(catalog, source) of the active catalog; falls back to a synthetic sample if it fails."""
+    source = active_source()
+    try:
+        return cached_catalog(source), source
+    except ZeroGRError as err:
+        fallback = sample_source("search-like-small")
+        if source == fallback:
+            raise
+        st.warning(f"The active catalog could not be loaded ({err}); showing the search-like sample instead.")
+        st.session_state[SOURCE_KEY] = fallback
+        return cached_catalog(fallback), fallback
+
+
+def overrides() -> dict:
+    return dict(st.session_state.get(OVERRIDES_KEY) or {})
+
+
+def index_key(source: CatalogSource, over: dict, dev: torch.device) -> tuple:
+    return (source, tuple(sorted(over.items())), str(dev))
+
+
+def get_index(catalog, source: CatalogSource, over: dict | None = None, dev: torch.device | None = None):
+    """The active index (built once per catalog, overrides and device; the previous one is released)."""
+    over = overrides() if over is None else over
+    dev = dev or device()
+    key = index_key(source, over, dev)
+
+    def factory():
+        slots().drop("decoders")  # they hold the previous index
+        with st.status(f"Building the index of {catalog.n_items:,} items on {dev}…", expanded=False) as status:
+            index = build_index(catalog, device=dev, config=IndexConfig().with_overrides(over))
+            status.update(label=f"Index built in {index.build['total_s'] * 1e3:,.1f} ms on {dev}", state="complete")
+        return index
+
+    return slots().get("index", key, factory)
+
+
+# ---------------------------------------------------------------------------- guard
+def guarded(body: Callable[[], None]) -> None:
+    """Run a page body; errors become one-line boxes, never a stack trace."""
+    try:
+        body()
+    except ZeroGRError as err:
+        st.error(str(err), icon=":material/error:")
+    except Exception as err:  # noqa: BLE001 — the app must keep running
+        if is_out_of_memory(err):
+            released = slots().drop_all()
+            st.error("Out of memory: the GPU could not hold this run. Try a smaller batch or beam width, a "
+                     "smaller hidden size or dtype, or a smaller catalog (a dense step override can also be "
+                     f"large). Cached GPU objects were released ({released}) so the next run starts clean.",
+                     icon=":material/memory:")
+        else:
+            log.error("unexpected error in a page:\n%s", traceback.format_exc())
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            st.error(f"Something went wrong: {type(err).__name__}{': ' + first if first else ''}. "
+                     "The app keeps running; change the settings and try again.", icon=":material/warning:")
+
+
+def fmt_bytes(n) -> str:
+    return gpu_info.human_bytes(n)
+
+
+def fmt_ms(ms: float | None) -> str:
+    if ms is None or ms != ms:
+        return "n/a"
+    return f"{ms:,.3f} ms" if ms < 1 else f"{ms:,.1f} ms"

@@ -1,0 +1,262 @@
+"""Decode page: filtering first against scoring first, side by side."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from pages._common import (cached_study, cached_test_users, cpu_banner, device, fmt_ms, get_catalog, get_index,
+                           guarded, index_key, overrides, slots)
+from zerogr_core import Decoder
+from zerogr_core.app_support import movielens
+from zerogr_core.app_support.profile import (STAGES, comparison, k_values, profiled_decode, steady_cpu_timing,
+                                             time_decoder)
+from zerogr_core.app_support.requests import DTYPES, random_heads, random_hidden_fn
+from zerogr_core.decode.decoder import default_projection
+
+ORDERS = ("filter-first", "score-first")
+BUNDLED = "Bundled MovieLens recommender"
+RANDOM = "Random head"
+USERS = "Random test users"
+ONE_USER = "One test user"
+RANDOM_REQ = "Random requests"
+
+
+@st.cache_resource(max_entries=1, show_spinner=False)
+def cached_random_heads(_catalog, source, hidden: int, dtype: str, dev: str, seed: int):
+    return random_heads(_catalog, hidden, dtype, dev, seed)
+
+
+def gpu_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
+    """Decoders of both orders on the GPU (filter-first plans and captures a CUDA graph)."""
+    return slots().get("decoders", key, lambda: {o: Decoder(index, heads, beam, order=o, band_offsets=bands)
+                                                 for o in ORDERS})
+
+
+def settings(catalog, source) -> dict:
+    gpu = device().type == "cuda"
+    models = [BUNDLED, RANDOM] if (source.is_movielens and movielens.available()) else [RANDOM]
+    if st.session_state.get("dec_model") not in models:
+        st.session_state["dec_model"] = models[0]
+    st.session_state.setdefault("dec_hidden", 1024 if gpu else 64)
+    st.session_state.setdefault("dec_dtype", "float16" if gpu else "float32")
+    st.session_state.setdefault("dec_batch", 32 if gpu else 8)
+    st.session_state.setdefault("dec_beam", 128 if gpu else 32)
+    st.session_state.setdefault("dec_k", 10)
+    st.session_state.setdefault("dec_seed", 0)
+    c = st.columns([2, 1, 1, 1, 1])
+    model = c[0].selectbox("Model", models, key="dec_model")
+    bundled = model == BUNDLED
+    hidden = int(c[1].number_input("Hidden size", 8, 8192, step=8, key="dec_hidden", disabled=bundled))
+    dtype = c[2].selectbox("dtype", list(DTYPES), key="dec_dtype", disabled=bundled)
+    beam = int(c[3].number_input("Beam width M", 1, 1024, key="dec_beam"))
+    k = int(c[4].number_input("K (top-K shown)", 1, 1024, key="dec_k"))
+    c = st.columns([2, 1, 2, 1])
+    requests = [USERS, ONE_USER] if bundled else [RANDOM_REQ]
+    if st.session_state.get("dec_request") not in requests:
+        st.session_state["dec_request"] = requests[0]
+    request = c[0].selectbox("Requests", requests, key="dec_request")
+    one = request == ONE_USER
+    batch = int(c[1].number_input("Batch", 1, 1024, key="dec_batch", disabled=one))
+    user = None
+    if one:
+        users = cached_test_users(str(device()))
+        st.session_state.setdefault("dec_user", int(users.user_ids[0]))
+        user = int(c[2].selectbox("Test user", users.user_ids.tolist(), key="dec_user"))
+        batch = 1
+    seed = int(c[3].number_input("Seed", 0, 10**6, key="dec_seed", disabled=one))
+    if bundled:
+        hidden, dtype = None, "float32"
+    return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model, hidden=hidden,
+                dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed)
+
+
+def run_comparison(catalog, source, cfg: dict) -> dict:
+    dev = device()
+    index = get_index(catalog, source)
+    targets, user_ids = None, None
+    bar = st.progress(0, text="Preparing the model and requests…")
+    if cfg["model"] == BUNDLED:
+        study = cached_study(str(dev))
+        users = cached_test_users(str(dev))
+        rows = (np.flatnonzero(users.user_ids == cfg["user"]) if cfg["user"] is not None
+                else users.sample(cfg["batch"], cfg["seed"]))
+        histories, targets = users.pick(rows)
+        user_ids = users.user_ids[rows]
+        heads, bands = study.model.head_weights(), None
+        make_fn = lambda: study.model.hidden_fn_for(histories, study.sids)  # noqa: E731
+        model_key = ("movielens", str(dev))
+    else:
+        heads, bands = cached_random_heads(catalog, source, cfg["hidden"], cfg["dtype"], str(dev), 0)
+        make_fn = lambda: random_hidden_fn(cfg["batch"], cfg["hidden"], catalog.codebook_sizes,  # noqa: E731
+                                           cfg["dtype"], dev, cfg["seed"] + 1)
+        model_key = ("random", cfg["hidden"], cfg["dtype"], str(dev))
+    out = dict(cfg=cfg, targets=targets, user_ids=user_ids, runs={}, timing={}, plan=None, graph_error=None)
+    for i, order in enumerate(ORDERS):
+        bar.progress(10 + 40 * i, text=f"{order}: decoding {cfg['batch']} request(s) with beam {cfg['beam']}…")
+        with steady_cpu_timing(dev):
+            out["runs"][order] = profiled_decode(index, heads, cfg["beam"], order, make_fn(), cfg["batch"],
+                                                 band_offsets=bands)
+    if dev.type == "cuda":
+        bar.progress(85, text="GPU: warm-up plan, CUDA-graph capture and timed replays…")
+        decoders = gpu_decoders(index, heads, bands, cfg["beam"],
+                                (index_key(source, overrides(), dev), model_key, cfg["beam"]))
+        fn = make_fn()
+        for order in ORDERS:
+            result, timing = time_decoder(decoders[order], fn, cfg["batch"])
+            out["timing"][order] = timing
+            out["runs"][order].result = result
+        engine = decoders["filter-first"].engine
+        if engine is not None:
+            plans = list(engine.plans.values())
+            out["plan"] = plans[-1].table() if plans else None
+            out["graph_error"] = engine.graph_error
+    else:
+        out["plan"] = [dict(step=s.step + 1, representation=s.kind, projection=p,
+                            **{"top-k path": "reference (stable sort)", "slot width K": s.slot_width})
+                       for s, p in zip(index.steps, default_projection(index))]
+    bar.progress(100, text="Done")
+    bar.empty()
+    return out
+
+
+def titles_for(catalog, source):
+    if source.is_movielens and movielens.available():
+        return cached_test_users(str(device())).titles
+    return catalog.titles
+
+
+def top_k_table(catalog, titles, runs: dict, request: int, k: int, target) -> pd.DataFrame:
+    data = {"rank": np.arange(1, k + 1)}
+    for order, run in runs.items():
+        rows = run.result.item_rows[request, :k].cpu().numpy()
+        scores = run.result.scores[request, :k].float().cpu().numpy()
+        names = []
+        for r in rows:
+            if r < 0:
+                names.append("—")
+                continue
+            label = str(titles[r]) if titles is not None and titles[r] else f"item {catalog.item_ids[r]}"
+            names.append(("★ " if target is not None and r == target else "") + label)
+        data[f"{order}"] = names
+        data[f"{order} log-prob"] = scores
+    return pd.DataFrame(data)
+
+
+def show_results(catalog, source, res: dict) -> None:
+    cfg, runs = res["cfg"], res["runs"]
+    # K never exceeds the beam, nor the catalog (a list of 12 items cannot fill a top-20).
+    limit = max(1, min(cfg["beam"], catalog.n_items))
+    k = min(int(st.session_state.get("dec_k", 10)), limit)
+    ks = sorted(set(k_values(limit) + [k]))
+    metrics = comparison(runs["filter-first"], runs["score-first"], ks, res["targets"])
+    gpu = bool(res["timing"])
+    m = st.columns(4)
+    m[0].metric(f"Overlap@{k}", f"{100 * metrics['overlap'][k]:.1f} %")
+    m[1].metric(f"Requests whose top-{k} sets differ", f"{100 * metrics['share_differ'][k]:.0f} %")
+    for col, order in zip(m[2:], ORDERS):
+        if gpu:
+            t = res["timing"][order]
+            label = "CUDA graph" if order == "filter-first" and not res.get("graph_error") else "eager"
+            col.metric(f"{order} latency ({label})", fmt_ms(t["median_ms"]),
+                       help=f"median of {t['runs']} synchronised decodes; first call (plan + capture) "
+                            f"{fmt_ms(t['warmup_ms'])}; model forward included")
+        else:
+            col.metric(f"{order} latency (CPU, reference)", fmt_ms(runs[order].total_ms),
+                       help="sum of the stage timings below, model forward included")
+
+    titles = titles_for(catalog, source)
+    n = cfg["batch"]
+    labels = [f"request {i + 1}" + (f" (user {res['user_ids'][i]})" if res["user_ids"] is not None else "")
+              for i in range(n)]
+    pick = st.selectbox("Show the top-K lists of", range(n), format_func=lambda i: labels[i], key="dec_show") \
+        if n > 1 else 0
+    pick = min(int(pick or 0), n - 1)
+    target = None if res["targets"] is None else int(res["targets"][pick])
+    if target is not None:
+        name = titles[target] if titles is not None else target
+        st.caption(f"★ marks the held-out test item of this user: **{name}**.")
+    st.dataframe(top_k_table(catalog, titles, runs, pick, k, target), hide_index=True, column_config={
+        "filter-first log-prob": st.column_config.NumberColumn(format="%.4f"),
+        "score-first log-prob": st.column_config.NumberColumn(format="%.4f")})
+    st.caption("Filtering first normalises over the valid tokens only, so its log-probabilities are higher than "
+               "scoring first's; the question is whether the *ranking* changes.")
+
+    left, right = st.columns(2)
+    rows = [dict(K=str(kk), measure="overlap@K", value=metrics["overlap"][kk]) for kk in ks]
+    if res["targets"] is not None:
+        rows += [dict(K=str(kk), measure="Recall@K filter-first", value=metrics["recall_a"][kk]) for kk in ks]
+        rows += [dict(K=str(kk), measure="Recall@K score-first", value=metrics["recall_b"][kk]) for kk in ks]
+    fig = px.bar(pd.DataFrame(rows), x="K", y="value", color="measure", barmode="group",
+                 title=f"Overlap@K and Recall@K over the {n} request(s) of this run")
+    fig.update_layout(yaxis=dict(range=[0, 1.05], tickformat=".0%"), xaxis=dict(type="category"), height=380,
+                      legend_title_text="",
+                      margin=dict(t=60, b=40))
+    left.plotly_chart(fig, key="dec_fig_metrics")
+    lat = pd.DataFrame([r for order in ORDERS for r in runs[order].per_step()])
+    fig = px.bar(lat, x="step", y="ms", color="stage", facet_col="order", category_orders={
+        "stage": list(STAGES), "order": list(ORDERS)}, title="Per-step latency by stage (ms)")
+    fig.update_layout(height=380, legend_title_text="", margin=dict(t=60, b=40))
+    fig.update_xaxes(dtick=1)
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    right.plotly_chart(fig, key="dec_fig_latency")
+    st.caption(f"Stage timings: {runs['filter-first'].path}" + (
+        ", synchronised around each stage (an eager profile; the metrics above time the CUDA-graph replay)"
+        if gpu else " with one torch thread; the model's forward pass is the *model* stage. On a CPU the "
+        "reference selective projection (a gather per candidate) can cost more than one small GEMM over the "
+        "codebook, so these CPU latencies say little about the GPU engine, which times both per step at warm-up "
+        "and keeps the faster."))
+
+    st.subheader("Warm-up plan per step")
+    if gpu:
+        if res["plan"]:
+            st.dataframe(pd.DataFrame(res["plan"]), hide_index=True)
+            st.caption("Timed at warm-up for this shape (batch, beam, dtype, hidden size); the fastest option per "
+                       "step is fixed and the whole decode is captured in one CUDA graph.")
+        if res.get("graph_error"):
+            st.warning(f"The decode could not be captured in a CUDA graph and runs eagerly: {res['graph_error']}")
+    else:
+        st.dataframe(pd.DataFrame(res["plan"]), hide_index=True)
+        st.caption("No GPU: there is no warm-up timing. The CPU path uses the reference projection per step — "
+                   "a full GEMM on dense steps, selective projection on sparse ones — and torch's sort for top-k.")
+
+    if res["targets"] is not None:
+        study = cached_study(str(device()))
+        recorded = movielens.recorded_metrics(study)
+        if recorded:
+            st.subheader("Recorded at training time")
+            ks_r = [str(x) for x in recorded["ks"]]
+            table = pd.DataFrame({"K": ks_r,
+                                  "overlap@K": [recorded["overlap"][x] for x in ks_r],
+                                  "Recall@K filter-first": [recorded["recall_filter_first"][x] for x in ks_r],
+                                  "Recall@K score-first": [recorded["recall_score_first"][x] for x in ks_r],
+                                  "Recall@K popularity": [recorded["recall_popularity"][x] for x in ks_r]})
+            st.dataframe(table, hide_index=True)
+            st.caption(f"The checkpoint's own evaluation: {recorded['users']} fixed test users, beam "
+                       f"{recorded['beam']}.")
+
+
+def main() -> None:
+    st.title("Decode")
+    catalog, source = get_catalog()
+    st.write(f"Decode **{source.label}** in both orders with the same model and requests. *Filtering first* looks "
+             "up each beam's valid tokens and scores only those; *scoring first* scores the whole codebook, "
+             "normalises, then masks.")
+    cpu_banner("Both orders run the PyTorch reference path on the CPU; latencies are CPU latencies and there is "
+               "no CUDA graph or warm-up plan.")
+    if source.is_movielens and not movielens.available():
+        st.warning(movielens.MISSING)
+    cfg = settings(catalog, source)
+    if st.button("Run both orders", type="primary", key="btn_dec_run"):
+        st.session_state["decode_runs"] = run_comparison(catalog, source, cfg)
+    res = st.session_state.get("decode_runs")
+    if res is None:
+        st.info("Choose the settings and press **Run both orders**.")
+        return
+    if res["cfg"] != cfg:
+        st.caption("The settings changed since this run; press **Run both orders** to update.")
+    show_results(catalog, source, res)
+
+
+guarded(main)

@@ -1,0 +1,153 @@
+"""Density page: where constrained decoding wastes work, step by step."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+
+from pages._common import (cached_segment_lengths, cached_step_stats, cached_study, cached_test_users,
+                           cpu_banner, device, get_catalog, get_index, guarded)
+from zerogr_core.app_support import movielens
+from zerogr_core.app_support.density import beam_weighted_density, histogram_counts, total_waste
+from zerogr_core.app_support.profile import profiled_decode
+from zerogr_core.app_support.requests import random_heads, random_hidden_fn
+
+MODEL = "Bundled MovieLens model (random test users)"
+RANDOM = "Random head (seeded Gaussian requests)"
+
+
+def beam_source_options(source) -> list[str]:
+    if source.is_movielens and movielens.available():
+        return [MODEL, RANDOM]
+    return [RANDOM]
+
+
+def decode_states(catalog, source, index, beam: int, batch: int, beams_from: str, hidden: int, seed: int):
+    """Beam states of a short filter-first decode (cached per settings in the session)."""
+    key = (source, tuple(sorted((st.session_state.get("index_overrides") or {}).items())), beam, batch,
+           beams_from, hidden, seed, str(index.device))
+    runs = st.session_state.setdefault("density_runs", {})
+    if key in runs:
+        return runs[key]
+    dev = index.device
+    if beams_from == MODEL:
+        study = cached_study(str(dev))
+        users = cached_test_users(str(dev))
+        histories, _ = users.pick(users.sample(batch, seed))
+        hidden_fn = study.model.hidden_fn_for(histories, study.sids)
+        heads, bands = study.model.head_weights(), None
+    else:
+        heads, bands = random_heads(catalog, hidden, device=dev, seed=seed)
+        hidden_fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, device=dev, seed=seed + 1)
+    run = profiled_decode(index, heads, beam, "filter-first", hidden_fn, batch, band_offsets=bands)
+    runs.clear()
+    runs[key] = run.states
+    return run.states
+
+
+def density_figure(df: pd.DataFrame) -> go.Figure:
+    long = df.melt(id_vars="step", value_vars=["catalog-level density", "beam-weighted density"],
+                   var_name="measure", value_name="density")
+    fig = px.bar(long, x="step", y="density", color="measure", barmode="group", log_y=True,
+                 title="Share of the codebook that is valid, per step (log scale)")
+    fig.update_layout(xaxis=dict(dtick=1), legend_title_text="", height=380, margin=dict(t=60, b=40))
+    return fig
+
+
+def waste_figure(df: pd.DataFrame) -> go.Figure:
+    fig = px.bar(df, x="step", y="wasted share", text=df["wasted share"].map(lambda v: f"{100 * v:.2f}%"),
+                 title="Logits scoring first computes that no beam can choose")
+    fig.update_layout(xaxis=dict(dtick=1), yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=380,
+                      margin=dict(t=60, b=40))
+    fig.update_traces(marker_color="#d9534f", textposition="inside", insidetextanchor="end",
+                      textfont_color="white")
+    return fig
+
+
+def histogram_figure(lengths: list) -> go.Figure:
+    rows = []
+    for level, seg in enumerate(lengths):
+        values, counts = histogram_counts(np.asarray(seg))
+        rows += [dict(step=f"step {level + 1}", length=int(v), states=int(c)) for v, c in zip(values, counts)]
+    df = pd.DataFrame(rows)
+    wrap = min(len(lengths), 4)
+    fig = px.bar(df, x="length", y="states", facet_col="step", facet_col_wrap=wrap, log_y=True,
+                 title="Segment lengths (branching factors): states per number of valid next tokens")
+    fig.update_xaxes(matches=None, showticklabels=True, title_text="valid next tokens")
+    fig.update_yaxes(title_text="")
+    rows_needed = -(-len(lengths) // wrap)
+    fig.update_layout(height=260 * rows_needed + 80, margin=dict(t=80, b=40))
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    return fig
+
+
+def main() -> None:
+    st.title("Density")
+    catalog, source = get_catalog()
+    st.write(f"Catalog **{source.label}**: {catalog.n_items:,} items, codebooks "
+             f"{' / '.join(f'{v:,}' for v in catalog.codebook_sizes)}.")
+    st.caption("*Catalog-level density* of step ℓ is E_ℓ / (S_ℓ·|V_ℓ|): every prefix counted once. "
+               "*Beam-weighted density* ρ_ℓ = Σ_b |Next_ℓ(p_b)| / (B_ℓ·|V_ℓ|) is measured on the active "
+               "beams "
+               "of a real filter-first decode of a few requests at the chosen beam width, so popular prefixes "
+               "count as often as beams sit on them. Scoring first computes a logit for every row it projects "
+               "and masks afterwards; the *wasted share* is the part of those logits no beam can choose.")
+    cpu_banner("The short decode that places the beams runs on the CPU (PyTorch reference path).")
+    gpu = device().type == "cuda"
+    st.session_state.setdefault("den_beam", 128 if gpu else 16)
+    st.session_state.setdefault("den_batch", 16 if gpu else 8)
+    st.session_state.setdefault("den_hidden", 64)
+    options = beam_source_options(source)
+    if st.session_state.get("den_from") not in options:
+        st.session_state["den_from"] = options[0]
+    c = st.columns([1, 1, 2, 1])
+    beam = int(c[0].number_input("Beam width M", 1, 1024, key="den_beam"))
+    batch = int(c[1].number_input("Requests B", 1, 256, key="den_batch"))
+    beams_from = c[2].selectbox("Beams from", options, key="den_from")
+    hidden = int(c[3].number_input("Hidden size (random head)", 8, 4096, step=8, key="den_hidden",
+                                   disabled=beams_from == MODEL))
+
+    stats = cached_step_stats(source, catalog)
+    index = get_index(catalog, source)
+    with st.spinner("Decoding a few requests to place the beams…"):
+        states = decode_states(catalog, source, index, beam, batch, beams_from, hidden, seed=0)
+    lengths = cached_segment_lengths(source, catalog)
+    shared_rows = None
+    if catalog.band_offsets is not None and beams_from == RANDOM:
+        rows = max(o + s for o, s in zip(catalog.band_offsets, catalog.codebook_sizes))
+        shared_rows = [rows] * catalog.n_levels
+    weighted = beam_weighted_density(catalog, states, projected_rows=shared_rows, seg_lengths=lengths)
+    df = pd.DataFrame({
+        "step": [s["step"] for s in stats],
+        "|V|": [s["codebook"] for s in stats],
+        "states S": [s["states"] for s in stats],
+        "catalog-level density": [s["density"] for s in stats],
+        "active beams": [w["active_beams"] for w in weighted],
+        "mean valid tokens per beam": [w["mean_valid"] for w in weighted],
+        "beam-weighted density": [w["beam_density"] for w in weighted],
+        "logits scored (score first)": [w["scored_logits"] for w in weighted],
+        "logits that can be chosen": [w["valid_logits"] for w in weighted],
+        "wasted share": [w["wasted_share"] for w in weighted],
+    })
+    waste = total_waste(weighted)
+    m = st.columns(3)
+    m[0].metric("Scoring-first logits wasted (all steps)", f"{100 * waste:.2f} %")
+    m[1].metric("Lowest beam-weighted density", f"{np.nanmin(df['beam-weighted density']):.2e}")
+    m[2].metric("Beams × requests", f"{beam} × {batch}")
+    if shared_rows:
+        st.caption(f"Shared head: scoring first projects all {shared_rows[0]:,} head rows at every step, as STATIC "
+                   "does; the density itself is measured against each level's own band.")
+    left, right = st.columns(2)
+    left.plotly_chart(density_figure(df), key="den_fig_density")
+    right.plotly_chart(waste_figure(df), key="den_fig_waste")
+    st.dataframe(df, hide_index=True, column_config={
+        "catalog-level density": st.column_config.NumberColumn(format="%.2e"),
+        "beam-weighted density": st.column_config.NumberColumn(format="%.2e"),
+        "mean valid tokens per beam": st.column_config.NumberColumn(format="%.2f"),
+        "wasted share": st.column_config.NumberColumn(format="%.4f")})
+    st.plotly_chart(histogram_figure(lengths), key="den_fig_hist")
+
+
+guarded(main)

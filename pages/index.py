@@ -1,0 +1,157 @@
+"""Index page: the representation and bytes of every step, the build, per-step overrides."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+import streamlit as st
+
+from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, get_catalog, get_index, guarded,
+                           overrides, slots)
+from zerogr_core.app_support import gpu as gpu_info
+from zerogr_core.errors import ZeroGRError
+from zerogr_core.index import BUILDERS, IndexConfig, build_index
+from zerogr_core.index.layout import dense_bytes, sparse_bytes
+
+AUTO = "auto (memory rule)"
+CHOICES = (AUTO, "sparse", "dense")
+#: Refuse overrides whose index would exceed this on the host (no GPU).
+HOST_LIMIT = 4 << 30
+
+
+def planned_kinds(report: dict, chosen: dict) -> list[str]:
+    rule = IndexConfig()
+    kinds = []
+    for row in report["steps"]:
+        want = chosen.get(row["step"])
+        kinds.append(want if want in ("sparse", "dense") else
+                     rule.choose(row["step"] - 1, row["codebook"], row["states"], row["entries"]))
+    return kinds
+
+
+def build_breakdown(build: dict) -> dict:
+    """Seconds per build phase (the H2D entry is the copy not hidden behind filling when streaming)."""
+    h2d = build.get("h2d_s", build.get("h2d_tail_s")) or 0.0
+    phases = {"layout pass": build.get("layout_pass_s", 0.0), "fill": build.get("fill_s", 0.0), "H2D copy": h2d}
+    # What the total holds beyond the three phases: wrapping the arrays into mappings (dense tables).
+    phases["assemble"] = max(0.0, build.get("total_s", 0.0) - sum(phases.values()))
+    return phases
+
+
+def breakdown_figure(rows: list[dict], title: str) -> go.Figure:
+    df = pd.DataFrame(rows)
+    fig = px.bar(df, x="builder", y="ms", color="phase", title=title, text=df["ms"].map(lambda v: f"{v:,.2f}"),
+                 category_orders={"phase": ["layout pass", "fill", "H2D copy", "assemble"]})
+    fig.update_layout(height=360, margin=dict(t=60, b=40), legend_title_text="")
+    return fig
+
+
+def main() -> None:
+    st.title("Index")
+    catalog, source = get_catalog()
+    dev = device()
+    st.write(f"Step-sliced index of **{source.label}** ({catalog.n_items:,} items) on **{dev}**. Each step is "
+             "either a *sparse* mapping (tokens + segment offsets) or a *dense* successor table; the memory rule "
+             "picks dense only where the table is small and dense.")
+    cpu_banner("The index is built and kept in host memory with the host builder (the same two layout-guided "
+               "passes, no H2D copy), so H2D shows as n/a.")
+    index = get_index(catalog, source)
+    report = index.report()
+    applied = overrides()
+
+    st.subheader("Memory")
+    m = st.columns(4)
+    m[0].metric("This index", fmt_bytes(report["total_bytes"]))
+    m[1].metric("STATIC-style index", fmt_bytes(report["static_style_bytes"]),
+                help=f"Dense V² tables over the whole vocabulary V = {report['static_vocab']:,} for the first two "
+                     "steps, then CSR [token, next state] int32 pairs (section 3 of DESIGN.md).")
+    m[2].metric("Raw SID table (int16)", fmt_bytes(report["sid_table_int16_bytes"]))
+    m[3].metric("vs STATIC-style", f"{report['static_style_bytes'] / max(report['total_bytes'], 1):,.0f}× smaller")
+    steps = pd.DataFrame([dict(step=r["step"], representation=r["kind"], **{"|V|": r["codebook"]},
+                               states=r["states"], entries=r["entries"], density=r["density"],
+                               **{"longest segment": r["max_segment"], "bytes": r["bytes"],
+                                  "as sparse": r["sparse_bytes"], "as dense": r["dense_bytes"]})
+                          for r in report["steps"]])
+    st.dataframe(steps, hide_index=True, column_config={"density": st.column_config.NumberColumn(format="%.2e")})
+    comp = pd.DataFrame(dict(structure=["ZeroGR index", "SID table (int16)", "STATIC-style index"],
+                             bytes=[report["total_bytes"], report["sid_table_int16_bytes"],
+                                    report["static_style_bytes"]]))
+    fig = px.bar(comp, x="structure", y="bytes", log_y=True, text=comp["bytes"].map(fmt_bytes),
+                 color="structure", title="Total bytes (log scale)")
+    fig.update_layout(showlegend=False, height=360, margin=dict(t=60, b=40))
+    left, right = st.columns(2)
+    left.plotly_chart(fig, key="idx_fig_total")
+
+    build = report["build"]
+    rows = [dict(builder=f"{build.get('builder', 'layout')} ({build.get('device', dev)})", phase=k, ms=v * 1e3)
+            for k, v in build_breakdown(build).items()]
+    right.plotly_chart(breakdown_figure(rows, "Build time of this index (ms)"), key="idx_fig_build")
+    copy_s = build["h2d_s"] if "h2d_s" in build else build.get("fill_s", 0) + build.get("h2d_tail_s", 0)
+    h2d = "n/a (CPU)" if dev.type != "cuda" else f"{build.get('h2d_bytes', 0) / max(copy_s, 1e-9) / 1e9:,.1f} GB/s"
+    st.caption(f"Total build {build.get('total_s', 0) * 1e3:,.2f} ms · layout pass "
+               f"{build.get('layout_pass_s', 0) * 1e3:,.2f} ms · fill {build.get('fill_s', 0) * 1e3:,.2f} ms · "
+               f"H2D {h2d}.")
+    if st.button("Time all three builders (layout, host-copy, serial)", key="btn_idx_time_builders"):
+        timed = []
+        bar = st.progress(0, text="Timing builders…")
+        for i, name in enumerate(BUILDERS):
+            built = build_index(catalog, device=dev, builder=name, config=IndexConfig().with_overrides(applied))
+            timed += [dict(builder=name, phase=k, ms=v * 1e3) for k, v in build_breakdown(built.build).items()]
+            del built
+            bar.progress((i + 1) / len(BUILDERS), text=f"{name} done")
+        bar.empty()
+        st.session_state["index_builders"] = (source, timed)
+    saved = st.session_state.get("index_builders")
+    if saved and saved[0] == source:
+        st.plotly_chart(breakdown_figure(saved[1], "Build time per builder (ms); the three build byte-identical "
+                                                   "indexes"), key="idx_fig_builders")
+
+    st.subheader("Per-step representation")
+    st.caption("Override the memory rule for any step. The table and chart show the effect at once; *Apply* "
+               "rebuilds the index that the Decode and Rebuild pages use (the previous one is released).")
+    cols = st.columns(min(len(report["steps"]), 8))
+    chosen = {}
+    for i, row in enumerate(report["steps"]):
+        key = f"idx_ov_{row['step']}"
+        st.session_state.setdefault(key, applied.get(row["step"], AUTO))
+        pick = cols[i % len(cols)].selectbox(f"Step {row['step']}", CHOICES, key=key)
+        if pick != AUTO:
+            chosen[row["step"]] = pick
+    kinds = planned_kinds(report, chosen)
+    plan_rows = []
+    for row, kind in zip(report["steps"], kinds):
+        planned = dense_bytes(row["codebook"], row["states"], row["entries"]) if kind == "dense" else \
+            sparse_bytes(row["codebook"], row["states"], row["entries"])
+        plan_rows.append(dict(step=row["step"], now=row["kind"], planned=kind, **{"bytes now": row["bytes"],
+                              "bytes planned": planned, "change": planned - row["bytes"]}))
+    plan = pd.DataFrame(plan_rows)
+    total_planned = int(plan["bytes planned"].sum())
+    delta = total_planned - report["total_bytes"]
+    p = st.columns(3)
+    p[0].metric("Planned index", fmt_bytes(total_planned),
+                delta=None if delta == 0 else ("+" if delta > 0 else "−") + fmt_bytes(abs(delta)),
+                delta_color="inverse")
+    p[1].metric("Planned vs STATIC-style", f"{report['static_style_bytes'] / max(total_planned, 1):,.1f}× smaller")
+    p[2].metric("Planned vs SID table", f"{total_planned / max(report['sid_table_int16_bytes'], 1):,.2f}×")
+    long = plan.melt(id_vars="step", value_vars=["bytes now", "bytes planned"], var_name="index", value_name="bytes")
+    fig = px.bar(long, x="step", y="bytes", color="index", barmode="group", log_y=True,
+                 title="Bytes per step: now vs planned (log scale)")
+    fig.update_layout(xaxis=dict(dtick=1), height=340, margin=dict(t=60, b=40), legend_title_text="")
+    st.plotly_chart(fig, key="idx_fig_plan")
+    st.dataframe(plan, hide_index=True)
+    if st.button("Apply and rebuild", type="primary", key="btn_idx_apply", disabled=chosen == applied):
+        limit = HOST_LIMIT
+        if dev.type == "cuda":
+            snap = gpu_info.nvml_snapshot() or {}
+            limit = int(0.8 * (snap.get("total", 0) - snap.get("used", 0))) or HOST_LIMIT
+        if total_planned > limit:
+            raise ZeroGRError(f"the planned index needs {fmt_bytes(total_planned)}, more than the "
+                              f"{fmt_bytes(limit)} this app allows on {dev}; keep the large steps sparse")
+        st.session_state[OVERRIDES_KEY] = chosen
+        st.session_state.pop("decode_runs", None)
+        get_index(catalog, source, over=chosen)
+        st.rerun()
+    st.caption(f"Live objects: {', '.join(slots().slots()) or 'none'}; released so far: {slots().releases}.")
+
+
+guarded(main)

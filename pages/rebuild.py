@@ -1,0 +1,122 @@
+"""Rebuild page: refresh the catalog and rebuild the index while decoding keeps serving."""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from pages._common import cpu_banner, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded, overrides
+from zerogr_core import Decoder
+from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
+from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
+from zerogr_core.app_support.requests import random_heads, random_hidden_fn
+from zerogr_core.index import IndexConfig
+
+REPORT_KEY = "rebuild_report"
+
+
+def main() -> None:
+    st.title("Rebuild")
+    catalog, source = get_catalog()
+    dev = device()
+    gpu = dev.type == "cuda"
+    st.write(f"Simulate a refresh of **{source.label}** ({catalog.n_items:,} items): remove and add a share of the "
+             "items, then rebuild the index in a background thread while a filter-first decode loop keeps running "
+             "on the current index. The new index is swapped in when it is complete.")
+    cpu_banner("The rebuild uses the host builder (the same layout-guided two passes into host arrays, no "
+               "streaming to a GPU), so there is no H2D bandwidth; the decode loop runs the PyTorch reference "
+               "path with one torch thread. Both share the CPU cores, which is the interference this page measures.")
+    st.session_state.setdefault("reb_add", 5.0)
+    st.session_state.setdefault("reb_remove", 5.0)
+    st.session_state.setdefault("reb_beam", 128 if gpu else 16)
+    st.session_state.setdefault("reb_batch", 32 if gpu else 4)
+    st.session_state.setdefault("reb_seconds", 1.0)
+    c = st.columns(5)
+    add = c[0].number_input("Add (% of items)", 0.0, 100.0, step=1.0, key="reb_add")
+    remove = c[1].number_input("Remove (% of items)", 0.0, 99.0, step=1.0, key="reb_remove")
+    beam = int(c[2].number_input("Decode beam width", 1, 1024, key="reb_beam"))
+    batch = int(c[3].number_input("Decode batch", 1, 1024, key="reb_batch"))
+    seconds = float(c[4].number_input("Rebuild window (s)", 0.1, 30.0, step=0.5, key="reb_seconds",
+                                      help="Small catalogs rebuild in milliseconds, shorter than one decode, so the "
+                                           "rebuild repeats back to back for at least this long."))
+    if st.button("Refresh and rebuild while decoding", type="primary", key="btn_reb_run"):
+        bar = st.progress(0, text="Refreshing the catalog…")
+        refreshed, change = refresh_catalog(catalog, add / 100, remove / 100, seed=0)
+        index = get_index(catalog, source)
+        hidden = 1024 if gpu else 64
+        heads, bands = random_heads(catalog, hidden, "float16" if gpu else "float32", dev, seed=0)
+        fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, "float16" if gpu else "float32", dev, seed=1)
+        decoders = {}
+
+        def decode_once(new_index):
+            target = index if new_index is None else new_index
+            if gpu:
+                dec = decoders.get(id(target))
+                if dec is None:
+                    dec = decoders[id(target)] = Decoder(target, heads, beam, band_offsets=bands)
+                dec.decode(fn, batch)
+            else:
+                profiled_decode(target, heads, beam, "filter-first", fn, batch, band_offsets=bands)
+
+        decode_once(None)  # warm-up (plan + graph capture on a GPU) before timing
+
+        def progress(fraction, text):
+            bar.progress(min(100, int(10 + 90 * fraction)), text=text)
+
+        with steady_cpu_timing(dev):
+            report = rebuild_while_decoding(refreshed, decode_once, device=dev,
+                                            config=IndexConfig().with_overrides(overrides()), min_seconds=seconds,
+                                            progress=progress)
+        for dec in decoders.values():
+            if dec.engine is not None:
+                dec.engine.release()
+        bar.empty()
+        report.index = None  # keep the session light; the new index is not made active
+        st.session_state[REPORT_KEY] = dict(source=source, change=change, report=report, beam=beam, batch=batch)
+    saved = st.session_state.get(REPORT_KEY)
+    if not saved or saved["source"] != source:
+        st.info("Choose the refresh and press **Refresh and rebuild while decoding**.")
+        return
+    report, change = saved["report"], saved["change"]
+    st.subheader("Result")
+    m = st.columns(4)
+    m[0].metric("Items", f"{change['items_after']:,}", delta=f"+{change['added']:,} / −{change['removed']:,}",
+                delta_color="off")
+    m[1].metric("Rebuild time (median)", fmt_ms(report.rebuild_s * 1e3), help=f"{len(report.builds)} rebuild(s) "
+                f"back to back during the window; builder: {report.builder}")
+    rate = report.h2d_gbps
+    m[2].metric("H2D bandwidth", "n/a (CPU)" if rate is None else f"{rate:,.1f} GB/s")
+    lat = report.latency_rows()
+    during = next(r for r in lat if r["phase"] == "during")
+    before = next(r for r in lat if r["phase"] == "before")
+    m[3].metric("Decode p99 during rebuild", fmt_ms(during["p99_ms"]),
+                delta=None if before["p99_ms"] != before["p99_ms"] else
+                f"{during['p99_ms'] - before['p99_ms']:+.2f} ms vs before",
+                delta_color="inverse")
+    st.dataframe(pd.DataFrame(lat).rename(columns={"p50_ms": "p50 (ms)", "p99_ms": "p99 (ms)", "max_ms": "max (ms)"}),
+                 hide_index=True, column_config={c: st.column_config.NumberColumn(format="%.3f")
+                                                 for c in ("p50 (ms)", "p99 (ms)", "max (ms)")})
+    samples = pd.DataFrame([dict(phase=p, ms=v) for p, vals in (("before", report.before_ms),
+                                                               ("during", report.during_ms),
+                                                               ("after", report.after_ms)) for v in vals])
+    left, right = st.columns(2)
+    fig = px.box(samples, x="phase", y="ms", color="phase", points="all",
+                 title=f"Decode latency (batch {saved['batch']}, beam {saved['beam']}) before, during and after")
+    fig.update_layout(showlegend=False, height=380, margin=dict(t=60, b=40))
+    left.plotly_chart(fig, key="reb_fig_latency")
+    def phases(b: dict) -> list[tuple[str, float]]:
+        parts = [("layout pass", b.get("layout_pass_s", 0.0)), ("fill", b.get("fill_s", 0.0)),
+                 ("H2D (not hidden)", b.get("h2d_tail_s", b.get("h2d_s", 0.0)) or 0.0)]
+        return parts + [("assemble", max(0.0, b.get("total_s", 0.0) - sum(v for _, v in parts)))]
+
+    builds = pd.DataFrame([dict(build=i + 1, phase=k, ms=v * 1e3) for i, b in enumerate(report.builds)
+                           for k, v in phases(b)])
+    fig = px.bar(builds, x="build", y="ms", color="phase", title="Each rebuild by phase (ms)")
+    fig.update_layout(height=380, margin=dict(t=60, b=40), legend_title_text="")
+    right.plotly_chart(fig, key="reb_fig_builds")
+    copied = report.builds[-1].get("h2d_bytes") if report.builds else None
+    st.caption(f"{len(report.during_ms)} decodes ran during {len(report.builds)} rebuild(s); builder: "
+               f"{report.builder}; bytes copied to the device per build: {fmt_bytes(copied) if copied else 'n/a'}.")
+
+
+guarded(main)

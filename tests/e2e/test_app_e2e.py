@@ -1,0 +1,217 @@
+"""End-to-end: the real app (`streamlit run app.py`) in headless Chromium through Playwright.
+
+Starts the server on a free port, waits for /_stcore/health, uploads a valid and an invalid
+catalog through the real file uploader, runs a decode comparison, checks that every page
+renders its charts with no exception element, and saves a screenshot of every page under
+test-artifacts/screenshots/. Uses Debian's chromium (/usr/bin/chromium; `make browser`
+installs it): Playwright cannot download its own browser here.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "test-artifacts" / "screenshots"
+CHROMIUM = os.environ.get("ZEROGR_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+        pytest.skip("Debian's chromium is not installed (run `make browser`)")
+    pytest.importorskip("playwright.sync_api")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the real app: reference path on CPU
+    env["PYTHONUNBUFFERED"] = "1"
+    log_path = tmp_path_factory.mktemp("server") / "streamlit.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.address",
+         "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as resp:
+                if resp.status == 200 and resp.read().strip() == b"ok":
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"streamlit did not become healthy:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    text = log_path.read_text()
+    assert "unexpected error in a page" not in text, text[-3000:]
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
+                                     args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        pg = context.new_page()
+        pg.set_default_timeout(60_000)
+        pg.goto(server)
+        yield pg
+        context.close()
+        browser.close()
+
+
+def wait_idle(pg, settle: float = 0.8, timeout: float = 120) -> None:
+    """Wait until the script has finished: stApp's data-test-script-state reads "notRunning"
+    (and nothing is marked stale) for ``settle`` seconds."""
+    pg.wait_for_selector('[data-testid="stApp"]', state="attached")
+    deadline = time.time() + timeout
+    quiet_since = None
+    while time.time() < deadline:
+        busy = pg.evaluate("""() => {
+            const app = document.querySelector('[data-testid="stApp"]');
+            const state = app ? app.getAttribute('data-test-script-state') : 'initial';
+            return state !== 'notRunning' || document.querySelectorAll('[data-stale="true"]').length > 0;
+        }""")
+        if busy:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.time()
+        elif time.time() - quiet_since >= settle:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the app did not finish running in time")
+
+
+def no_exception(pg) -> None:
+    assert pg.locator('[data-testid="stException"]').count() == 0, pg.locator(
+        '[data-testid="stException"]').first.inner_text()
+
+
+def go(pg, title: str) -> None:
+    pg.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
+    pg.wait_for_function("t => document.querySelector('h1') && document.querySelector('h1').innerText.includes(t)",
+                         arg=title, timeout=60_000)
+    wait_idle(pg)
+
+
+def charts_rendered(pg, at_least: int) -> None:
+    pg.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {at_least}",
+                         timeout=60_000)
+
+
+def shot(pg, name: str) -> None:
+    """Screenshot the whole page: Streamlit scrolls inside its main pane, so grow the viewport to fit."""
+    width = pg.viewport_size["width"]
+    height = pg.evaluate("Math.max(...Array.from(document.querySelectorAll("
+                         "'[data-testid=\"stMain\"], [data-testid=\"stMainBlockContainer\"]'))"
+                         ".map(e => e.scrollHeight), 800)")
+    pg.set_viewport_size({"width": width, "height": min(int(height) + 40, 7000)})
+    pg.wait_for_timeout(1200)  # plotly re-lays out on resize; data grids draw their canvas
+    pg.wait_for_function("Array.from(document.querySelectorAll('[data-testid=\"stDataFrame\"]'))"
+                         ".every(d => d.querySelector('canvas'))", timeout=20_000)
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    pg.set_viewport_size({"width": width, "height": 1000})
+
+
+def test_app_in_browser(page, tmp_path):
+    pg = page
+    t0 = time.time()
+    wait_idle(pg)
+    no_exception(pg)
+    assert "Catalog" in pg.locator("h1").first.inner_text()
+    shot(pg, "1_catalog")
+
+    # -- uploads through the real file uploader: a valid file, then an invalid one
+    good = tmp_path / "my_catalog.csv"
+    good.write_text("item_id,s1,s2,s3,title\n" + "".join(
+        f"{100 + i},{i % 3},{(i // 3) % 4},{i // 12},Item {i}\n" for i in range(40)))
+    bad = tmp_path / "broken_catalog.csv"
+    bad.write_text("item_id,s1,s2\n1,0,0\n2,0,x\n3,1,0\n")
+    pg.get_by_text("Upload a file", exact=True).click()
+    wait_idle(pg)
+    uploader = pg.locator('[data-testid="stFileUploaderDropzoneInput"]')
+    uploader.set_input_files(str(good))
+    pg.get_by_text("Loaded upload: my_catalog.csv").wait_for()
+    wait_idle(pg)
+    no_exception(pg)
+    assert "40" in pg.locator('[data-testid="stMetricValue"]').first.inner_text()
+    shot(pg, "1b_catalog_upload_ok")
+    uploader.set_input_files(str(bad))
+    error = pg.locator('[data-testid="stAlertContentError"]').first
+    error.wait_for()
+    text = error.inner_text()
+    assert "broken_catalog.csv" in text and "row 2" in text and "column 's2'" in text, text
+    wait_idle(pg)
+    no_exception(pg)
+    assert "upload: my_catalog.csv" in pg.get_by_text("The catalog in use stays").inner_text()
+    shot(pg, "1c_catalog_upload_error")
+
+    # -- back to the bundled MovieLens catalog (the default sample)
+    pg.get_by_text("Bundled sample", exact=True).click()
+    wait_idle(pg)
+    no_exception(pg)
+
+    go(pg, "Density")
+    charts_rendered(pg, 3)
+    no_exception(pg)
+    shot(pg, "2_density")
+
+    go(pg, "Index")
+    charts_rendered(pg, 3)
+    no_exception(pg)
+    shot(pg, "3_index")
+
+    go(pg, "Decode")
+    no_exception(pg)
+    pg.get_by_role("button", name="Run both orders").click()
+    pg.get_by_text("Overlap@").first.wait_for(timeout=120_000)
+    wait_idle(pg)
+    charts_rendered(pg, 2)
+    no_exception(pg)
+    shot(pg, "4_decode")
+
+    go(pg, "Benchmarks")
+    no_exception(pg)
+    shot(pg, "5_benchmarks")
+
+    go(pg, "GPU")
+    no_exception(pg)
+    shot(pg, "6_gpu")
+
+    go(pg, "Rebuild")
+    pg.get_by_role("button", name="Refresh and rebuild while decoding").click()
+    pg.get_by_text("Rebuild time (median)").wait_for(timeout=120_000)
+    wait_idle(pg)
+    charts_rendered(pg, 2)
+    no_exception(pg)
+    shot(pg, "7_rebuild")
+    assert time.time() - t0 < 180, f"the browser run took {time.time() - t0:.0f} s"

@@ -1,0 +1,101 @@
+"""The app's helpers on a real GPU: the stage-timed decode on Triton kernels, the engine's
+CUDA-graph timing and warm-up plan, streaming rebuild while decoding (H2D bandwidth), NVML
+readings, release of cached engines, and out-of-memory detection. Runs on the lent GPU only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerogr_core import Decoder, build_index
+from zerogr_core.app_support import gpu
+from zerogr_core.app_support.profile import comparison, profiled_decode, time_decoder
+from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
+from zerogr_core.app_support.requests import random_heads, random_hidden_fn
+from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
+from zerogr_core.catalog.synth import generate
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    catalog = generate("search-like", 200_000, seed=0)
+    index = build_index(catalog, device="cuda")
+    heads, bands = random_heads(catalog, 256, "float16", "cuda", seed=0)
+    return catalog, index, heads, bands
+
+
+@pytest.mark.parametrize("order", ["filter-first", "score-first"])
+def test_profiled_decode_on_the_gpu_matches_the_decoder(setup, order):
+    catalog, index, heads, bands = setup
+    fn = random_hidden_fn(8, 256, catalog.codebook_sizes, "float16", "cuda", seed=1)
+    run = profiled_decode(index, heads, 32, order, fn, 8, band_offsets=bands)
+    dec = Decoder(index, heads, 32, order=order, band_offsets=bands)
+    result, timing = time_decoder(dec, fn, 8, repeats=3)
+    assert run.path.startswith("Triton")
+    overlap = comparison(run, type(run)(order, result, []), [1, 10, 32])["overlap"]
+    assert overlap[32] >= 0.97, overlap   # same items; fp16 ties may swap a few
+    assert timing["median_ms"] > 0 and timing["warmup_ms"] >= timing["min_ms"]
+    if order == "filter-first":
+        assert dec.engine is not None and dec.engine.plans
+        table = next(iter(dec.engine.plans.values())).table()
+        assert [r["step"] for r in table] == [1, 2, 3, 4, 5] and all(r["mode"] for r in table)
+        dec.engine.release()
+
+
+def test_rebuild_while_decoding_streams_to_the_gpu(setup):
+    catalog, index, heads, bands = setup
+    fresh, _ = refresh_catalog(catalog, 0.05, 0.05)
+    fn = random_hidden_fn(4, 256, catalog.codebook_sizes, "float16", "cuda", seed=1)
+    dec = Decoder(index, heads, 16, band_offsets=bands)
+    report = rebuild_while_decoding(fresh, lambda new: dec.decode(fn, 4), device="cuda", before=5, after=3,
+                                    min_seconds=0.3)
+    assert report.h2d_gbps is not None and report.h2d_gbps > 0
+    assert all(b.get("h2d_bytes") for b in report.builds)
+    assert report.during_ms and report.index.device.type == "cuda"
+    dec.engine.release()
+
+
+def test_nvml_and_torch_readings():
+    snap = gpu.nvml_snapshot()
+    assert snap is not None and snap["total"] > snap["used"] > 0 and 0 <= snap["gpu_util"] <= 100
+    mem = gpu.torch_memory()
+    assert mem["reserved"] >= mem["allocated"] >= 0
+    assert gpu.device_label().startswith("GPU: ")
+
+
+def test_replacing_a_slot_frees_gpu_memory(setup):
+    catalog, index, heads, bands = setup
+    slots = ResourceSlots()
+    fn = random_hidden_fn(32, 256, catalog.codebook_sizes, "float16", "cuda", seed=1)
+
+    def decoders():
+        d = Decoder(index, heads, 128, band_offsets=bands)
+        d.decode(fn, 32)  # plan + graph capture: static buffers on the GPU
+        return {"filter-first": d}
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    slots.get("decoders", "a", decoders)
+    held = torch.cuda.memory_allocated()
+    assert held > base
+    slots.drop("decoders")
+    assert torch.cuda.memory_allocated() < held
+
+
+def test_real_cuda_oom_is_recognised():
+    free, _ = torch.cuda.mem_get_info()
+    with pytest.raises(Exception) as info:
+        torch.empty(int(free * 4), dtype=torch.uint8, device="cuda")
+    assert is_out_of_memory(info.value)
+    torch.cuda.empty_cache()
+
+
+def test_live_sweep_on_the_gpu(tmp_path):
+    from zerogr_core.app_support.benchrun import LiveSweep
+
+    sweep = LiveSweep(["--suite", "headline", "--quick", "--methods", "zerogr,unconstrained", "--budget-s", "120"],
+                      tmp_path).start()
+    assert sweep.wait(300) and sweep.error is None, sweep.error
+    assert any(r.get("kind") not in ("error", "skipped") for r in sweep.records)
+    assert sweep.options.device.type == "cuda"

@@ -1,0 +1,403 @@
+"""AppTest (streamlit.testing.v1) of every page of the app: default flows, one bad upload per
+validation error class, overrides, both decode orders on the bundled MovieLens model, and the
+error guard (no stack trace ever reaches the page).
+
+AppTest cannot drive the real file uploader, so uploads are simulated the way the Catalog page
+receives them: the uploaded file's name and bytes in ``st.session_state["upload_payload"]``
+(the real uploader is exercised by tests/e2e). Decodes use the app's reference path, so they
+stay fast even with TRITON_INTERPRET=1.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from zerogr_core.app_support import benchview, movielens
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 180
+
+needs_movielens = pytest.mark.skipif(not movielens.available(), reason="the bundled MovieLens checkpoint is missing")
+
+
+def new_app(**state) -> AppTest:
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    for key, value in state.items():
+        at.session_state[key] = value
+    return at
+
+
+def errors(at) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def assert_clean(at) -> None:
+    """No exception element and no 'Something went wrong' box on the page."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert not any("Something went wrong" in e for e in errors(at)), errors(at)
+
+
+def metrics(at) -> dict:
+    return {m.label: m.value for m in at.metric}
+
+
+def open_page(at, name: str, **state) -> AppTest:
+    at.switch_page(f"pages/{name}.py")
+    for key, value in state.items():
+        at.session_state[key] = value
+    return at.run()
+
+
+# ---------------------------------------------------------------------------- catalog
+def test_catalog_default_is_the_bundled_movielens_catalog():
+    at = new_app().run()
+    assert_clean(at)
+    assert at.title[0].value == "Catalog"
+    m = metrics(at)
+    assert "Items" in m and "Codebook sizes" in m
+    if movielens.available():
+        assert at.session_state["active_source"].is_movielens
+        assert "MovieLens SID catalog" in at.subheader[0].value
+        assert m["Items"] == "9,742"
+    assert any("No GPU on this machine" in i.value for i in at.info) or torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("name,items,levels", [("search-like-small", "50,000", 5), ("watch-like-small", "20,000", 3),
+                                               ("synthetic-7-small", "20,000", 7), ("tiny", "12", 3)])
+def test_catalog_bundled_samples(name, items, levels):
+    at = new_app(cat_sample=name).run()
+    assert_clean(at)
+    m = metrics(at)
+    assert m["Items"] == items and m["Levels (SID length)"] == str(levels)
+    assert any(s.value.startswith("Loaded ") for s in at.success)
+    steps = at.dataframe[0].value
+    assert len(steps) == levels and "catalog-level density" in steps.columns
+
+
+def _parquet_bytes(frame: pl.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    frame.write_parquet(buf)
+    return buf.getvalue()
+
+
+GOOD_CSV = b"item_id,s1,s2,title\n11,0,0,A\n12,0,1,B\n13,1,0,C\n"
+
+BAD_UPLOADS = [
+    # (id, file name, bytes, declared codebook sizes, expected parts of the message)
+    ("extension", "catalog.xlsx", GOOD_CSV, "", ["catalog.xlsx", "unsupported file type '.xlsx'"]),
+    ("empty-file", "empty.csv", b"", "", ["empty.csv", "file is empty"]),
+    ("header-only", "header.csv", b"item_id,s1,s2\n", "", ["header.csv", "no data rows"]),
+    ("no-item-id", "noid.csv", b"s1,s2\n0,0\n", "", ["noid.csv", "no 'item_id' column"]),
+    ("no-sid-columns", "nosid.csv", b"item_id,title\n1,a\n", "", ["nosid.csv", "no SID columns"]),
+    ("level-gap", "gap.csv", b"item_id,s1,s3\n1,0,0\n", "", ["gap.csv", "column 's2'", "without gaps"]),
+    ("both-layouts", "both.csv", b"item_id,sid,s1\n1,0 1,0\n", "", ["both.csv", "column 'sid'", "keep one layout"]),
+    ("duplicate-column", "dupcol.csv", b"item_id,s1,S1\n1,0,0\n", "", ["dupcol.csv", "appears twice"]),
+    ("extra-fields", "extra.csv", b"item_id,s1\n1,0\n2,1,5\n", "", ["extra.csv", "row 2", "3 fields"]),
+    ("missing-value", "missing.csv", b"item_id,s1,s2\n1,0,0\n2,0,\n", "",
+     ["missing.csv", "row 2", "column 's2'", "missing value"]),
+    ("non-integer-token", "text.csv", b"item_id,s1,s2\n1,0,0\n2,0,x\n", "",
+     ["text.csv", "row 2", "column 's2'", "'x' is not an integer"]),
+    ("fractional-token", "frac.tsv", b"item_id\ts1\ts2\n1\t0\t0.5\n", "",
+     ["frac.tsv", "row 1", "column 's2'", "not an integer"]),
+    ("negative-token", "neg.csv", b"item_id,s1,s2\n1,0,0\n2,-1,0\n", "",
+     ["neg.csv", "row 2", "column 's1'", "negative token -1"]),
+    ("out-of-codebook", "big.csv", b"item_id,s1,s2\n1,0,0\n2,0,2\n", "2, 2",
+     ["big.csv", "row 2", "column 's2'", "token 2 ≥ codebook size 2"]),
+    ("codebook-count", "levels.csv", b"item_id,s1,s2\n1,0,0\n", "4",
+     ["levels.csv", "column 'codebook_sizes'", "1 codebook sizes given for 2 levels"]),
+    ("ragged-sid", "ragged.csv", b"item_id,sid\n1,0 1\n2,0 1 2\n", "",
+     ["ragged.csv", "row 2", "column 'sid'", "3 tokens, but row 1 has 2"]),
+    ("non-integer-item-id", "ids.csv", b"item_id,s1\nabc,0\n", "",
+     ["ids.csv", "row 1", "column 'item_id'", "not an integer"]),
+    ("duplicate-item-id", "dupid.csv", b"item_id,s1\n5,0\n5,1\n", "",
+     ["dupid.csv", "row 2", "column 'item_id'", "duplicate item id 5"]),
+    ("duplicate-sid", "dupsid.csv", b"item_id,s1,s2\n1,0,0\n2,0,0\n", "",
+     ["dupsid.csv", "column 'sid'", "shared by items 1 and 2"]),
+    ("unreadable-parquet", "broken.parquet", b"this is not parquet", "", ["broken.parquet", "cannot read as PARQUET"]),
+    ("parquet-missing-value", "holes.parquet",
+     _parquet_bytes(pl.DataFrame({"item_id": [1, 2], "s1": [0, None]}, schema={"item_id": pl.Int64, "s1": pl.Int64})),
+     "", ["holes.parquet", "row 2", "column 's1'", "missing value"]),
+]
+
+
+@pytest.mark.parametrize("name,data,sizes,expected", [c[1:] for c in BAD_UPLOADS], ids=[c[0] for c in BAD_UPLOADS])
+def test_bad_upload_shows_one_line_error_and_keeps_the_catalog(name, data, sizes, expected):
+    at = new_app().run()
+    before = at.session_state["active_source"]
+    at.session_state["cat_kind"] = "Upload a file"
+    at.session_state["cat_codebooks"] = sizes
+    at.session_state["upload_payload"] = dict(id="test", name=name, data=data)
+    at.run()
+    assert_clean(at)
+    msgs = errors(at)
+    assert len(msgs) == 1, msgs
+    assert "\n" not in msgs[0]
+    for part in expected:
+        assert part in msgs[0], (part, msgs[0])
+    assert at.session_state["active_source"] == before
+    assert any("The catalog in use stays" in c.value for c in at.caption)
+    assert metrics(at)["Items"]  # the summary of the kept catalog is still there
+
+
+def test_upload_over_the_limit(monkeypatch):
+    monkeypatch.setenv("ZEROGR_MAX_UPLOAD_MB", "0.00001")  # about 10 bytes
+    at = new_app(cat_kind="Upload a file", upload_payload=dict(id="big", name="big.csv", data=GOOD_CSV)).run()
+    assert_clean(at)
+    assert "over the upload limit" in errors(at)[0] and "file path on the server" in errors(at)[0]
+
+
+@pytest.mark.parametrize("name,data", ids=["csv", "tsv", "parquet"], argvalues=[
+    ("good.csv", GOOD_CSV),
+    ("good.tsv", GOOD_CSV.replace(b",", b"\t")),
+    ("good.parquet", _parquet_bytes(pl.DataFrame({"item_id": [11, 12, 13], "sid": ["0 0", "0 1", "1 0"]}))),
+])
+def test_good_upload_becomes_the_active_catalog(name, data):
+    at = new_app(cat_kind="Upload a file", upload_payload=dict(id=name, name=name, data=data)).run()
+    assert_clean(at)
+    assert not errors(at)
+    assert at.session_state["active_source"].kind == "upload"
+    assert metrics(at)["Items"] == "3" and f"upload: {name}" in at.subheader[0].value
+    # other pages now work on it
+    open_page(at, "density", den_beam=2, den_batch=2)
+    assert_clean(at)
+    assert "3 items" in at.markdown[0].value
+
+
+def test_duplicate_sids_with_the_collision_option():
+    data = b"item_id,s1,s2\n1,0,0\n2,0,0\n3,1,0\n"
+    at = new_app(cat_kind="Upload a file", cat_collision=True,
+                 upload_payload=dict(id="dup", name="dups.csv", data=data)).run()
+    assert_clean(at)
+    assert metrics(at)["Levels (SID length)"] == "3"
+    assert any("collision level was appended" in c.value for c in at.caption)
+
+
+def test_server_file_path(tmp_path):
+    good = tmp_path / "server_catalog.csv"
+    good.write_bytes(GOOD_CSV)
+    at = new_app(cat_kind="File on the server").run()
+    at.text_input(key="cat_path").input(str(good)).run()
+    assert_clean(at)
+    assert at.session_state["active_source"].kind == "file" and metrics(at)["Items"] == "3"
+    at.text_input(key="cat_path").input(str(tmp_path / "nowhere.csv")).run()
+    assert_clean(at)
+    assert errors(at) == [f"{tmp_path / 'nowhere.csv'}: no such file"]
+    bad = tmp_path / "bad_rows.csv"
+    bad.write_bytes(b"item_id,s1,s2\n1,0,0\n2,0,-4\n")
+    at.text_input(key="cat_path").input(str(bad)).run()
+    assert errors(at) == [f"{bad}, row 2, column 's2': negative token -4"]
+    assert at.session_state["active_source"].name == str(good)
+
+
+# ---------------------------------------------------------------------------- density, index
+def test_density_page():
+    at = new_app(cat_sample="search-like-small").run()
+    open_page(at, "density", den_beam=4, den_batch=2)
+    assert_clean(at)
+    m = metrics(at)
+    assert m["Beams × requests"] == "4 × 2" and m["Scoring-first logits wasted (all steps)"].endswith("%")
+    assert len(at.get("plotly_chart")) == 3
+    table = at.dataframe[0].value
+    assert len(table) == 5
+    assert (table["beam-weighted density"] > 0).all() and (table["wasted share"] <= 1).all()
+    at.number_input(key="den_beam").set_value(6).run()
+    assert metrics(at)["Beams × requests"] == "6 × 2"
+
+
+@needs_movielens
+def test_density_page_with_the_model_beams():
+    at = new_app().run()
+    open_page(at, "density", den_beam=4, den_batch=2)
+    assert_clean(at)
+    assert at.selectbox(key="den_from").value.startswith("Bundled MovieLens model")
+    assert len(at.get("plotly_chart")) == 3
+
+
+def test_index_page_and_overrides():
+    at = new_app(cat_sample="tiny").run()
+    open_page(at, "index")
+    assert_clean(at)
+    m = metrics(at)
+    assert {"This index", "STATIC-style index", "Raw SID table (int16)"} <= set(m)
+    assert len(at.get("plotly_chart")) == 3
+    steps = at.dataframe[0].value
+    assert len(steps) == 3
+    before = m["Planned index"]
+    at.selectbox(key="idx_ov_3").select("sparse" if steps["representation"][2] == "dense" else "dense").run()
+    assert_clean(at)
+    after = metrics(at)["Planned index"]
+    assert after != before  # the memory effect shows at once, before any rebuild
+    planned = at.dataframe[-1].value
+    assert planned["planned"][2] != planned["now"][2]
+    at.button(key="btn_idx_apply").click().run()
+    assert_clean(at)
+    assert at.dataframe[0].value["representation"][2] == planned["planned"][2]
+    assert metrics(at)["This index"] == after
+    assert at.session_state["index_overrides"] == {3: planned["planned"][2]}
+
+
+def test_index_page_times_the_three_builders():
+    at = new_app(cat_sample="tiny").run()
+    open_page(at, "index")
+    at.button(key="btn_idx_time_builders").click().run()
+    assert_clean(at)
+    assert len(at.get("plotly_chart")) == 4
+
+
+# ---------------------------------------------------------------------------- decode
+@needs_movielens
+def test_decode_both_orders_on_the_bundled_model():
+    at = new_app().run()
+    open_page(at, "decode", dec_beam=4, dec_batch=2, dec_k=4)
+    assert_clean(at)
+    assert at.selectbox(key="dec_model").value == "Bundled MovieLens recommender"
+    assert any("Run both orders" in i.value for i in at.info)
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    m = metrics(at)
+    assert "Overlap@4" in m and m["Overlap@4"].endswith("%")
+    assert any(k.startswith("filter-first latency") for k in m) and any(k.startswith("score-first latency") for k in m)
+    top = at.dataframe[0].value
+    assert list(top.columns) == ["rank", "filter-first", "filter-first log-prob", "score-first",
+                                 "score-first log-prob"]
+    assert len(top) == 4
+    # movie titles, not bare ids
+    assert all("(" in str(t) and not str(t).startswith("item ") for t in top["filter-first"])
+    assert (top["filter-first log-prob"] >= top["score-first log-prob"] - 1e-4).all()
+    plan = at.dataframe[1].value
+    assert list(plan["step"]) == list(range(1, len(plan) + 1))
+    assert len(at.get("plotly_chart")) == 2
+    res = at.session_state["decode_runs"]
+    assert set(res["runs"]) == {"filter-first", "score-first"}
+    assert res["targets"] is not None and len(res["targets"]) == 2
+
+
+@needs_movielens
+def test_decode_one_test_user():
+    at = new_app().run()
+    open_page(at, "decode", dec_beam=3, dec_request="One test user")
+    users = at.selectbox(key="dec_user")
+    users.select(users.options[5]).run()
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    res = at.session_state["decode_runs"]
+    assert res["cfg"]["batch"] == 1 and int(res["user_ids"][0]) == int(users.options[5])
+    assert any("held-out test item" in c.value for c in at.caption)
+
+
+def test_decode_random_head_on_a_synthetic_catalog():
+    at = new_app(cat_sample="search-like-small").run()
+    open_page(at, "decode", dec_beam=3, dec_batch=2, dec_hidden=16, dec_dtype="bfloat16")
+    assert at.selectbox(key="dec_model").options == ["Random head"]
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    top = at.dataframe[0].value
+    assert len(top) == 3 and all(str(t).startswith("item ") for t in top["filter-first"])
+    at.number_input(key="dec_beam").set_value(5).run()
+    assert any("settings changed" in c.value for c in at.caption)
+
+
+# ---------------------------------------------------------------------------- benchmarks, gpu, rebuild
+def test_benchmarks_page_shows_recorded_results(tmp_path, monkeypatch):
+    doc = dict(format="zerogr-bench/1", env=dict(gpu="NVIDIA H200", driver="580.159", torch="2.11.0"),
+               run_command="python -m zerogr_core bench", started="2026-11-29T10:00:00+00:00",
+               updated="2026-11-29T10:30:00+00:00", finished=True, records=[dict(method="zerogr", batch=1)])
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(benchview, "RESULTS_DIR", tmp_path)
+    at = new_app().run()
+    open_page(at, "benchmarks")
+    assert_clean(at)
+    if not torch.cuda.is_available():
+        note = " ".join(i.value for i in at.info)
+        assert "recorded results, not measured now" in note and "NVIDIA H200" in note and "2026-11-29" in note
+    assert at.dataframe[0].value["gpu"][0] == "NVIDIA H200"
+
+
+def test_benchmarks_page_without_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(benchview, "RESULTS_DIR", tmp_path / "empty")
+    at = new_app().run()
+    open_page(at, "benchmarks")
+    assert_clean(at)
+    assert any("No recorded results" in w.value for w in at.warning)
+
+
+def test_benchmarks_page_with_the_committed_results():
+    at = new_app().run()
+    open_page(at, "benchmarks")
+    assert_clean(at)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU message")
+def test_gpu_page_says_there_is_no_gpu():
+    at = new_app().run()
+    open_page(at, "gpu")
+    assert_clean(at)
+    assert any("No GPU on this machine" in i.value for i in at.info)
+    assert "Index in host memory" in metrics(at)
+
+
+def test_rebuild_page():
+    at = new_app(cat_sample="watch-like-small").run()
+    open_page(at, "rebuild", reb_beam=2, reb_batch=1, reb_seconds=0.2, reb_add=10.0, reb_remove=5.0)
+    assert_clean(at)
+    at.button(key="btn_reb_run").click().run()
+    assert_clean(at)
+    m = metrics(at)
+    assert m["Items"] == "21,000"
+    assert m["H2D bandwidth"] == ("n/a (CPU)" if not torch.cuda.is_available() else m["H2D bandwidth"])
+    table = at.dataframe[0].value
+    assert list(table["phase"]) == ["before", "during", "after"] and (table["decodes"] > 0).all()
+    assert len(at.get("plotly_chart")) == 2
+
+
+# ---------------------------------------------------------------------------- the guard
+@pytest.mark.parametrize("exc,shown", [
+    (RuntimeError("kaboom\nwith a second line"), "Something went wrong: RuntimeError: kaboom."),
+    (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)("CUDA out of memory. Tried to allocate 80 GiB"),
+     "Out of memory: the GPU could not hold this run. Try a smaller batch or beam width"),
+])
+def test_errors_become_a_short_box_never_a_stack_trace(monkeypatch, exc, shown):
+    import zerogr_core.app_support.density as density
+
+    def broken(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(density, "beam_weighted_density", broken)
+    at = new_app(cat_sample="tiny").run()
+    open_page(at, "density", den_beam=2, den_batch=1)
+    assert not at.exception
+    msgs = errors(at)
+    assert len(msgs) == 1 and msgs[0].startswith(shown), msgs
+    assert "Traceback" not in msgs[0] and "second line" not in msgs[0]
+    open_page(at, "index")  # the app keeps running
+    assert_clean(at)
+
+
+def test_user_errors_show_their_one_line_message(monkeypatch):
+    import zerogr_core.app_support.rebuild as rebuild
+    from zerogr_core.errors import ZeroGRError
+
+    def refuse(*args, **kwargs):
+        raise ZeroGRError("cannot add 9 items: the codebooks hold only 4 distinct SIDs")
+
+    monkeypatch.setattr(rebuild, "refresh_catalog", refuse)
+    at = new_app(cat_sample="tiny").run()
+    open_page(at, "rebuild")
+    at.button(key="btn_reb_run").click().run()
+    assert not at.exception
+    assert errors(at) == ["cannot add 9 items: the codebooks hold only 4 distinct SIDs"]
+
+
+def test_every_page_renders_by_default():
+    at = new_app().run()
+    for name in ("catalog", "density", "index", "decode", "benchmarks", "gpu", "rebuild"):
+        open_page(at, name, den_beam=4, den_batch=2)
+        assert_clean(at)
+        assert at.title[0].value.lower() == name.lower() or at.title[0].value == "GPU"
+    assert "ZeroGR" in at.sidebar.markdown[0].value

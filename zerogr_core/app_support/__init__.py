@@ -1,0 +1,14 @@
+"""Small non-UI helpers of the Streamlit app (``app.py`` and ``pages/``).
+
+Everything here is plain Python on top of :mod:`zerogr_core` — no Streamlit import — so it
+is unit-tested directly:
+
+* :mod:`.resources` — one live heavy object per slot, released (GPU memory freed) when replaced;
+* :mod:`.sources` — catalog sources (bundled samples, uploads, server files) and their loading;
+* :mod:`.requests` — random heads and requests for models other than the bundled one;
+* :mod:`.profile` — a stage-timed decode of either order, overlap@K and Recall@K;
+* :mod:`.density` — catalog-level and beam-weighted density, wasted logits;
+* :mod:`.movielens` — the bundled MovieLens recommender and its test users;
+* :mod:`.rebuild` — catalog refresh and rebuild-while-decoding;
+* :mod:`.gpu` — NVML and torch memory readings.
+"""

@@ -1,0 +1,105 @@
+"""Recorded benchmark results for the app's Benchmarks page.
+
+Reads the result files of :mod:`zerogr_core.bench` (``bench/results/*.json``, format
+``zerogr-bench/1``): which GPU, when, with what command, and the records themselves;
+and finds the Plotly figure builders of :mod:`zerogr_core.bench.figures`.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = ROOT / "bench" / "results"
+
+
+def result_files(folder: str | Path | None = None) -> list[dict]:
+    """One row per benchmark result file under ``folder`` (default :data:`RESULTS_DIR`): file,
+    GPU, driver, torch, started, updated, finished, records, command. Other files are skipped."""
+    folder = Path(folder if folder is not None else RESULTS_DIR)
+    if not folder.exists():
+        return []
+    rows = []
+    for file in sorted(folder.rglob("*.json")):
+        try:
+            doc = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or not str(doc.get("format", "")).startswith("zerogr-bench/"):
+            continue
+        env = doc.get("env") or {}
+        rows.append(dict(file=str(file.relative_to(folder)), gpu=env.get("gpu", "n/a"), driver=env.get("driver", "n/a"),
+                         torch=env.get("torch", "n/a"), started=doc.get("started", ""),
+                         updated=doc.get("updated", ""), finished=bool(doc.get("finished")),
+                         records=len(doc.get("records") or []), command=doc.get("run_command", "")))
+    return rows
+
+
+def load_records(folder: str | Path | None = None) -> list[dict]:
+    """Every record under ``folder`` (default :data:`RESULTS_DIR`), via
+    :func:`zerogr_core.bench.load_results`."""
+    from ..bench import load_results
+
+    folder = Path(folder if folder is not None else RESULTS_DIR)
+    return load_results(folder) if folder.exists() else []
+
+
+def figure_builders() -> list[tuple[str, object]]:
+    """``(name, function)`` of every ``figure_*`` function in :mod:`zerogr_core.bench.figures`
+    (empty when that module is not there)."""
+    try:
+        from ..bench import figures
+    except Exception:  # noqa: BLE001 — an absent or broken figures module means no figures
+        return []
+    out = []
+    for name, fn in inspect.getmembers(figures, inspect.isfunction):
+        if name.startswith("figure_") and fn.__module__ == figures.__name__:
+            out.append((name, fn))
+    return out
+
+
+def title_of(name: str) -> str:
+    return name.removeprefix("figure_").replace("_", " ").capitalize()
+
+
+def figures_of(records: list[dict]) -> list[tuple[str, object]]:
+    """``(title, figure)`` of every benchmark figure that has data for ``records``.
+
+    Uses :func:`zerogr_core.bench.figures.all_figures` when present, else every
+    ``figure_*`` builder; figures without traces (the "no data" placeholders) are dropped.
+    Raises nothing: a figure that fails to build is reported as ``(title, exception)``.
+    """
+    out = []
+    try:
+        from ..bench import figures
+    except Exception:  # noqa: BLE001
+        return out
+    if hasattr(figures, "all_figures"):
+        try:
+            items = list(figures.all_figures(records).items())
+        except Exception as exc:  # noqa: BLE001
+            return [("benchmark figures", exc)]
+        for name, fig in items:
+            if fig is not None and len(getattr(fig, "data", ())) > 0:
+                out.append((title_of("figure_" + name), fig))
+        return out
+    for name, build in figure_builders():
+        try:
+            fig = build(records)
+        except Exception as exc:  # noqa: BLE001
+            out.append((title_of(name), exc))
+            continue
+        if fig is not None and len(getattr(fig, "data", ())) > 0:
+            out.append((title_of(name), fig))
+    return out
+
+
+def headline_table(records: list[dict]) -> list[dict]:
+    """The README/app latency table (``figures.headline_rows``), or ``[]``."""
+    try:
+        from ..bench.figures import headline_rows
+
+        return headline_rows(records)
+    except Exception:  # noqa: BLE001
+        return []

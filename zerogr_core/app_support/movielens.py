@@ -1,0 +1,136 @@
+"""The bundled MovieLens recommender, its SID catalog and its test users.
+
+Thin wrappers over :mod:`zerogr_core.recsys` (``load_checkpoint``, ``load_movielens``,
+``leave_one_out``) that turn a missing checkpoint into one clear message.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..catalog.catalog import Catalog
+from ..errors import ZeroGRError
+
+MISSING = ("the bundled MovieLens recommender (sample_catalogs/movielens/model.pt) is not there; "
+           "train it with `python -m zerogr_core train-movielens`, or pick another catalog")
+
+
+#: Environment variable naming another checkpoint (a model trained with train-movielens).
+CHECKPOINT_ENV = "ZEROGR_MOVIELENS_CHECKPOINT"
+
+
+def checkpoint_path() -> Path:
+    """The bundled checkpoint, or the file named by ``$ZEROGR_MOVIELENS_CHECKPOINT``."""
+    override = os.environ.get(CHECKPOINT_ENV)
+    if override:
+        return Path(override)
+    from ..recsys.train import BUNDLED_CHECKPOINT
+
+    return BUNDLED_CHECKPOINT
+
+
+def available() -> bool:
+    """Whether the bundled checkpoint exists."""
+    try:
+        return checkpoint_path().is_file()
+    except Exception:
+        return False
+
+
+def bundled_study(device="cpu"):
+    """The bundled :class:`~zerogr_core.recsys.train.StudyModel` on ``device``.
+
+    Raises
+    ------
+    ZeroGRError
+        Missing or unreadable checkpoint.
+    """
+    if not available():
+        raise ZeroGRError(MISSING)
+    from ..recsys.train import load_checkpoint
+
+    path = checkpoint_path()
+    try:
+        return load_checkpoint(path, device=device)
+    except ZeroGRError:
+        raise
+    except (RuntimeError, KeyError, TypeError) as err:  # weights of another model version
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ZeroGRError(f"{path}: the checkpoint does not fit this version of the recommender ({first}); "
+                          "retrain it with `python -m zerogr_core train-movielens`") from None
+
+
+def bundled_catalog() -> Catalog:
+    """The bundled recommender's SID catalog (named ``movielens``)."""
+    study = bundled_study("cpu")
+    return dataclasses.replace(study.catalog, name="movielens")
+
+
+@dataclass(frozen=True, eq=False)
+class TestUsers:
+    """The leave-one-out test requests of the bundled data.
+
+    Attributes
+    ----------
+    user_ids : np.ndarray, shape (U,), int64
+        MovieLens user ids.
+    histories : list of np.ndarray
+        Per user, catalog rows of the visible history (training items + validation item).
+    targets : np.ndarray, shape (U,), int64
+        Catalog row of each user's held-out test item.
+    titles : np.ndarray, shape (N,), object
+        Title of every catalog row.
+    """
+
+    user_ids: np.ndarray
+    histories: list
+    targets: np.ndarray
+    titles: np.ndarray
+
+    @property
+    def n_users(self) -> int:
+        return int(self.user_ids.size)
+
+    def pick(self, rows: np.ndarray) -> tuple[list, np.ndarray]:
+        """Histories and targets of the user rows ``rows``."""
+        return [self.histories[int(r)] for r in rows], self.targets[np.asarray(rows, dtype=np.int64)]
+
+    def sample(self, count: int, seed: int = 0) -> np.ndarray:
+        """``count`` distinct user rows, seeded."""
+        rng = np.random.default_rng(seed)
+        count = max(1, min(count, self.n_users))
+        return np.sort(rng.choice(self.n_users, size=count, replace=False))
+
+
+def test_users(study) -> TestUsers:
+    """Test requests of every user of the data the bundled model was trained on."""
+    from ..recsys.data import leave_one_out, load_movielens
+
+    data = load_movielens(None)
+    split = leave_one_out(data)
+    row_of_item = study.rows_of_items(data)
+    histories = [row_of_item[split.history(u, "test")] for u in range(split.n_users)]
+    targets = row_of_item[split.test_items]
+    titles = np.empty(study.catalog.n_items, dtype=object)
+    titles[row_of_item] = data.titles
+    if study.catalog.titles is not None:
+        have = np.array([bool(t) for t in study.catalog.titles])
+        titles[have] = study.catalog.titles[have]
+    return TestUsers(data.user_ids.astype(np.int64), histories, targets.astype(np.int64), titles)
+
+
+def recorded_metrics(study) -> dict | None:
+    """The test metrics the checkpoint recorded at training time (or ``None``)."""
+    recorded = study.meta.get("recorded") or {}
+    test = recorded.get("test")
+    if not test:
+        return None
+    out = dict(test)
+    out["users"] = test.get("users", len(recorded.get("users", [])))
+    out["beam"] = test.get("beam", recorded.get("beam"))
+    out["ks"] = [int(k) for k in (recorded.get("ks") or test.get("k") or [])]
+    return out
