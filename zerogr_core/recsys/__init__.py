@@ -1,0 +1,16 @@
+"""The MovieLens quality study: filtering first vs scoring first on a trained recommender.
+
+Modules, in pipeline order:
+
+* :mod:`.data` - MovieLens loaders (ml-latest-small, ML-1M, ML-100K) and the
+  leave-one-out split;
+* :mod:`.semantic_ids` - item embeddings, RQ-KMeans and the collision level;
+* :mod:`.model` - the TIGER-style recommender whose heads and ``hidden_fn`` feed
+  :class:`zerogr_core.Decoder`;
+* :mod:`.train` - training, the checkpoint format and its loader;
+* :mod:`.validity` and :mod:`.quality` - the study's metrics and invalid mass;
+* :mod:`.commands` - the ``train-movielens`` and ``quality`` CLI commands.
+
+Submodules are imported on demand: :mod:`.data` needs Polars, while :mod:`.model` (the
+decoding path) needs torch and numpy only.
+"""

@@ -1,0 +1,342 @@
+"""The quality study: filtering first against scoring first on a trained recommender.
+
+For every user the model decodes the next item with beam search (M = 128 by default) in
+both orders through :class:`zerogr_core.Decoder`. For K in :data:`KS` the study reports
+the overlap of the two top-K lists, Recall@K and NDCG@K of each order and of a popularity
+baseline, and the share of users whose top-K lists differ. During the scoring-first
+decode it also measures, for every live beam at every step, the probability mass the
+model puts on tokens that lead to no catalog item (*invalid mass*): filtering first
+renormalises exactly that mass away, so it is what lets the two orders disagree.
+
+The popularity baseline ranks items by training interactions and skips the items the user
+has already rated (a stronger baseline than raw popularity, which is reported beside it as
+``recall_popularity_unfiltered``); the model's lists are not filtered.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .. import Decoder, build_index
+from ..errors import ZeroGRError
+from .validity import PrefixValidity
+
+KS = (1, 5, 10, 20, 50, 128)
+ORDERS = ("filter-first", "score-first")
+#: Bars of the study (issue 5): |Δ Recall| and |Δ NDCG| in percentage points, overlap.
+MAX_GAP_PP = 0.5
+MIN_OVERLAP = 0.99
+
+
+@dataclass
+class InvalidMass:
+    """Per-step invalid mass of the beams of a scoring-first decode.
+
+    Attributes
+    ----------
+    values : list of list of torch.Tensor
+        ``values[l]`` holds one (n,) float32 tensor per decoded batch: the softmax mass on
+        invalid tokens of each live beam at step l.
+    densities : list of list of torch.Tensor
+        Same shape: the share of level l's codebook that is valid after each beam.
+    """
+
+    values: list = field(default_factory=list)
+    densities: list = field(default_factory=list)
+
+    def wrap(self, hidden_fn, heads: Sequence[torch.Tensor], validity: PrefixValidity):
+        """A ``hidden_fn`` that records the mass and valid density, then passes through."""
+        def recording(step: int, prefixes: torch.Tensor) -> torch.Tensor:
+            hidden = hidden_fn(step, prefixes)
+            flat = prefixes.reshape(prefixes.shape[0] * prefixes.shape[1], step)
+            alive = (flat >= 0).all(dim=1)
+            h = hidden.reshape(-1, hidden.shape[-1])[alive]
+            probs = torch.softmax((h @ heads[step].T).float(), dim=-1)
+            valid = validity.mask(flat[alive])
+            while len(self.values) <= step:
+                self.values.append([])
+                self.densities.append([])
+            self.values[step].append((probs * ~valid).sum(dim=1).cpu())
+            self.densities[step].append(valid.float().mean(dim=1).cpu())
+            return hidden
+
+        return recording
+
+    def summary(self) -> list[dict]:
+        """Per step (1-based): beams, mean/p50/p90/p99/max invalid mass, mean valid density."""
+        out = []
+        for step, (vals, dens) in enumerate(zip(self.values, self.densities)):
+            v = torch.cat(vals).double().numpy()
+            q50, q90, q99 = np.quantile(v, [0.5, 0.9, 0.99])
+            out.append(dict(step=step + 1, beams=int(v.size), mean=float(v.mean()), p50=float(q50),
+                            p90=float(q90), p99=float(q99), max=float(v.max()),
+                            beam_density=float(torch.cat(dens).double().mean())))
+        return out
+
+
+def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch_size: int,
+                index=None, invalid: InvalidMass | None = None) -> np.ndarray:
+    """Beam-search the next item of every history.
+
+    Parameters
+    ----------
+    study : StudyModel
+    histories : list of np.ndarray (h_u,) int64
+        Catalog rows, oldest first, each non-empty.
+    order : {"filter-first", "score-first"}
+    beam : int
+    batch_size : int
+        Requests per decode call.
+    index : StepIndex, optional
+        Built on the model's device when omitted.
+    invalid : InvalidMass, optional
+        Filled with the per-beam invalid mass (use with scoring first).
+
+    Returns
+    -------
+    np.ndarray, shape (U, beam), int64
+        Catalog rows best first; -1 for unfilled beams.
+    """
+    model = study.model
+    if index is None:
+        index = build_index(study.catalog, device=model.device)
+    heads = model.head_weights()
+    decoder = Decoder(index, heads, beam, order=order)
+    validity = PrefixValidity(study.catalog) if invalid is not None else None
+    out = np.full((len(histories), beam), -1, dtype=np.int64)
+    for lo in range(0, len(histories), batch_size):
+        chunk = histories[lo:lo + batch_size]
+        hidden_fn = model.hidden_fn_for(chunk, study.sids)
+        if invalid is not None:
+            hidden_fn = invalid.wrap(hidden_fn, heads, validity)
+        result = decoder.decode(hidden_fn, len(chunk))
+        out[lo:lo + len(chunk)] = result.item_rows.cpu().numpy()
+    return out
+
+
+def ranking_metrics(lists: np.ndarray, targets: np.ndarray, ks: Sequence[int]) -> tuple[dict, dict]:
+    """Recall@K and NDCG@K of one held-out item per user.
+
+    Parameters
+    ----------
+    lists : np.ndarray, shape (U, M), int64
+        Ranked catalog rows (-1 = empty slot).
+    targets : np.ndarray, shape (U,), int64
+    ks : sequence of int
+
+    Returns
+    -------
+    recall, ndcg : dict
+        K → float.
+    """
+    hit = lists == targets[:, None]
+    found = hit.any(axis=1)
+    rank = hit.argmax(axis=1) + 1          # 1-based; meaningful where found
+    gain = 1.0 / np.log2(rank + 1.0)
+    recall = {k: float((found & (rank <= k)).mean()) for k in ks}
+    ndcg = {k: float(np.where(found & (rank <= k), gain, 0.0).mean()) for k in ks}
+    return recall, ndcg
+
+
+def overlap_metrics(a: np.ndarray, b: np.ndarray, ks: Sequence[int]) -> tuple[dict, dict, dict]:
+    """How far two ranked lists per user agree.
+
+    Parameters
+    ----------
+    a, b : np.ndarray, shape (U, M), int64
+
+    Returns
+    -------
+    overlap : dict
+        K → mean over users of |top-K(a) ∩ top-K(b)| / K.
+    share_differ : dict
+        K → share of users whose top-K *sets* differ.
+    share_order_differ : dict
+        K → share of users whose top-K *lists* (order included) differ.
+    """
+    overlap, differ, order_differ = {}, {}, {}
+    for k in ks:
+        common = np.array([np.intersect1d(x[:k][x[:k] >= 0], y[:k]).size for x, y in zip(a, b)])
+        overlap[k] = float((common / k).mean())
+        differ[k] = float(np.mean([set(x[:k]) != set(y[:k]) for x, y in zip(a, b)]))
+        order_differ[k] = float((a[:, :k] != b[:, :k]).any(axis=1).mean())
+    return overlap, differ, order_differ
+
+
+def popularity_lists(train_counts: np.ndarray, row_of_item: np.ndarray, histories: list[np.ndarray],
+                     depth: int, skip_seen: bool = True) -> np.ndarray:
+    """Most-rated items first, by default skipping each user's own history.
+
+    Parameters
+    ----------
+    train_counts : np.ndarray, shape (N,), int64
+        Training interactions per item index.
+    row_of_item : np.ndarray, shape (N,), int64
+    histories : list of np.ndarray
+        Catalog rows the user has rated.
+    depth : int
+        List length.
+    skip_seen : bool
+        Leave out the items of each user's history.
+
+    Returns
+    -------
+    np.ndarray, shape (U, depth), int64
+        Catalog rows.
+    """
+    ranked = row_of_item[np.argsort(-train_counts, kind="stable")]
+    if not skip_seen:
+        return np.tile(ranked[:depth], (len(histories), 1))
+    out = np.empty((len(histories), depth), dtype=np.int64)
+    for u, hist in enumerate(histories):
+        head = ranked[:depth + hist.size]
+        out[u] = head[~np.isin(head, hist)][:depth]
+    return out
+
+
+def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarray, *, beam: int = 128,
+             batch_size: int = 64, ks: Sequence[int] = KS, measure_invalid: bool = True) -> dict:
+    """Decode ``users`` in both orders and compute every metric of the study.
+
+    Parameters
+    ----------
+    study : StudyModel
+    split : LeaveOneOut
+    users : np.ndarray, shape (U,), int64
+        User rows to evaluate.
+    stage : {"valid", "test"}
+    row_of_item : np.ndarray, shape (N,), int64
+    beam, batch_size : int
+    ks : sequence of int
+        Each ≤ ``beam``.
+    measure_invalid : bool
+        Record the invalid mass of the scoring-first decode.
+
+    Returns
+    -------
+    dict
+        ``k``, ``overlap``, ``recall_filter_first``, ``recall_score_first``,
+        ``ndcg_filter_first``, ``ndcg_score_first``, ``recall_popularity``,
+        ``ndcg_popularity``, ``recall_popularity_unfiltered``, ``ndcg_popularity_unfiltered``,
+        ``share_differ``, ``share_order_differ`` (each keyed by K),
+        ``invalid_mass`` (per step), ``top10_filter_first`` (U × 10 item ids), ``timing``.
+    """
+    if max(ks) > beam:
+        raise ZeroGRError(f"--beam {beam} is smaller than the largest K ({max(ks)})")
+    histories = [row_of_item[split.history(int(u), stage)] for u in users]
+    targets = row_of_item[split.targets(stage)[users]]
+    index = build_index(study.catalog, device=study.model.device)
+    lists, timing = {}, {}
+    invalid = InvalidMass() if measure_invalid else None
+    for order in ORDERS:
+        start = time.perf_counter()
+        lists[order] = decode_rows(study, histories, order, beam, batch_size, index,
+                                   invalid if order == "score-first" else None)
+        timing[f"{order}_s"] = time.perf_counter() - start
+    overlap, differ, order_differ = overlap_metrics(lists["filter-first"], lists["score-first"], ks)
+    rec_ff, ndcg_ff = ranking_metrics(lists["filter-first"], targets, ks)
+    rec_sf, ndcg_sf = ranking_metrics(lists["score-first"], targets, ks)
+    counts = split.train_counts(row_of_item.size)
+    rec_pop, ndcg_pop = ranking_metrics(popularity_lists(counts, row_of_item, histories, max(ks)), targets, ks)
+    rec_raw, ndcg_raw = ranking_metrics(
+        popularity_lists(counts, row_of_item, histories, max(ks), skip_seen=False), targets, ks)
+    key = lambda d: {str(k): v for k, v in d.items()}  # noqa: E731 — JSON keys are strings
+    report = dict(
+        k=list(ks), overlap=key(overlap), recall_filter_first=key(rec_ff), recall_score_first=key(rec_sf),
+        ndcg_filter_first=key(ndcg_ff), ndcg_score_first=key(ndcg_sf), recall_popularity=key(rec_pop),
+        ndcg_popularity=key(ndcg_pop), recall_popularity_unfiltered=key(rec_raw),
+        ndcg_popularity_unfiltered=key(ndcg_raw), share_differ=key(differ), share_order_differ=key(order_differ),
+        stage=stage, users=int(len(users)), beam=beam,
+        top10_filter_first=study.catalog.item_ids[np.maximum(lists["filter-first"][:, :10], 0)].tolist(),
+        timing=timing)
+    if invalid is not None:
+        report["invalid_mass"] = invalid.summary()
+    report["bars"] = bars(report)
+    return report
+
+
+def bars(report: dict) -> dict:
+    """Check the issue's bars on a report from :func:`evaluate`."""
+    ks = [str(k) for k in report["k"]]
+    gap_recall = max(abs(report["recall_filter_first"][k] - report["recall_score_first"][k]) for k in ks)
+    gap_ndcg = max(abs(report["ndcg_filter_first"][k] - report["ndcg_score_first"][k]) for k in ks)
+    min_overlap = min(report["overlap"][k] for k in ks)
+    at10 = "10" if "10" in ks else ks[-1]
+    return dict(max_recall_gap_pp=100 * gap_recall, max_ndcg_gap_pp=100 * gap_ndcg, min_overlap=min_overlap,
+                recall_gap_ok=100 * gap_recall <= MAX_GAP_PP, ndcg_gap_ok=100 * gap_ndcg <= MAX_GAP_PP,
+                overlap_ok=min_overlap >= MIN_OVERLAP,
+                beats_popularity=min(report["recall_filter_first"][at10], report["recall_score_first"][at10])
+                > report["recall_popularity"][at10])
+
+
+def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray, *, beam: int = 128,
+                 batch_size: int = 64, ks: Sequence[int] = KS, checkpoint=None) -> dict:
+    """:func:`evaluate` on the test stage, plus what produced it (data, SIDs, model, training).
+
+    Returns
+    -------
+    dict
+        The keys of :func:`evaluate` (without the per-user lists) and ``data``, ``sid``,
+        ``model``, ``config`` (the study preset), ``training`` (time, device, final
+        validation loss), ``checkpoint``, ``seed``, ``device``, ``torch``.
+    """
+    report = evaluate(study, split, users, "test", row_of_item, beam=beam, batch_size=batch_size, ks=ks)
+    del report["top10_filter_first"]
+    meta = study.meta
+    report.update(
+        data=data.summary(),
+        sid=meta["sid_report"],
+        model=study.model.describe(),
+        config=meta["study"],
+        training=dict(seconds=meta["train_seconds"],
+                      median_epoch_s=float(np.median([h["seconds"] for h in meta["history"]])),
+                      device=meta["device"], torch=meta["torch"], epochs_run=len(meta["history"]),
+                      final_valid_loss=meta["history"][-1]["valid_loss"]),
+        checkpoint=str(checkpoint) if checkpoint is not None else "bundled (sample_catalogs/movielens/model.pt)",
+        seed=meta["study"]["train"]["seed"], device=str(study.model.device), torch=str(torch.__version__))
+    return report
+
+
+def write_plot(report: dict, path) -> None:
+    """Write the study's figure as a self-contained-but-for-plotly.js HTML page.
+
+    Four panels: overlap@K with the 99 % bar; Recall@K and NDCG@K for both orders and
+    popularity; the invalid mass per step (mean, p90, p99) under scoring first.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    ks = [str(k) for k in report["k"]]
+    x = [int(k) for k in ks]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=(
+        "Overlap@K, filtering first vs scoring first", "Recall@K", "NDCG@K",
+        "Invalid mass per step under scoring first"))
+    fig.add_trace(go.Scatter(x=x, y=[100 * report["overlap"][k] for k in ks], mode="lines+markers",
+                             name="overlap %"), row=1, col=1)
+    fig.add_hline(y=100 * MIN_OVERLAP, line_dash="dash", annotation_text="99 % bar", row=1, col=1)
+    styles = (("filter_first", "filter first", "solid"), ("score_first", "score first", "dot"),
+              ("popularity", "popularity", "dash"),
+              ("popularity_unfiltered", "popularity, rated items kept", "dashdot"))
+    for col, metric in ((2, "recall"), (1, "ndcg")):
+        row = 1 if metric == "recall" else 2
+        for key, label, dash in styles:
+            fig.add_trace(go.Scatter(x=x, y=[report[f"{metric}_{key}"][k] for k in ks], mode="lines+markers",
+                                     name=f"{metric.upper() if metric == 'ndcg' else 'Recall'} {label}",
+                                     line=dict(dash=dash)), row=row, col=col)
+    steps = [f"step {r['step']}" for r in report["invalid_mass"]]
+    for stat in ("mean", "p90", "p99"):
+        fig.add_trace(go.Bar(x=steps, y=[r[stat] for r in report["invalid_mass"]], name=f"invalid mass {stat}"),
+                      row=2, col=2)
+    for row, col in ((1, 1), (1, 2), (2, 1)):
+        fig.update_xaxes(type="log", title_text="K", row=row, col=col)
+    b = report["bars"]
+    fig.update_layout(
+        height=800, width=1200, barmode="group",
+        title=(f"{report['data']['layout']}: {report['users']} users, beam {report['beam']} — min overlap "
+               f"{100 * b['min_overlap']:.2f} %, max |ΔRecall| {b['max_recall_gap_pp']:.2f} pp, "
+               f"max |ΔNDCG| {b['max_ndcg_gap_pp']:.2f} pp"))
+    fig.write_html(str(path), include_plotlyjs="cdn")
