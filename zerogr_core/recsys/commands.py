@@ -18,7 +18,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("train-movielens", help="build semantic IDs and train the MovieLens recommender")
     p.add_argument("--data", metavar="DIR", help="MovieLens directory: ml-latest-small, ML-1M or ML-100K "
                    "layout (default: the bundled ml-latest-small)")
-    p.add_argument("--out", metavar="FILE", required=True, help="checkpoint file to write (.pt)")
+    p.add_argument("--out", metavar="FILE", help="checkpoint file to write (default, only without --data: "
+                   "the bundled sample_catalogs/movielens/model.pt)")
     p.add_argument("--catalog", metavar="FILE", help="SID catalog to write (default: sid_catalog.csv beside --out)")
     p.add_argument("--preset", choices=("shipped", "tiny"), default="shipped",
                    help="model, SID and training preset (default: shipped)")
@@ -41,10 +42,14 @@ def register(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from .train import train_movielens
+    from ..errors import ZeroGRError
+    from .train import BUNDLED_CHECKPOINT, train_movielens
 
+    if args.out is None and args.data is not None:
+        raise ZeroGRError("--out FILE is required with --data (the bundled checkpoint belongs to the bundled data)")
+    out = args.out if args.out is not None else BUNDLED_CHECKPOINT
     quiet = args.json
-    meta = train_movielens(args.data, args.out, catalog_path=args.catalog, preset=args.preset, device=args.device,
+    meta = train_movielens(args.data, out, catalog_path=args.catalog, preset=args.preset, device=args.device,
                            log=(lambda line: None) if quiet else print)
     if args.json:
         print(json.dumps(meta, indent=2))
