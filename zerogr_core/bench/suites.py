@@ -75,6 +75,14 @@ class Options:
         return self.warmup if self.warmup is not None else (1 if self.quick else 5)
 
 
+def _release(dev: torch.device, *holders) -> None:
+    """Release a unit's runners and contexts and hand their cached GPU memory back."""
+    for h in holders:
+        h.release()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def suite_defaults(suite: str, quick: bool) -> dict:
     """Catalog, batches, beams, configs, methods and codebooks a suite uses unless told."""
     both = [("fp16", 32), ("fp32", 48)] if quick else [("fp16", 1024), ("fp32", 4096)]
@@ -560,10 +568,7 @@ def suite_stages(s: Session, suite: str) -> None:
                step="sum", stage="unfused total", median_us=unfused)
         s.log(f"[stages] {wl.spec.label} {ctx.label} batch {batch}: " +
               " ".join(f"{k}={v:.1f}us" for k, v in sums.items()))
-        runner.release()
-        ctx.release()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        _release(dev, runner, ctx)
 
 
 def suite_ablation(s: Session, suite: str) -> None:
@@ -667,10 +672,7 @@ def suite_ablation(s: Session, suite: str) -> None:
               " ".join(f"{k[0]}/{k[1]}={v:.1f}us" for k, v in summary.items()))
         variants.clear()
         step_runners.clear()
-        runner.release()
-        ctx.release()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        _release(dev, runner, ctx)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -880,10 +882,7 @@ def suite_interference(s: Session, suite: str) -> None:
                    p50_ratio=st2["median_ms"] / stats["median_ms"], **st2)
             line.append(f"{builder}: p50={st2['median_ms']:.3f} p99={st2['p99_ms']:.3f} ({len(build_times)} builds)")
         s.log(f"[interference] {wl.spec.label} {ctx.label} batch {batch}: " + "; ".join(line))
-        runner.release()
-        ctx.release()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+        _release(dev, runner, ctx)
 
 
 SUITE_FUNCS = {"headline": suite_headline, "beam-sweep": suite_beam_sweep, "codebook-sweep": suite_codebook_sweep,
