@@ -129,6 +129,9 @@ class Catalog:
             Empty table, non-integer or negative tokens, tokens outside their codebook,
             duplicate item ids, or duplicate SIDs with ``on_duplicate="error"``.
         """
+        if on_duplicate not in ("error", "collision"):
+            raise CatalogError(f"on_duplicate must be 'error' or 'collision', got {on_duplicate!r}",
+                               column="on_duplicate")
         arr = np.asarray(sids)
         if arr.ndim != 2:
             raise CatalogError(f"SID table must be 2-D (items × levels), got shape {arr.shape}")
@@ -210,9 +213,6 @@ class Catalog:
                     f"SID {' '.join(map(str, table[r]))} is shared by items {int(ids[r - 1])} and "
                     f"{int(ids[r])} ({groups} duplicated SIDs in all; use the collision option "
                     f"to append a disambiguating level)", row=int(order[r]), column="sid")
-            if on_duplicate != "collision":
-                raise CatalogError(f"on_duplicate must be 'error' or 'collision', got {on_duplicate!r}",
-                                   column="on_duplicate")
             # Rank within each run of equal SIDs: position minus the run's start.
             run_start = np.maximum.accumulate(np.where(~dup_mask, np.arange(n), 0))
             extra = (np.arange(n) - run_start).astype(np.int64)
@@ -221,9 +221,6 @@ class Catalog:
             if band_offsets is not None:
                 band_offsets = band_offsets + (band_offsets[-1] + sizes[-2],)
             collision = True
-        elif on_duplicate not in ("error", "collision"):
-            raise CatalogError(f"on_duplicate must be 'error' or 'collision', got {on_duplicate!r}",
-                               column="on_duplicate")
         dtype = token_dtype(max(sizes))
         return cls(sids=np.ascontiguousarray(table.astype(dtype, copy=False)), codebook_sizes=sizes,
                    item_ids=ids, titles=titles_arr, band_offsets=band_offsets, name=name,
