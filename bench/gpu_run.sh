@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_run.sh                      # every group, in priority order, within BENCH_BUDGET_S
 #   bash bench/gpu_run.sh tests headline detail
-#   bash bench/gpu_run.sh watch sweeps scale
+#   bash bench/gpu_run.sh watch beams codebooks scale
 #
 # Groups (priority order; each is one `python3 -m zerogr_core bench` call unless noted):
 #   tests     GPU-marked tests and the whole kernel/engine suite on CUDA (pytest), log with GPU + versions
@@ -12,7 +12,8 @@
 #             FP16/H1024 and FP32/H4096, checks, plans
 #   detail    search-like 19,269,255: stages, step-2 ablation, per-step latency, index construction, interference
 #   watch     watch-like 2e7: memory + headline
-#   sweeps    synthetic-7 1e7: beam-width sweep (64,128,256) and codebook sweep (V 2048..16384)
+#   beams     synthetic-7 1e7: beam-width sweep (64,128,256), batches SWEEP_BATCHES
+#   codebooks synthetic-7 1e7: codebook sweep (V 2048..16384), batches CODEBOOK_BATCHES
 #   scale     search-like 1e8 (BENCH_BIG_SCALE): memory, headline at batches 1,8,32, build
 #
 # Environment:
@@ -23,8 +24,14 @@
 #   BENCH_BUDGET_S  total seconds for the whole script (default 540); groups stop starting new work when it
 #                   is spent, and each group is capped by BUDGET_<GROUP> (e.g. BUDGET_HEADLINE=200)
 #   BENCH_BIG_SCALE SIDs of the scale group (default 1e8)
+#   SWEEP_BATCHES   batches of the beam-width sweep (default 1,32); CODEBOOK_BATCHES: of the codebook sweep (32)
+#   SWEEP_BEAMS     beam widths of the beam-width sweep (default 64,128,256)
+#   SWEEP_CODEBOOKS codebook sizes of the codebook sweep (default 2048,4096,8192,16384)
+#   BENCH_WORK      where results collect before packing (default /tmp/zerogr_gpu_run); a partial rerun
+#                   writes the same file names, so unpack it next to the earlier results, not over them
 #   BENCH_ARGS      extra arguments for every bench call (e.g. "--repeats 20")
 #   PYTHON          interpreter (default python3)
+#   TEST_WORKERS    pytest-xdist workers of the tests group when xdist is installed (default 8)
 #   BENCH_QUICK=1   dry run of this script on a CPU: every bench call in --quick mode (tiny catalogs),
 #                   and only tests/test_bench.py in the tests group
 set -uo pipefail
@@ -60,11 +67,11 @@ bench() {  # bench GROUP BUDGET ARGS...
   local group=$1 b=$2; shift 2
   if (( b < 20 )); then log "skip $group: time budget spent"; return; fi
   mkdir -p "$WORK/results/$group"
-  if [[ "${BENCH_QUICK:-0}" == 1 ]]; then  # drop --scale/--batch, add --quick
+  if [[ "${BENCH_QUICK:-0}" == 1 ]]; then  # drop the size options, add --quick
     local args=() skip=0
     for a in "$@"; do
       if (( skip )); then skip=0; continue; fi
-      if [[ "$a" == --scale || "$a" == --batch ]]; then skip=1; continue; fi
+      if [[ "$a" == --scale || "$a" == --batch || "$a" == --beam || "$a" == --codebook ]]; then skip=1; continue; fi
       args+=("$a")
     done
     set -- "${args[@]}" --quick
@@ -99,16 +106,22 @@ group_tests() {
   local tl="$OUT/gpu_tests.log"
   { header; echo; } > "$tl"
   log "group tests: budget ${b}s"
-  # the whole kernel suite (and engine/decoder/index) on CUDA, then every GPU-marked test
+  # the whole kernel suite (and engine/decoder/index) on CUDA, then the other GPU-marked tests
   local suite=(tests/test_kernels_filter.py tests/test_kernels_normalize.py tests/test_kernels_selection.py
                tests/test_kernels_selective.py tests/test_engine.py tests/test_decode.py tests/test_index.py)
-  local marked=(tests/)
+  # GPU-marked tests of the modules that import without polars/streamlit (absent on the
+  # lent machine's image; tests/test_app_gpu.py needs streamlit wheels carried in)
+  local marked=(tests/test_kernels_gpu.py tests/test_bench.py)
   [[ "${BENCH_QUICK:-0}" == 1 ]] && suite=(tests/test_bench.py) && marked=(tests/test_bench.py)
-  timeout --kill-after=15 $(( b * 3 / 5 )) $PY -m pytest -q -rs -p no:cacheprovider "${suite[@]}" \
+  # Triton compiles every specialisation on first use (CPU-bound): spread the tests over
+  # pytest-xdist workers when it is installed (they share the Triton cache)
+  local par=()
+  $PY -c "import xdist" 2>/dev/null && par=(-n "${TEST_WORKERS:-8}")
+  timeout --kill-after=15 $(( b * 3 / 5 )) $PY -m pytest -rs -p no:cacheprovider "${par[@]}" "${suite[@]}" \
     >> "$tl" 2>&1
   echo "kernel/engine suite exit status: $?" >> "$tl"
   echo >> "$tl"
-  timeout --kill-after=15 $(( b * 2 / 5 )) $PY -m pytest -q -rs -p no:cacheprovider \
+  timeout --kill-after=15 $(( b * 2 / 5 )) $PY -m pytest -rs -p no:cacheprovider "${par[@]}" \
     --continue-on-collection-errors -m gpu "${marked[@]}" >> "$tl" 2>&1
   echo "gpu-marked tests exit status: $?" >> "$tl"
   tail -n 25 "$tl" | tee -a "$LOG"
@@ -128,16 +141,20 @@ group_watch() {
   bench watch "$(budget watch 120)" --suite memory,headline --catalog watch-like --scale 2e7 \
     --suite-budgets memory=40
 }
-group_sweeps() {
-  bench sweeps "$(budget sweeps 180)" --suite beam-sweep,codebook-sweep --catalog synthetic-7 --scale 1e7 \
-    --repeats 20 --suite-budgets beam-sweep=75,codebook-sweep=105
+group_beams() {
+  bench beams "$(budget beams 180)" --suite beam-sweep --catalog synthetic-7 --scale 1e7 \
+    --batch "${SWEEP_BATCHES:-1,32}" --beam "${SWEEP_BEAMS:-64,128,256}" --repeats 20
+}
+group_codebooks() {
+  bench codebooks "$(budget codebooks 150)" --suite codebook-sweep --catalog synthetic-7 --scale 1e7 \
+    --batch "${CODEBOOK_BATCHES:-32}" --codebook "${SWEEP_CODEBOOKS:-2048,4096,8192,16384}" --repeats 20
 }
 group_scale() {
   bench scale "$(budget scale 230)" --suite memory,headline,build --catalog search-like --scale "$BIG" \
     --batch 1,8,32 --build-repeats 1 --suite-budgets memory=120,build=60
 }
 
-GROUPS_ALL=(tests headline detail watch sweeps scale)
+GROUPS_ALL=(tests headline detail watch beams codebooks scale)
 if (( $# )); then GROUPS_RUN=("$@"); else GROUPS_RUN=("${GROUPS_ALL[@]}"); fi
 header | tee -a "$LOG"
 log "groups: ${GROUPS_RUN[*]} | total budget ${TOTAL}s | results under $WORK, packed into $OUT"

@@ -19,7 +19,8 @@ Per decoding step (DESIGN.md section 4), op (module):
    (``naive_selective``) - logits of the valid slots.
 3. :func:`log_softmax_slots` (``normalize``) - normalisation plus beam scores.
 4. :func:`topk_gather` (``selection``) - top-M per request and the next beams; with
-   ``beam_scores`` it fuses step 3.
+   ``beam_scores`` it fuses step 3, with ``prefixes`` it also writes the next step's
+   token prefixes (:func:`extend_prefixes` is the unfused form).
 
 Modules are not named after their ops, so ``kernels.filter_slots`` is always the function.
 """
@@ -29,14 +30,15 @@ from .full_projection import full_proj
 from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
 from .naive_selective import naive_selective_proj
 from .selective import selective_proj, selective_proj_reference, selective_proj_triton
-from .selection import (SMALL_AUTO_MAX, SMALL_MAX, SPLIT_CHUNK_MAX, SPLIT_CHUNK_MIN, TopkOut,
-                          small_tile, split_plan, topk_gather, topk_gather_reference,
-                          topk_gather_triton)
+from .selection import (PATHS as TOPK_PATHS, SMALL_AUTO_MAX, SMALL_MAX, SPLIT_CHUNK_MAX, SPLIT_CHUNK_MIN,
+                        TopkOut, extend_prefixes, small_tile, split_first_stage, split_plan, topk_gather,
+                        topk_gather_reference, topk_gather_triton)
 
 __all__ = [
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
     "num_tasks", "full_proj", "log_softmax_slots", "log_softmax_slots_reference",
     "log_softmax_slots_triton", "naive_selective_proj", "selective_proj",
     "selective_proj_reference", "selective_proj_triton", "SMALL_AUTO_MAX", "SMALL_MAX",
-    "SPLIT_CHUNK_MAX", "SPLIT_CHUNK_MIN", "TopkOut", "small_tile", "split_plan", "topk_gather", "topk_gather_reference", "topk_gather_triton",
+    "SPLIT_CHUNK_MAX", "SPLIT_CHUNK_MIN", "TOPK_PATHS", "TopkOut", "extend_prefixes", "small_tile",
+    "split_first_stage", "split_plan", "topk_gather", "topk_gather_reference", "topk_gather_triton",
 ]

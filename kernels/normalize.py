@@ -5,8 +5,9 @@ its logit is greater than -inf. Row ``b`` becomes
 ``(x - logsumexp(valid x)) + beam_scores[b]`` on its valid slots and -inf elsewhere; a
 row without valid slots (dead beam, empty segment) stays all -inf, never NaN.
 
-The ``@triton.jit`` helpers ``lse_update``, ``lse_finish`` and ``apply_log_softmax`` are
-shared with :mod:`kernels.selection`, which fuses this normalisation into selection.
+The ``@triton.jit`` helpers ``lse_update``, ``row_lse_state``, ``lse_finish`` and
+``apply_log_softmax`` are shared with :mod:`kernels.selection`, which fuses this
+normalisation into selection.
 """
 from __future__ import annotations
 
@@ -34,6 +35,22 @@ def lse_update(m, s, x):
 
 
 @triton.jit
+def row_lse_state(x_ptr, rows, row_ok, K, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+                  N_CHUNKS: tl.constexpr):
+    """:func:`lse_update` state ``(m, s)`` of rows ``rows`` ``(ROWS,)`` int64 of a row-major
+    ``(n, K)`` array at ``x_ptr``, folded over ``N_CHUNKS`` chunks of ``BLOCK_K`` columns;
+    rows where ``row_ok`` is false read as empty."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    s = tl.zeros([ROWS], tl.float32)
+    for c in range(N_CHUNKS):
+        cols = c * BLOCK_K + tl.arange(0, BLOCK_K)
+        ok = row_ok[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=ok, other=float("-inf"))
+        m, s = lse_update(m, s, x.to(tl.float32))
+    return m, s
+
+
+@triton.jit
 def lse_finish(m, s):
     """Row log-sum-exp from :func:`lse_update` state. Rows without valid slots get 0, a
     finite stand-in that keeps every later -inf free of NaN intermediates."""
@@ -51,13 +68,7 @@ def _log_softmax_slots_kernel(x_ptr, score_ptr, out_ptr, n_rows, K,
                               ROWS: tl.constexpr, BLOCK_K: tl.constexpr, N_CHUNKS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    s = tl.zeros([ROWS], tl.float32)
-    for c in range(N_CHUNKS):
-        cols = c * BLOCK_K + tl.arange(0, BLOCK_K)
-        ok = row_ok[:, None] & (cols < K)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=ok, other=float("-inf"))
-        m, s = lse_update(m, s, x.to(tl.float32))
+    m, s = row_lse_state(x_ptr, rows, row_ok, K, ROWS, BLOCK_K, N_CHUNKS)
     lse = lse_finish(m, s)
     score = tl.load(score_ptr + rows, mask=row_ok, other=float("-inf"))
     # second sweep re-reads x (L2-resident), so out may alias x

@@ -6,8 +6,8 @@ import torch
 from kernel_asserts import (assert_outputs_equal, assert_selection_equivalent, kernel_device,
                             random_sparse_mapping, random_states)
 import kernels.selection as selection
-from kernels import (SMALL_MAX, TopkOut, filter_slots_reference, log_softmax_slots_reference,
-                     small_tile, split_plan, topk_gather_reference, topk_gather_triton)
+from kernels import (SMALL_MAX, TopkOut, extend_prefixes, filter_slots_reference, log_softmax_slots_reference,
+                     small_tile, split_first_stage, split_plan, topk_gather_reference, topk_gather_triton)
 
 DEV = kernel_device()
 NAMES = TopkOut._fields
@@ -29,9 +29,9 @@ def _candidates(seed, batch, mb, vocab, max_len, dead_frac=0.2):
 
 def _paths(batch, mb, K, M):
     bm, bk, _ = small_tile(mb, K, M)
-    paths = ["wide", "split", "small"] if bm * bk <= SMALL_MAX else ["wide", "split"]
-    # the interpreter is slow; larger split shapes are covered by the GPU test below
-    return paths if DEV == "cuda" or mb * K <= 4096 else [p for p in paths if p != "split"]
+    paths = ["wide", "split", "prune", "small"] if bm * bk <= SMALL_MAX else ["wide", "split", "prune"]
+    # the interpreter is slow; larger split/prune shapes are covered by the GPU test below
+    return paths if DEV == "cuda" or mb * K <= 4096 else [p for p in paths if p not in ("split", "prune")]
 
 
 def _exact(scores, slots, batch, M):
@@ -107,7 +107,7 @@ def test_out_buffers_and_checks():
     slots, logits, beam_scores = _candidates(2, 2, 3, 50, 20)
     scores = log_softmax_slots_reference(logits, beam_scores)
     exp = topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, 2, 9)
-    for path in ("small", "wide", "split"):
+    for path in ("small", "wide", "split", "prune"):
         out = TopkOut(*(torch.full_like(t, 3) for t in exp))
         got = topk_gather_triton(scores, slots.slot_tokens, slots.slot_succ, 2, 9, path=path, out=out)
         assert all(g is o for g, o in zip(got, out))
@@ -160,6 +160,96 @@ def test_split_multi_stage(monkeypatch, batch, mb, vocab, max_len, M, chunk_min)
     assert_outputs_equal(got, wide, names=NAMES, rtol=0.0, atol=0.0)
 
 
+@pytest.mark.parametrize("batch,mb,vocab,max_len,M,level", [
+    (1, 1, 1, 1, 1, 0),            # first step: the prefix is the token alone
+    (3, 4, 2, 2, 7, 2),            # fewer valid candidates than M: padded rows all -1
+    (2, 5, 30, 12, 16, 3),
+    (2, 8, 300, 199, 32, 4),
+])
+def test_fused_prefix_extension(batch, mb, vocab, max_len, M, level):
+    slots, logits, beam_scores = _candidates(batch * 11 + level, batch, mb, vocab, max_len)
+    g = torch.Generator().manual_seed(level)
+    prev = torch.randint(0, vocab, (batch, mb, level), generator=g).to(DEV)
+    # normalised scores in, so every path selects exactly what the reference selects
+    scores = log_softmax_slots_reference(logits, beam_scores)
+    exp = topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, batch, M)
+    exp_next = torch.full((batch, M, level + 1), 99, dtype=torch.int64, device=DEV)
+    extend_prefixes(prev, exp_next, exp)
+    assert (exp_next[exp.parents < 0] == -1).all()
+    ref_next = torch.full_like(exp_next, 7)
+    ref = topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, batch, M,
+                                prefixes=(prev, ref_next))
+    assert_outputs_equal(ref, exp, names=NAMES, rtol=0.0, atol=0.0)
+    assert_outputs_equal([ref_next], [exp_next], names=["next prefixes"], rtol=0.0, atol=0.0)
+    for path in _paths(batch, mb, scores.shape[1], M):
+        nxt = torch.full_like(exp_next, 7)
+        got = topk_gather_triton(scores, slots.slot_tokens, slots.slot_succ, batch, M,
+                                 path=path, prefixes=(prev, nxt))
+        assert_outputs_equal(got, exp, names=NAMES, rtol=0.0, atol=0.0)
+        assert_outputs_equal([nxt], [exp_next], names=[f"next prefixes ({path})"], rtol=0.0, atol=0.0)
+    with pytest.raises(ValueError):  # wrong shape of the next buffer
+        topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, batch, M,
+                              prefixes=(prev, exp_next[..., :level]))
+
+
+def test_split_first_stage_tiles():
+    for mb, K, M in [(1, 1, 1), (1, 3, 128), (128, 199, 128), (128, 201, 256), (1, 8192, 128), (4, 5, 2),
+                     (32, 2048, 64), (1, 16384, 128), (2, 1500, 8)]:
+        rows, block_c, n_col, n = split_first_stage(mb, K, M)
+        chunk, block_out, _ = split_plan(mb * K, M)
+        assert rows & (rows - 1) == 0 and block_c & (block_c - 1) == 0 and rows * block_c >= 2 * block_out
+        assert n_col * block_c >= K and (n_col - 1) * block_c < K and n == -(-mb // rows) * n_col
+        assert rows * block_c <= max(chunk, 2 * block_out) or n == 1
+    assert split_first_stage(1, 8192, 128) == (1, 1024, 8, 8)
+    assert split_first_stage(128, 199, 128) == (4, 256, 1, 32)
+
+
+def test_split_wide_rows_in_column_blocks(monkeypatch):
+    # rows wider than a chunk: each first-stage program takes one column block of a row
+    # and folds the whole row for its log-sum-exp
+    monkeypatch.setattr(selection, "SPLIT_CHUNK_MAX", 16)
+    monkeypatch.setattr(selection, "SPLIT_CHUNK_MIN", 8)
+    batch, mb, M = 2, 3, 4
+    slots, logits, beam_scores = _candidates(17, batch, mb, 60, 24)
+    assert split_first_stage(mb, logits.shape[1], M)[2] == 2
+    scores = log_softmax_slots_reference(logits, beam_scores)
+    exp = topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, batch, M)
+    prev = torch.arange(batch * mb * 2, device=DEV).view(batch, mb, 2)
+    nxt, exp_next = (torch.zeros(batch, M, 3, dtype=torch.int64, device=DEV) for _ in range(2))
+    extend_prefixes(prev, exp_next, exp)
+    got = topk_gather_triton(scores, slots.slot_tokens, slots.slot_succ, batch, M,
+                             path="split", prefixes=(prev, nxt))
+    assert_outputs_equal(got, exp, names=NAMES, rtol=0.0, atol=0.0)
+    assert_outputs_equal([nxt], [exp_next], names=["next prefixes"], rtol=0.0, atol=0.0)
+    got = topk_gather_triton(logits, slots.slot_tokens, slots.slot_succ, batch, M, beam_scores=beam_scores,
+                             path="split")
+    assert_selection_equivalent(got, exp, scores, slots.slot_tokens, slots.slot_succ, batch)
+
+
+# (batch, beams per request, vocab, K, M, chunk_min): pruning active (Mb >= M) with tiny chunks
+@pytest.mark.parametrize("batch,mb,vocab,max_len,M,chunk_min", [
+    (2, 8, 60, 24, 4, 8),          # several stages, row blocks of one row
+    (3, 6, 30, 12, 2, 4),
+    (1, 5, 40, 9, 5, 8),           # Mb == M
+    (2, 3, 40, 9, 7, 8),           # Mb < M: no threshold, every live candidate survives
+])
+def test_prune_compacts_and_falls_back(monkeypatch, batch, mb, vocab, max_len, M, chunk_min):
+    monkeypatch.setattr(selection, "SPLIT_CHUNK_MIN", chunk_min)
+    slots, logits, beam_scores = _candidates(batch * 31 + M, batch, mb, vocab, max_len, dead_frac=0.0)
+    # one beam per request far ahead: its whole row survives (bitonic fallback) while the
+    # other rows keep only a few candidates (prefix-sum compaction)
+    beam_scores = beam_scores - 40.0
+    beam_scores[::mb] = 0.0
+    scores = log_softmax_slots_reference(logits, beam_scores)
+    exp = topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, batch, M)
+    got = topk_gather_triton(scores, slots.slot_tokens, slots.slot_succ, batch, M, path="prune")
+    assert_outputs_equal(got, exp, names=NAMES, rtol=0.0, atol=0.0)
+    # fused normalisation: the row log-sum-exps may differ from the reference's in the last bit
+    got = topk_gather_triton(logits, slots.slot_tokens, slots.slot_succ, batch, M, beam_scores=beam_scores,
+                             path="prune")
+    assert_selection_equivalent(got, exp, scores, slots.slot_tokens, slots.slot_succ, batch)
+
+
 def _serving_candidates(seed, batch, mb, K, dead_frac=0.3):
     """Raw logits of ``batch * mb`` beams of width ``K`` on the GPU, with ``-inf`` slots,
     a dead beam per request, and ties; slot rows with unique tokens per beam."""
@@ -194,10 +284,22 @@ def test_split_gpu_serving_shapes_and_cuda_graph(batch, mb, K, M):
         wide = topk_gather_triton(inputs, tokens, succ, batch, M, path="wide", **kw)
         split = topk_gather_triton(inputs, tokens, succ, batch, M, path="split", **kw)
         assert_outputs_equal(split, wide, names=NAMES, rtol=0.0, atol=0.0)
+        if not kw:  # fused: prune reads its own row log-sum-exps, so compare on selection
+            prune = topk_gather_triton(inputs, tokens, succ, batch, M, path="prune")
+            assert_outputs_equal(prune, wide, names=NAMES, rtol=0.0, atol=0.0)
         if not kw:
             assert_outputs_equal(split, exp, names=NAMES, rtol=0.0, atol=0.0)
         else:
             assert_selection_equivalent(split, exp, scores, tokens, succ, batch)
+    # fused prefix extension on every path that serves the shape
+    prev = torch.randint(0, 1000, (batch, mb, 3), device="cuda")
+    want = torch.empty(batch, M, 4, dtype=torch.int64, device="cuda")
+    extend_prefixes(prev, want, exp)
+    for path in _paths(batch, mb, K, M):
+        nxt = torch.full_like(want, 5)
+        got = topk_gather_triton(scores, tokens, succ, batch, M, path=path, prefixes=(prev, nxt))
+        assert_outputs_equal(got, exp, names=NAMES, rtol=0.0, atol=0.0)
+        assert_outputs_equal([nxt], [want], names=[f"next prefixes ({path})"], rtol=0.0, atol=0.0)
     # capture and replay: fresh inputs copied into the captured buffers give fresh outputs
     x, bs = logits.clone(), beam_scores.clone()
     out = TopkOut(*(torch.empty_like(t) for t in exp))

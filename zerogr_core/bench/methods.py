@@ -23,16 +23,19 @@
 
 Every method decodes through :class:`BeamLoop` (or the engine's equivalent) with the
 same selection kernel where the candidates are slot rows, and ``torch.topk`` where they
-are whole-vocabulary rows. Hidden states come from a :class:`ReplayModel`: fixed static
+are whole-vocabulary rows. The baselines extend their beams' token prefixes with separate
+PyTorch ops (:func:`kernels.extend_prefixes`, a few µs a step); zerogr writes them in its
+selection kernel's gather. Hidden states come from a :class:`ReplayModel`: fixed static
 tensors per step, refilled from one of several pre-drawn sets between timed runs.
 """
 from __future__ import annotations
 
 import torch
 
-from kernels import TopkOut, filter_slots, full_proj, log_softmax_slots, naive_selective_proj, topk_gather
+from kernels import (TopkOut, extend_prefixes, filter_slots, full_proj, log_softmax_slots,
+                     naive_selective_proj, topk_gather)
 
-from ..decode.engine import GpuEngine, extend_prefixes
+from ..decode.engine import GpuEngine
 from ..decode.heads import Heads
 from ..index.host_trie import HostTrie
 from ..index.layout import StepIndex

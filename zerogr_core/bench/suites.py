@@ -351,6 +351,9 @@ def latency_unit(s: Session, suite: str, wl: Workload, dtype: str, hidden: int, 
             results[name] = per_mode
             runner.release()
             del runner
+        except torch.OutOfMemoryError as exc:  # e.g. the naive ablation's packed weight matrix
+            s.skipped(suite, wl, f"{name} {ctx.label} beam {beam} batch {batch}",
+                      f"out of GPU memory: {str(exc).splitlines()[0]}")
         except Exception as exc:  # noqa: BLE001
             s.error(suite, wl, f"{name} {ctx.label} beam {beam} batch {batch}", exc)
         if dev.type == "cuda":

@@ -7,8 +7,9 @@ For a serving shape (batch, beam width, dtype, hidden size) the engine
 3. compiles every Triton variant, then captures all L steps — model call included — in
    one CUDA graph whose replays serve later calls of that shape.
 
-Every step is four launches at most: filter (+ GEMM on full steps), selective projection,
-and a top-k kernel that also normalises (fused log-softmax). On a CPU the same code runs
+A step is a handful of launches: filter (+ GEMM on full steps), selective projection, and
+the top-k kernels, which also normalise (fused log-softmax) and write the next step's
+prefixes in their gather. On a CPU the same code runs
 eagerly (reference ops, or the Triton interpreter in tests).
 """
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import (SMALL_MAX, FilterOut, TopkOut, filter_slots, full_proj, selective_proj, small_tile,
-                     topk_gather)
+from kernels import (SMALL_MAX, TOPK_PATHS, FilterOut, TopkOut, filter_slots, full_proj, selective_proj,
+                     small_tile, topk_gather)
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
@@ -26,7 +27,6 @@ from .heads import Heads
 from .search import DecodeResult, HiddenFn, check_hidden
 
 MODES = ("dense+full", "sparse+full", "sparse+selective")
-TOPK_PATHS = ("small", "wide", "split")
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ def step_options(mapping: StepMapping, beams_in: int, beam_width: int) -> list[S
     for mode in modes:
         width = mapping.codebook if mode == "dense+full" else mapping.max_segment
         bm, bk, _ = small_tile(beams_in, width, beam_width)
-        # "split" serves every shape; the planner times each option and keeps the fastest
-        paths = ["small", "wide", "split"] if bm * bk <= SMALL_MAX else ["wide", "split"]
+        # "split" serves every shape; "prune" only pays when a request has at least M beams
+        # (otherwise its threshold is -inf); the planner times each option, keeps the fastest
+        paths = (["small"] if bm * bk <= SMALL_MAX else []) + ["wide", "split"]
+        paths += ["prune"] if beams_in >= beam_width else []
         out += [StepOption(mode, p) for p in paths]
     return out
 
@@ -109,26 +111,15 @@ class StepRunner:
                        band_start=self.band_start)
         return slots
 
-    def select(self, slots: FilterOut, scores: torch.Tensor) -> TopkOut:
-        """Fused log-softmax over valid slots + beam score, top-M and gather."""
+    def select(self, slots: FilterOut, scores: torch.Tensor, prefixes=None) -> TopkOut:
+        """Fused log-softmax over valid slots + beam score, top-M and gather (and, with
+        ``prefixes = (prev, next)``, the next step's prefixes)."""
         return topk_gather(slots.slot_logits, slots.slot_tokens, slots.slot_succ, self.batch, self.beam_width,
-                           beam_scores=scores, path=self.option.topk, out=self.top)
+                           beam_scores=scores, path=self.option.topk, out=self.top, prefixes=prefixes)
 
-    def __call__(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor) -> TopkOut:
-        return self.select(self.project(states, hidden), scores)
-
-
-def extend_prefixes(prev: torch.Tensor, nxt: torch.Tensor, top: TopkOut) -> None:
-    """Write the next step's prefixes into ``nxt`` (batch, M, l+1) from the selection.
-
-    ``prev`` is (batch, beams, l); a padded beam (parent -1) gets -1 everywhere but its
-    token column (also -1).
-    """
-    level = prev.shape[2]
-    if level:
-        kept = prev.reshape(-1, level).index_select(0, top.parents.clamp(min=0).view(-1)).view(nxt.shape[0], -1, level)
-        nxt[..., :level] = torch.where(top.parents[..., None] >= 0, kept, -1)
-    nxt[..., level] = top.tokens
+    def __call__(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor,
+                 prefixes=None) -> TopkOut:
+        return self.select(self.project(states, hidden), scores, prefixes)
 
 
 class ShapeState:
@@ -163,8 +154,7 @@ class ShapeState:
             hidden = hidden.reshape(-1, hidden_size).to(dtype)
             if record is not None:
                 record.append((states.clone(), hidden.clone(), scores.clone()))
-            top = runner(states, hidden, scores)
-            extend_prefixes(prev, self.prefixes[level + 1], top)
+            top = runner(states, hidden, scores, (prev, self.prefixes[level + 1]))
             states, scores = top.succ.view(-1), top.scores.view(-1)
         return self.prefixes[-1], scores.view(self.batch, -1), states.view(self.batch, -1)
 
