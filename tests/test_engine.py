@@ -7,7 +7,7 @@ import torch
 
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.index import INDEX_PRESETS
-from zerogr_core.decode.engine import GpuEngine, StepOption, step_options
+from zerogr_core.decode.engine import GpuEngine, StepOption, StepRunner, step_options
 from zerogr_core.decode.heads import Heads
 from zerogr_core.decode.planner import make_plan
 
@@ -52,6 +52,24 @@ def test_every_plan_matches_reference(shared):
         out = GpuEngine(index, h, beam, plan_override=list(plan), use_graph=False).decode(hidden_fn, batch)
         assert_same_beams(out, ref_sel)
 
+
+
+def test_planner_reports_an_option_that_fails_and_never_picks_it(monkeypatch):
+    catalog, index, heads, hidden_fn = setup(seed=3, sizes=(6, 4), n=20, hidden=8)
+    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 3, use_graph=False)
+    real = StepRunner.select
+
+    def broken_split(self, slots, scores, prefixes=None):
+        if self.option.topk == "split":
+            raise RuntimeError("split does not compile here")
+        return real(self, slots, scores, prefixes)
+
+    monkeypatch.setattr(StepRunner, "select", broken_split)
+    plan = make_plan(engine, hidden_fn, 1)
+    for choice in plan.steps:
+        assert choice.option.topk != "split" and choice.failed
+        assert all("split does not compile here" in err for err in choice.failed.values())
+    assert all("failed" in row for row in plan.table())
 
 def test_planner_times_every_option_and_caches_per_shape():
     catalog, index, heads, hidden_fn = setup(seed=3, sizes=(6, 4), n=20, hidden=8)

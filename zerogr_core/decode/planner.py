@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import ZeroGRError
 from .engine import ShapeState, StepOption, StepRunner
 
 REPEATS = 20
@@ -23,11 +24,13 @@ REPEATS = 20
 
 @dataclass(frozen=True)
 class StepChoice:
-    """The option fixed for one step and what every option measured (µs)."""
+    """The option fixed for one step, what every option measured (µs), and the options
+    that failed to run (label -> error), which the plan never picks."""
 
     step: int
     option: StepOption
     times_us: dict = field(default_factory=dict)
+    failed: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class Plan:
             row = {"step": s.step + 1, "mode": s.option.mode, "topk": s.option.topk,
                    "chosen_us": s.times_us.get(s.option.label)}
             row.update({f"{label} (µs)": round(t, 2) for label, t in s.times_us.items()})
+            if s.failed:
+                row["failed"] = "; ".join(f"{label}: {err}" for label, err in s.failed.items())
             rows.append(row)
         return rows
 
@@ -106,12 +111,17 @@ def make_plan(engine, hidden_fn, batch: int) -> Plan:
     for level, opts in enumerate(options):
         states, hidden, scores = record[level]
         weight = heads.shared if heads.shared is not None else heads.bands[level]
-        times = {}
+        times, failed = {}, {}
         for opt in opts:
             runner = StepRunner(engine.index.steps[level], engine.sparse_view(level), weight,
                                 heads.band_offsets[level], opt, batch, 1 if level == 0 else engine.beam_width,
                                 engine.beam_width)
-            times[opt.label] = time_call(lambda: runner(states, hidden, scores), dev)
-        best = min(opts, key=lambda o: times[o.label])
-        steps.append(StepChoice(level, best, times))
+            try:  # an option that cannot compile or run here is reported, never chosen
+                times[opt.label] = time_call(lambda: runner(states, hidden, scores), dev)
+            except Exception as exc:  # noqa: BLE001
+                failed[opt.label] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if not times:
+            raise ZeroGRError(f"step {level + 1}: no option ran ({'; '.join(f'{k}: {v}' for k, v in failed.items())})")
+        best = min((o for o in opts if o.label in times), key=lambda o: times[o.label])
+        steps.append(StepChoice(level, best, times, failed))
     return Plan(engine.key(batch), tuple(steps), str(dev))
