@@ -1,8 +1,9 @@
 """A stage-timed decode of either order, and the comparison metrics.
 
-:func:`profiled_decode` runs the same beam search as :class:`zerogr_core.Decoder`'s
-reference path — the same kernel ops in the same order as
-:mod:`zerogr_core.decode.orders` — with a timer around each stage of each step:
+:func:`profiled_decode` runs :class:`zerogr_core.Decoder`'s reference path — the
+beam-search loop of :mod:`zerogr_core.decode.search` with the step functions of
+:mod:`zerogr_core.decode.orders` — with a timer around each stage of each step
+(:data:`zerogr_core.decode.ops.STAGES`):
 
 * ``model``: the ``hidden_fn`` call (the recommender's forward pass);
 * ``filter``: slot rows from the index (plus the copy of valid logits after a full GEMM);
@@ -11,9 +12,9 @@ reference path — the same kernel ops in the same order as
   the model projects for score-first);
 * ``select``: top-M per request and the gather of the next beams.
 
-On a CPU it calls the ops' PyTorch references directly (what the Decoder runs there);
-on a GPU the dispatching ops (Triton kernels), synchronising around each stage, so the
-breakdown is an eager profile — the CUDA-graph latency is measured separately.
+On a CPU it calls the ops' PyTorch references (what the Decoder runs there); on a GPU the
+dispatching ops (Triton kernels), synchronising around each stage, so the breakdown is an
+eager profile — the CUDA-graph latency is measured separately.
 """
 from __future__ import annotations
 
@@ -26,16 +27,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-import kernels
-
 from ..decode.decoder import default_projection
 from ..decode.heads import Heads
-from ..decode.orders import full_logits
-from ..decode.search import DecodeResult, HiddenFn, check_hidden
+from ..decode.ops import DISPATCH, REFERENCE, STAGES
+from ..decode.orders import FilterFirst, ScoreFirst
+from ..decode.search import DecodeResult, HiddenFn, beam_search
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
 
-STAGES = ("model", "filter", "project", "normalise", "select")
+__all__ = ["STAGES", "PROFILED_ORDERS", "DecodeRun", "comparison", "k_values", "profiled_decode",
+           "steady_cpu_timing", "time_decoder"]
 
 
 @contextlib.contextmanager
@@ -54,44 +55,27 @@ def steady_cpu_timing(device):
         yield
     finally:
         torch.set_num_threads(before)
+
+
 PROFILED_ORDERS = ("filter-first", "score-first")
 
 
-class _Ops:
-    """The four kernel ops: references on CPU, dispatching (Triton) on CUDA."""
-
-    def __init__(self, device: torch.device):
-        ref = device.type != "cuda"
-        self.filter = kernels.filter_slots_reference if ref else kernels.filter_slots
-        self.selective = kernels.selective_proj_reference if ref else kernels.selective_proj
-        self.log_softmax = kernels.log_softmax_slots_reference if ref else kernels.log_softmax_slots
-        self.topk = kernels.topk_gather_reference if ref else kernels.topk_gather
-        self.path = "PyTorch reference (CPU)" if ref else "Triton kernels, eager (GPU)"
-
-
 class _Timer:
+    """``timer(step, stage)`` spans, synchronised on CUDA, collected as rows."""
+
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.rows: list[dict] = []
 
+    @contextlib.contextmanager
     def __call__(self, step: int, stage: str):
-        return _Span(self, step, stage)
-
-
-class _Span:
-    def __init__(self, timer: _Timer, step: int, stage: str):
-        self.timer, self.step, self.stage = timer, step, stage
-
-    def __enter__(self):
-        if self.timer.cuda:
+        if self.cuda:
             torch.cuda.synchronize()
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc):
-        if self.timer.cuda:
+        t0 = time.perf_counter()
+        yield
+        if self.cuda:
             torch.cuda.synchronize()
-        self.timer.rows.append(dict(step=self.step + 1, stage=self.stage,
-                                    ms=(time.perf_counter() - self.t0) * 1e3))
+        self.rows.append(dict(step=step + 1, stage=stage, ms=(time.perf_counter() - t0) * 1e3))
 
 
 @dataclass
@@ -166,55 +150,18 @@ def profiled_decode(index: StepIndex, heads, beam_width: int, order: str, hidden
     if heads.device != device:
         raise ZeroGRError(f"heads are on {heads.device} but the index is on {device}")
     proj = tuple(projection) if projection is not None else default_projection(index)
-    ops, timer = _Ops(device), _Timer(device)
-    levels, hidden_size = index.n_levels, heads.hidden_size
-    states = torch.zeros(batch, 1, dtype=torch.int64, device=device)
-    scores = torch.zeros(batch, 1, dtype=torch.float32, device=device)
-    prefixes = torch.empty(batch, 1, 0, dtype=torch.int64, device=device)
-    seen_states = []
-    for step in range(levels):
-        beams = states.shape[1]
-        with timer(step, "model"):
-            hidden = hidden_fn(step, prefixes)
-        check_hidden(hidden, batch, beams, hidden_size, step)
-        hidden = hidden.reshape(batch * beams, hidden_size)
-        flat_states, flat_scores = states.reshape(-1), scores.reshape(-1)
-        seen_states.append(flat_states.clone())
-        mapping = index.steps[step]
-        width = mapping.slot_width
-        if order == "filter-first":
-            band = heads.bands[step]
-            if proj[step] == "full":
-                with timer(step, "project"):
-                    logits = full_logits(hidden, band)
-                with timer(step, "filter"):
-                    slots = ops.filter(flat_states, width, **mapping.filter_args(), logits=logits)
-            else:
-                with timer(step, "filter"):
-                    slots = ops.filter(flat_states, width, **mapping.filter_args())
-                with timer(step, "project"):
-                    ops.selective(hidden.to(band.dtype), band, slots.slot_tokens, slots.tasks, slots.slot_logits)
-            with timer(step, "normalise"):
-                cand = ops.log_softmax(slots.slot_logits, flat_scores)
-        else:
-            weight, band_start = heads.normaliser(step)
-            with timer(step, "project"):
-                logits = full_logits(hidden, weight)
-            with timer(step, "normalise"):
-                logprobs = torch.log_softmax(logits, dim=-1)
-            with timer(step, "filter"):
-                slots = ops.filter(flat_states, width, **mapping.filter_args(),
-                                   logits=logprobs.narrow(1, band_start, mapping.codebook))
-                cand = slots.slot_logits + flat_scores[:, None]
-        with timer(step, "select"):
-            top = ops.topk(cand.contiguous(), slots.slot_tokens.to(torch.int32), slots.slot_succ, batch, beam_width)
-            flat_prefix = prefixes.reshape(batch * beams, step)
-            kept = flat_prefix[top.parents.clamp(min=0)]
-            kept = torch.where((top.parents >= 0)[..., None], kept, -1)
-            prefixes = torch.cat([kept, top.tokens.to(torch.int64)[..., None]], dim=2)
-            states, scores = top.succ, top.scores
-    result = DecodeResult(prefixes, scores, states)
-    return DecodeRun(order, result, timer.rows, seen_states, proj if order == "filter-first" else (), ops.path)
+    ops = DISPATCH if device.type == "cuda" else REFERENCE
+    step = FilterFirst(index, heads, proj, ops) if order == "filter-first" else ScoreFirst(index, heads, ops)
+    timer, seen_states = _Timer(device), []
+
+    def step_fn(level, states, hidden, scores, timer):
+        seen_states.append(states.clone())
+        return step(level, states, hidden, scores, timer)
+
+    result = beam_search(step_fn, hidden_fn, batch_size=batch, beam_width=beam_width, n_levels=index.n_levels,
+                         hidden_size=heads.hidden_size, device=device, ops=ops, timer=timer)
+    path = "PyTorch reference (CPU)" if ops is REFERENCE else "Triton kernels, eager (GPU)"
+    return DecodeRun(order, result, timer.rows, seen_states, proj if order == "filter-first" else (), path)
 
 
 def time_decoder(decoder, hidden_fn: HiddenFn, batch: int, repeats: int = 5) -> tuple[DecodeResult, dict]:

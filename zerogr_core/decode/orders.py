@@ -17,13 +17,12 @@ from typing import Sequence
 
 import torch
 
-from kernels import filter_slots, log_softmax_slots, selective_proj
-
 from ..errors import ZeroGRError
 from ..index.host_trie import HostTrie
 from ..index.layout import StepIndex
 from ..index.static_style import StaticIndex
 from .heads import Heads
+from .ops import DISPATCH, KernelOps, no_timer
 
 PROJECTIONS = ("full", "selective")
 
@@ -41,23 +40,31 @@ class FilterFirst:
     index : StepIndex
     heads : Heads
     projection : sequence of {"full", "selective"}, one per step
+    ops : KernelOps
+        Kernel implementations (:mod:`zerogr_core.decode.ops`).
     """
 
-    def __init__(self, index: StepIndex, heads: Heads, projection: Sequence[str]):
+    def __init__(self, index: StepIndex, heads: Heads, projection: Sequence[str], ops: KernelOps = DISPATCH):
         if len(projection) != index.n_levels or any(p not in PROJECTIONS for p in projection):
             raise ZeroGRError(f"projection must list one of {PROJECTIONS} per step, got {list(projection)}")
-        self.index, self.heads, self.projection = index, heads, tuple(projection)
+        self.index, self.heads, self.projection, self.ops = index, heads, tuple(projection), ops
 
-    def __call__(self, step, states, hidden, scores):
-        mapping = self.index.steps[step]
+    def __call__(self, step, states, hidden, scores, timer=no_timer):
+        mapping, ops = self.index.steps[step], self.ops
         band = self.heads.bands[step]
         if self.projection[step] == "full":
-            slots = filter_slots(states, mapping.slot_width, **mapping.filter_args(),
-                                 logits=full_logits(hidden, band))
+            with timer(step, "project"):
+                logits = full_logits(hidden, band)
+            with timer(step, "filter"):
+                slots = ops.filter(states, mapping.slot_width, **mapping.filter_args(), logits=logits)
         else:
-            slots = filter_slots(states, mapping.slot_width, **mapping.filter_args())
-            selective_proj(hidden.to(band.dtype), band, slots.slot_tokens, slots.tasks, slots.slot_logits)
-        return log_softmax_slots(slots.slot_logits, scores), slots.slot_tokens, slots.slot_succ
+            with timer(step, "filter"):
+                slots = ops.filter(states, mapping.slot_width, **mapping.filter_args())
+            with timer(step, "project"):
+                ops.selective(hidden.to(band.dtype), band, slots.slot_tokens, slots.tasks, slots.slot_logits)
+        with timer(step, "normalise"):
+            cand = ops.log_softmax(slots.slot_logits, scores)
+        return cand, slots.slot_tokens, slots.slot_succ
 
 
 class ScoreFirst:
@@ -68,31 +75,39 @@ class ScoreFirst:
     source : StepIndex, StaticIndex or HostTrie
         Where the valid tokens come from.
     heads : Heads
+    ops : KernelOps
+        Kernel implementations (:mod:`zerogr_core.decode.ops`).
     """
 
-    def __init__(self, source, heads: Heads):
-        self.source, self.heads = source, heads
+    def __init__(self, source, heads: Heads, ops: KernelOps = DISPATCH):
+        self.source, self.heads, self.ops = source, heads, ops
 
-    def __call__(self, step, states, hidden, scores):
+    def __call__(self, step, states, hidden, scores, timer=no_timer):
         weight, band_start = self.heads.normaliser(step)
-        logprobs = torch.log_softmax(full_logits(hidden, weight), dim=-1)
+        with timer(step, "project"):
+            logits = full_logits(hidden, weight)
+        with timer(step, "normalise"):
+            logprobs = torch.log_softmax(logits, dim=-1)
         source = self.source
-        if isinstance(source, StepIndex):
-            mapping = source.steps[step]
-            band = logprobs.narrow(1, band_start, mapping.codebook)
-            slots = filter_slots(states, mapping.slot_width, **mapping.filter_args(), logits=band)
-            tokens, succ, slot_lp = slots.slot_tokens, slots.slot_succ, slots.slot_logits
-        else:
-            if isinstance(source, StaticIndex):
-                tokens, succ = source.candidates(step, states)
-                tokens = torch.where(tokens >= 0, tokens - source.band_offsets[step], -1)
-            elif isinstance(source, HostTrie):
-                tokens, succ = source.children(step, states)
+        with timer(step, "filter"):
+            if isinstance(source, StepIndex):
+                mapping = source.steps[step]
+                band = logprobs.narrow(1, band_start, mapping.codebook)
+                slots = self.ops.filter(states, mapping.slot_width, **mapping.filter_args(), logits=band)
+                tokens, succ, slot_lp = slots.slot_tokens, slots.slot_succ, slots.slot_logits
             else:
-                raise ZeroGRError(f"score-first needs a StepIndex, StaticIndex or HostTrie, got {type(source).__name__}")
-            slot_lp = torch.gather(logprobs, 1, (tokens.long() + band_start).clamp(min=0))
-            slot_lp = torch.where(tokens >= 0, slot_lp, float("-inf"))
-        return slot_lp + scores[:, None], tokens, succ
+                if isinstance(source, StaticIndex):
+                    tokens, succ = source.candidates(step, states)
+                    tokens = torch.where(tokens >= 0, tokens - source.band_offsets[step], -1)
+                elif isinstance(source, HostTrie):
+                    tokens, succ = source.children(step, states)
+                else:
+                    raise ZeroGRError(f"score-first needs a StepIndex, StaticIndex or HostTrie, "
+                                      f"got {type(source).__name__}")
+                slot_lp = torch.gather(logprobs, 1, (tokens.long() + band_start).clamp(min=0))
+                slot_lp = torch.where(tokens >= 0, slot_lp, float("-inf"))
+            cand = slot_lp + scores[:, None]
+        return cand, tokens, succ
 
 
 class Unconstrained:
@@ -101,10 +116,13 @@ class Unconstrained:
     def __init__(self, heads: Heads):
         self.heads = heads
 
-    def __call__(self, step, states, hidden, scores):
+    def __call__(self, step, states, hidden, scores, timer=no_timer):
         weight, band_start = self.heads.normaliser(step)
         size = self.heads.bands[step].shape[0]
-        logprobs = torch.log_softmax(full_logits(hidden, weight), dim=-1)[:, band_start:band_start + size]
+        with timer(step, "project"):
+            logits = full_logits(hidden, weight)
+        with timer(step, "normalise"):
+            logprobs = torch.log_softmax(logits, dim=-1)[:, band_start:band_start + size]
         n = states.shape[0]
         tokens = torch.arange(size, device=states.device).expand(n, size)
         succ = torch.full((n, size), -1, dtype=torch.int64, device=states.device)
@@ -124,7 +142,7 @@ def resolve_rows(index: StepIndex, tokens: torch.Tensor) -> torch.Tensor:
     """
     state = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
     for step, mapping in enumerate(index.steps):
-        slots = filter_slots(state, mapping.slot_width, **mapping.filter_args())
+        slots = DISPATCH.filter(state, mapping.slot_width, **mapping.filter_args())
         hit = (slots.slot_tokens.to(torch.int64) == tokens[:, step:step + 1]) & (slots.slot_tokens >= 0)
         found = hit.any(dim=1)
         pos = hit.to(torch.int8).argmax(dim=1, keepdim=True)

@@ -13,9 +13,8 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from kernels import topk_gather
-
 from ..errors import ZeroGRError
+from .ops import DISPATCH, KernelOps, no_timer
 
 HiddenFn = Callable[[int, torch.Tensor], torch.Tensor]
 
@@ -47,7 +46,7 @@ class DecodeResult:
 
 class StepFn(Protocol):
     def __call__(self, step: int, states: torch.Tensor, hidden: torch.Tensor,
-                 scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 scores: torch.Tensor, timer=no_timer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Candidates of every beam.
 
         Parameters
@@ -55,6 +54,9 @@ class StepFn(Protocol):
         states : (n,) int64, -1 for dead beams
         hidden : (n, H)
         scores : (n,) float32, accumulated log-probability (-inf for dead beams)
+        timer : callable(step, stage) -> context manager
+            Wraps the ``filter``, ``project`` and ``normalise`` stages
+            (:mod:`zerogr_core.decode.ops`).
 
         Returns
         -------
@@ -70,7 +72,8 @@ def check_hidden(hidden: torch.Tensor, batch: int, beams: int, hidden_size: int,
 
 
 def beam_search(step_fn: StepFn, hidden_fn: HiddenFn, *, batch_size: int, beam_width: int, n_levels: int,
-                hidden_size: int, device: torch.device) -> DecodeResult:
+                hidden_size: int, device: torch.device, ops: KernelOps = DISPATCH,
+                timer=no_timer) -> DecodeResult:
     """Run L steps of beam search (reference loop, eager).
 
     Parameters
@@ -80,6 +83,10 @@ def beam_search(step_fn: StepFn, hidden_fn: HiddenFn, *, batch_size: int, beam_w
         ``prefixes`` is int64 (batch, beams_at_step, step); unfilled beams carry -1.
     batch_size, beam_width, n_levels, hidden_size : int
     device : torch.device
+    ops : KernelOps
+        Whose ``topk`` selects the beams (and writes the next prefixes).
+    timer : callable(step, stage) -> context manager
+        Wraps the ``model`` and ``select`` stages here and is passed on to ``step_fn``.
 
     Returns
     -------
@@ -92,15 +99,14 @@ def beam_search(step_fn: StepFn, hidden_fn: HiddenFn, *, batch_size: int, beam_w
     prefixes = torch.empty(batch_size, 1, 0, dtype=torch.int64, device=device)
     for step in range(n_levels):
         beams = states.shape[1]
-        hidden = hidden_fn(step, prefixes)
+        with timer(step, "model"):
+            hidden = hidden_fn(step, prefixes)
         check_hidden(hidden, batch_size, beams, hidden_size, step)
         slot_scores, slot_tokens, slot_succ = step_fn(
-            step, states.reshape(-1), hidden.reshape(batch_size * beams, hidden_size), scores.reshape(-1))
-        scores, parents, tokens, succ = topk_gather(slot_scores.contiguous(), slot_tokens.to(torch.int32),
-                                                    slot_succ, batch_size, beam_width)
-        flat_prefix = prefixes.reshape(batch_size * beams, step)
-        kept = flat_prefix[parents.clamp(min=0)]
-        kept = torch.where((parents >= 0)[..., None], kept, -1)
-        prefixes = torch.cat([kept, tokens.to(torch.int64)[..., None]], dim=2)
-        states = succ
+            step, states.reshape(-1), hidden.reshape(batch_size * beams, hidden_size), scores.reshape(-1), timer)
+        nxt = torch.empty(batch_size, beam_width, step + 1, dtype=torch.int64, device=device)
+        with timer(step, "select"):
+            top = ops.topk(slot_scores.contiguous(), slot_tokens.to(torch.int32), slot_succ, batch_size,
+                           beam_width, prefixes=(prefixes, nxt))
+        prefixes, scores, states = nxt, top.scores, top.succ
     return DecodeResult(prefixes, scores, states)

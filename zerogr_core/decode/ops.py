@@ -1,0 +1,40 @@
+"""Which implementation of the kernel ops a reference decode calls, and its stage timer.
+
+:data:`DISPATCH` calls the public ops of :mod:`kernels` (Triton on CUDA tensors or under
+``TRITON_INTERPRET=1``, PyTorch references otherwise). :data:`REFERENCE` always calls the
+PyTorch references: what the app uses on a CPU, where the Triton interpreter would only
+slow it down.
+
+A *timer* is a callable ``timer(step, stage)`` returning a context manager around one
+stage of one step (stages: ``model``, ``filter``, ``project``, ``normalise``, ``select``);
+:func:`no_timer` times nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import kernels
+
+STAGES = ("model", "filter", "project", "normalise", "select")
+
+
+@dataclass(frozen=True)
+class KernelOps:
+    """The four kernel ops of a decoding step (signatures of :mod:`kernels`)."""
+
+    filter: Callable
+    selective: Callable
+    log_softmax: Callable
+    topk: Callable
+
+
+DISPATCH = KernelOps(kernels.filter_slots, kernels.selective_proj, kernels.log_softmax_slots, kernels.topk_gather)
+REFERENCE = KernelOps(kernels.filter_slots_reference, kernels.selective_proj_reference,
+                      kernels.log_softmax_slots_reference, kernels.topk_gather_reference)
+
+
+def no_timer(step: int, stage: str):
+    """A timer that times nothing."""
+    return contextlib.nullcontext()
