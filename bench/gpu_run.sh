@@ -27,8 +27,9 @@
 #   SWEEP_BATCHES   batches of the beam-width sweep (default 1,32); CODEBOOK_BATCHES: of the codebook sweep (32)
 #   SWEEP_BEAMS     beam widths of the beam-width sweep (default 64,128,256)
 #   SWEEP_CODEBOOKS codebook sizes of the codebook sweep (default 2048,4096,8192,16384)
-#   BENCH_WORK      where results collect before packing (default /tmp/zerogr_gpu_run); a partial rerun
-#                   writes the same file names, so unpack it next to the earlier results, not over them
+#   BENCH_WORK      where results collect before packing (default /tmp/zerogr_gpu_run)
+#   RESULTS_TAG     suffix of the bench groups' result folders and logs (results/<group>-<tag>/), so a
+#                   partial rerun (e.g. SWEEP_BEAMS=256 RESULTS_TAG=b256) unpacks beside earlier results
 #   BENCH_ARGS      extra arguments for every bench call (e.g. "--repeats 20")
 #   PYTHON          interpreter (default python3)
 #   TEST_WORKERS    pytest-xdist workers of the tests group when xdist is installed (default 8)
@@ -66,7 +67,8 @@ pack() {
 bench() {  # bench GROUP BUDGET ARGS...
   local group=$1 b=$2; shift 2
   if (( b < 20 )); then log "skip $group: time budget spent"; return; fi
-  mkdir -p "$WORK/results/$group"
+  local dir="$group${RESULTS_TAG:+-$RESULTS_TAG}"
+  mkdir -p "$WORK/results/$dir"
   if [[ "${BENCH_QUICK:-0}" == 1 ]]; then  # drop the size options, add --quick
     local args=() skip=0
     for a in "$@"; do
@@ -79,8 +81,8 @@ bench() {  # bench GROUP BUDGET ARGS...
   log "group $group: budget ${b}s: bench $*"
   # --budget-s stops new measurements; timeout is the hard stop for a hung process
   timeout --signal=INT --kill-after=20 $(( b + 45 )) \
-    $PY -m zerogr_core bench --out "$WORK/results/$group" --budget-s "$b" "$@" $EXTRA 2>&1 \
-    | tee "$WORK/results/logs/$group.log" | tee -a "$LOG" | grep -E "^\[|^===|^bench:|error" || true
+    $PY -m zerogr_core bench --out "$WORK/results/$dir" --budget-s "$b" "$@" $EXTRA 2>&1 \
+    | tee "$WORK/results/logs/$dir.log" | tee -a "$LOG" | grep -E "^\[|^===|^bench:|error" || true
   pack
   log "group $group done"
 }
