@@ -7,6 +7,7 @@ import torch
 
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.index import INDEX_PRESETS
+from kernels import TOPK_PATHS
 from zerogr_core.decode.engine import GpuEngine, StepOption, StepRunner, step_options
 from zerogr_core.decode.heads import Heads
 from zerogr_core.decode.planner import make_plan
@@ -44,10 +45,14 @@ def test_every_plan_matches_reference(shared):
     beam, batch = 6, 2
     ref_sel = Decoder(index, heads, beam, projection="selective", engine="reference").decode(hidden_fn, batch)
     h = Heads.build(heads, index.codebook_sizes)
-    per_step = [step_options(m, 1 if l == 0 else beam, beam) for l, m in enumerate(index.steps)]
+    # every path, "prune" (served by override only) included
+    per_step = [step_options(m, 1 if l == 0 else beam, beam, TOPK_PATHS) for l, m in enumerate(index.steps)]
+    assert any(o.topk == "prune" for o in per_step[1])
     combos = list(itertools.product(*per_step))
     rng = np.random.default_rng(0)
-    for pick in rng.choice(len(combos), size=min(6, len(combos)), replace=False):
+    picks = list(rng.choice(len(combos), size=min(6, len(combos)), replace=False))
+    picks.append(next(i for i, c in enumerate(combos) if all(o.topk == "prune" for o in c[1:])))
+    for pick in picks:
         plan = combos[pick]
         out = GpuEngine(index, h, beam, plan_override=list(plan), use_graph=False).decode(hidden_fn, batch)
         assert_same_beams(out, ref_sel)
@@ -78,7 +83,7 @@ def test_planner_times_every_option_and_caches_per_shape():
     assert len(plan.steps) == 2
     for level, choice in enumerate(plan.steps):
         labels = {o.label for o in step_options(index.steps[level], 1 if level == 0 else 3, 3)}
-        assert set(choice.times_us) == labels
+        assert set(choice.times_us) == labels and not any(label.endswith("prune") for label in labels)
         assert choice.times_us[choice.option.label] == min(choice.times_us.values())
     rows = plan.table()
     assert rows[0]["step"] == 1 and rows[0]["mode"] in ("dense+full", "sparse+full", "sparse+selective")

@@ -50,18 +50,24 @@ class StepOption:
         return cls(parts[0], parts[1])
 
 
-def step_options(mapping: StepMapping, beams_in: int, beam_width: int) -> list[StepOption]:
-    """Every option that can serve ``mapping`` with ``beams_in`` beams per request."""
+PLANNED_TOPK = ("small", "wide", "split")
+"""Top-k paths the warm-up planner times. ``"prune"`` is served by a plan override only:
+it has not yet run on a GPU, and the planner checks speed, not results."""
+
+
+def step_options(mapping: StepMapping, beams_in: int, beam_width: int,
+                 paths: tuple = PLANNED_TOPK) -> list[StepOption]:
+    """Every option among ``paths`` that can serve ``mapping`` with ``beams_in`` beams per request."""
     modes = (["dense+full"] if mapping.kind == "dense" else []) + ["sparse+full", "sparse+selective"]
     out = []
     for mode in modes:
         width = mapping.codebook if mode == "dense+full" else mapping.max_segment
         bm, bk, _ = small_tile(beams_in, width, beam_width)
         # "split" serves every shape; "prune" only pays when a request has at least M beams
-        # (otherwise its threshold is -inf); the planner times each option, keeps the fastest
-        paths = (["small"] if bm * bk <= SMALL_MAX else []) + ["wide", "split"]
-        paths += ["prune"] if beams_in >= beam_width else []
-        out += [StepOption(mode, p) for p in paths]
+        # (otherwise its threshold is -inf)
+        fits = (["small"] if bm * bk <= SMALL_MAX else []) + ["wide", "split"]
+        fits += ["prune"] if beams_in >= beam_width else []
+        out += [StepOption(mode, p) for p in fits if p in paths]
     return out
 
 
@@ -207,9 +213,10 @@ class GpuEngine:
                     opts = [o for o in opts if o.mode == mode]
                 else:
                     want = want if isinstance(want, StepOption) else StepOption.parse(want)
-                    if want not in opts:
+                    every = step_options(mapping, 1 if level == 0 else self.beam_width, self.beam_width, TOPK_PATHS)
+                    if want not in every:
                         raise ZeroGRError(f"step {level + 1}: option {want.label} is not available "
-                                          f"(choose from {', '.join(o.label for o in opts)})")
+                                          f"(choose from {', '.join(o.label for o in every)})")
                     opts = [want]
             out.append(opts)
         return out
