@@ -195,3 +195,21 @@ def test_bench_runs_without_polars_or_plotly(tmp_path):
                             timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "[memory]" in result.stdout
+
+
+def test_gpu_run_script_dry_run_packs_results(tmp_path):
+    # bench/gpu_run.sh is what spends the lent GPU's time: a CPU dry run (BENCH_QUICK=1)
+    # of two groups must pack their results, logs and summary into OUT
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = dict(os.environ, BENCH_QUICK="1", PYTHON=sys.executable, OUT=str(out), BENCH_WORK=str(work),
+               BENCH_BUDGET_S="200", RESULTS_TAG="dry", TRITON_INTERPRET="0")
+    result = subprocess.run(["bash", "bench/gpu_run.sh", "beams", "memoryless"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "unknown group 'memoryless'" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["bench_results.tar.gz", "gpu_run.log", "summary.txt"]
+    names = subprocess.run(["tar", "tzf", str(out / "bench_results.tar.gz")], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert "results/logs/beams-dry.log" in names
+    assert any(n.startswith("results/beams-dry/beam-sweep__") and n.endswith(".json") for n in names)
+    assert "[beam-sweep]" in (out / "summary.txt").read_text()
