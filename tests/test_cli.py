@@ -144,6 +144,10 @@ def test_next_edge_cases(capsys):
     (["synth", "nope", "--n", "10", "--out", "x.csv"], "unknown synthetic kind 'nope'"),
     (["stats", "synth:search-like"], "expected synth:KIND:N"),
     (["stats", "missing.parquet"], "missing.parquet: no such file"),
+    (["plan", "tiny", "--beam", "0"], "--batch, --beam and --hidden must be ≥ 1"),
+    (["plan", "tiny", "--dtype", "fp8"], "dtype must be one of"),
+    (["plan", "tiny", "--override", "full,full"], "plan override lists 2 steps, the index has 3"),
+    (["plan", "tiny", "--override", "full,sparse+full/fast,full"], "step option must look like"),
 ])
 def test_argument_errors(capsys, args, fragment):
     code, out, err = run_main(capsys, *args)
@@ -170,8 +174,8 @@ def test_synth_round_trip_all_formats(capsys, tmp_path):
 def test_registrars_add_subcommands():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert list(commands) == ["index", "next", "synth", "stats", "bench", "train-movielens", "quality"]
-    assert len(REGISTRARS) == 6
+    assert list(commands) == ["index", "next", "synth", "stats", "plan", "bench", "train-movielens", "quality"]
+    assert len(REGISTRARS) == 7
 
 
 def test_synth_catalogs_work_without_polars():
@@ -181,3 +185,25 @@ def test_synth_catalogs_work_without_polars():
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["items"] == 500
+
+
+def test_plan_times_every_option_and_shows_the_choice(capsys):
+    code, out, err = run_main(capsys, "plan", "tiny", "--batch", "2", "--beam", "3", "--hidden", "8",
+                              "--dtype", "float32", "--device", "cpu")
+    assert code == 0, err
+    assert "plan for batch 2, beam 3, float32, H 8 on cpu" in out and "step 3 options (µs):" in out
+    code, out, err = run_main(capsys, "plan", "tiny", "--batch", "1", "--beam", "4", "--hidden", "8", "--json",
+                              "--device", "cpu", "--override", "full,sparse+selective/prune,selective")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert [row["topk"] for row in plan["steps"]][1] == "prune" and plan["steps"][2]["mode"] == "sparse+selective"
+    assert plan["total_us"] > 0
+
+
+def test_plan_on_a_missing_gpu_is_one_line(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    code, out, err = run_main(capsys, "plan", "tiny", "--device", "cuda")
+    assert code != 0 and err.count("\n") == 1 and "no CUDA device here" in err

@@ -272,9 +272,63 @@ def _run_stats(args: argparse.Namespace) -> None:
                                         "mean_segment"]))
 
 
+# ---------------------------------------------------------------------------- plan
+def register_plan(subparsers) -> None:
+    """``plan CATALOG``: the engine's warm-up plan for one serving shape."""
+    p = subparsers.add_parser("plan", help="time every option of every step for a serving shape and show "
+                                           "the plan the engine fixes")
+    add_catalog_arguments(p)
+    p.add_argument("--batch", default="8", help="requests per decode (default 8)")
+    p.add_argument("--beam", default="128", help="beam width M (default 128)")
+    p.add_argument("--hidden", default="1024", help="hidden size H (default 1024)")
+    p.add_argument("--dtype", default="float16", help="head and hidden dtype: float16, bfloat16 or float32")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--override", default=None, metavar="OPT,…",
+                   help="one entry per step: full, selective or MODE/TOPK (e.g. sparse+full/prune)")
+    p.add_argument("--seed", default="0", help="seed of the random head and requests (default 0)")
+    p.add_argument("--json", action="store_true", help="print the plan table as JSON")
+    p.set_defaults(handler=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> None:
+    import torch
+
+    from .app_support.requests import random_heads, random_hidden_fn, resolve_dtype
+    from .decode.engine import GpuEngine
+    from .decode.heads import Heads
+
+    batch, beam, hidden = (parse_count(getattr(args, k), f"--{k}") for k in ("batch", "beam", "hidden"))
+    if min(batch, beam, hidden) < 1:
+        raise UsageError("--batch, --beam and --hidden must be ≥ 1")
+    resolve_dtype(args.dtype)
+    seed = parse_count(args.seed, "--seed")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: no CUDA device here")
+    override = None if args.override is None else [o.strip() for o in args.override.split(",")]
+    catalog = catalog_from_args(args)
+    index = build_index(catalog, device=device)
+    heads, bands = random_heads(catalog, hidden, args.dtype, device, seed)
+    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes, bands), beam, plan_override=override)
+    plan = engine.plan(random_hidden_fn(batch, hidden, catalog.codebook_sizes, args.dtype, device, seed + 1), batch)
+    rows = plan.table()
+    if args.json:
+        print_json(dict(catalog=catalog.name, device=str(device), batch=batch, beam=beam, hidden=hidden,
+                        dtype=args.dtype, total_us=plan.total_us, steps=rows))
+        return
+    print(f"{_describe(catalog)}\nplan for batch {batch}, beam {beam}, {args.dtype}, H {hidden} on {device}"
+          + ("" if device.type == "cuda" else " (CPU wall clock of the PyTorch reference ops: a GPU plan differs)"))
+    print(format_table(rows, ["step", "mode", "topk", "chosen_us"]))
+    print(f"total {plan.total_us:.1f} µs per decode (steps timed alone)")
+    for row in rows:
+        others = ", ".join(f"{k[:-5]} {v:.1f}" for k, v in row.items() if k.endswith(" (µs)"))
+        print(f"step {row['step']} options (µs): {others}" + (f"; failed: {row['failed']}" if "failed" in row else ""))
+
+
 # ---------------------------------------------------------------------------- entry point
 #: Functions ``register(subparsers)`` that contribute subcommands, in help order.
-REGISTRARS = (register_index, register_next, register_synth, register_stats, register_bench, register_recsys)
+REGISTRARS = (register_index, register_next, register_synth, register_stats, register_plan, register_bench,
+              register_recsys)
 
 
 def build_parser() -> argparse.ArgumentParser:
