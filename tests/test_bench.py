@@ -111,6 +111,7 @@ def test_summarize_saved_results(quick_run):
     result = run_bench("--summarize", str(out))
     assert result.returncode == 0, result.stderr
     assert "[headline]" in result.stdout and "[memory]" in result.stdout and "[checks]" in result.stdout
+    assert "[plans]" in result.stdout
 
 
 def test_figures_from_results(quick_run, tmp_path):

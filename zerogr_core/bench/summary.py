@@ -104,6 +104,21 @@ def step_tables(records: list[dict]) -> list[str]:
             _table(table, ["catalog", "config", "batch", "method", "mode", "per step", "sum"])]
 
 
+def plan_tables(records: list[dict]) -> list[str]:
+    """The warm-up plan of every zerogr shape: mode and top-k path per step, planned µs."""
+    table = []
+    for r in records:
+        if r.get("kind") == "plan" and r.get("plan_modes"):
+            steps = " ".join(m.replace("sparse+", "s+").replace("dense+", "d+") for m in r["plan_modes"].split("/"))
+            table.append([str(r.get("catalog_label")), f"{r['dtype']}/H{r['hidden']}", str(r.get("beam")),
+                          str(r["batch"]), steps, f"{r.get('plan_total_us', float('nan')):.0f}"])
+    if not table:
+        return []
+    table.sort(key=lambda row: (row[0], row[1], int(row[2] or 0), int(row[3])))
+    return ["[plans] zerogr warm-up plan per shape (mode:top-k per step; s+ = sparse+, d+ = dense+)\n" +
+            _table(table, ["catalog", "config", "beam", "batch", "steps", "planned µs"])]
+
+
 def stage_tables(records: list[dict]) -> list[str]:
     rows = []
     for r in records:
@@ -198,6 +213,7 @@ def check_lines(records: list[dict]) -> list[str]:
 
 
 def summary_text(records: list[dict]) -> str:
-    parts = (latency_tables(records) + step_tables(records) + stage_tables(records) + ablation_tables(records) + memory_tables(records)
-             + build_tables(records) + interference_tables(records) + check_lines(records))
+    parts = (latency_tables(records) + plan_tables(records) + step_tables(records) + stage_tables(records)
+             + ablation_tables(records) + memory_tables(records) + build_tables(records)
+             + interference_tables(records) + check_lines(records))
     return "\n\n".join(parts)
