@@ -241,6 +241,16 @@ def _methods_needing(methods):
     return dict(static=any(m.startswith("static") for m in methods), trie="cpu-trie" in methods)
 
 
+#: Baseline -> (what its beams are compared with, which reference decode) before timing.
+CROSS_CHECKS = {
+    "static": ("score-first reference over the STATIC index", "score-first"),
+    "static-adapted": ("filter-first reference (valid-token softmax)", "selective"),
+    "naive-selective": ("filter-first reference, selective projection", "selective"),
+    "cpu-trie": ("score-first reference over the STATIC index", "score-first"),
+    "unconstrained": ("unconstrained reference", "unconstrained"),
+}
+
+
 def _projection_of(plan) -> tuple[str, ...]:
     return tuple("full" if s.option.mode.endswith("full") else "selective" for s in plan.steps)
 
@@ -309,20 +319,9 @@ def latency_unit(s: Session, suite: str, wl: Workload, dtype: str, hidden: int, 
                         c = compare(out, eager, tol)
                         s.emit(suite, "check", wl, narrow, method=name, **shape, check="graph = eager",
                                passed=c["passed"], status=c["status"], details=c)
-                elif name == "static":
-                    cmp_against = ("score-first reference over the STATIC index", reference("score-first"), tol,
-                                   False)
-                elif name == "static-adapted":
-                    cmp_against = ("filter-first reference (valid-token softmax)", reference("selective"), tol,
-                                   False)
-                elif name == "naive-selective":
-                    cmp_against = ("filter-first reference, selective projection", reference("selective"), tol,
-                                   False)
-                elif name == "cpu-trie":
-                    cmp_against = ("score-first reference over the STATIC index", reference("score-first"), tol,
-                                   False)
-                elif name == "unconstrained":
-                    cmp_against = ("unconstrained reference", reference("unconstrained"), tol, False)
+                elif name in CROSS_CHECKS:
+                    label, kind = CROSS_CHECKS[name]
+                    cmp_against = (label, reference(kind), tol, False)
                 if cmp_against is not None:
                     label, ref, t, strict = cmp_against
                     c = compare(out, ref, t)
