@@ -131,3 +131,13 @@ def test_graph_replay_matches_eager_and_reference_on_gpu(dtype):
         proj = ["full" if o.mode.endswith("full") else "selective" for o in options]
         ref = Decoder(index, heads, 16, engine="reference", projection=proj).decode(hidden_fn, batch)
         assert_same_beams(a, ref, atol=1e-4 if dtype == torch.float32 else 2e-2)
+
+
+def test_topk_paths_choose_what_the_planner_times():
+    catalog, index, heads, hidden_fn = setup(seed=3, sizes=(6, 4), n=20, hidden=8)
+    h = Heads.build(heads, index.codebook_sizes)
+    plan = make_plan(GpuEngine(index, h, 3, use_graph=False, topk_paths=("prune", "wide")), hidden_fn, 1)
+    assert {s.option.topk for s in plan.steps[1:]} <= {"prune", "wide"}
+    assert any(label.endswith("prune") for label in plan.steps[1].times_us)
+    with pytest.raises(ZeroGRError, match="topk paths"):
+        GpuEngine(index, h, 3, topk_paths=("radix",))

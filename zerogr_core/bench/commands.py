@@ -71,6 +71,8 @@ def register(subparsers) -> None:
     p.add_argument("--build-repeats", default=None, help="runs per builder in the build suite (default 2)")
     p.add_argument("--interference-s", default=None, metavar="S",
                    help="seconds of decoding per condition in the interference suite (default 3)")
+    p.add_argument("--topk-paths", default=None, metavar="PATHS",
+                   help="top-k paths zerogr's planner times, from small,wide,split,prune (default small,wide,split)")
     p.add_argument("--summarize", default=None, metavar="PATH",
                    help="print the summary tables of saved results (file or folder) and exit")
     p.set_defaults(handler=run_bench)
@@ -191,7 +193,12 @@ def parse_options(args):
             budgets[name] = float(value)
         except ValueError:
             raise _usage(f"--suite-budgets: {item!r} is not SUITE=SECONDS") from None
-    return Options(suites=suites, suite_budgets=budgets, catalog=args.catalog, scale=scale, methods=methods,
+    from ..decode.engine import PLANNED_TOPK
+    from kernels import TOPK_PATHS
+
+    topk_paths = PLANNED_TOPK if args.topk_paths is None else tuple(_list(args.topk_paths, "--topk-paths",
+                                                                          TOPK_PATHS))
+    return Options(suites=suites, suite_budgets=budgets, topk_paths=topk_paths, catalog=args.catalog, scale=scale, methods=methods,
                    batches=_ints(args.batch, "--batch"), beams=_ints(args.beam, "--beam"),
                    configs=_configs(dtypes, hiddens, args.quick), codebooks=_ints(args.codebook, "--codebook"),
                    seed=seed, repeats=None if args.repeats is None else _ints(args.repeats, "--repeats")[0],

@@ -29,7 +29,7 @@ import torch
 from kernels import filter_slots, full_proj, log_softmax_slots, naive_selective_proj, selective_proj, topk_gather
 
 from ..decode.decoder import Decoder
-from ..decode.engine import StepOption, StepRunner, step_options
+from ..decode.engine import PLANNED_TOPK, StepOption, StepRunner, step_options
 from ..index import IndexConfig, build_index, build_static_index
 from ..index.static_style import static_style_bytes
 from .checks import TOLERANCE, check_valid, compare
@@ -63,6 +63,7 @@ class Options:
     interference_s: float | None = None
     suite_budgets: dict = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    topk_paths: tuple = PLANNED_TOPK
 
     @property
     def n_sets(self) -> int:
@@ -150,7 +151,7 @@ class Session:
                 torch.cuda.empty_cache()
         t0 = time.perf_counter()
         self.log(f"[catalog] {spec.label}: generating/loading and building the index on {self.dev} …")
-        self._workload = Workload(spec, self.dev)
+        self._workload = Workload(spec, self.dev, self.o.topk_paths)
         wl = self._workload
         self.log(f"[catalog] {spec.label}: {wl.catalog.n_items:,} SIDs, codebooks {wl.fields['codebooks']}, "
                  f"max segments {wl.fields['max_segments']} (catalog {wl.catalog_s:.1f} s, index "
@@ -182,6 +183,8 @@ class Session:
         parts += ["--repeats", str(self.o.rep())]
         if self.dev.type != "cuda":
             parts += ["--device", str(self.dev)]
+        if self.o.topk_paths != PLANNED_TOPK:
+            parts += ["--topk-paths", ",".join(self.o.topk_paths)]
         return shlex.join(parts)
 
     def emit(self, suite: str, kind: str, wl_or_spec, narrow: dict | None = None, **fields) -> dict:

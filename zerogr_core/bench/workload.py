@@ -16,7 +16,7 @@ import torch
 
 from ..catalog.catalog import Catalog
 from ..catalog.synth import SYNTH_PRESETS, generate
-from ..decode.engine import GpuEngine
+from ..decode.engine import PLANNED_TOPK, GpuEngine
 from ..decode.heads import Heads
 from ..errors import ZeroGRError
 from ..index import INDEX_PRESETS, StaticIndex, build_index
@@ -157,7 +157,8 @@ class Context:
         self.workload, self.dtype_name, self.hidden, self.beam = workload, dtype_name, hidden, beam
         self.dtype = DTYPES[dtype_name]
         self.heads = workload.heads(dtype_name, hidden)
-        self.engine = GpuEngine(workload.index, self.heads, beam, use_graph=workload.device.type == "cuda")
+        self.engine = GpuEngine(workload.index, self.heads, beam, use_graph=workload.device.type == "cuda",
+                                topk_paths=workload.topk_paths)
         dev = workload.device
         gen = torch.Generator(device=dev).manual_seed(workload.seed * 7919 + hidden * 31 + beam * 1009 + batch)
         levels = workload.catalog.n_levels
@@ -181,10 +182,12 @@ class Workload:
     ----------
     spec : CatalogSpec
     device : torch.device
+    topk_paths : sequence of str
+        Top-k paths the engine's planner times (default: the engine's).
     """
 
-    def __init__(self, spec: CatalogSpec, device: torch.device):
-        self.spec, self.device, self.seed = spec, device, spec.seed
+    def __init__(self, spec: CatalogSpec, device: torch.device, topk_paths=PLANNED_TOPK):
+        self.spec, self.device, self.seed, self.topk_paths = spec, device, spec.seed, tuple(topk_paths)
         t0 = time.perf_counter()
         self.catalog = load_catalog(spec)
         self.catalog_s = time.perf_counter() - t0

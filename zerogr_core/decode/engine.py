@@ -178,10 +178,16 @@ class GpuEngine:
         a projection name (``"full"`` / ``"selective"``; the engine picks the rest).
     use_graph : bool
         Capture and replay a CUDA graph (CUDA only); ``False`` runs eagerly.
+    topk_paths : sequence of str
+        Top-k paths the planner times (default :data:`PLANNED_TOPK`; any of
+        ``kernels.TOPK_PATHS``).
     """
 
     def __init__(self, index: StepIndex, heads: Heads, beam_width: int, plan_override=None,
-                 use_graph: bool = True):
+                 use_graph: bool = True, topk_paths=PLANNED_TOPK):
+        self.topk_paths = tuple(topk_paths)
+        if not self.topk_paths or any(p not in TOPK_PATHS for p in self.topk_paths):
+            raise ZeroGRError(f"topk paths must be a non-empty subset of {TOPK_PATHS}, got {list(topk_paths)}")
         self.index, self.heads, self.beam_width = index, heads, beam_width
         self.use_graph = use_graph and index.device.type == "cuda"
         self.plan_override = None if plan_override is None else list(plan_override)
@@ -204,7 +210,7 @@ class GpuEngine:
         """Candidate options per step for ``batch`` (the override narrows them)."""
         out = []
         for level, mapping in enumerate(self.index.steps):
-            opts = step_options(mapping, 1 if level == 0 else self.beam_width, self.beam_width)
+            opts = step_options(mapping, 1 if level == 0 else self.beam_width, self.beam_width, self.topk_paths)
             if self.plan_override is not None:
                 want = self.plan_override[level]
                 if want in ("full", "selective"):
