@@ -508,13 +508,21 @@ def suite_steps(s: Session, suite: str) -> None:
             torch.cuda.empty_cache()
 
 
-def _zerogr_unit(s: Session, wl: Workload, dtype, hidden, beam, batch):
-    ctx = wl.context(dtype, hidden, beam, batch, s.o.n_sets)
-    model = ReplayModel(ctx.sets, batch)
-    runner = ZeroGRRunner(ctx.engine, model, batch)
-    model.load(0)
-    rec = runner.record()
-    return ctx, model, runner, rec
+def _zerogr_units(s: Session, suite: str, wl: Workload, st: dict):
+    """Per shape of the suite: ``(beam, batch, dtype, hidden, ctx, model, runner, rec)`` with
+    zerogr's engine planned and each step's real inputs recorded; a shape whose set-up
+    fails is reported and skipped."""
+    for beam, batch, dtype, hidden in _shape_units(s, suite, wl, st):
+        try:
+            ctx = wl.context(dtype, hidden, beam, batch, s.o.n_sets)
+            model = ReplayModel(ctx.sets, batch)
+            runner = ZeroGRRunner(ctx.engine, model, batch)
+            model.load(0)
+            rec = runner.record()
+        except Exception as exc:  # noqa: BLE001
+            s.error(suite, wl, f"{dtype}/H{hidden} batch {batch}", exc)
+            continue
+        yield beam, batch, dtype, hidden, ctx, model, runner, rec
 
 
 def suite_stages(s: Session, suite: str) -> None:
@@ -523,12 +531,7 @@ def suite_stages(s: Session, suite: str) -> None:
     dev = s.dev
     graph = dev.type == "cuda"
     mode = "graph" if graph else "eager"
-    for beam, batch, dtype, hidden in _shape_units(s, suite, wl, st):
-        try:
-            ctx, model, runner, rec = _zerogr_unit(s, wl, dtype, hidden, beam, batch)
-        except Exception as exc:  # noqa: BLE001
-            s.error(suite, wl, f"{dtype}/H{hidden} batch {batch}", exc)
-            continue
+    for beam, batch, dtype, hidden, ctx, model, runner, rec in _zerogr_units(s, suite, wl, st):
         shape = dict(dtype=dtype, hidden=hidden, beam=beam, batch=batch)
         sums: dict = {}
         for level, (states, hid, scores) in enumerate(rec):
@@ -582,12 +585,7 @@ def suite_ablation(s: Session, suite: str) -> None:
     wl = s.workload(s.spec(st["catalog"]))
     dev = s.dev
     level = 1 if wl.catalog.n_levels > 1 else 0
-    for beam, batch, dtype, hidden in _shape_units(s, suite, wl, st):
-        try:
-            ctx, model, runner, rec = _zerogr_unit(s, wl, dtype, hidden, beam, batch)
-        except Exception as exc:  # noqa: BLE001
-            s.error(suite, wl, f"{dtype}/H{hidden} batch {batch}", exc)
-            continue
+    for beam, batch, dtype, hidden, ctx, model, runner, rec in _zerogr_units(s, suite, wl, st):
         shape = dict(dtype=dtype, hidden=hidden, beam=beam, batch=batch)
         states, hid, scores = rec[level]
         engine, heads = ctx.engine, ctx.heads
