@@ -15,8 +15,6 @@
 #   beams     synthetic-7 1e7: beam-width sweep (64,128,256), batches SWEEP_BATCHES
 #   codebooks synthetic-7 1e7: codebook sweep (V 2048..16384), batches CODEBOOK_BATCHES
 #   scale     search-like 1e8 (BENCH_BIG_SCALE): memory, headline at batches 1,8,32, build
-#   prune     watch-like 2e7 headline at batches 1,8,32 with the prune top-k path in zerogr's plan
-#             (zerogr, static, static-adapted), beside the default plan's results in watch/
 #
 # Environment:
 #   OUT             folder whose files come back (default ./gpu_out). At most 4 files land there:
@@ -105,7 +103,7 @@ EOF
 }
 
 group_tests() {
-  local b; b=$(budget tests 150)
+  local b; b=$(budget tests 240)
   if (( b < 30 )); then log "skip tests: time budget spent"; return; fi
   local tl="$OUT/gpu_tests.log"
   { header; echo; } > "$tl"
@@ -153,16 +151,12 @@ group_codebooks() {
   bench codebooks "$(budget codebooks 150)" --suite codebook-sweep --catalog synthetic-7 --scale 1e7 \
     --batch "${CODEBOOK_BATCHES:-32}" --codebook "${SWEEP_CODEBOOKS:-2048,4096,8192,16384}" --repeats 20
 }
-group_prune() {
-  bench prune "$(budget prune 200)" --suite headline --catalog watch-like --scale 2e7 --batch 1,8,32 \
-    --methods zerogr,static,static-adapted --topk-paths small,wide,split,prune
-}
 group_scale() {
   bench scale "$(budget scale 230)" --suite memory,headline,build --catalog search-like --scale "$BIG" \
     --batch 1,8,32 --build-repeats 1 --suite-budgets memory=120,build=60
 }
 
-GROUPS_ALL=(tests headline detail watch beams codebooks scale prune)
+GROUPS_ALL=(tests headline detail watch beams codebooks scale)
 if (( $# )); then GROUPS_RUN=("$@"); else GROUPS_RUN=("${GROUPS_ALL[@]}"); fi
 header | tee -a "$LOG"
 log "groups: ${GROUPS_RUN[*]} | total budget ${TOTAL}s | results under $WORK, packed into $OUT"

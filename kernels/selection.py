@@ -100,13 +100,20 @@ class TopkOut(NamedTuple):
     succ: torch.Tensor
 
 
+def _block_cols(K: int) -> int:
+    # a (ROWS, 1) tile reshaped for tl.topk fails Triton 3.6's layout pass on sm_90
+    # (seen on the H200 with K = 1); a padded second column is masked off anyway
+    return max(2, next_pow2(K))
+
+
 def small_tile(beams_per_request: int, K: int, beam_width: int) -> tuple[int, int, int]:
     """``(BLOCK_M, BLOCK_K, BLOCK_OUT)`` of the small kernel; ``BLOCK_M * BLOCK_K`` is the
     padded candidate tile compared with ``SMALL_AUTO_MAX`` / ``SMALL_MAX``."""
-    block_k = next_pow2(K)
+    block_k = _block_cols(K)
     # tl.topk cannot select a single element; rank 1 is then masked off
     block_out = max(2, next_pow2(beam_width))
-    block_m = max(next_pow2(beams_per_request), next_pow2(cdiv(block_out, block_k)))
+    # a tile of exactly BLOCK_OUT keys (tl.topk selecting them all) also fails that pass
+    block_m = max(next_pow2(beams_per_request), next_pow2(cdiv(2 * block_out, block_k)))
     return block_m, block_k, block_out
 
 
@@ -137,13 +144,13 @@ def split_first_stage(beams_per_request: int, K: int, beam_width: int) -> tuple[
     """``(ROWS, BLOCK_C, N_COL, n_chunks)`` of the split path's first stage.
 
     A program reads a ``(ROWS, BLOCK_C)`` tile of slot rows straight from the scores:
-    ``ROWS`` whole rows (``BLOCK_C = next_pow2(K)``, ``N_COL = 1``) when a row is
+    ``ROWS`` whole rows (``BLOCK_C = next_pow2(K)``, at least 2, ``N_COL = 1``) when a row is
     narrower than a :func:`split_plan` chunk, else one chunk-wide column block of one row
     (``N_COL = cdiv(K, BLOCK_C)`` blocks per row). A tile holds about one chunk and at
     least ``2 * BLOCK_OUT`` keys; ``n_chunks`` programs serve each request.
     """
     chunk, block_out, _ = split_plan(beams_per_request * K, beam_width)
-    block_k = next_pow2(K)
+    block_k = _block_cols(K)
     if block_k >= chunk:
         return 1, chunk, cdiv(K, chunk), beams_per_request * cdiv(K, chunk)
     rows = max(chunk // block_k, cdiv(2 * block_out, block_k))

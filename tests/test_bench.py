@@ -216,15 +216,15 @@ def test_gpu_run_script_dry_run_packs_results(tmp_path):
     assert "[beam-sweep]" in (out / "summary.txt").read_text()
 
 
-def test_topk_paths_option_puts_prune_in_the_plan(tmp_path):
+def test_topk_paths_option_narrows_the_plan(tmp_path):
     result = run_bench("--quick", "--suite", "headline", "--device", "cpu", "--methods", "zerogr", "--batch", "2",
-                       "--topk-paths", "small,wide,split,prune", "--out", str(tmp_path))
+                       "--topk-paths", "small,wide", "--out", str(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [r for f in tmp_path.glob("*.json") for r in load_results(f)]
     plans = [r for r in records if r.get("kind") == "plan"]
-    assert plans and all("--topk-paths small,wide,split,prune" in r["command"] for r in plans)
+    assert plans and all("--topk-paths small,wide" in r["command"] for r in plans)
     timed = {label for r in plans for row in r["plan"] for label in row if label.endswith(" (µs)")}
-    assert any("prune" in label for label in timed)
+    assert timed and not any("prune" in label or "split" in label for label in timed)
     checks = [r for r in records if r.get("kind") == "check" and r.get("method") == "zerogr"]
     assert checks and all(r["passed"] for r in checks)
     bad = run_bench("--quick", "--suite", "headline", "--topk-paths", "small,fast")

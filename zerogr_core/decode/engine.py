@@ -50,9 +50,10 @@ class StepOption:
         return cls(parts[0], parts[1])
 
 
-PLANNED_TOPK = ("small", "wide", "split")
-"""Top-k paths the warm-up planner times. ``"prune"`` is served by a plan override only:
-it has not yet run on a GPU, and the planner checks speed, not results."""
+PLANNED_TOPK = ("small", "wide", "split", "prune")
+"""Top-k paths the warm-up planner times (all of :data:`kernels.TOPK_PATHS`; a narrower
+set, e.g. ``GpuEngine(topk_paths=...)`` or ``bench --topk-paths``, measures what one
+path adds)."""
 
 
 def step_options(mapping: StepMapping, beams_in: int, beam_width: int,
