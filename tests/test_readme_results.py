@@ -1,0 +1,107 @@
+"""The README's latency tables quote the committed result files.
+
+Every "X ms (R×)" cell of the two decode-latency tables in README.md must round from the
+median latency (best of graph and eager) of the matching records in ``bench/results/``,
+and R from the ratio of the baseline's to zerogr's. A rerun that changes the files, or a
+README edit that drifts from them, fails here.
+"""
+import re
+from pathlib import Path
+
+import pytest
+
+from zerogr_core.bench.results import load_results
+
+ROOT = Path(__file__).resolve().parents[1]
+CELL = re.compile(r"\*{0,2}([\d.,]+) ms\*{0,2}(?: \(([\d.]+)×\))?")
+HEADLINE_METHODS = ["zerogr", "static", "static-adapted", "unconstrained", "cpu-trie"]
+OTHER_METHODS = ["zerogr", "static", "static-adapted", "unconstrained"]
+
+
+@pytest.fixture(scope="module")
+def medians():
+    """``{(catalog_label, dtype, batch, beam, method): best median ms}`` over all results."""
+    best: dict = {}
+    for rec in load_results(ROOT / "bench" / "results"):
+        if rec.get("kind") != "latency" or rec.get("status", "ok") != "ok" or rec.get("quick"):
+            continue
+        key = (rec["catalog_label"], rec["dtype"], rec["batch"], rec["beam"], rec["method"])
+        best[key] = min(best.get(key, float("inf")), rec["median_ms"])
+    return best
+
+
+def table_rows(heading: str) -> list[list[str]]:
+    """Body rows of the first Markdown table after the line that starts with ``heading``."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    rows, seen = [], False
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            seen = True
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if not set(cells[0]) <= set("- "):
+                rows.append(cells)
+        elif seen:
+            break
+    return rows[1:]  # drop the header
+
+
+def shown_precision(text: str) -> float:
+    """Half a unit of the last digit shown."""
+    return 0.5 * 10 ** -(len(text.split(".")[1]) if "." in text else 0)
+
+
+def check_cells(cells: list[str], methods: list[str], labels: list[str], dtype: str, batch: int, beam: int,
+                medians: dict) -> None:
+    def median(method):
+        found = [medians[k] for k in ((lab, dtype, batch, beam, method) for lab in labels) if k in medians]
+        assert found, f"no result for {method} {labels} {dtype} batch {batch} beam {beam}"
+        return found
+
+    zerogr_options = median("zerogr")
+    for method, cell in zip(methods, cells):
+        m = CELL.fullmatch(cell)
+        assert m, f"README cell {cell!r} ({method}) is not 'X ms (R×)'"
+        ms = float(m.group(1).replace(",", ""))
+        options = median(method)
+        assert any(abs(v - ms) <= shown_precision(m.group(1)) + 1e-9 for v in options), \
+            f"README {method} {labels[0]} {dtype} b{batch} beam {beam}: {ms} ms, results {options}"
+        if m.group(2):
+            ratios = [v / z for v in options for z in zerogr_options]
+            assert any(abs(r - float(m.group(2))) <= shown_precision(m.group(2)) + 1e-9 for r in ratios), \
+                f"README {method} {labels[0]} {dtype} b{batch}: ×{m.group(2)}, results {ratios}"
+
+
+def setting(text: str) -> tuple[str, int, int]:
+    dtype = "fp16" if "FP16" in text else "fp32"
+    batch = re.search(r"batch (\d+)", text)
+    beam = re.search(r"beam (\d+)", text)
+    return dtype, int(batch.group(1)) if batch else 32, int(beam.group(1)) if beam else 128
+
+
+def test_headline_table_quotes_the_results(medians):
+    rows = table_rows("### Decode latency on one NVIDIA H200")
+    assert len(rows) >= 3
+    for row in rows:
+        dtype, batch, beam = setting(row[0])
+        check_cells(row[1:6], HEADLINE_METHODS, ["search-like-19269255"], dtype, batch, beam, medians)
+
+
+CATALOGS = {"search-like, 10^8 SIDs": ["search-like-1e8"], "watch-like, 2·10^7 SIDs": ["watch-like-2e7"]}
+
+
+def labels_of(text: str) -> list[str]:
+    if text in CATALOGS:
+        return CATALOGS[text]
+    v = re.fullmatch(r"synthetic-7, 10\^7 SIDs, V (\d+)", text)
+    assert v, f"unknown catalog in README table: {text!r}"
+    return ["synthetic-7-1e7", f"synthetic-7-1e7-V{v.group(1)}"] if v.group(1) == "2048" \
+        else [f"synthetic-7-1e7-V{v.group(1)}"]
+
+
+def test_other_catalogs_table_quotes_the_results(medians):
+    rows = table_rows("**Other catalogs and scales**")
+    assert len(rows) >= 10
+    for row in rows:
+        dtype, batch, beam = setting(row[1])
+        check_cells(row[2:6], OTHER_METHODS, labels_of(row[0]), dtype, batch, beam, medians)
