@@ -50,10 +50,9 @@ class StepOption:
         return cls(parts[0], parts[1])
 
 
-PLANNED_TOPK = ("small", "wide", "split", "prune")
-"""Top-k paths the warm-up planner times (all of :data:`kernels.TOPK_PATHS`; a narrower
-set, e.g. ``GpuEngine(topk_paths=...)`` or ``bench --topk-paths``, measures what one
-path adds)."""
+PLANNED_TOPK = TOPK_PATHS
+"""Top-k paths the warm-up planner times by default: all of them. A narrower set
+(``GpuEngine(topk_paths=...)``, ``bench --topk-paths``) measures what one path adds."""
 
 
 def step_options(mapping: StepMapping, beams_in: int, beam_width: int,
