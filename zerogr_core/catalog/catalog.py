@@ -6,8 +6,10 @@ the GPU path (index, decoders, kernels, bench) imports without Polars.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
+from numpy.dtypes import StringDType
 
 from ..errors import CatalogError
 
@@ -79,8 +81,10 @@ class Catalog:
         smallest signed type that holds every codebook (int16 up to 32,767 tokens).
     codebook_sizes : tuple[int, ...]
         |V_l| per level, length L.
-    item_ids : np.ndarray, shape (N,), int64
-        Item id of each row (same order as ``sids``).
+    item_ids : np.ndarray, shape (N,), int64 or StringDType
+        Item id of each row (same order as ``sids``): int64 when every id is an integer,
+        otherwise numpy's variable-width ``StringDType`` (short ids such as ASINs are
+        stored inline, 16 bytes per row). See :func:`normalize_item_ids`.
     titles : np.ndarray or None, shape (N,), object
         Optional human-readable names (same order as ``sids``).
     band_offsets : tuple[int, ...] or None
@@ -111,8 +115,9 @@ class Catalog:
             Token ids per level. N ≥ 1, L ≥ 1.
         codebook_sizes : sequence of int, optional
             |V_l| per level. Inferred as ``max + 1`` per level when omitted.
-        item_ids : array-like, shape (N,), int, optional
-            Item ids; default ``arange(N)``. Must be unique.
+        item_ids : array-like, shape (N,), int or str, optional
+            Item ids; default ``arange(N)``. Integers or strings (e.g. ``"B00ABC1234"``),
+            unique and non-empty (:func:`normalize_item_ids`).
         titles : array-like, shape (N,), optional
         band_offsets : sequence of int, optional
             First head row of each level when the model uses one shared head.
@@ -171,18 +176,7 @@ class Catalog:
         if item_ids is None:
             ids = np.arange(n, dtype=np.int64)
         else:
-            ids = np.asarray(item_ids)
-            if ids.shape != (n,):
-                raise CatalogError(f"item_ids has shape {ids.shape}, expected ({n},)", column="item_id")
-            if ids.dtype.kind not in "iu":
-                raise CatalogError(f"item ids must be integers, got dtype {ids.dtype}", column="item_id")
-            ids = ids.astype(np.int64)
-            uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
-            if (counts > 1).any():
-                dup = uniq[counts > 1][0]
-                rows = np.flatnonzero(ids == dup)
-                raise CatalogError(f"duplicate item id {int(dup)} (also on row {int(rows[0]) + 1})",
-                                   row=int(rows[1]), column="item_id")
+            ids = normalize_item_ids(item_ids, n)
         titles_arr = None if titles is None else np.asarray(titles, dtype=object)
         if titles_arr is not None and titles_arr.shape != (n,):
             raise CatalogError(f"titles has shape {titles_arr.shape}, expected ({n},)", column="title")
@@ -210,8 +204,8 @@ class Catalog:
             if on_duplicate == "error":
                 r = int(np.argmax(dup_mask))
                 raise CatalogError(
-                    f"SID {' '.join(map(str, table[r]))} is shared by items {int(ids[r - 1])} and "
-                    f"{int(ids[r])} ({groups} duplicated SIDs in all; use the collision option "
+                    f"SID {' '.join(map(str, table[r]))} is shared by items {format_item_id(ids[r - 1])} and "
+                    f"{format_item_id(ids[r])} ({groups} duplicated SIDs in all; use the collision option "
                     f"to append a disambiguating level)", row=int(order[r]), column="sid")
             # Rank within each run of equal SIDs: position minus the run's start.
             run_start = np.maximum.accumulate(np.where(~dup_mask, np.arange(n), 0))
@@ -239,12 +233,72 @@ class Catalog:
         """Bytes of the raw SID table stored as int16 (N·L·2), the memory yardstick."""
         return self.n_items * self.n_levels * 2
 
-    def row_of_item(self, item_id: int) -> int:
+    @property
+    def string_ids(self) -> bool:
+        """Whether item ids are strings (else int64)."""
+        return self.item_ids.dtype.kind != "i"
+
+    @cached_property
+    def _id_order(self) -> np.ndarray:
+        # Sorted view of the ids for binary-search lookups, built on first use: N int64.
+        return np.argsort(self.item_ids, kind="stable")
+
+    def rows_of(self, item_ids, *, missing: str = "error", what: str = "item id") -> np.ndarray:
+        """Rows of ``item_ids`` in the sorted table.
+
+        Parameters
+        ----------
+        item_ids : array-like, shape (k,), int or str
+            Ids of this catalog's kind; an integer catalog also takes integer strings.
+        missing : {"error", "drop", "mark"}
+            Unknown ids raise :class:`CatalogError`, are dropped, or map to -1.
+        what : str
+            How messages name the list.
+
+        Returns
+        -------
+        np.ndarray, shape (k,) (fewer with ``missing="drop"``), int64
+        """
+        ids = _lookup_keys(item_ids, self.string_ids, what)
+        order = self._id_order
+        sorted_ids = self.item_ids[order]
+        pos = np.searchsorted(sorted_ids, ids)
+        pos_c = np.minimum(pos, max(self.n_items - 1, 0))
+        found = (pos < self.n_items) & (sorted_ids[pos_c] == ids)
+        rows = np.where(found, order[pos_c], -1).astype(np.int64)
+        if not found.all():
+            if missing == "error":
+                bad = int(np.flatnonzero(~found)[0])
+                raise CatalogError(f"{what}: item id {format_item_id(ids[bad])} (entry {bad + 1}) is not in "
+                                   f"catalog {self.name!r}")
+            if missing == "drop":
+                rows = rows[found]
+        return rows
+
+    def row_of_item(self, item_id) -> int:
         """Row of ``item_id`` in the sorted table (raises ``KeyError`` if absent)."""
-        hits = np.flatnonzero(self.item_ids == item_id)
-        if hits.size == 0:
+        try:
+            rows = self.rows_of([item_id], missing="mark")
+        except CatalogError:
+            raise KeyError(item_id) from None
+        if rows[0] < 0:
             raise KeyError(item_id)
-        return int(hits[0])
+        return int(rows[0])
+
+    def ids_of_rows(self, rows) -> np.ndarray:
+        """Item ids of catalog ``rows``, padding (-1 rows) included.
+
+        Returns
+        -------
+        np.ndarray, same shape as ``rows``
+            int64 with -1 for padding (integer ids), or object with ``None`` for padding
+            (string ids).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        ids = self.item_ids[np.clip(rows, 0, max(self.n_items - 1, 0))]
+        if self.string_ids:
+            return np.where(rows >= 0, ids.astype(object), None)
+        return np.where(rows >= 0, ids, -1)
 
     def step_stats(self) -> list[dict]:
         """Per-step statistics of the prefix tree.
@@ -278,6 +332,110 @@ def _segment_lengths(h: np.ndarray, level: int) -> np.ndarray:
     sub = h[h <= level]
     starts = np.flatnonzero(sub < level) if level else np.zeros(1, dtype=np.int64)
     return np.diff(np.append(starts, sub.size))
+
+
+def format_item_id(value) -> str:
+    """An item id as messages quote it: integers bare, strings in quotes."""
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    return repr(str(value))
+
+
+def _is_string_array(arr: np.ndarray) -> bool:
+    return arr.dtype.kind in "USTO"
+
+
+def normalize_item_ids(values, n: int | None = None, *, column: str = "item_id") -> np.ndarray:
+    """Validate item ids and store them compactly.
+
+    Parameters
+    ----------
+    values : array-like, shape (N,)
+        Integers, or strings (Python ``str``, numpy ``U``/``S``/``StringDType`` or an
+        object array of ``str``). Integer-valued floats count as integers.
+    n : int, optional
+        Expected length.
+    column : str
+        Column named in messages.
+
+    Returns
+    -------
+    np.ndarray, shape (N,)
+        int64 for integer ids, ``StringDType`` for string ids (kept exactly as given,
+        so ``"007"`` and ``"7"`` are two items).
+
+    Raises
+    ------
+    CatalogError
+        Wrong shape, a mix of integers and strings, empty (or blank) string ids, or a
+        duplicate id; row-level errors name the (0-based) row and the id.
+    """
+    arr = np.asarray(values)
+    if n is not None and arr.shape != (n,):
+        raise CatalogError(f"item_ids has shape {arr.shape}, expected ({n},)", column=column)
+    if arr.ndim != 1:
+        raise CatalogError(f"item_ids must be 1-D, got shape {arr.shape}", column=column)
+    if arr.dtype.kind == "O":
+        kinds = np.array([isinstance(v, str) for v in arr], dtype=bool)
+        if kinds.all():
+            arr = arr.astype(StringDType())
+        elif kinds.any():
+            r = int(np.argmin(kinds)) if kinds[0] else int(np.argmax(kinds))
+            raise CatalogError(f"item ids mix integers and strings ({arr[r]!r})", row=r, column=column)
+        else:
+            try:
+                arr = arr.astype(np.float64) if any(isinstance(v, float) for v in arr) else arr.astype(np.int64)
+            except (TypeError, ValueError, OverflowError):
+                raise CatalogError("item ids must be integers or strings", column=column) from None
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr))
+        if bad.any():
+            r = int(np.argmax(bad))
+            raise CatalogError(f"item id {arr[r]!r} is not an integer or a string", row=r, column=column)
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind == "S":
+        arr = np.char.decode(arr, "utf-8")
+    if arr.dtype.kind in "UT":
+        ids = arr.astype(StringDType())
+        empty = np.strings.str_len(np.strings.strip(ids)) == 0
+        if empty.any():
+            raise CatalogError("empty item id", row=int(np.argmax(empty)), column=column)
+    elif arr.dtype.kind in "iub":
+        ids = arr.astype(np.int64)
+    else:
+        raise CatalogError(f"item ids must be integers or strings, got dtype {arr.dtype}", column=column)
+    if ids.size > 1:
+        order = np.argsort(ids, kind="stable")
+        ranked = ids[order]
+        same = ranked[1:] == ranked[:-1]
+        if same.any():
+            # The first duplicate in file order: the smallest second occurrence.
+            second = order[1:][same]
+            r = int(second.min())
+            first = int(order[np.searchsorted(ranked, ids[r])])
+            raise CatalogError(f"duplicate item id {format_item_id(ids[r])} (also on row {first + 1})",
+                               row=r, column=column)
+    return ids
+
+
+def _lookup_keys(values, string_ids: bool, what: str) -> np.ndarray:
+    """Ids to look up, converted to the catalog's id kind (one-line error otherwise)."""
+    arr = np.asarray(values)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.size == 0:
+        return np.zeros(0, dtype=StringDType() if string_ids else np.int64)
+    if string_ids:
+        if arr.dtype.kind in "iu":
+            return arr.astype(str).astype(StringDType())
+        return arr.astype(str).astype(StringDType()) if arr.dtype.kind != "T" else arr
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    try:
+        return np.array([int(str(v).strip()) for v in arr.ravel()], dtype=np.int64)
+    except ValueError:
+        bad = next(str(v) for v in arr.ravel() if not str(v).strip().lstrip("-").isdigit())
+        raise CatalogError(f"{what}: {bad!r} is not an integer, and this catalog's ids are integers") from None
 
 
 def token_dtype(max_codebook: int) -> np.dtype:

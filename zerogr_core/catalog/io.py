@@ -6,6 +6,8 @@ Layouts
 * one column: ``item_id, sid`` where ``sid`` is a string of tokens separated by spaces
   or commas (``"3 5 1"``, ``"3,5,1"``) or, in Parquet, a list column.
 
+Item ids are integers, or strings such as ASINs (``B00ABC1234``): a column whose ids
+are all canonical integers loads as int64, any other keeps every id as its string.
 An optional ``title`` column holds human-readable names; other columns are ignored.
 Column names are matched case-insensitively. The format follows the extension:
 ``.csv`` (comma), ``.tsv`` and ``.txt`` (tab), ``.parquet``.
@@ -23,6 +25,7 @@ from typing import NoReturn
 
 import numpy as np
 import polars as pl
+from numpy.dtypes import StringDType
 
 from ..errors import CatalogError
 from .catalog import Catalog, level_names
@@ -78,7 +81,7 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
     CatalogError
         Missing, empty, oversized or unreadable file; missing ``item_id`` or SID columns;
         missing values; ragged ``sid`` strings; non-integer, negative or out-of-codebook
-        tokens; non-integer or duplicate item ids; duplicate SIDs (with
+        tokens; empty or duplicate item ids (integer or string); duplicate SIDs (with
         ``on_duplicate="error"``).
     """
     path = Path(path)
@@ -92,7 +95,7 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
     layout_columns = _layout(columns, source)
     if frame.height == 0:
         raise CatalogError("no data rows", source=source)
-    item_ids = _int_column(frame[columns["item_id"]], columns["item_id"], source)
+    item_ids = _id_column(frame[columns["item_id"]], columns["item_id"], source)
     if layout_columns == ["sid"]:
         sids = _sid_column(frame[columns["sid"]], columns["sid"], source)
     else:
@@ -137,7 +140,8 @@ def save_catalog(catalog: Catalog, path: str | Path) -> Path:
     """
     path = Path(path)
     fmt = catalog_format(path)
-    data = {"item_id": catalog.item_ids.astype(np.int64)}
+    data = {"item_id": (pl.Series("item_id", catalog.item_ids.tolist(), dtype=pl.String)
+                        if catalog.string_ids else catalog.item_ids.astype(np.int64))}
     for level, name in enumerate(level_names(catalog.n_levels)):
         data[name] = catalog.sids[:, level]
     if catalog.titles is not None:
@@ -276,6 +280,36 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
     if missing.any():
         raise fail(int(missing.arg_true()[0]), "missing value")
     return values.cast(pl.Int64).to_numpy()
+
+
+_CANONICAL_INT = r"^-?(0|[1-9][0-9]{0,17})$"
+
+
+def _id_column(series: pl.Series, column: str, source: str) -> np.ndarray:
+    """Parse the ``item_id`` column: int64 when every id is a canonical integer, else strings.
+
+    A column that is not all integers (``B00ABC1234``, ``007``) keeps every id as the
+    string in the file (surrounding blanks removed), so ids round-trip exactly. Empty
+    ids are a row error; duplicates are reported by :func:`normalize_item_ids`.
+
+    Returns
+    -------
+    np.ndarray, shape (N,), int64 or StringDType
+    """
+    dtype = series.dtype
+    if dtype.is_integer() or dtype.is_float():
+        return _int_column(series, column, source)
+    if dtype not in (pl.String, pl.Categorical) and not isinstance(dtype, pl.Enum):
+        raise CatalogError(f"column has type {dtype}, expected integer or string ids", column=column,
+                           source=source)
+    text = series.cast(pl.String).str.strip_chars()
+    empty = text.is_null() | (text == "")
+    if empty.any():
+        raise CatalogError("missing value (empty item id)", row=int(empty.arg_true()[0]), column=column,
+                           source=source)
+    if text.str.contains(_CANONICAL_INT).all():
+        return text.cast(pl.Int64).to_numpy()
+    return text.to_numpy().astype(StringDType())
 
 
 def _sid_column(series: pl.Series, column: str, source: str) -> np.ndarray:

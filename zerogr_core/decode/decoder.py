@@ -56,11 +56,17 @@ class Decoder:
     engine : {"auto", "reference", "graph", "eager"}
         ``auto`` uses the GPU engine (CUDA graph replay) for filter-first on a CUDA index
         and the pure-PyTorch reference elsewhere.
+    catalog : Catalog, optional
+        The catalog the index was built from; needed to pass item ids to
+        :meth:`decode` (``allow_items`` / ``deny_items``).
     """
 
     def __init__(self, index: StepIndex, heads, beam_width: int, order: str = "filter-first", *,
                  band_offsets: Sequence[int] | None = None, projection=None, source=None,
-                 engine: str = "auto"):
+                 engine: str = "auto", catalog=None):
+        self.catalog = catalog
+        if catalog is not None and catalog.n_items != index.n_items:
+            raise ZeroGRError(f"catalog has {catalog.n_items} items but the index has {index.n_items}")
         if order not in ORDERS:
             raise ZeroGRError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if engine not in ENGINES:
@@ -99,9 +105,18 @@ class Decoder:
             return ScoreFirst(self.source, self.heads)
         return Unconstrained(self.heads)
 
+    def request_lists(self, batch_size: int, allow_items=None, deny_items=None, global_deny_rows=None):
+        """Per-request row lists for :meth:`decode` (:func:`~zerogr_core.decode.constraints.build_lists`)."""
+        from .constraints import build_lists
+
+        if self.catalog is None:
+            raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
+        return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows)
+
     @torch.no_grad()
-    def decode(self, hidden_fn: HiddenFn, batch_size: int) -> DecodeResult:
-        """Decode ``batch_size`` requests.
+    def decode(self, hidden_fn: HiddenFn, batch_size: int, *, allow_items=None, deny_items=None,
+               lists=None) -> DecodeResult:
+        """Decode ``batch_size`` requests, optionally under per-request item constraints.
 
         Parameters
         ----------
@@ -110,14 +125,32 @@ class Decoder:
             ``beams_at_step`` is 1 at step 0 and ``beam_width`` afterwards. Returns the
             hidden states (batch, beams_at_step, H).
         batch_size : int
+        allow_items, deny_items : sequence of ``batch_size`` item-id arrays (or None), optional
+            Per request, only the allowed items / none of the denied items are returned
+            (ids as in ``catalog``; ids not in it are skipped). Enforced during decoding:
+            prefixes without an allowed item below them are never scored or kept, and
+            filtering first normalises over the request's alive tokens only. A request
+            with fewer allowed items than ``beam_width`` gets them all, then padding
+            (row -1, score -inf). See :mod:`zerogr_core.decode.constraints`.
+        lists : RequestLists, optional
+            Ready-made row lists (:meth:`request_lists`), instead of the two id lists.
 
         Returns
         -------
         DecodeResult
         """
+        if lists is None and (allow_items is not None or deny_items is not None):
+            lists = self.request_lists(batch_size, allow_items, deny_items)
+        if lists is not None:
+            self._check_constrainable(lists, batch_size)
         if self.engine is not None:
-            return self.engine.decode(hidden_fn, batch_size)
-        result = beam_search(self.step_fn(), hidden_fn, batch_size=batch_size, beam_width=self.beam_width,
+            return self.engine.decode(hidden_fn, batch_size, lists=lists)
+        step_fn = self.step_fn()
+        if lists is not None:
+            from .constraints import SlotConstraint
+
+            step_fn.constraint = SlotConstraint(self.index, lists)
+        result = beam_search(step_fn, hidden_fn, batch_size=batch_size, beam_width=self.beam_width,
                              n_levels=self.index.n_levels, hidden_size=self.heads.hidden_size,
                              device=self.index.device)
         if self.order == "unconstrained":
@@ -125,3 +158,14 @@ class Decoder:
             rows = resolve_rows(self.index, flat).reshape(result.item_rows.shape)
             result.item_rows = torch.where(result.scores > float("-inf"), rows, -1)
         return result
+
+    def _check_constrainable(self, lists, batch_size: int) -> None:
+        from ..index.host_trie import HostTrie
+
+        if lists.batch != batch_size:
+            raise ZeroGRError(f"constraint lists cover {lists.batch} requests, batch_size is {batch_size}")
+        if self.order == "unconstrained":
+            raise ZeroGRError("allow/deny lists need a constrained order (filter-first or score-first)")
+        if self.order == "score-first" and not isinstance(self.source, (StepIndex, HostTrie)):
+            raise ZeroGRError(f"allow/deny lists need score-first over the step-sliced index or the host "
+                              f"trie, not {type(self.source).__name__}")

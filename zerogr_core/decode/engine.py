@@ -102,6 +102,9 @@ class StepRunner:
             torch.empty(n * -(-self.K // 64), 3, dtype=torch.int32, device=dev))
         self.logits = (torch.empty(n, mapping.codebook, dtype=weight.dtype, device=dev)
                        if option.mode.endswith("full") else None)
+        #: Optional callable(FilterOut) that kills constrained slots in place, after
+        #: filtering and before projection/normalisation (set by a constrained ShapeState).
+        self.constraint = None
         self.top = TopkOut(torch.empty(batch, beam_width, dtype=torch.float32, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int64, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int32, device=dev),
@@ -111,8 +114,13 @@ class StepRunner:
         """Filter + projection: slot logits of every beam (raw, not normalised)."""
         if self.logits is not None:
             full_proj(hidden, self.weight, self.band_start, self.mapping.codebook, out=self.logits)
-            return filter_slots(states, self.K, **self.args, logits=self.logits, out=self.filter_out)
+            slots = filter_slots(states, self.K, **self.args, logits=self.logits, out=self.filter_out)
+            if self.constraint is not None:
+                self.constraint(slots)
+            return slots
         slots = filter_slots(states, self.K, **self.args, out=self.filter_out)
+        if self.constraint is not None:
+            self.constraint(slots)
         selective_proj(hidden, self.weight, slots.slot_tokens, slots.tasks, slots.slot_logits,
                        band_start=self.band_start)
         return slots
@@ -131,7 +139,7 @@ class StepRunner:
 class ShapeState:
     """Static buffers and runners of one (batch, beam, dtype, H) shape."""
 
-    def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption]):
+    def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption], capacity: int = 0):
         self.batch = batch
         index, heads, m = engine.index, engine.heads, engine.beam_width
         dev = index.device
@@ -141,6 +149,11 @@ class ShapeState:
             weight = heads.shared if heads.shared is not None else heads.bands[level]
             self.runners.append(StepRunner(mapping, engine.sparse_view(level), weight, heads.band_offsets[level],
                                            option, batch, 1 if level == 0 else m, m))
+        self.capacity = capacity
+        if capacity:
+            from .constraints import attach_lists
+
+            self.lists = attach_lists(self.runners, index, batch, capacity)
         self.states0 = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.scores0 = torch.zeros(batch, dtype=torch.float32, device=dev)
         # prefixes[l]: (batch, beams_at_step, l), what hidden_fn sees at step l.
@@ -249,10 +262,26 @@ class GpuEngine:
         self.plans.clear()
         self._sparse.clear()
 
-    def decode(self, hidden_fn: HiddenFn, batch_size: int) -> DecodeResult:
+    def constrained_shape(self, hidden_fn: HiddenFn, batch: int, lists) -> ShapeState:
+        """The shape with static list buffers that hold ``lists`` (grown and re-captured
+        when a call lists more rows than its capacity), with ``lists`` copied in."""
+        from .constraints import capacity_for, load_lists
+
+        key = self.key(batch) + ("lists",)
+        shape = self._shapes.get(key)
+        if shape is None or shape.capacity < lists.rows.size:
+            plan = self.plan(hidden_fn, batch)
+            shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity_for(lists.rows.size))
+            self._shapes[key] = shape
+        load_lists(shape.lists, lists)
+        return shape
+
+    def decode(self, hidden_fn: HiddenFn, batch_size: int, lists=None) -> DecodeResult:
         if batch_size < 1:
             raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
         shape = self.shape_state(hidden_fn, batch_size)
+        if lists is not None:
+            shape = self.constrained_shape(hidden_fn, batch_size, lists)
         H, dtype = self.heads.hidden_size, self.heads.dtype
         if self.use_graph:
             if shape.graph is None or shape.graph_fn is not hidden_fn:

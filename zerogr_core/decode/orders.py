@@ -48,6 +48,9 @@ class FilterFirst:
         if len(projection) != index.n_levels or any(p not in PROJECTIONS for p in projection):
             raise ZeroGRError(f"projection must list one of {PROJECTIONS} per step, got {list(projection)}")
         self.index, self.heads, self.projection, self.ops = index, heads, tuple(projection), ops
+        #: Optional per-request lists (:class:`~zerogr_core.decode.constraints.SlotConstraint`),
+        #: applied to the slots before projection and normalisation.
+        self.constraint = None
 
     def __call__(self, step, states, hidden, scores, timer=no_timer):
         mapping, ops = self.index.steps[step], self.ops
@@ -57,9 +60,13 @@ class FilterFirst:
                 logits = full_logits(hidden, band)
             with timer(step, "filter"):
                 slots = ops.filter(states, mapping.slot_width, **mapping.filter_args(), logits=logits)
+                if self.constraint is not None:
+                    self.constraint(step, *slots[:3])
         else:
             with timer(step, "filter"):
                 slots = ops.filter(states, mapping.slot_width, **mapping.filter_args())
+                if self.constraint is not None:
+                    self.constraint(step, *slots[:3])
             with timer(step, "project"):
                 ops.selective(hidden.to(band.dtype), band, slots.slot_tokens, slots.tasks, slots.slot_logits)
         with timer(step, "normalise"):
@@ -81,6 +88,9 @@ class ScoreFirst:
 
     def __init__(self, source, heads: Heads, ops: KernelOps = DISPATCH):
         self.source, self.heads, self.ops = source, heads, ops
+        #: Optional per-request lists, applied after the full-vocabulary normalisation
+        #: (needs a source whose states are the step-sliced index's: StepIndex or HostTrie).
+        self.constraint = None
 
     def __call__(self, step, states, hidden, scores, timer=no_timer):
         weight, band_start = self.heads.normaliser(step)
@@ -106,6 +116,9 @@ class ScoreFirst:
                                       f"got {type(source).__name__}")
                 slot_lp = torch.gather(logprobs, 1, (tokens.long() + band_start).clamp(min=0))
                 slot_lp = torch.where(tokens >= 0, slot_lp, float("-inf"))
+            if self.constraint is not None:
+                tokens, succ, slot_lp = tokens.to(torch.int32).contiguous(), succ.contiguous(), slot_lp.contiguous()
+                self.constraint(step, tokens, succ, slot_lp)
             cand = slot_lp + scores[:, None]
         return cand, tokens, succ
 

@@ -39,9 +39,15 @@ class DecodeResult:
     item_rows: torch.Tensor
 
     def item_ids(self, catalog) -> np.ndarray:
-        """Item ids (batch, beam_width), int64; -1 where there is no item."""
-        rows = self.item_rows.cpu().numpy()
-        return np.where(rows >= 0, catalog.item_ids[np.maximum(rows, 0)], -1)
+        """Item ids (batch, beam_width) of the beams' rows in ``catalog``.
+
+        Returns
+        -------
+        np.ndarray
+            int64 with -1 where there is no item (padding), for integer ids; object
+            (Python ``str``) with ``None`` for padding, for string ids.
+        """
+        return catalog.ids_of_rows(self.item_rows.cpu().numpy())
 
 
 class StepFn(Protocol):

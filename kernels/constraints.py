@@ -1,0 +1,201 @@
+"""Per-request constraints: mark candidate slots with no allowed item below them as invalid.
+
+Applied right after filtering (DESIGN.md section 4, step 1), so a dead candidate is
+never projected (selective), never enters a request's normalisation (filtering first)
+and never takes a beam. Rows of the catalog are sorted by SID, so the prefix a slot
+extends to covers one contiguous range of rows ``[lo, hi)``: ``lo = row_start[succ]``
+and ``hi = row_start[succ + 1]`` (at the last step the successor is the row itself,
+``row_start=None``).
+
+Each request ``r`` has one sorted, duplicate-free row list
+``rows[list_offsets[r]:list_offsets[r + 1]]`` (CSR) and a mode:
+
+- ``mode[r] == 1`` (allow): the slot is alive iff the list holds a row in ``[lo, hi)``;
+- ``mode[r] == 0`` (deny): the slot is alive iff ``hi - lo`` exceeds the number of
+  listed rows in ``[lo, hi)`` (an empty deny list changes nothing).
+
+Both are two lower-bound binary searches of ``n_iter`` halvings each, with
+``n_iter >= bit_length(longest list)`` (a compile-time constant: one specialisation per
+capacity); pass the bound of the buffers' capacity so the kernel, and hence a captured
+CUDA graph, does not depend on the lists of one call.
+A dead slot gets token -1, successor -1 and logit -inf, exactly like a slot past the end
+of its segment. Beam ``b`` belongs to request ``b // beams_per_request``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, use_triton
+
+BLOCK_SLOTS = 128
+"""Slots per program (one beam, one column block)."""
+
+
+def search_iterations(capacity: int) -> int:
+    """Halvings that find a lower bound in any list of at most ``capacity`` rows."""
+    return max(int(capacity), 1).bit_length()
+
+
+def _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+           beams_per_request, n_iter) -> None:
+    check_tensor("slot_succ", slot_succ, dtypes=(torch.int64,), ndim=2, contiguous=True)
+    n, K = slot_succ.shape
+    dev = slot_succ.device
+    check_tensor("slot_tokens", slot_tokens, dtypes=(torch.int32,), ndim=2, device=dev, shape=(n, K),
+                 contiguous=True)
+    check_tensor("slot_logits", slot_logits, dtypes=FLOAT_DTYPES, ndim=2, device=dev, shape=(n, K),
+                 contiguous=True)
+    if row_start is not None:
+        check_tensor("row_start", row_start, dtypes=(torch.int32, torch.int64), ndim=1, device=dev,
+                     contiguous=True)
+    check_tensor("list_offsets", list_offsets, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
+    check_tensor("list_rows", list_rows, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
+    if list_rows.numel() == 0:
+        raise ValueError("list_rows must hold at least one element (pad an empty list buffer)")
+    if not isinstance(beams_per_request, int) or beams_per_request < 1 or n % beams_per_request:
+        raise ValueError(f"beams_per_request must be a positive divisor of {n} beams, got {beams_per_request!r}")
+    batch = n // beams_per_request
+    check_tensor("list_mode", list_mode, dtypes=(torch.int32,), ndim=1, device=dev, shape=(batch,),
+                 contiguous=True)
+    if list_offsets.shape[0] != batch + 1:
+        raise ValueError(f"list_offsets must hold batch + 1 = {batch + 1} entries, got {list_offsets.shape[0]}")
+    if not isinstance(n_iter, int) or n_iter < 1:
+        raise ValueError(f"n_iter must be a positive int, got {n_iter!r}")
+
+
+@triton.jit
+def _lower_bound(rows_ptr, start, end, x, N_ITER: tl.constexpr):
+    # Vectorised lower bound of x (BLOCK,) in rows[start:end] (scalars): N_ITER halvings.
+    lo = tl.zeros_like(x) + start
+    hi = tl.zeros_like(x) + end
+    for _ in range(N_ITER):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(rows_ptr + mid, mask=active, other=0)
+        right = active & (v < x)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & ~right, mid, hi)
+    return lo
+
+
+@triton.jit
+def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
+                      list_off_ptr, list_rows_ptr, list_mode_ptr, K, beams_per_request,
+                      N_ITER: tl.constexpr, LAST: tl.constexpr, BLOCK: tl.constexpr):
+    beam = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_row = cols < K
+    slot = beam * K + cols
+    succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
+    valid = succ >= 0
+    safe = tl.where(valid, succ, 0)
+    if LAST:
+        lo = safe
+        hi = safe + 1
+    else:
+        lo = tl.load(row_start_ptr + safe, mask=valid, other=0).to(tl.int64)
+        hi = tl.load(row_start_ptr + safe + 1, mask=valid, other=0).to(tl.int64)
+    req = beam // beams_per_request
+    start = tl.load(list_off_ptr + req)
+    end = tl.load(list_off_ptr + req + 1)
+    allow = tl.load(list_mode_ptr + req) != 0
+    listed = _lower_bound(list_rows_ptr, start, end, hi, N_ITER) - \
+        _lower_bound(list_rows_ptr, start, end, lo, N_ITER)
+    alive = tl.where(allow, listed > 0, (hi - lo) > listed)
+    dead = valid & ~alive
+    tl.store(slot_tok_ptr + slot, tl.full([BLOCK], -1, tl.int32), mask=in_row & dead)
+    tl.store(slot_succ_ptr + slot, tl.full([BLOCK], -1, tl.int64), mask=in_row & dead)
+    tl.store(slot_logit_ptr + slot, tl.full([BLOCK], float("-inf"), tl.float32).to(
+        slot_logit_ptr.dtype.element_ty), mask=in_row & dead)
+
+
+def constrain_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
+                           row_start: torch.Tensor | None, list_offsets: torch.Tensor,
+                           list_rows: torch.Tensor, list_mode: torch.Tensor, beams_per_request: int,
+                           n_iter: int) -> None:
+    """Triton implementation of :func:`constrain_slots` (in place, no host sync)."""
+    _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+           beams_per_request, n_iter)
+    n, K = slot_succ.shape
+    if n == 0:
+        return
+    block = min(BLOCK_SLOTS, next_pow2(K))
+    last = row_start is None
+    _constrain_kernel[(n, cdiv(K, block))](
+        slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
+        list_mode, K, beams_per_request, N_ITER=n_iter, LAST=last, BLOCK=block)
+
+
+def constrain_slots_reference(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
+                              row_start: torch.Tensor | None, list_offsets: torch.Tensor,
+                              list_rows: torch.Tensor, list_mode: torch.Tensor, beams_per_request: int,
+                              n_iter: int) -> None:
+    """PyTorch reference of :func:`constrain_slots` (same signature, in place)."""
+    _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+           beams_per_request, n_iter)
+    n, K = slot_succ.shape
+    if n == 0:
+        return
+    valid = slot_succ >= 0
+    safe = slot_succ.clamp(min=0)
+    if row_start is None:
+        lo, hi = safe, safe + 1
+    else:
+        lo, hi = row_start[safe].long(), row_start[safe + 1].long()
+    batch = list_mode.shape[0]
+    req = torch.arange(n, device=slot_succ.device) // beams_per_request
+    # One global sorted key space: request r's rows live at r * span + row, so a single
+    # searchsorted answers every request's count.
+    sizes = list_offsets[1:] - list_offsets[:-1]
+    total = int(list_offsets[-1])
+    owner = torch.repeat_interleave(torch.arange(batch, device=slot_succ.device), sizes, output_size=total)
+    span = int(max(int(hi.max()) if hi.numel() else 0, int(list_rows[:total].max()) + 1 if total else 0)) + 1
+    keys = owner * span + list_rows[:total]
+    base = (req * span)[:, None]
+    listed = torch.searchsorted(keys, base + hi) - torch.searchsorted(keys, base + lo)
+    allow = (list_mode[req] != 0)[:, None]
+    alive = torch.where(allow, listed > 0, (hi - lo) > listed)
+    dead = valid & ~alive
+    slot_tokens.masked_fill_(dead, -1)
+    slot_succ.masked_fill_(dead, -1)
+    slot_logits.masked_fill_(dead, float("-inf"))
+
+
+def constrain_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
+                    row_start: torch.Tensor | None, list_offsets: torch.Tensor, list_rows: torch.Tensor,
+                    list_mode: torch.Tensor, beams_per_request: int, n_iter: int) -> None:
+    """Invalidate, in place, every slot whose prefix has no allowed catalog row below it.
+
+    Parameters
+    ----------
+    slot_tokens : torch.Tensor
+        ``(n_beams, K)`` int32 slot tokens from :func:`kernels.filter_slots` (-1 invalid).
+    slot_succ : torch.Tensor
+        ``(n_beams, K)`` int64 successor states (-1 invalid).
+    slot_logits : torch.Tensor
+        ``(n_beams, K)`` float32/float16/bfloat16 slot logits (or -inf placeholders).
+    row_start : torch.Tensor or None
+        ``(S_next + 1,)`` int32/int64 first catalog row of every successor state, with
+        the row count last; ``None`` at the last step, where the successor is the row.
+    list_offsets : torch.Tensor
+        ``(batch + 1,)`` int64 CSR offsets into ``list_rows``.
+    list_rows : torch.Tensor
+        ``(capacity,)`` int64, capacity >= 1: each request's sorted, duplicate-free rows;
+        entries past ``list_offsets[-1]`` are ignored.
+    list_mode : torch.Tensor
+        ``(batch,)`` int32: 1 = the list is an allow list, 0 = a deny list.
+    beams_per_request : int
+        Slot rows per request (``n_beams = batch * beams_per_request``).
+    n_iter : int
+        Binary-search halvings, at least :func:`search_iterations` of the longest list.
+
+    Returns
+    -------
+    None
+        The three slot tensors are updated in place: dead slots get -1, -1, -inf.
+    """
+    fn = constrain_slots_triton if use_triton(slot_succ) else constrain_slots_reference
+    fn(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+       beams_per_request, n_iter)

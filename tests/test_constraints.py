@@ -1,0 +1,307 @@
+"""Per-request allow/deny lists: the kernel against its reference, and both decode orders
+against a brute-force oracle that enumerates the catalog."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernels.constraints import constrain_slots_reference, constrain_slots_triton, search_iterations
+from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
+from zerogr_core.decode.constraints import build_lists, row_starts
+from zerogr_core.index import INDEX_PRESETS, HostTrie, build_static_index
+
+
+# ---------------------------------------------------------------------------- kernel
+def random_case(seed, n_beams, K, batch, n_rows, last, list_len):
+    g = np.random.default_rng(seed)
+    succ = g.integers(-1, n_rows if last else 12, (n_beams, K))
+    tokens = np.where(succ >= 0, g.integers(0, 50, (n_beams, K)), -1)
+    logits = np.where(succ >= 0, g.normal(size=(n_beams, K)), -np.inf)
+    starts = None if last else np.concatenate([[0], np.sort(g.integers(0, n_rows, 11)), [n_rows]])
+    lists = [np.unique(g.integers(0, n_rows, g.integers(0, list_len + 1))) for _ in range(batch)]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
+    rows = np.concatenate(lists + [np.zeros(1, dtype=np.int64)])  # padded buffer
+    mode = g.integers(0, 2, batch)
+    t = torch.from_numpy
+    return (t(tokens.astype(np.int32)), t(succ.astype(np.int64)), t(logits.astype(np.float32)),
+            None if starts is None else t(starts.astype(np.int32)), t(offsets.astype(np.int64)),
+            t(rows.astype(np.int64)), t(mode.astype(np.int32)))
+
+
+@pytest.mark.parametrize("n_beams,K,batch,last,list_len", [
+    (2, 1, 1, False, 0), (6, 3, 3, False, 5), (4, 130, 2, True, 40), (1, 7, 1, True, 1), (8, 200, 4, False, 300),
+])
+def test_kernel_matches_reference(n_beams, K, batch, last, list_len):
+    n_rows = 97
+    case = random_case(n_beams * K + list_len, n_beams, K, batch, n_rows, last, list_len)
+    n_iter = search_iterations(list_len + 3)  # more halvings than needed must not change anything
+    ref = [t.clone() if t is not None else None for t in case]
+    tri = [t.clone() if t is not None else None for t in case]
+    constrain_slots_reference(*ref, n_beams // batch, n_iter)
+    constrain_slots_triton(*tri, n_beams // batch, n_iter)
+    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
+        bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
+        assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+    # independent check of the rule on the reference output
+    tokens, succ, logits, starts, offsets, rows, mode = case
+    for b in range(n_beams):
+        r = b // (n_beams // batch)
+        own = rows[offsets[r]:offsets[r + 1]].numpy()
+        for k in range(K):
+            s = int(succ[b, k])
+            if s < 0:
+                assert int(ref[1][b, k]) == -1
+                continue
+            lo, hi = (s, s + 1) if starts is None else (int(starts[s]), int(starts[s + 1]))
+            listed = int(((own >= lo) & (own < hi)).sum())
+            alive = listed > 0 if mode[r] else hi - lo > listed
+            assert (int(ref[1][b, k]) == s) == alive and (int(ref[0][b, k]) >= 0) == alive
+
+
+def test_kernel_rejects_bad_arguments():
+    case = list(random_case(0, 4, 3, 2, 10, True, 3))
+    with pytest.raises(ValueError, match="beams_per_request"):
+        constrain_slots_triton(*case, 3, 4)
+    with pytest.raises(ValueError, match="list_offsets"):
+        constrain_slots_triton(*case[:4], case[4][:2], *case[5:], 2, 4)
+    with pytest.raises(TypeError, match="list_mode"):
+        constrain_slots_triton(*case[:6], case[6].long(), 2, 4)
+    with pytest.raises(ValueError, match="at least one"):
+        constrain_slots_triton(*case[:5], case[5][:0], case[6], 2, 4)
+
+
+# ---------------------------------------------------------------------------- oracle
+class Model:
+    """hidden_fn whose output depends only on (request, step, prefix)."""
+
+    def __init__(self, sizes, hidden, batch, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.req = torch.randn(batch, hidden, generator=g, dtype=torch.float64)
+        self.tok = [torch.randn(s, hidden, generator=g, dtype=torch.float64) for s in sizes]
+
+    def hidden(self, request, step, prefix):
+        h = self.req[request] * (step + 1)
+        for level, t in enumerate(prefix):
+            h = h + self.tok[level][t] * (level + 2)
+        return torch.tanh(h)
+
+    def __call__(self, step, prefixes):
+        b, m, _ = prefixes.shape
+        out = torch.zeros(b, m, self.req.shape[1], dtype=torch.float64)
+        for i in range(b):
+            for j in range(m):
+                if step == 0 or prefixes[i, j, 0] >= 0:
+                    out[i, j] = self.hidden(i, step, [int(t) for t in prefixes[i, j]])
+        return out.float()
+
+
+def oracle(catalog, heads, model, request, beam, order, allowed_rows):
+    """Beam search over Python lists restricted to the allowed rows (float64)."""
+    sids = catalog.sids.astype(np.int64)[np.sort(allowed_rows)]
+    beams = [((), 0.0)]
+    for step in range(catalog.n_levels):
+        cands = []
+        for prefix, score in beams:
+            below = sids[np.all(sids[:, :step] == np.array(prefix, dtype=np.int64), axis=1)] if step else sids
+            alive = np.unique(below[:, step])
+            logits = heads[step].double() @ model.hidden(request, step, list(prefix)).float().double()
+            lp = torch.log_softmax(logits[alive], 0) if order == "filter-first" else \
+                torch.log_softmax(logits, 0)[alive]
+            cands += [(prefix + (int(t),), score + float(v)) for t, v in zip(alive, lp)]
+        cands.sort(key=lambda c: -c[1])
+        beams = cands[:beam]
+    return beams
+
+
+def exhaustive(catalog, heads, model, request, order, allowed_rows):
+    """Every allowed item scored along its full path (exact when the beam holds every prefix)."""
+    out = []
+    for row in np.sort(allowed_rows):
+        sid = catalog.sids[row].astype(np.int64)
+        total = 0.0
+        for step in range(catalog.n_levels):
+            logits = heads[step].double() @ model.hidden(request, step, list(sid[:step])).float().double()
+            if order == "filter-first":
+                below = catalog.sids[np.sort(allowed_rows)].astype(np.int64)
+                below = below[np.all(below[:, :step] == sid[:step], axis=1)]
+                alive = np.unique(below[:, step])
+                total += float(torch.log_softmax(logits[alive], 0)[np.searchsorted(alive, sid[step])])
+            else:
+                total += float(torch.log_softmax(logits, 0)[sid[step]])
+        out.append((tuple(sid.tolist()), total))
+    return sorted(out, key=lambda c: -c[1])
+
+
+def allowed_rows_of(catalog, lists, request):
+    rows = np.arange(catalog.n_items)
+    return rows[lists.allows(request, rows)]
+
+
+def check(result, catalog, expected, beam, request, allowed):
+    got = result.scores[request].double().numpy()
+    for j, (sid, score) in enumerate(expected):
+        assert tuple(result.tokens[request, j].tolist()) == sid, (request, j, expected)
+        assert math.isclose(got[j], score, rel_tol=1e-4, abs_tol=1e-4), (request, j)
+        row = int(result.item_rows[request, j])
+        assert row in allowed and tuple(catalog.sids[row].tolist()) == sid
+    for j in range(len(expected), beam):  # padding
+        assert result.scores[request, j] == float("-inf") and int(result.item_rows[request, j]) == -1
+
+
+@st.composite
+def scenarios(draw):
+    n_levels = draw(st.integers(1, 3))
+    sizes = tuple(draw(st.integers(2, 5)) for _ in range(n_levels))
+    total = int(np.prod(sizes))
+    n = draw(st.integers(1, min(total, 30)))
+    seed = draw(st.integers(0, 10_000))
+    g = np.random.default_rng(seed)
+    flat = g.choice(total, n, replace=False)
+    sids = np.stack(np.unravel_index(flat, sizes), 1)
+    ids = [f"B{v:09d}" for v in g.choice(10**6, n, replace=False)]
+    catalog = Catalog.from_sids(sids, sizes, item_ids=ids)
+    batch = draw(st.integers(1, 3))
+    allow, deny = [], []
+    for _ in range(batch):
+        kind = draw(st.sampled_from(["none", "allow", "deny", "both", "empty-allow"]))
+        pick = lambda: [ids[i] for i in g.choice(n, g.integers(0, n + 1), replace=False)]  # noqa: E731
+        allow.append(pick() if kind in ("allow", "both") else [] if kind == "empty-allow" else None)
+        deny.append(pick() if kind in ("deny", "both") else None)
+    beam = draw(st.integers(1, 6))
+    preset = draw(st.sampled_from(["default", "all-sparse"]))
+    projection = draw(st.sampled_from(["full", "selective"]))
+    return catalog, sizes, allow, deny, beam, preset, projection, seed
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from(["filter-first", "score-first"]))
+def test_both_orders_match_the_oracle(scenario, order):
+    catalog, sizes, allow, deny, beam, preset, projection, seed = scenario
+    index = build_index(catalog, config=INDEX_PRESETS[preset])
+    g = torch.Generator().manual_seed(seed)
+    heads = [torch.randn(s, 5, generator=g) for s in sizes]
+    batch = len(allow)
+    model = Model(sizes, 5, batch, seed)
+    decoder = Decoder(index, heads, beam, order, projection=projection, catalog=catalog, engine="reference")
+    result = decoder.decode(model, batch, allow_items=allow, deny_items=deny)
+    lists = build_lists(catalog, batch, allow, deny)
+    for r in range(batch):
+        allowed = allowed_rows_of(catalog, lists, r)
+        expected = oracle(catalog, heads, model, r, beam, order, allowed)
+        assert len(expected) == min(beam, allowed.size)
+        check(result, catalog, expected, beam, r, set(allowed.tolist()))
+        if beam >= catalog.n_items:  # the beam never drops a prefix: the same as scoring every item
+            assert [s for s, _ in exhaustive(catalog, heads, model, r, order, allowed)][:beam] == \
+                [s for s, _ in expected]
+    ids = result.item_ids(catalog)
+    assert ids.dtype == object
+    for r in range(batch):
+        for j in range(beam):
+            if ids[r, j] is not None:
+                assert allow[r] is None or ids[r, j] in allow[r]
+                assert deny[r] is None or ids[r, j] not in deny[r]
+
+
+def test_fewer_allowed_than_beams_are_padded_and_empty_allow_returns_nothing():
+    sids = np.array([[0, 0], [0, 1], [1, 0], [2, 2], [2, 3]])
+    catalog = Catalog.from_sids(sids, (3, 4), item_ids=["a", "b", "c", "d", "e"])
+    index = build_index(catalog)
+    heads = [torch.randn(3, 4), torch.randn(4, 4)]
+    model = Model((3, 4), 4, 3, 1)
+    dec = Decoder(index, heads, 4, catalog=catalog)
+    res = dec.decode(model, 3, allow_items=[["e", "a", "zzz"], [], None], deny_items=[None, None, ["b", "c"]])
+    ids = res.item_ids(catalog)
+    assert sorted(x for x in ids[0] if x is not None) == ["a", "e"] and list(ids[0]).count(None) == 2
+    assert list(ids[1]) == [None] * 4 and (res.scores[1] == float("-inf")).all()
+    assert sorted(x for x in ids[2] if x is not None) == ["a", "d", "e"]
+    assert (res.tokens[1] == -1).all() and (res.item_rows[1] == -1).all()
+
+
+def test_no_beam_is_spent_on_a_dead_prefix():
+    # Step 1 token 0 has the best logit but every item below it is denied: no beam may take it.
+    sids = np.array([[0, 0], [0, 1], [1, 0], [1, 1], [2, 0]])
+    catalog = Catalog.from_sids(sids, (3, 2))
+    index = build_index(catalog)
+    heads = [torch.tensor([[10.0], [0.0], [0.0]]), torch.zeros(2, 1)]
+    seen = []
+
+    def hidden_fn(step, prefixes):
+        seen.append(prefixes.clone())
+        return torch.ones(prefixes.shape[0], prefixes.shape[1], 1)
+
+    Decoder(index, heads, 2, catalog=catalog).decode(hidden_fn, 1, deny_items=[[0, 1]])
+    assert 0 not in seen[1][0, :, 0].tolist()
+
+
+def test_row_starts_cover_each_state():
+    g = np.random.default_rng(4)
+    catalog = Catalog.from_sids(np.unique(g.integers(0, 4, (60, 4)), axis=0), (4, 4, 4, 4))
+    for preset in ("default", "all-sparse"):
+        index = build_index(catalog, config=INDEX_PRESETS[preset])
+        starts = row_starts(index)
+        assert starts[-1] is None
+        for level in range(catalog.n_levels - 1):
+            # state q of step level+1 = the q-th distinct prefix of length level+1
+            prefixes = catalog.sids[:, :level + 1]
+            first = np.flatnonzero(np.concatenate([[True], np.any(prefixes[1:] != prefixes[:-1], axis=1)]))
+            assert starts[level].tolist() == first.tolist() + [catalog.n_items]
+
+
+def test_constraint_errors_are_one_line():
+    catalog = Catalog.from_sids([[0, 1], [1, 0]], (2, 2))
+    index = build_index(catalog)
+    heads = [torch.randn(2, 3), torch.randn(2, 3)]
+    fn = lambda step, p: torch.zeros(p.shape[0], p.shape[1], 3)  # noqa: E731
+    with pytest.raises(ZeroGRError, match="pass catalog="):
+        Decoder(index, heads, 2).decode(fn, 1, deny_items=[[0]])
+    dec = Decoder(index, heads, 2, catalog=catalog)
+    with pytest.raises(ZeroGRError, match="lists 2 requests, batch_size is 1"):
+        dec.decode(fn, 1, allow_items=[[0], [1]])
+    with pytest.raises(ZeroGRError, match="'x' is not an integer"):
+        dec.decode(fn, 1, allow_items=[["x"]])
+    with pytest.raises(ZeroGRError, match="constrained order"):
+        Decoder(index, heads, 2, "unconstrained", catalog=catalog).decode(fn, 1, deny_items=[[0]])
+    static = build_static_index(catalog)
+    with pytest.raises(ZeroGRError, match="StaticIndex"):
+        Decoder(index, heads, 2, "score-first", source=static, catalog=catalog).decode(fn, 1, deny_items=[[0]])
+    # the host trie shares the index's states, so score-first over it takes lists
+    res = Decoder(index, heads, 2, "score-first", source=HostTrie.from_catalog(catalog),
+                  catalog=catalog).decode(fn, 1, deny_items=[[0]])
+    assert res.item_ids(catalog)[0].tolist() == [1, -1]
+
+
+@pytest.mark.parametrize("plan", [["full", "selective", "selective"], ["selective", "full", "full"]])
+def test_engine_lists_match_the_reference_and_buffers_regrow(plan):
+    from zerogr_core.decode import constraints as cons
+    from zerogr_core.decode.engine import GpuEngine
+    from zerogr_core.decode.heads import Heads
+
+    g = np.random.default_rng(2)
+    sizes = (9, 5, 4)
+    catalog = Catalog.from_sids(np.unique(np.stack([g.integers(0, s, 120) for s in sizes], 1), axis=0), sizes)
+    index = build_index(catalog)
+    heads = [torch.randn(s, 6, generator=torch.Generator().manual_seed(s)) for s in sizes]
+    model = Model(sizes, 6, 3, 7)
+    n = catalog.n_items
+    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 5, plan_override=plan, use_graph=False)
+    ref = Decoder(index, heads, 5, projection=plan, catalog=catalog, engine="reference")
+    old_min = cons.MIN_CAPACITY
+    cons.MIN_CAPACITY = 8  # force a regrow on the second call
+    try:
+        for allow, deny in [([None, list(range(0, n, 3)), [1, 2]], [list(range(5)), None, None]),
+                            ([list(range(n // 2)), None, []], [None, list(range(0, n, 2)), None])]:
+            lists = ref.request_lists(3, allow, deny)
+            got = engine.decode(model, 3, lists=lists)
+            want = ref.decode(model, 3, lists=lists)
+            assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
+            torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
+            shape = engine._shapes[engine.key(3) + ("lists",)]
+            assert shape.capacity >= lists.rows.size
+        # unconstrained calls still use the plain shape
+        plain = engine.decode(model, 3)
+        assert torch.equal(plain.item_rows, ref.decode(model, 3).item_rows)
+    finally:
+        cons.MIN_CAPACITY = old_min

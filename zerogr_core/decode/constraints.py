@@ -1,0 +1,264 @@
+"""Per-request allow/deny lists enforced inside decoding.
+
+Catalog rows are sorted by SID, so every prefix (index state) covers one contiguous range
+of rows. A candidate slot is *alive* for a request when its range holds a row the
+request may return; :func:`kernels.constrain_slots` kills the others right after
+filtering, before projection and normalisation. Consequences, for both orders:
+
+- every returned beam is an allowed item, and no beam is spent on a prefix without an
+  allowed item below it;
+- filtering first normalises over the request's alive valid tokens only; scoring first
+  normalises over everything the model projects, as without constraints;
+- a request with fewer allowed items than M gets all of them, then padding: token -1,
+  score -inf, item row -1 (item id -1, or ``None`` for string ids).
+
+Memory: the row range of a state needs the first row of every state of steps 2…L-1
+(:func:`row_starts`): ``E_1 + … + E_{L-2} + L - 2`` integers in the offsets' dtype
+(int32 below 2^31 rows), computed once per index by composing the sparse offsets; the
+last step needs nothing (a successor *is* the row). Lists cost 8 bytes per listed row.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from kernels.constraints import constrain_slots, search_iterations
+
+from ..errors import ZeroGRError
+from ..index.layout import StepIndex
+
+MIN_CAPACITY = 1024
+"""Smallest list buffer of a captured shape; capacities grow by powers of two."""
+
+_ROW_STARTS: "weakref.WeakKeyDictionary[StepIndex, list]" = weakref.WeakKeyDictionary()
+
+
+def row_starts(index: StepIndex) -> list[torch.Tensor | None]:
+    """First catalog row of every successor state, per step (cached per index).
+
+    Returns
+    -------
+    list of length L
+        Entry ``l`` (0-based step) is ``(E_l + 1,)`` in the offsets' dtype on the index's
+        device: the successors of step ``l`` are states of step ``l + 1``, and state ``q``
+        covers rows ``[out[l][q], out[l][q + 1])``. The last entry is ``None``: at the last
+        step a successor is the item's row.
+    """
+    cached = _ROW_STARTS.get(index)
+    if cached is not None:
+        return cached
+    L = index.n_levels
+    out: list[torch.Tensor | None] = [None] * L
+    if L > 1:
+        # States of the last step start at the offsets of its segments (entries = rows);
+        # a state of an earlier step starts where its first child starts.
+        starts = index.steps[L - 1].sparse_view()[1]
+        out[L - 2] = starts
+        for level in range(L - 2, 0, -1):
+            offsets = index.steps[level].sparse_view()[1]
+            starts = starts[offsets.long()]
+            out[level - 1] = starts
+    _ROW_STARTS[index] = out
+    return out
+
+
+def row_starts_bytes(index: StepIndex) -> int:
+    """Bytes of :func:`row_starts` beyond the index itself (the last step's offsets are shared)."""
+    starts = row_starts(index)
+    total = sum(t.numel() * t.element_size() for t in starts[:-2] if t is not None)
+    if index.n_levels > 1 and index.steps[-1].kind == "dense":
+        total += starts[-2].numel() * starts[-2].element_size()
+    return total
+
+
+@dataclass
+class RequestLists:
+    """Each request's sorted row list (CSR) and mode, on the host.
+
+    Attributes
+    ----------
+    offsets : np.ndarray, shape (batch + 1,), int64
+    rows : np.ndarray, shape (offsets[-1],), int64
+        Sorted and duplicate-free within each request.
+    mode : np.ndarray, shape (batch,), int32
+        1: allow list (only these rows may be returned), 0: deny list.
+    """
+
+    offsets: np.ndarray
+    rows: np.ndarray
+    mode: np.ndarray
+
+    @property
+    def batch(self) -> int:
+        return int(self.mode.shape[0])
+
+    @property
+    def longest(self) -> int:
+        return int(np.diff(self.offsets).max()) if self.batch else 0
+
+    def allowed_counts(self, n_items: int) -> np.ndarray:
+        """Number of rows each request may return, shape (batch,), int64."""
+        sizes = np.diff(self.offsets)
+        return np.where(self.mode == 1, sizes, n_items - sizes)
+
+    def allows(self, request: int, rows: np.ndarray) -> np.ndarray:
+        """Whether ``request`` may return each of ``rows`` (bool array)."""
+        own = self.rows[self.offsets[request]:self.offsets[request + 1]]
+        hit = np.isin(rows, own)
+        return hit if self.mode[request] == 1 else ~hit
+
+    def to_device(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(offsets, rows, mode)`` tensors for :func:`kernels.constrain_slots` (rows padded to ≥ 1)."""
+        rows = self.rows if self.rows.size else np.zeros(1, dtype=np.int64)
+        return (torch.from_numpy(self.offsets).to(device), torch.from_numpy(rows).to(device),
+                torch.from_numpy(self.mode).to(device))
+
+
+def _row_list(catalog, items, what: str) -> np.ndarray:
+    """Sorted unique rows of ``items``; ids not in the catalog are skipped (nothing to allow or deny)."""
+    if items is None:
+        return np.zeros(0, dtype=np.int64)
+    items = np.asarray(items if not isinstance(items, (set, frozenset)) else list(items))
+    return np.unique(catalog.rows_of(items.reshape(-1), missing="drop", what=what))
+
+
+def _per_request(items, batch: int, name: str) -> Sequence:
+    if items is None:
+        return [None] * batch
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__len__"):
+        raise ZeroGRError(f"{name} must be a sequence of {batch} id lists (or None), got {type(items).__name__}")
+    if len(items) != batch:
+        raise ZeroGRError(f"{name} lists {len(items)} requests, batch_size is {batch}")
+    return items
+
+
+def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
+                global_deny_rows: np.ndarray | None = None) -> RequestLists:
+    """Merge allow lists, deny lists and a global deny set into one list per request.
+
+    Parameters
+    ----------
+    catalog : Catalog
+        Maps item ids to rows (:meth:`Catalog.rows_of`); ids it does not hold are skipped.
+    batch : int
+    allow_items, deny_items : sequence of ``batch`` id arrays (or None), optional
+        Per request: only these items / never these items. ``None`` for the whole
+        argument or for one request means no list.
+    global_deny_rows : np.ndarray, optional
+        Rows no request may return (deleted items of a live catalog).
+
+    Returns
+    -------
+    RequestLists
+        A request with an allow list gets ``allow - deny - global`` in allow mode (an
+        empty allow list allows nothing); the others ``deny ∪ global`` in deny mode.
+
+    Raises
+    ------
+    ZeroGRError
+        A list argument of the wrong length, or an id of the wrong kind.
+    """
+    allow = _per_request(allow_items, batch, "allow_items")
+    deny = _per_request(deny_items, batch, "deny_items")
+    glob = np.zeros(0, dtype=np.int64) if global_deny_rows is None else \
+        np.unique(np.asarray(global_deny_rows, dtype=np.int64))
+    lists, mode = [], np.zeros(batch, dtype=np.int32)
+    for r in range(batch):
+        denied = _row_list(catalog, deny[r], f"deny_items[{r}]")
+        if glob.size:
+            denied = np.union1d(denied, glob)
+        if allow[r] is not None:
+            allowed = _row_list(catalog, allow[r], f"allow_items[{r}]")
+            lists.append(np.setdiff1d(allowed, denied, assume_unique=True))
+            mode[r] = 1
+        else:
+            lists.append(denied)
+    offsets = np.zeros(batch + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(x) for x in lists])
+    rows = np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, dtype=np.int64)
+    return RequestLists(offsets, rows, mode)
+
+
+class SlotConstraint:
+    """Applies :class:`RequestLists` to the slots of a decode (reference path or engine).
+
+    Parameters
+    ----------
+    index : StepIndex
+    lists : RequestLists
+    n_iter : int, optional
+        Binary-search halvings (default: enough for the longest list).
+    """
+
+    def __init__(self, index: StepIndex, lists: RequestLists, n_iter: int | None = None):
+        self.index, self.lists = index, lists
+        self.starts = row_starts(index)
+        self.offsets, self.rows, self.mode = lists.to_device(index.device)
+        self.n_iter = n_iter or search_iterations(lists.longest)
+
+    def __call__(self, step: int, slot_tokens: torch.Tensor, slot_succ: torch.Tensor,
+                 slot_logits: torch.Tensor) -> None:
+        """Kill, in place, the slots of step ``step`` with no allowed row below them."""
+        beams = slot_succ.shape[0] // self.lists.batch
+        constrain_slots(slot_tokens, slot_succ, slot_logits, self.starts[step], self.offsets, self.rows,
+                        self.mode, beams, self.n_iter)
+
+
+def capacity_for(rows_needed: int) -> int:
+    """List-buffer capacity of a captured shape: the next power of two ≥ the rows, at least
+    :data:`MIN_CAPACITY`. A call with more listed rows re-captures with a larger buffer."""
+    cap = MIN_CAPACITY
+    while cap < rows_needed:
+        cap *= 2
+    return cap
+
+
+@dataclass
+class ListBuffers:
+    """Static device buffers of a captured shape's lists (capacity rows)."""
+
+    offsets: torch.Tensor
+    rows: torch.Tensor
+    mode: torch.Tensor
+    capacity: int
+
+
+def attach_lists(runners, index: StepIndex, batch: int, capacity: int) -> ListBuffers:
+    """Give each engine step runner a constraint over shared static list buffers.
+
+    The buffers live as long as the shape; :func:`load_lists` refills them before a
+    replay, so the captured graph reads each call's lists. ``n_iter`` follows the
+    capacity, never one call's lists, so the graph stays valid for every fill.
+    """
+    dev = index.device
+    buffers = ListBuffers(torch.zeros(batch + 1, dtype=torch.int64, device=dev),
+                          torch.zeros(capacity, dtype=torch.int64, device=dev),
+                          torch.zeros(batch, dtype=torch.int32, device=dev), capacity)
+    starts = row_starts(index)
+    n_iter = search_iterations(capacity)
+
+    def make(level: int, beams: int):
+        def constrain(slots) -> None:
+            constrain_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level], buffers.offsets,
+                            buffers.rows, buffers.mode, beams, n_iter)
+        return constrain
+
+    for level, runner in enumerate(runners):
+        runner.constraint = make(level, runner.filter_out.slot_succ.shape[0] // batch)
+    return buffers
+
+
+def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
+    """Copy ``lists`` into a shape's static buffers (stream-ordered before the replay)."""
+    if lists.rows.size > buffers.capacity:
+        raise ZeroGRError(f"{lists.rows.size} listed rows exceed the buffer capacity {buffers.capacity}")
+    if lists.batch != buffers.mode.shape[0]:
+        raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.mode.shape[0]}")
+    buffers.offsets.copy_(torch.from_numpy(lists.offsets), non_blocking=False)
+    buffers.mode.copy_(torch.from_numpy(lists.mode))
+    if lists.rows.size:
+        buffers.rows[:lists.rows.size].copy_(torch.from_numpy(lists.rows))
