@@ -81,10 +81,10 @@ def refresh_catalog(catalog: Catalog, add_share: float, remove_share: float, see
     titles = None if catalog.titles is None else catalog.titles[keep]
     if want:
         table = np.concatenate([kept, np.stack(fresh)])
-        start = int(catalog.item_ids.max()) + 1
-        ids = np.concatenate([ids, np.arange(start, start + want, dtype=np.int64)])
+        new_ids = catalog.fresh_ids(want)
+        ids = np.concatenate([ids, new_ids])
         if titles is not None:
-            titles = np.concatenate([titles, np.array([f"new item {start + i}" for i in range(want)], dtype=object)])
+            titles = np.concatenate([titles, np.array([f"new item {i}" for i in new_ids], dtype=object)])
     else:
         table = kept
     refreshed = Catalog.from_sids(table, catalog.codebook_sizes, item_ids=ids, titles=titles,

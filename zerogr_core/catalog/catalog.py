@@ -285,6 +285,22 @@ class Catalog:
             raise KeyError(item_id)
         return int(rows[0])
 
+    def fresh_ids(self, count: int, prefix: str = "new-") -> np.ndarray:
+        """``count`` ids of this catalog's kind that it does not hold (for generated items).
+
+        Integer ids continue after the largest one; string ids are ``prefix`` + a number.
+        """
+        if not self.string_ids:
+            start = int(self.item_ids.max()) + 1 if self.n_items else 0
+            return np.arange(start, start + count, dtype=np.int64)
+        out, k = [], 0
+        while len(out) < count:
+            batch = np.array([f"{prefix}{k + i}" for i in range(2 * (count - len(out)))], dtype=StringDType())
+            k += batch.size
+            free = batch[self.rows_of(batch, missing="mark") < 0]
+            out.extend(free[:count - len(out)].tolist())
+        return np.array(out, dtype=StringDType())
+
     def ids_of_rows(self, rows) -> np.ndarray:
         """Item ids of catalog ``rows``, padding (-1 rows) included.
 

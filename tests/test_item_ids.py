@@ -1,0 +1,82 @@
+"""String item ids (ASIN-style) in loaders, the API, results and the CLI; integer ids unchanged."""
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from zerogr_core import Catalog, CatalogError
+from zerogr_core.catalog.io import load_catalog, save_catalog
+from zerogr_core.cli import main
+
+ASINS = "item_id,s1,s2,title\nB00ABC1234,1,0,a\nB07XYZ0001,0,1,b\n0553213113,0,0,c\n"
+
+
+@pytest.mark.parametrize("ext,sep", [(".csv", ","), (".tsv", "\t"), (".parquet", None)])
+def test_asin_ids_load_in_every_format(tmp_path, ext, sep):
+    path = tmp_path / f"asins{ext}"
+    if sep is None:
+        pl.read_csv(ASINS.encode(), infer_schema=False).write_parquet(path)
+    else:
+        path.write_text(ASINS.replace(",", sep))
+    catalog = load_catalog(path)
+    assert catalog.string_ids and catalog.item_ids.dtype.kind == "T"
+    # rows sorted by SID, the ids follow the sort; "0553213113" keeps its leading zero
+    assert catalog.item_ids.tolist() == ["0553213113", "B07XYZ0001", "B00ABC1234"]
+    assert catalog.titles.tolist() == ["c", "b", "a"]
+    assert catalog.row_of_item("B00ABC1234") == 2
+    assert catalog.rows_of(["B07XYZ0001", "nope"], missing="mark").tolist() == [1, -1]
+    out = tmp_path / f"again{ext}"
+    save_catalog(catalog, out)
+    again = load_catalog(out)
+    assert again.item_ids.tolist() == catalog.item_ids.tolist()
+
+
+def test_integer_ids_stay_int64(tmp_path):
+    path = tmp_path / "ints.csv"
+    path.write_text("item_id,s1\n 12 ,1\n-3,0\n")
+    catalog = load_catalog(path)
+    assert catalog.item_ids.dtype == np.int64 and catalog.item_ids.tolist() == [-3, 12]
+    assert not catalog.string_ids and catalog.rows_of(["12", 12]).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("text,fragments", [
+    ("item_id,s1\nB00A,1\nB00B,2\nB00A,3\n", ["row 3", "column 'item_id'", "duplicate item id 'B00A'", "row 1"]),
+    ("item_id,s1\nB00A,1\n  ,2\n", ["row 2", "column 'item_id'", "missing value"]),
+    ("item_id,s1\n7,1\n007,2\n8,3\n", None),  # "7" and "007" are two string ids
+])
+def test_string_id_errors_name_the_row_and_id(tmp_path, text, fragments):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    if fragments is None:
+        assert load_catalog(path).item_ids.tolist() == ["7", "007", "8"]
+        return
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+    for fragment in fragments:
+        assert fragment in str(info.value), (fragment, str(info.value))
+
+
+def test_from_sids_takes_strings_and_rejects_mixes():
+    cat = Catalog.from_sids([[1], [0]], item_ids=["x", "y"])
+    assert cat.item_ids.tolist() == ["y", "x"]
+    assert cat.ids_of_rows([1, -1]).tolist() == ["x", None]
+    with pytest.raises(CatalogError, match="empty item id"):
+        Catalog.from_sids([[1], [0]], item_ids=["x", ""])
+    with pytest.raises(CatalogError, match="duplicate item id 'x'"):
+        Catalog.from_sids([[1], [0]], item_ids=["x", "x"])
+    with pytest.raises(CatalogError, match="mix integers and strings"):
+        Catalog.from_sids([[1], [0]], item_ids=np.array(["x", 3], dtype=object))
+    with pytest.raises(CatalogError, match="duplicate item id 4"):
+        Catalog.from_sids([[1], [0]], item_ids=[4, 4])
+    with pytest.raises(CatalogError, match="shared by items 'b' and 'a'"):
+        Catalog.from_sids([[1], [1]], item_ids=["b", "a"])
+    assert Catalog.from_sids([[1], [0]], item_ids=[5, 6]).ids_of_rows([0, -1]).tolist() == [6, -1]
+
+
+def test_cli_next_prints_string_ids(tmp_path, capsys):
+    path = tmp_path / "asins.csv"
+    path.write_text(ASINS)
+    assert main(["next", str(path), "--prefix", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["item_ids"] == ["0553213113", "B07XYZ0001"]
+    assert main(["stats", str(path)]) == 0

@@ -1,0 +1,85 @@
+"""CatalogStore: deletions at once, additions and replaces by atomic swap, and a small
+load test (threads decode while the catalog changes every 0.3 s)."""
+import numpy as np
+import pytest
+import torch
+
+from zerogr_core import Catalog, CatalogError, Decoder
+from zerogr_core.bench.live import new_items, run_load_test
+from zerogr_core.catalog.store import CatalogStore
+
+SIZES = (8, 6, 5)
+
+
+def make_store(n=150, seed=0, string_ids=True):
+    g = np.random.default_rng(seed)
+    sids = np.unique(np.stack([g.integers(0, s, n) for s in SIZES], 1), axis=0)
+    ids = [f"B{i:09d}" for i in range(len(sids))] if string_ids else np.arange(len(sids)) * 3
+    catalog = Catalog.from_sids(sids, SIZES, item_ids=ids)
+    heads = [torch.randn(s, 8, generator=torch.Generator().manual_seed(s)) for s in SIZES]
+    table = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+
+    def hidden_fn(step, prefixes):
+        key = (prefixes.clamp(min=0) * 7 + 3).sum(-1) + step * 13
+        return table[key % 64]
+
+    def make_decoder(cat, index):
+        return Decoder(index, heads, 6, catalog=cat, engine="reference")
+
+    return CatalogStore(catalog, make_decoder), hidden_fn
+
+
+def test_deletes_apply_at_once_and_adds_swap_in():
+    store, fn = make_store()
+    first = store.decode(fn, 2)
+    assert first.version == 1
+    top = [x for x in first.item_ids[0] if x is not None][:3]
+    index_before = store.current.index
+    v = store.apply(deletes=top + ["not-an-item"])
+    assert v == 2 and store.current.index is index_before  # no rebuild
+    after = store.decode(fn, 2)
+    assert after.version == 2 and not set(top) & set(after.item_ids.ravel().tolist())
+    # an in-flight decode keeps its version: the old snapshot still decodes on the old lists
+    assert first.snapshot.deleted_rows.size == 0
+    extra = new_items(store.current.catalog, 5, np.random.default_rng(0))
+    v = store.apply(adds=extra, deletes=[top[0]])
+    cur = store.current
+    assert v == 3 and cur.index is not index_before and cur.deleted_rows.size == 0
+    assert cur.catalog.n_items == first.snapshot.catalog.n_items - 3 + 5
+    assert set(extra.item_ids.tolist()) <= set(cur.catalog.item_ids.tolist())
+    assert not set(top) & set(cur.catalog.item_ids.tolist())
+    # a request may still exclude its own history on top of the global deletions
+    res = store.decode(fn, 1, deny_items=[[x for x in after.item_ids[0] if x is not None]])
+    assert not set(after.item_ids[0].tolist()) & set(res.item_ids[0].tolist()) - {None}
+
+
+def test_bad_additions_keep_the_current_version():
+    store, _ = make_store()
+    cur = store.current
+    dup = Catalog.from_sids(cur.catalog.sids[:1], SIZES, item_ids=["fresh"])  # SID already present
+    with pytest.raises(CatalogError, match="shared by items"):
+        store.apply(adds=dup)
+    with pytest.raises(CatalogError, match="string ids"):
+        store.apply(adds=Catalog.from_sids([[7, 5, 4]], SIZES))
+    assert store.current is cur
+
+
+def test_replace_swaps_the_whole_catalog():
+    store, fn = make_store()
+    other = Catalog.from_sids([[0, 0, 0], [1, 1, 1]], SIZES, item_ids=["x", "y"])
+    assert store.replace(other) == 2
+    assert sorted(x for x in store.decode(fn, 1).item_ids[0] if x is not None) == ["x", "y"]
+
+
+@pytest.mark.parametrize("string_ids", [True, False])
+def test_load_test_no_failures_no_deleted_items(string_ids, monkeypatch):
+    # The Triton interpreter keeps global launch state and is not thread-safe; on CPU
+    # tensors without it the ops take their PyTorch references (as in CPU serving).
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    store, fn = make_store(n=400, string_ids=string_ids)
+    report = run_load_test(store, fn, 2, threads=3, seconds=1.2, change_every_s=0.3, deletes_per_change=20,
+                           adds_per_change=20, replace_every=3)
+    assert report["failed"] == 0 and report["invalid"] == 0 and report["deleted"] == 0, report["errors"]
+    assert report["changes"] >= 3 and report["idle"]["count"] > 0 and report["churn"]["count"] > 0
+    kinds = " ".join(h["change"] for h in report["change_log"])
+    assert "deleted" in kinds and "rebuilt" in kinds and "replaced" in kinds

@@ -1,0 +1,193 @@
+"""Load test of a live catalog: threads decode while the catalog changes.
+
+:func:`run_load_test` runs ``threads`` decoding loops on a
+:class:`~zerogr_core.catalog.store.CatalogStore`, first with no changes (idle), then while
+a writer changes the catalog every ``change_every_s`` seconds, cycling through deletes,
+adds and full replaces. Every result is checked against the version it ran on:
+
+- *failed*: the decode raised;
+- *invalid*: a beam whose row is not an item of its version or whose tokens are not that
+  row's SID;
+- *deleted*: a beam whose item was deleted in its version, or a decode that started after
+  a change was published but ran on an older version (a deletion not yet in effect).
+
+Both counts must be 0. Latency percentiles of the two phases come back side by side.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import torch
+
+from ..catalog.catalog import Catalog
+from ..catalog.store import CatalogStore, StoreResult
+
+
+def _packed(sids: np.ndarray, bits: list[int]) -> np.ndarray:
+    key = np.zeros(sids.shape[0], dtype=np.int64)
+    for level, b in enumerate(bits):
+        key = (key << b) | sids[:, level].astype(np.int64)
+    return key
+
+
+def new_items(catalog: Catalog, count: int, rng: np.random.Generator) -> Catalog:
+    """``count`` items with SIDs not in ``catalog`` (within its codebooks) and ids it does not hold."""
+    sizes = np.asarray(catalog.codebook_sizes, dtype=np.int64)
+    bits = [int(v - 1).bit_length() or 1 for v in sizes]
+    if sum(bits) > 63:
+        raise ValueError("new_items needs SIDs that pack into 63 bits")
+    taken = _packed(catalog.sids, bits)  # sorted: the catalog's rows are in SID order
+    fresh = np.zeros(0, dtype=np.int64)
+    rows = np.zeros((0, sizes.size), dtype=np.int64)
+    for _ in range(100):
+        cand = rng.integers(0, sizes[None, :], size=(max(16, 2 * count), sizes.size))
+        keys = _packed(cand, bits)
+        pos = np.minimum(np.searchsorted(taken, keys), taken.size - 1)
+        new = (taken[pos] != keys) & ~np.isin(keys, fresh)
+        keys, first = np.unique(keys[new], return_index=True)
+        fresh = np.concatenate([fresh, keys])
+        rows = np.concatenate([rows, cand[new][first]])
+        if fresh.size >= count:
+            break
+    rows = rows[:count]
+    return Catalog.from_sids(rows, catalog.codebook_sizes, item_ids=catalog.fresh_ids(rows.shape[0]),
+                             band_offsets=catalog.band_offsets)
+
+
+def check_result(out: StoreResult, started_after_version: int) -> tuple[int, int]:
+    """(invalid beams, deleted beams) of one store result."""
+    v = out.snapshot
+    rows = out.result.item_rows.cpu().numpy()
+    tokens = out.result.tokens.cpu().numpy()
+    real = rows >= 0
+    invalid = int((rows[real] >= v.catalog.n_items).sum())
+    ok = real & (rows < v.catalog.n_items)
+    sids = v.catalog.sids[rows[ok]].astype(np.int64)
+    invalid += int((sids != tokens[ok]).any(axis=1).sum())
+    deleted = int(np.isin(rows[ok], v.deleted_rows).sum())
+    if out.version < started_after_version:
+        deleted += 1
+    return invalid, deleted
+
+
+def run_load_test(store: CatalogStore, hidden_fn, batch: int, *, threads: int = 4, seconds: float = 2.0,
+                  change_every_s: float = 1.0, deletes_per_change: int = 50, adds_per_change: int = 50,
+                  replace_every: int = 3, seed: int = 0, device=None) -> dict:
+    """Decode from ``threads`` threads, idle then while the catalog changes; count failures.
+
+    Parameters
+    ----------
+    store : CatalogStore
+    hidden_fn : callable(step, prefixes) -> (batch, beams, H)
+        Shared by every thread (a GPU engine captures one graph per hidden_fn).
+    batch : int
+        Requests per decode.
+    threads : int
+    seconds : float
+        Length of each phase.
+    change_every_s : float
+        Interval between catalog changes in the second phase.
+    deletes_per_change, adds_per_change : int
+    replace_every : int
+        Every ``replace_every``-th change is a full replace (a new catalog: 90 % of the live
+        items and new ones); the others alternate deletes and adds.
+    seed : int
+    device : torch.device, optional
+        Synchronised around each decode so latencies are end-to-end.
+
+    Returns
+    -------
+    dict
+        ``requests``, ``failed``, ``invalid``, ``deleted`` (both phases), ``changes``,
+        ``versions``, ``idle`` and ``churn`` latency stats (``p50_ms``, ``p99_ms``,
+        ``count``), ``errors`` (first messages), ``change_log``.
+    """
+    rng = np.random.default_rng(seed)
+    lock = threading.Lock()
+    totals = dict(requests=0, failed=0, invalid=0, deleted=0)
+    errors: list[str] = []
+    published = [store.version]  # versions in publish order (last = newest)
+    sync = (lambda: torch.cuda.synchronize(device)) if device is not None and torch.device(device).type == "cuda" \
+        else (lambda: None)
+
+    def worker(stop: threading.Event, samples: list) -> None:
+        while not stop.is_set():
+            floor = published[-1]
+            t0 = time.perf_counter()
+            try:
+                out = store.decode(hidden_fn, batch)
+                sync()
+                dt = time.perf_counter() - t0
+                bad, gone = check_result(out, floor)
+                with lock:
+                    totals["requests"] += 1
+                    totals["invalid"] += bad
+                    totals["deleted"] += gone
+                    samples.append(dt)
+            except Exception as exc:  # noqa: BLE001 - counted, the test reports them
+                with lock:
+                    totals["requests"] += 1
+                    totals["failed"] += 1
+                    if len(errors) < 5:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+
+    def phase(changes: bool) -> list[float]:
+        stop = threading.Event()
+        samples: list[float] = []
+        pool = [threading.Thread(target=worker, args=(stop, samples), daemon=True) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        t_end = time.perf_counter() + seconds
+        k = 0
+        while time.perf_counter() < t_end:
+            if changes:
+                time.sleep(min(change_every_s, max(t_end - time.perf_counter(), 0)))
+                if time.perf_counter() >= t_end:
+                    break
+                k += 1
+                try:
+                    published.append(change(k))
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"change {k}: {type(exc).__name__}: {exc}")
+            else:
+                time.sleep(0.02)
+        stop.set()
+        for t in pool:
+            t.join()
+        return samples
+
+    def change(k: int) -> int:
+        v = store.current
+        live = v.live_ids()
+        if k % replace_every == 0:
+            base = v.catalog
+            live_rows = np.setdiff1d(np.arange(base.n_items), v.deleted_rows)
+            rows = np.sort(rng.choice(live_rows, int(0.9 * live_rows.size), replace=False))
+            kept = Catalog.from_sids(base.sids[rows], base.codebook_sizes, item_ids=base.item_ids[rows],
+                                     band_offsets=base.band_offsets, name=base.name)
+            extra = new_items(base, adds_per_change, rng)  # new w.r.t. every id and SID of the version
+            fresh = Catalog.from_sids(np.concatenate([kept.sids.astype(np.int64), extra.sids.astype(np.int64)]),
+                                      base.codebook_sizes, item_ids=np.concatenate([kept.item_ids, extra.item_ids]),
+                                      band_offsets=base.band_offsets, name=base.name)
+            return store.replace(fresh)
+        if k % 2:
+            return store.apply(deletes=live[rng.choice(live.size, min(deletes_per_change, live.size - 1),
+                                                       replace=False)])
+        return store.apply(adds=new_items(v.catalog, adds_per_change, rng))
+
+    def stats(samples: list[float]) -> dict:
+        arr = np.asarray(samples) * 1e3
+        if not arr.size:
+            return dict(count=0, p50_ms=float("nan"), p99_ms=float("nan"))
+        return dict(count=int(arr.size), p50_ms=float(np.percentile(arr, 50)), p99_ms=float(np.percentile(arr, 99)))
+
+    store.decode(hidden_fn, batch)  # warm-up (plan, capture) outside the timed phases
+    v0 = store.version
+    idle = stats(phase(False))
+    churn = stats(phase(True))
+    return dict(totals, changes=store.version - v0, versions=[v0, store.version], idle=idle, churn=churn,
+                p50_ratio=churn["p50_ms"] / idle["p50_ms"] if idle["count"] else float("nan"),
+                p99_ratio=churn["p99_ms"] / idle["p99_ms"] if idle["count"] else float("nan"),
+                errors=errors, change_log=list(store.history))

@@ -1,0 +1,214 @@
+"""A live catalog: versions that change while decoding goes on.
+
+:class:`CatalogStore` holds one immutable :class:`CatalogVersion` at a time (catalog,
+index, decoder, deleted rows) and swaps the reference atomically:
+
+- ``apply(deletes=...)`` publishes a new version at once, without a rebuild: it shares
+  the index and decoder and adds the rows to a global deny set that every decode merges
+  into each request's lists (:func:`~zerogr_core.decode.constraints.build_lists`), so no
+  decode started after ``apply`` returns can return a deleted item;
+- ``apply(adds=...)``, ``replace(catalog)`` and deletions beyond ``compact_fraction`` of
+  the catalog build a new catalog and index off to the side (deleted rows dropped) and
+  then publish it.
+
+A decode reads the current version once and finishes on it, so in-flight decodes are
+never disturbed by a swap; the version number comes back with the result. Writers are
+serialised by a lock; readers take no lock (one attribute read), except that one GPU
+engine's static buffers serve one decode at a time.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import CatalogError, ZeroGRError
+from .catalog import Catalog
+
+
+@dataclass(frozen=True, eq=False)
+class CatalogVersion:
+    """One published state of a :class:`CatalogStore`.
+
+    Attributes
+    ----------
+    version : int
+        Increases by one with every published change.
+    catalog : Catalog
+        The catalog the index was built from (deleted rows still in it).
+    index : StepIndex
+    decoder : Decoder
+    deleted_rows : np.ndarray, shape (d,), int64
+        Sorted rows of ``catalog`` deleted since the build; no decode returns them.
+    published_at : float
+        ``time.perf_counter()`` when the version became current.
+    """
+
+    version: int
+    catalog: Catalog
+    index: object
+    decoder: object
+    deleted_rows: np.ndarray
+    published_at: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def n_live(self) -> int:
+        """Items a decode may return."""
+        return self.catalog.n_items - int(self.deleted_rows.size)
+
+    def live_ids(self) -> np.ndarray:
+        """Item ids of the live (not deleted) rows."""
+        keep = np.ones(self.catalog.n_items, dtype=bool)
+        keep[self.deleted_rows] = False
+        return self.catalog.item_ids[keep]
+
+
+@dataclass
+class StoreResult:
+    """A decode of a :class:`CatalogStore` and the version it ran on.
+
+    Attributes
+    ----------
+    result : DecodeResult
+    version : int
+    item_ids : np.ndarray, shape (batch, beam_width)
+        Ids of the beams' items (padding: -1, or ``None`` for string ids).
+    snapshot : CatalogVersion
+        The version itself (to check results against).
+    """
+
+    result: object
+    version: int
+    item_ids: np.ndarray
+    snapshot: CatalogVersion
+
+
+class CatalogStore:
+    """Versions of a catalog with its index and decoder, changed while decoding.
+
+    Parameters
+    ----------
+    catalog : Catalog
+    make_decoder : callable(catalog, index) -> Decoder
+        Builds the decoder of a version (heads, beam width, order, engine); it must pass
+        ``catalog=catalog`` so that item ids resolve.
+    device : str or torch.device
+        Where indexes are built.
+    index_config : IndexConfig, optional
+    compact_fraction : float
+        Deletions beyond this share of a version's rows trigger a rebuild that drops them.
+    """
+
+    def __init__(self, catalog: Catalog, make_decoder: Callable, *, device="cpu", index_config=None,
+                 compact_fraction: float = 0.25):
+        self.make_decoder, self.device, self.index_config = make_decoder, device, index_config
+        self.compact_fraction = float(compact_fraction)
+        self._write = threading.Lock()
+        self.history: list[dict] = []
+        self._current = self._build(catalog, 1, "initial")
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def current(self) -> CatalogVersion:
+        return self._current
+
+    @property
+    def version(self) -> int:
+        return self._current.version
+
+    def decode(self, hidden_fn, batch_size: int, *, allow_items=None, deny_items=None) -> StoreResult:
+        """Decode on the current version (read once); deleted items are denied to every request."""
+        v = self._current
+        lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows)
+        if v.decoder.engine is not None:
+            with v.lock:  # the engine's static buffers serve one decode at a time
+                result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
+        else:
+            result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
+        return StoreResult(result, v.version, result.item_ids(v.catalog), v)
+
+    # ------------------------------------------------------------------ writing
+    def apply(self, adds: Catalog | None = None, deletes=None) -> int:
+        """Delete and/or add items; returns the published version.
+
+        Parameters
+        ----------
+        adds : Catalog, optional
+            New items (their SIDs within this catalog's codebooks, ids not already live).
+            Triggers a rebuild that also drops every deleted row.
+        deletes : array-like of item ids, optional
+            Ids to remove; ids that are not live are ignored. Without ``adds`` they take
+            effect at once through the global deny set.
+
+        Raises
+        ------
+        CatalogError
+            Bad additions (duplicate id or SID, token outside a codebook); the current
+            version stays as it was.
+        """
+        with self._write:
+            v = self._current
+            rows = np.zeros(0, dtype=np.int64)
+            if deletes is not None:
+                rows = v.catalog.rows_of(np.asarray(deletes).reshape(-1), missing="drop", what="deletes")
+            deleted = np.union1d(v.deleted_rows, rows).astype(np.int64)
+            if adds is None and deleted.size <= self.compact_fraction * v.catalog.n_items:
+                if deleted.size == v.deleted_rows.size:
+                    return v.version
+                self._publish(CatalogVersion(v.version + 1, v.catalog, v.index, v.decoder, deleted,
+                                             time.perf_counter()), f"deleted {deleted.size - v.deleted_rows.size}")
+                return v.version + 1
+            merged = self._merge(v.catalog, deleted, adds)
+            added = 0 if adds is None else adds.n_items
+            self._publish(self._build(merged, v.version + 1, None),
+                          f"rebuilt: +{added} items, -{deleted.size} deleted rows dropped")
+            return v.version + 1
+
+    def replace(self, catalog: Catalog) -> int:
+        """Swap in a whole new catalog (rebuilt off to the side); returns the published version."""
+        with self._write:
+            self._publish(self._build(catalog, self._current.version + 1, None), "replaced")
+            return self._current.version
+
+    # ------------------------------------------------------------------ internals
+    def _merge(self, base: Catalog, deleted: np.ndarray, adds: Catalog | None) -> Catalog:
+        keep = np.ones(base.n_items, dtype=bool)
+        keep[deleted] = False
+        sids, ids = base.sids[keep], base.item_ids[keep]
+        titles = None if base.titles is None else base.titles[keep]
+        if adds is not None:
+            if adds.n_levels != base.n_levels:
+                raise CatalogError(f"added items have {adds.n_levels} SID levels, the catalog has {base.n_levels}")
+            if adds.string_ids != base.string_ids:
+                kind = "string" if base.string_ids else "integer"
+                raise CatalogError(f"added items must have {kind} ids like the catalog")
+            sids = np.concatenate([sids.astype(np.int64), adds.sids.astype(np.int64)])
+            ids = np.concatenate([ids, adds.item_ids])
+            if titles is not None or adds.titles is not None:
+                old = titles if titles is not None else np.full(keep.sum(), "", dtype=object)
+                new = adds.titles if adds.titles is not None else np.full(adds.n_items, "", dtype=object)
+                titles = np.concatenate([old, new])
+        return Catalog.from_sids(sids, base.codebook_sizes, item_ids=ids, titles=titles,
+                                 band_offsets=base.band_offsets, name=base.name)
+
+    def _build(self, catalog: Catalog, version: int, note) -> CatalogVersion:
+        from ..index import build_index
+
+        kwargs = {} if self.index_config is None else {"config": self.index_config}
+        index = build_index(catalog, device=self.device, **kwargs)
+        decoder = self.make_decoder(catalog, index)
+        if getattr(decoder, "catalog", None) is not catalog:
+            raise ZeroGRError("make_decoder must build its Decoder with catalog=catalog")
+        v = CatalogVersion(version, catalog, index, decoder, np.zeros(0, dtype=np.int64), time.perf_counter())
+        if note:
+            self.history.append(dict(version=version, change=note, items=catalog.n_items, live=v.n_live))
+        return v
+
+    def _publish(self, v: CatalogVersion, note: str) -> None:
+        object.__setattr__(v, "published_at", time.perf_counter())
+        self._current = v  # one reference assignment: readers see the old or the new version
+        self.history.append(dict(version=v.version, change=note, items=v.catalog.n_items, live=v.n_live))
