@@ -26,7 +26,7 @@ def make_store(n=150, seed=0, string_ids=True):
     def make_decoder(cat, index):
         return Decoder(index, heads, 6, catalog=cat, engine="reference")
 
-    return CatalogStore(catalog, make_decoder), hidden_fn
+    return CatalogStore(catalog, make_decoder, compact_fraction=0.25), hidden_fn
 
 
 def test_deletes_apply_at_once_and_adds_swap_in():

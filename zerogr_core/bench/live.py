@@ -191,3 +191,117 @@ def run_load_test(store: CatalogStore, hidden_fn, batch: int, *, threads: int = 
                 p50_ratio=churn["p50_ms"] / idle["p50_ms"] if idle["count"] else float("nan"),
                 p99_ratio=churn["p99_ms"] / idle["p99_ms"] if idle["count"] else float("nan"),
                 errors=errors, change_log=list(store.history))
+
+
+# ---------------------------------------------------------------------------- bench suites
+def _random_lists(n_items: int, batch: int, kind: str, count: int, rng: np.random.Generator):
+    """Per-request row lists for the constraint suite: ``count`` random rows each."""
+    from ..decode.constraints import RequestLists
+
+    lists = [np.unique(rng.choice(n_items, size=min(count, n_items), replace=False)) for _ in range(batch)]
+    offsets = np.zeros(batch + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([x.size for x in lists])
+    rows = np.concatenate(lists).astype(np.int64) if batch else np.zeros(0, dtype=np.int64)
+    return RequestLists(offsets, rows, np.full(batch, 1 if kind == "allow" else 0, dtype=np.int32))
+
+
+def constraint_conditions(n_items: int, quick: bool) -> list[tuple[str, str, int]]:
+    """(label, kind, listed rows per request): 0, 100, 10,000 denied; an allow list of 1 %."""
+    deny = [0, 100, 10_000] if not quick else [0, 10, 100]
+    out = [(f"deny {d:,}", "deny", min(d, n_items - 1)) for d in deny]
+    return out + [("allow 1%", "allow", max(1, n_items // 100))]
+
+
+def suite_constraints(s, suite: str) -> None:
+    """Whole-decode latency with per-request lists (graph replay on CUDA) against none."""
+    from .checks import check_valid
+    from .methods import ReplayModel
+    from .timing import summarize, time_runs
+
+    st = s.settings(suite)
+    wl = s.workload(s.spec(st["catalog"]))
+    dtype, hidden = st["configs"][0]
+    beam = st["beams"][0]
+    rng = np.random.default_rng(s.o.seed)
+    for batch in st["batches"]:
+        if s.expired():
+            s.skipped(suite, wl, f"batch {batch}")
+            continue
+        ctx = wl.context(dtype, hidden, beam, batch, s.o.n_sets)
+        model = ReplayModel(ctx.sets, batch)
+        shape = dict(dtype=dtype, hidden=hidden, beam=beam, batch=batch)
+        engine = ctx.engine
+        base = None
+        line = []
+        for label, kind, count in [("none", "none", 0)] + constraint_conditions(wl.catalog.n_items, s.o.quick):
+            if s.expired():
+                s.skipped(suite, wl, f"{label} batch {batch}")
+                break
+            lists = None if kind == "none" else _random_lists(wl.catalog.n_items, batch, kind, count, rng)
+            try:
+                out = engine.decode(model, batch, lists=lists)
+                v = check_valid(wl.index, out.tokens, out.scores, out.item_rows, constrained=True)
+                rows = out.item_rows.cpu().numpy()
+                violations = 0 if lists is None else int(sum(
+                    (~lists.allows(r, rows[r][rows[r] >= 0])).sum() for r in range(batch)))
+                samples = time_runs(lambda: engine.decode(model, batch, lists=lists), s.dev,
+                                    repeats=5 if s.o.quick else 50, warmup=2, before=model.load)
+            except Exception as exc:  # noqa: BLE001 - one condition's failure must not lose the others
+                s.error(suite, wl, f"{label} batch {batch}", exc)
+                continue
+            s.emit(suite, "check", wl, dict(methods=["zerogr"], **shape), method="zerogr", **shape,
+                   check=f"valid items within the lists ({label})", passed=bool(v["passed"] and violations == 0),
+                   list_violations=violations)
+            stats = summarize(samples)
+            if kind == "none":
+                base = stats
+            rec = dict(method="zerogr", condition=label, list_kind=kind, listed_per_request=count,
+                       graph=engine.use_graph, valid=v["passed"], list_violations=violations, **shape, **stats)
+            if base is not None and kind != "none":
+                rec.update(p50_ratio=stats["median_ms"] / base["median_ms"], p99_ratio=stats["p99_ms"] / base["p99_ms"])
+            s.emit(suite, "constraints", wl, dict(methods=["zerogr"], **shape), **rec)
+            line.append(f"{label}: p50={stats['median_ms']:.3f} ms")
+        s.log(f"[{suite}] {wl.spec.label} {ctx.label} beam {beam} batch {batch}: " + "; ".join(line))
+        ctx.release()
+
+
+def suite_live(s, suite: str) -> None:
+    """The live-catalog load test at the workload's scale (GPU engine per version)."""
+    from ..decode.decoder import Decoder
+    from .methods import ReplayModel
+
+    st = s.settings(suite)
+    wl = s.workload(s.spec(st["catalog"]))
+    dtype, hidden = st["configs"][0]
+    beam, batch = st["beams"][0], st["batches"][0]
+    ctx = wl.context(dtype, hidden, beam, batch, 1)
+    model = ReplayModel(ctx.sets, batch)
+    heads = wl.decoder_heads(ctx.heads)
+
+    def make_decoder(catalog, index):
+        return Decoder(index, beam_width=beam, catalog=catalog, **heads)
+
+    seconds = s.o.interference_s if s.o.interference_s is not None else (0.6 if s.o.quick else 10.0)
+    t0 = time.perf_counter()
+    def warmup(decoder) -> None:  # plan and capture both shapes before a version goes live
+        decoder.decode(model, batch)
+        decoder.decode(model, batch, lists=decoder.request_lists(batch))
+
+    store = CatalogStore(wl.catalog, make_decoder, device=s.dev, warmup=warmup)
+    setup_s = time.perf_counter() - t0
+    shape = dict(dtype=dtype, hidden=hidden, beam=beam, batch=batch)
+    report = run_load_test(store, model, batch, threads=2 if s.o.quick else 4, seconds=seconds,
+                           change_every_s=0.2 if s.o.quick else 1.0,
+                           deletes_per_change=100 if s.o.quick else 1000,
+                           adds_per_change=100 if s.o.quick else 1000, seed=s.o.seed, device=s.dev)
+    s.emit(suite, "live", wl, dict(methods=["zerogr"], **shape), method="zerogr", **shape, setup_s=setup_s,
+           passed=report["failed"] == 0 and report["invalid"] == 0 and report["deleted"] == 0,
+           **{k: v for k, v in report.items() if k != "change_log"}, change_log=report["change_log"][-20:])
+    s.emit(suite, "check", wl, dict(methods=["zerogr"], **shape), method="zerogr", **shape,
+           check="live catalog: no failed request, no invalid or deleted item",
+           passed=report["failed"] == 0 and report["invalid"] == 0 and report["deleted"] == 0)
+    s.log(f"[{suite}] {wl.spec.label}: {report['requests']} requests, failed {report['failed']}, invalid "
+          f"{report['invalid']}, deleted {report['deleted']}, {report['changes']} versions; idle p50/p99 "
+          f"{report['idle']['p50_ms']:.2f}/{report['idle']['p99_ms']:.2f} ms, churn "
+          f"{report['churn']['p50_ms']:.2f}/{report['churn']['p99_ms']:.2f} ms")
+    ctx.release()

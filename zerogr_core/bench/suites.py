@@ -14,6 +14,10 @@ memory             index bytes per step: zerogr vs STATIC-style vs int16 SID tab
 build              index construction: layout streaming (2 and 1 staging buffers), full host
                    then copy, serial, STATIC-style; H2D bandwidth for 60 s / 90 s windows
 interference       decode p50/p99 while a streaming (or full-host) rebuild runs beside it
+constraints        decode latency with per-request deny lists (0, 100, 10,000 rows) and a 1 %
+                   allow list against no lists (:mod:`zerogr_core.bench.live`)
+live               live-catalog load test: threads decode while items are deleted, added and
+                   the catalog replaced every second; failures, invalid/deleted items, p50/p99
 =================  ==========================================================================
 """
 from __future__ import annotations
@@ -39,7 +43,7 @@ from .timing import summarize, synchronize, time_runs, time_step
 from .workload import (QUICK_CODEBOOK, CatalogSpec, Workload, default_scale, order_batches, static_step_bytes)
 
 SUITES = ("headline", "beam-sweep", "codebook-sweep", "steps", "stages", "ablation", "memory", "build",
-          "interference")
+          "interference", "constraints", "live")
 FAST_METHODS = ["zerogr", "static", "static-adapted", "unconstrained"]
 @dataclass
 class Options:
@@ -100,6 +104,8 @@ def suite_defaults(suite: str, quick: bool) -> dict:
         d.update(batches=small)
     elif suite == "interference":
         d.update(batches=[2] if quick else [8], configs=both[:1])
+    elif suite in ("constraints", "live"):
+        d.update(batches=[2] if quick else ([1, 8, 32] if suite == "constraints" else [8]), configs=both[:1])
     return d
 
 
@@ -891,5 +897,13 @@ def suite_interference(s: Session, suite: str) -> None:
 SUITE_FUNCS = {"headline": suite_headline, "beam-sweep": suite_beam_sweep, "codebook-sweep": suite_codebook_sweep,
                "steps": suite_steps, "stages": suite_stages, "ablation": suite_ablation, "memory": suite_memory,
                "build": suite_build, "interference": suite_interference}
+SUITE_FUNCS.update(constraints=lambda s, suite: _live().suite_constraints(s, suite),
+                   live=lambda s, suite: _live().suite_live(s, suite))
+
+
+def _live():
+    from . import live
+
+    return live
 
 __all__ = ["ANCHORS", "FAST_METHODS", "Options", "SUITES", "Session", "TARGETS", "suite_defaults"]

@@ -101,11 +101,17 @@ class CatalogStore:
     index_config : IndexConfig, optional
     compact_fraction : float
         Deletions beyond this share of a version's rows trigger a rebuild that drops them.
+        Every decode copies the deleted rows into each request's list, so this also bounds
+        that cost (8 bytes per deleted row and request).
+    warmup : callable(Decoder), optional
+        Run on a new version's decoder before it is published (a GPU engine plans and
+        captures its graph there, not in the first request).
     """
 
     def __init__(self, catalog: Catalog, make_decoder: Callable, *, device="cpu", index_config=None,
-                 compact_fraction: float = 0.25):
+                 compact_fraction: float = 0.05, warmup: Callable | None = None):
         self.make_decoder, self.device, self.index_config = make_decoder, device, index_config
+        self.warmup = warmup
         self.compact_fraction = float(compact_fraction)
         self._write = threading.Lock()
         self.history: list[dict] = []
@@ -203,6 +209,8 @@ class CatalogStore:
         decoder = self.make_decoder(catalog, index)
         if getattr(decoder, "catalog", None) is not catalog:
             raise ZeroGRError("make_decoder must build its Decoder with catalog=catalog")
+        if self.warmup is not None:
+            self.warmup(decoder)
         v = CatalogVersion(version, catalog, index, decoder, np.zeros(0, dtype=np.int64), time.perf_counter())
         if note:
             self.history.append(dict(version=version, change=note, items=catalog.n_items, live=v.n_live))
