@@ -13,6 +13,7 @@ from zerogr_core.app_support import movielens
 from zerogr_core.app_support.profile import (STAGES, comparison, k_values, profiled_decode, steady_cpu_timing,
                                              time_decoder)
 from zerogr_core.app_support.requests import DTYPES, random_heads, random_hidden_fn
+from zerogr_core.decode.constraints import RequestLists
 from zerogr_core.decode.decoder import default_projection
 
 ORDERS = ("filter-first", "score-first")
@@ -66,16 +67,21 @@ def settings(catalog, source) -> dict:
         user = int(c[2].selectbox("Test user", users.user_ids.tolist(), key="dec_user"))
         batch = 1
     seed = int(c[3].number_input("Seed", 0, 10**6, key="dec_seed", disabled=one))
+    exclude = bundled and st.checkbox(
+        "Exclude each user's history (movies already rated)", key="dec_exclude",
+        help="A per-request deny list enforced during decoding: prefixes with no unrated movie below them are "
+             "never scored or kept, and filtering first normalises over the remaining tokens.")
     if bundled:
         hidden, dtype = None, "float32"
     return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model, hidden=hidden,
-                dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed)
+                dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed,
+                exclude_history=bool(exclude))
 
 
 def run_comparison(catalog, source, cfg: dict) -> dict:
     dev = device()
     index = get_index(catalog, source)
-    targets, user_ids = None, None
+    targets, user_ids, histories, lists = None, None, None, None
     bar = st.progress(0, text="Preparing the model and requests…")
     if cfg["model"] == BUNDLED:
         study = cached_study(str(dev))
@@ -84,6 +90,8 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
                 else users.sample(cfg["batch"], cfg["seed"]))
         histories, targets = users.pick(rows)
         user_ids = users.user_ids[rows]
+        if cfg.get("exclude_history"):
+            lists = RequestLists.from_rows(deny=histories)
         heads, bands = study.model.head_weights(), None
         make_fn = lambda: study.model.hidden_fn_for(histories, study.sids)  # noqa: E731
         model_key = ("movielens", str(dev))
@@ -92,19 +100,20 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
         make_fn = lambda: random_hidden_fn(cfg["batch"], cfg["hidden"], catalog.codebook_sizes,  # noqa: E731
                                            cfg["dtype"], dev, cfg["seed"] + 1)
         model_key = ("random", cfg["hidden"], cfg["dtype"], str(dev))
-    out = dict(cfg=cfg, targets=targets, user_ids=user_ids, runs={}, timing={}, plan=None, graph_error=None)
+    out = dict(cfg=cfg, targets=targets, user_ids=user_ids, runs={}, timing={}, plan=None, graph_error=None,
+               histories=histories)
     for i, order in enumerate(ORDERS):
         bar.progress(10 + 40 * i, text=f"{order}: decoding {cfg['batch']} request(s) with beam {cfg['beam']}…")
         with steady_cpu_timing(dev):
             out["runs"][order] = profiled_decode(index, heads, cfg["beam"], order, make_fn(), cfg["batch"],
-                                                 band_offsets=bands)
+                                                 band_offsets=bands, lists=lists)
     if dev.type == "cuda":
         bar.progress(85, text="GPU: warm-up plan, CUDA-graph capture and timed replays…")
         decoders = gpu_decoders(index, heads, bands, cfg["beam"],
                                 (index_key(source, overrides(), dev), model_key, cfg["beam"]))
         fn = make_fn()
         for order in ORDERS:
-            result, timing = time_decoder(decoders[order], fn, cfg["batch"])
+            result, timing = time_decoder(decoders[order], fn, cfg["batch"], lists=lists)
             out["timing"][order] = timing
             out["runs"][order].result = result
         engine = decoders["filter-first"].engine
@@ -144,6 +153,19 @@ def top_k_table(catalog, titles, runs: dict, request: int, k: int, target) -> pd
     return pd.DataFrame(data)
 
 
+def show_history_hits(res: dict, cfg: dict) -> None:
+    """How many returned beams are movies the user already rated (0 when excluded)."""
+    hits, total = {}, 0
+    for order, run in res["runs"].items():
+        rows = run.result.item_rows.cpu().numpy()
+        hits[order] = sum(int(np.isin(rows[i][rows[i] >= 0], h).sum()) for i, h in enumerate(res["histories"]))
+        total = int((rows >= 0).sum())
+    rated = sum(len(h) for h in res["histories"])
+    state = "excluded during decoding" if cfg.get("exclude_history") else "not excluded"
+    st.caption(f"History ({rated:,} rated movies over the requests, {state}): returned beams that are already "
+               "rated: " + ", ".join(f"{o} **{n:,}** of {total:,}" for o, n in hits.items()) + ".")
+
+
 def show_results(catalog, source, res: dict) -> None:
     cfg, runs = res["cfg"], res["runs"]
     # K never exceeds the beam, nor the catalog (a list of 12 items cannot fill a top-20).
@@ -166,6 +188,8 @@ def show_results(catalog, source, res: dict) -> None:
             col.metric(f"{order} latency (CPU, reference)", fmt_ms(runs[order].total_ms),
                        help="sum of the stage timings below, model forward included")
 
+    if res.get("histories") is not None:
+        show_history_hits(res, cfg)
     titles = titles_for(catalog, source)
     n = cfg["batch"]
     labels = [f"request {i + 1}" + (f" (user {res['user_ids'][i]})" if res["user_ids"] is not None else "")

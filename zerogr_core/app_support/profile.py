@@ -118,8 +118,8 @@ class DecodeRun:
 
 @torch.no_grad()
 def profiled_decode(index: StepIndex, heads, beam_width: int, order: str, hidden_fn: HiddenFn, batch: int, *,
-                    band_offsets: Sequence[int] | None = None, projection: Sequence[str] | None = None
-                    ) -> DecodeRun:
+                    band_offsets: Sequence[int] | None = None, projection: Sequence[str] | None = None,
+                    lists=None) -> DecodeRun:
     """Beam search of ``order`` with per-stage timings.
 
     Parameters
@@ -134,6 +134,9 @@ def profiled_decode(index: StepIndex, heads, beam_width: int, order: str, hidden
         For a shared head.
     projection : sequence of {"full", "selective"}, optional
         Filter-first projection per step (default: full on dense steps, selective on sparse).
+    lists : RequestLists, optional
+        Per-request allow/deny rows, enforced during decoding
+        (:mod:`zerogr_core.decode.constraints`).
 
     Returns
     -------
@@ -152,6 +155,10 @@ def profiled_decode(index: StepIndex, heads, beam_width: int, order: str, hidden
     proj = tuple(projection) if projection is not None else default_projection(index)
     ops = DISPATCH if device.type == "cuda" else REFERENCE
     step = FilterFirst(index, heads, proj, ops) if order == "filter-first" else ScoreFirst(index, heads, ops)
+    if lists is not None:
+        from ..decode.constraints import SlotConstraint
+
+        step.constraint = SlotConstraint(index, lists)
     timer, seen_states = _Timer(device), []
 
     def step_fn(level, states, hidden, scores, timer):
@@ -164,7 +171,8 @@ def profiled_decode(index: StepIndex, heads, beam_width: int, order: str, hidden
     return DecodeRun(order, result, timer.rows, seen_states, proj if order == "filter-first" else (), path)
 
 
-def time_decoder(decoder, hidden_fn: HiddenFn, batch: int, repeats: int = 5) -> tuple[DecodeResult, dict]:
+def time_decoder(decoder, hidden_fn: HiddenFn, batch: int, repeats: int = 5,
+                 lists=None) -> tuple[DecodeResult, dict]:
     """Warm up a :class:`~zerogr_core.Decoder` and time whole decodes (synchronised).
 
     Returns
@@ -181,7 +189,7 @@ def time_decoder(decoder, hidden_fn: HiddenFn, batch: int, repeats: int = 5) -> 
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = decoder.decode(hidden_fn, batch)
+        out = decoder.decode(hidden_fn, batch, lists=lists)
         if cuda:
             torch.cuda.synchronize()
         return out, (time.perf_counter() - t0) * 1e3

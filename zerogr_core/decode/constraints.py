@@ -111,6 +111,29 @@ class RequestLists:
         hit = np.isin(rows, own)
         return hit if self.mode[request] == 1 else ~hit
 
+    @classmethod
+    def from_rows(cls, deny=None, allow=None) -> "RequestLists":
+        """Lists straight from catalog rows: per request a deny or an allow array (not both).
+
+        Parameters
+        ----------
+        deny, allow : sequence of ``batch`` int arrays (or None), optional
+        """
+        n = len(deny if deny is not None else allow)
+        lists, mode = [], np.zeros(n, dtype=np.int32)
+        for r in range(n):
+            a = None if allow is None else allow[r]
+            if a is not None:
+                lists.append(np.unique(np.asarray(a, dtype=np.int64)))
+                mode[r] = 1
+            else:
+                d = None if deny is None else deny[r]
+                lists.append(np.unique(np.asarray([] if d is None else d, dtype=np.int64)))
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([x.size for x in lists])
+        rows = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
+        return cls(offsets, rows.astype(np.int64), mode)
+
     def to_device(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(offsets, rows, mode)`` tensors for :func:`kernels.constrain_slots` (rows padded to ≥ 1)."""
         rows = self.rows if self.rows.size else np.zeros(1, dtype=np.int64)
