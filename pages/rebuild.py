@@ -13,6 +13,59 @@ from zerogr_core.app_support.requests import random_heads, random_hidden_fn
 from zerogr_core.index import IndexConfig
 
 REPORT_KEY = "rebuild_report"
+LIVE_KEY = "rebuild_live"
+
+
+def live_section(catalog, source) -> None:
+    """Live catalog versions: deletes, adds and replaces while threads keep decoding."""
+    from zerogr_core.bench.live import run_load_test
+    from zerogr_core.catalog.store import CatalogStore
+
+    st.subheader("Live catalog: deletes and adds while decoding")
+    st.write("Decoders keep serving from a `CatalogStore` while the catalog changes: **deletes** take effect at "
+             "once (a global deny set merged into every request's lists, no rebuild), **adds** and full "
+             "**replaces** build a new index beside the old one and swap it in atomically. Every result carries "
+             "the version it ran on and is checked against it.")
+    dev = device()
+    gpu = dev.type == "cuda"
+    st.session_state.setdefault("live_seconds", 3.0)
+    st.session_state.setdefault("live_every", 1.0)
+    st.session_state.setdefault("live_share", 1.0)
+    c = st.columns(3)
+    seconds = float(c[0].number_input("Decode for (s, per phase)", 0.5, 30.0, step=0.5, key="live_seconds"))
+    every = float(c[1].number_input("Change every (s)", 0.1, 10.0, step=0.1, key="live_every"))
+    share = float(c[2].number_input("Items per change (%)", 0.1, 10.0, step=0.1, key="live_share"))
+    if st.button("Run live changes while decoding", key="btn_live_run"):
+        hidden, dtype = (1024, "float16") if gpu else (64, "float32")
+        heads, bands = random_heads(catalog, hidden, dtype, dev, seed=0)
+        fn = random_hidden_fn(4, hidden, catalog.codebook_sizes, dtype, dev, seed=1)
+
+        def make_decoder(cat, index):
+            return Decoder(index, heads, 16, band_offsets=bands, catalog=cat)
+
+        def warmup(dec):  # a GPU engine plans and captures before its version goes live
+            dec.decode(fn, 4, lists=dec.request_lists(4))
+
+        with st.spinner("Decoding while the catalog changes…"):
+            store = CatalogStore(catalog, make_decoder, device=dev, warmup=warmup if gpu else None)
+            count = max(1, int(catalog.n_items * share / 100))
+            # The CPU path runs one decoding thread (the PyTorch reference shares the cores).
+            report = run_load_test(store, fn, 4, threads=4 if gpu else 1, seconds=seconds, change_every_s=every,
+                                   deletes_per_change=count, adds_per_change=count, device=dev)
+        st.session_state[LIVE_KEY] = dict(source=source, report=report)
+    saved = st.session_state.get(LIVE_KEY)
+    if not saved or saved["source"] != source:
+        return
+    r = saved["report"]
+    m = st.columns(4)
+    m[0].metric("Catalog version", f"{r['versions'][0]} → {r['versions'][1]}", help=f"{r['changes']} changes")
+    m[1].metric("Failed requests", f"{r['failed']:,} of {r['requests']:,}")
+    m[2].metric("Deleted or invalid items returned", f"{r['deleted'] + r['invalid']:,}")
+    m[3].metric("Decode p99 while changing", fmt_ms(r["churn"]["p99_ms"]),
+                delta=f"{r['churn']['p99_ms'] - r['idle']['p99_ms']:+.2f} ms vs idle", delta_color="inverse")
+    st.dataframe(pd.DataFrame(r["change_log"]).rename(columns={"live": "live items"}), hide_index=True)
+    if r["errors"]:
+        st.error("First errors: " + "; ".join(r["errors"]))
 
 
 def main() -> None:
@@ -76,6 +129,7 @@ def main() -> None:
     saved = st.session_state.get(REPORT_KEY)
     if not saved or saved["source"] != source:
         st.info("Choose the refresh and press **Refresh and rebuild while decoding**.")
+        live_section(catalog, source)
         return
     report, change = saved["report"], saved["change"]
     st.subheader("Result")
@@ -117,6 +171,7 @@ def main() -> None:
     copied = report.builds[-1].get("h2d_bytes") if report.builds else None
     st.caption(f"{len(report.during_ms)} decodes ran during {len(report.builds)} rebuild(s); builder: "
                f"{report.builder}; bytes copied to the device per build: {fmt_bytes(copied) if copied else 'n/a'}.")
+    live_section(catalog, source)
 
 
 guarded(main)

@@ -26,3 +26,22 @@ def test_decode_page_excludes_the_history():
         for i, history in enumerate(res["histories"]):
             assert not np.isin(rows[i][rows[i] >= 0], history).any(), order
     assert any("excluded during decoding" in c.value and "filter-first **0**" in c.value for c in at.caption)
+
+
+def test_rebuild_page_live_changes_keep_every_request_valid():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+    at.session_state["cat_sample"] = "search-like-small"
+    at.run()
+    at.switch_page("pages/rebuild.py")
+    for key, value in dict(live_seconds=1.0, live_every=0.25, live_share=2.0).items():
+        at.session_state[key] = value
+    at.run()
+    at.button(key="btn_live_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    m = {x.label: x.value for x in at.metric}
+    first, last = (int(v) for v in m["Catalog version"].split(" → "))
+    assert last > first
+    assert m["Failed requests"].startswith("0 of") and m["Deleted or invalid items returned"] == "0"
+    log = at.dataframe[-1].value
+    assert {"version", "change", "items", "live items"} <= set(log.columns)
