@@ -13,6 +13,8 @@ from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.decode.constraints import build_lists, row_starts
 from zerogr_core.index import INDEX_PRESETS, HostTrie, build_static_index
 
+from test_decode import PrefixModel
+
 
 # ---------------------------------------------------------------------------- kernel
 def random_case(seed, n_beams, K, batch, n_rows, last, list_len):
@@ -74,28 +76,8 @@ def test_kernel_rejects_bad_arguments():
 
 
 # ---------------------------------------------------------------------------- oracle
-class Model:
-    """hidden_fn whose output depends only on (request, step, prefix)."""
-
-    def __init__(self, sizes, hidden, batch, seed):
-        g = torch.Generator().manual_seed(seed)
-        self.req = torch.randn(batch, hidden, generator=g, dtype=torch.float64)
-        self.tok = [torch.randn(s, hidden, generator=g, dtype=torch.float64) for s in sizes]
-
-    def hidden(self, request, step, prefix):
-        h = self.req[request] * (step + 1)
-        for level, t in enumerate(prefix):
-            h = h + self.tok[level][t] * (level + 2)
-        return torch.tanh(h)
-
-    def __call__(self, step, prefixes):
-        b, m, _ = prefixes.shape
-        out = torch.zeros(b, m, self.req.shape[1], dtype=torch.float64)
-        for i in range(b):
-            for j in range(m):
-                if step == 0 or prefixes[i, j, 0] >= 0:
-                    out[i, j] = self.hidden(i, step, [int(t) for t in prefixes[i, j]])
-        return out.float()
+class Model(PrefixModel):
+    """hidden_fn whose output depends only on (request, step, prefix); padded beams (-1) included."""
 
 
 def oracle(catalog, heads, model, request, beam, order, allowed_rows):
