@@ -287,3 +287,36 @@ def test_engine_lists_match_the_reference_and_buffers_regrow(plan):
         assert torch.equal(plain.item_rows, ref.decode(model, 3).item_rows)
     finally:
         cons.MIN_CAPACITY = old_min
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_replay_with_lists_matches_the_reference_on_gpu():
+    g = np.random.default_rng(5)
+    sizes = (300, 40, 30, 20)
+    catalog = Catalog.from_sids(np.unique(np.stack([g.integers(0, s, 20000) for s in sizes], 1), axis=0), sizes)
+    index = build_index(catalog, device="cuda")
+    heads = [torch.randn(s, 96, device="cuda") for s in sizes]
+    table = torch.randn(64, 96, device="cuda")
+
+    def hidden_fn(step, prefixes):  # pure GPU work: capturable
+        return table[((prefixes.clamp(min=0) * 7 + 3).sum(-1) + step * 13) % 64]
+
+    n = catalog.n_items
+    graph = Decoder(index, heads, 16, engine="graph", catalog=catalog)
+    for batch in (1, 4):
+        for allow, deny in [(None, [g.choice(n, 5000, replace=False) for _ in range(batch)]),
+                            ([g.choice(n, n // 100, replace=False) for _ in range(batch)], None),
+                            ([g.choice(n, 7, replace=False)] + [None] * (batch - 1), None)]:
+            lists = graph.request_lists(batch, allow, deny)
+            a = graph.decode(hidden_fn, batch, lists=lists)
+            assert graph.engine.graph_error is None
+            plan = graph.engine.plans[graph.engine.key(batch)]
+            proj = ["full" if s.option.mode.endswith("full") else "selective" for s in plan.steps]
+            ref = Decoder(index, heads, 16, engine="reference", projection=proj, catalog=catalog)
+            b = ref.decode(hidden_fn, batch, lists=lists)
+            assert torch.equal(a.item_rows, b.item_rows)
+            torch.testing.assert_close(a.scores, b.scores, rtol=1e-4, atol=1e-4)
+            rows = a.item_rows.cpu().numpy()
+            for r in range(batch):
+                assert lists.allows(r, rows[r][rows[r] >= 0]).all()
