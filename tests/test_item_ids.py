@@ -80,3 +80,6 @@ def test_cli_next_prints_string_ids(tmp_path, capsys):
     assert main(["next", str(path), "--prefix", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["item_ids"] == ["0553213113", "B07XYZ0001"]
     assert main(["stats", str(path)]) == 0
+    assert "string item ids" in capsys.readouterr().out
+    assert main(["stats", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["item_ids"] == "string"

@@ -261,11 +261,14 @@ def _run_stats(args: argparse.Namespace) -> None:
                  band_offsets=None if catalog.band_offsets is None else list(catalog.band_offsets),
                  collision_level_added=catalog.collision_level_added,
                  duplicate_groups=catalog.duplicate_groups,
+                 item_ids="string" if catalog.string_ids else "integer",
                  sid_table_int16_bytes=catalog.sid_table_bytes_int16(), steps=catalog.step_stats())
     if args.json:
         print_json(stats)
         return
     print(_describe(catalog))
+    if catalog.string_ids:
+        print(f"string item ids (first: {catalog.item_ids[0]!s})")
     if catalog.band_offsets is not None:
         print(f"shared head, band offsets {'/'.join(map(str, catalog.band_offsets))}")
     print(format_table(stats["steps"], ["step", "codebook", "states", "entries", "density", "max_segment",
