@@ -45,3 +45,21 @@ def test_rebuild_page_live_changes_keep_every_request_valid():
     assert m["Failed requests"].startswith("0 of") and m["Deleted or invalid items returned"] == "0"
     log = at.dataframe[-1].value
     assert {"version", "change", "items", "live items"} <= set(log.columns)
+
+
+def test_catalog_page_accepts_asin_ids_and_decodes_with_them():
+    data = b"item_id,s1,s2\nB00ABC1234,1,0\nB07XYZ0001,0,1\nB000000001,2,2\n"
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+    at.session_state["cat_kind"] = "Upload a file"
+    at.session_state["upload_payload"] = dict(id="asins", name="asins.csv", data=data)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert {m.label: m.value for m in at.metric}["Items"] == "3"
+    at.switch_page("pages/decode.py")
+    for key, value in dict(dec_beam=4, dec_batch=2, dec_hidden=8).items():
+        at.session_state[key] = value
+    at.run()
+    at.button(key="btn_dec_run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    shown = [v for v in at.dataframe[0].value["filter-first"] if v != "—"]
+    assert sorted(shown) == ["item B000000001", "item B00ABC1234", "item B07XYZ0001"]
