@@ -83,3 +83,12 @@ def test_cli_next_prints_string_ids(tmp_path, capsys):
     assert "string item ids" in capsys.readouterr().out
     assert main(["stats", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["item_ids"] == "string"
+
+
+def test_parquet_string_ids_stay_strings(tmp_path):
+    path = tmp_path / "typed.parquet"
+    pl.DataFrame({"item_id": ["1", "2"], "s1": [0, 1]}).write_parquet(path)
+    assert load_catalog(path).item_ids.tolist() == ["1", "2"]
+    cat = Catalog.from_sids([[0], [1]], item_ids=["1", "2"])
+    save_catalog(cat, path)
+    assert load_catalog(path).string_ids

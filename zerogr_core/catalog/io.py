@@ -95,7 +95,7 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
     layout_columns = _layout(columns, source)
     if frame.height == 0:
         raise CatalogError("no data rows", source=source)
-    item_ids = _id_column(frame[columns["item_id"]], columns["item_id"], source)
+    item_ids = _id_column(frame[columns["item_id"]], columns["item_id"], source, typed=fmt == "parquet")
     if layout_columns == ["sid"]:
         sids = _sid_column(frame[columns["sid"]], columns["sid"], source)
     else:
@@ -285,12 +285,14 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
 _CANONICAL_INT = r"^-?(0|[1-9][0-9]{0,17})$"
 
 
-def _id_column(series: pl.Series, column: str, source: str) -> np.ndarray:
+def _id_column(series: pl.Series, column: str, source: str, typed: bool = False) -> np.ndarray:
     """Parse the ``item_id`` column: int64 when every id is a canonical integer, else strings.
 
-    A column that is not all integers (``B00ABC1234``, ``007``) keeps every id as the
-    string in the file (surrounding blanks removed), so ids round-trip exactly. Empty
-    ids are a row error; duplicates are reported by :func:`normalize_item_ids`.
+    A text column that is not all integers (``B00ABC1234``, ``007``) keeps every id as
+    the string in the file (surrounding blanks removed), so ids round-trip exactly; with
+    ``typed`` (Parquet, whose columns carry their type) a string column always gives
+    string ids. Empty ids are a row error; duplicates are reported by
+    :func:`normalize_item_ids`.
 
     Returns
     -------
@@ -307,7 +309,7 @@ def _id_column(series: pl.Series, column: str, source: str) -> np.ndarray:
     if empty.any():
         raise CatalogError("missing value (empty item id)", row=int(empty.arg_true()[0]), column=column,
                            source=source)
-    if text.str.contains(_CANONICAL_INT).all():
+    if not typed and text.str.contains(_CANONICAL_INT).all():
         return text.cast(pl.Int64).to_numpy()
     return text.to_numpy().astype(StringDType())
 
