@@ -7,14 +7,18 @@ extends to covers one contiguous range of rows ``[lo, hi)``: ``lo = row_start[su
 and ``hi = row_start[succ + 1]`` (at the last step the successor is the row itself,
 ``row_start=None``).
 
-Each request ``r`` has one sorted, duplicate-free row list
-``rows[list_offsets[r]:list_offsets[r + 1]]`` (CSR) and a mode:
+The lists are segments of one sorted, duplicate-free row buffer (CSR): segment 0,
+``rows[list_offsets[0]:list_offsets[1]]``, is a *global* deny list shared by every
+request (deleted items of a live catalog), and request ``r`` owns segment ``r + 1``
+with a mode:
 
-- ``mode[r] == 1`` (allow): the slot is alive iff the list holds a row in ``[lo, hi)``;
-- ``mode[r] == 0`` (deny): the slot is alive iff ``hi - lo`` exceeds the number of
-  listed rows in ``[lo, hi)`` (an empty deny list changes nothing).
+- ``mode[r] == 1`` (allow): the slot is alive iff the request's list holds a row in
+  ``[lo, hi)`` (the caller keeps globally denied rows out of allow lists);
+- ``mode[r] == 0`` (deny): the slot is alive iff ``hi - lo`` exceeds the number of rows
+  in ``[lo, hi)`` listed by the request or globally (the two lists must be disjoint;
+  empty lists change nothing).
 
-Both are two lower-bound binary searches of ``n_iter`` halvings each, with
+Each count is two lower-bound binary searches of ``n_iter`` halvings each, with
 ``n_iter >= bit_length(longest list)`` (a compile-time constant: one specialisation per
 capacity); pass the bound of the buffers' capacity so the kernel, and hence a captured
 CUDA graph, does not depend on the lists of one call.
@@ -59,8 +63,9 @@ def _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_ro
     batch = n // beams_per_request
     check_tensor("list_mode", list_mode, dtypes=(torch.int32,), ndim=1, device=dev, shape=(batch,),
                  contiguous=True)
-    if list_offsets.shape[0] != batch + 1:
-        raise ValueError(f"list_offsets must hold batch + 1 = {batch + 1} entries, got {list_offsets.shape[0]}")
+    if list_offsets.shape[0] != batch + 2:
+        raise ValueError(f"list_offsets must hold batch + 2 = {batch + 2} entries (global list, then one per "
+                         f"request), got {list_offsets.shape[0]}")
     if not isinstance(n_iter, int) or n_iter < 1:
         raise ValueError(f"n_iter must be a positive int, got {n_iter!r}")
 
@@ -98,12 +103,16 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
         lo = tl.load(row_start_ptr + safe, mask=valid, other=0).to(tl.int64)
         hi = tl.load(row_start_ptr + safe + 1, mask=valid, other=0).to(tl.int64)
     req = beam // beams_per_request
-    start = tl.load(list_off_ptr + req)
-    end = tl.load(list_off_ptr + req + 1)
+    g_start = tl.load(list_off_ptr)
+    g_end = tl.load(list_off_ptr + 1)
+    start = tl.load(list_off_ptr + req + 1)
+    end = tl.load(list_off_ptr + req + 2)
     allow = tl.load(list_mode_ptr + req) != 0
     listed = _lower_bound(list_rows_ptr, start, end, hi, N_ITER) - \
         _lower_bound(list_rows_ptr, start, end, lo, N_ITER)
-    alive = tl.where(allow, listed > 0, (hi - lo) > listed)
+    glob = _lower_bound(list_rows_ptr, g_start, g_end, hi, N_ITER) - \
+        _lower_bound(list_rows_ptr, g_start, g_end, lo, N_ITER)
+    alive = tl.where(allow, listed > 0, (hi - lo) > listed + glob)
     dead = valid & ~alive
     tl.store(slot_tok_ptr + slot, tl.full([BLOCK], -1, tl.int32), mask=in_row & dead)
     tl.store(slot_succ_ptr + slot, tl.full([BLOCK], -1, tl.int64), mask=in_row & dead)
@@ -145,18 +154,24 @@ def constrain_slots_reference(slot_tokens: torch.Tensor, slot_succ: torch.Tensor
     else:
         lo, hi = row_start[safe].long(), row_start[safe + 1].long()
     batch = list_mode.shape[0]
-    req = torch.arange(n, device=slot_succ.device) // beams_per_request
-    # One global sorted key space: request r's rows live at r * span + row, so a single
-    # searchsorted answers every request's count.
+    dev = slot_succ.device
+    req = torch.arange(n, device=dev) // beams_per_request
+    # One sorted key space: segment s's rows live at s * span + row, so one searchsorted
+    # answers every segment's count (segment 0 global, request r segment r + 1).
+    first, total = int(list_offsets[0]), int(list_offsets[-1])
     sizes = list_offsets[1:] - list_offsets[:-1]
-    total = int(list_offsets[-1])
-    owner = torch.repeat_interleave(torch.arange(batch, device=slot_succ.device), sizes, output_size=total)
-    span = int(max(int(hi.max()) if hi.numel() else 0, int(list_rows[:total].max()) + 1 if total else 0)) + 1
-    keys = owner * span + list_rows[:total]
-    base = (req * span)[:, None]
-    listed = torch.searchsorted(keys, base + hi) - torch.searchsorted(keys, base + lo)
+    owner = torch.repeat_interleave(torch.arange(batch + 1, device=dev), sizes, output_size=total - first)
+    rows = list_rows[first:total]
+    span = int(max(int(hi.max()) if hi.numel() else 0, int(rows.max()) + 1 if rows.numel() else 0)) + 1
+    keys = owner * span + rows
+
+    def count(segment):
+        base = (segment * span)[:, None]
+        return torch.searchsorted(keys, base + hi) - torch.searchsorted(keys, base + lo)
+
+    listed, glob = count(req + 1), count(torch.zeros_like(req))
     allow = (list_mode[req] != 0)[:, None]
-    alive = torch.where(allow, listed > 0, (hi - lo) > listed)
+    alive = torch.where(allow, listed > 0, (hi - lo) > listed + glob)
     dead = valid & ~alive
     slot_tokens.masked_fill_(dead, -1)
     slot_succ.masked_fill_(dead, -1)
@@ -180,10 +195,12 @@ def constrain_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_log
         ``(S_next + 1,)`` int32/int64 first catalog row of every successor state, with
         the row count last; ``None`` at the last step, where the successor is the row.
     list_offsets : torch.Tensor
-        ``(batch + 1,)`` int64 CSR offsets into ``list_rows``.
+        ``(batch + 2,)`` int64 CSR offsets into ``list_rows``: segment 0 is the global
+        deny list, segment ``r + 1`` request ``r``'s list.
     list_rows : torch.Tensor
-        ``(capacity,)`` int64, capacity >= 1: each request's sorted, duplicate-free rows;
-        entries past ``list_offsets[-1]`` are ignored.
+        ``(capacity,)`` int64, capacity >= 1: sorted, duplicate-free rows per segment
+        (a request's deny list disjoint from the global one); entries past
+        ``list_offsets[-1]`` are ignored.
     list_mode : torch.Tensor
         ``(batch,)`` int32: 1 = the list is an allow list, 0 = a deny list.
     beams_per_request : int

@@ -23,9 +23,12 @@ def random_case(seed, n_beams, K, batch, n_rows, last, list_len):
     tokens = np.where(succ >= 0, g.integers(0, 50, (n_beams, K)), -1)
     logits = np.where(succ >= 0, g.normal(size=(n_beams, K)), -np.inf)
     starts = None if last else np.concatenate([[0], np.sort(g.integers(0, n_rows, 11)), [n_rows]])
-    lists = [np.unique(g.integers(0, n_rows, g.integers(0, list_len + 1))) for _ in range(batch)]
-    offsets = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
-    rows = np.concatenate(lists + [np.zeros(1, dtype=np.int64)])  # padded buffer
+    # segment 0: a global deny list; each request's list disjoint from it
+    glob = np.unique(g.integers(0, n_rows, g.integers(0, list_len + 1)))
+    lists = [np.setdiff1d(np.unique(g.integers(0, n_rows, g.integers(0, list_len + 1))), glob)
+             for _ in range(batch)]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in [glob] + lists])])
+    rows = np.concatenate([glob] + lists + [np.zeros(1, dtype=np.int64)])  # padded buffer
     mode = g.integers(0, 2, batch)
     t = torch.from_numpy
     return (t(tokens.astype(np.int32)), t(succ.astype(np.int64)), t(logits.astype(np.float32)),
@@ -49,9 +52,10 @@ def test_kernel_matches_reference(n_beams, K, batch, last, list_len):
         assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
     # independent check of the rule on the reference output
     tokens, succ, logits, starts, offsets, rows, mode = case
+    glob = rows[offsets[0]:offsets[1]].numpy()
     for b in range(n_beams):
         r = b // (n_beams // batch)
-        own = rows[offsets[r]:offsets[r + 1]].numpy()
+        own = rows[offsets[r + 1]:offsets[r + 2]].numpy()
         for k in range(K):
             s = int(succ[b, k])
             if s < 0:
@@ -59,7 +63,8 @@ def test_kernel_matches_reference(n_beams, K, batch, last, list_len):
                 continue
             lo, hi = (s, s + 1) if starts is None else (int(starts[s]), int(starts[s + 1]))
             listed = int(((own >= lo) & (own < hi)).sum())
-            alive = listed > 0 if mode[r] else hi - lo > listed
+            denied = listed + int(((glob >= lo) & (glob < hi)).sum())
+            alive = listed > 0 if mode[r] else hi - lo > denied
             assert (int(ref[1][b, k]) == s) == alive and (int(ref[0][b, k]) >= 0) == alive
 
 
@@ -67,8 +72,8 @@ def test_kernel_rejects_bad_arguments():
     case = list(random_case(0, 4, 3, 2, 10, True, 3))
     with pytest.raises(ValueError, match="beams_per_request"):
         constrain_slots_triton(*case, 3, 4)
-    with pytest.raises(ValueError, match="list_offsets"):
-        constrain_slots_triton(*case[:4], case[4][:2], *case[5:], 2, 4)
+    with pytest.raises(ValueError, match="batch \\+ 2"):
+        constrain_slots_triton(*case[:4], case[4][:3], *case[5:], 2, 4)
     with pytest.raises(TypeError, match="list_mode"):
         constrain_slots_triton(*case[:6], case[6].long(), 2, 4)
     with pytest.raises(ValueError, match="at least one"):
@@ -155,21 +160,27 @@ def scenarios(draw):
     beam = draw(st.integers(1, 6))
     preset = draw(st.sampled_from(["default", "all-sparse"]))
     projection = draw(st.sampled_from(["full", "selective"]))
-    return catalog, sizes, allow, deny, beam, preset, projection, seed
+    # a live catalog's deletions: one global deny set on top of the requests' lists
+    glob = np.sort(g.choice(n, draw(st.integers(0, n)), replace=False)) if draw(st.booleans()) else None
+    return catalog, sizes, allow, deny, beam, preset, projection, seed, glob
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sampled_from(["filter-first", "score-first"]))
 def test_both_orders_match_the_oracle(scenario, order):
-    catalog, sizes, allow, deny, beam, preset, projection, seed = scenario
+    catalog, sizes, allow, deny, beam, preset, projection, seed, glob = scenario
     index = build_index(catalog, config=INDEX_PRESETS[preset])
     g = torch.Generator().manual_seed(seed)
     heads = [torch.randn(s, 5, generator=g) for s in sizes]
     batch = len(allow)
     model = Model(sizes, 5, batch, seed)
     decoder = Decoder(index, heads, beam, order, projection=projection, catalog=catalog, engine="reference")
-    result = decoder.decode(model, batch, allow_items=allow, deny_items=deny)
-    lists = build_lists(catalog, batch, allow, deny)
+    if glob is None:
+        result = decoder.decode(model, batch, allow_items=allow, deny_items=deny)
+        lists = build_lists(catalog, batch, allow, deny)
+    else:
+        lists = decoder.request_lists(batch, allow, deny, global_deny_rows=glob)
+        result = decoder.decode(model, batch, lists=lists)
     for r in range(batch):
         allowed = allowed_rows_of(catalog, lists, r)
         expected = oracle(catalog, heads, model, r, beam, order, allowed)
@@ -183,6 +194,7 @@ def test_both_orders_match_the_oracle(scenario, order):
     for r in range(batch):
         for j in range(beam):
             if ids[r, j] is not None:
+                assert glob is None or catalog.row_of_item(ids[r, j]) not in glob
                 assert allow[r] is None or ids[r, j] in allow[r]
                 assert deny[r] is None or ids[r, j] not in deny[r]
 
@@ -271,11 +283,16 @@ def test_engine_lists_match_the_reference_and_buffers_regrow(plan):
     engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 5, plan_override=plan, use_graph=False)
     ref = Decoder(index, heads, 5, projection=plan, catalog=catalog, engine="reference")
     old_min = cons.MIN_CAPACITY
-    cons.MIN_CAPACITY = 8  # force a regrow on the second call
+    cons.MIN_CAPACITY = 64  # the last call needs a regrow
     try:
-        for allow, deny in [([None, list(range(0, n, 3)), [1, 2]], [list(range(5)), None, None]),
-                            ([list(range(n // 2)), None, []], [None, list(range(0, n, 2)), None])]:
-            lists = ref.request_lists(3, allow, deny)
+        glob = np.arange(1, n, 4)
+        # small lists in one buffer: the global list, none (request rows overwrite it), the
+        # same global list object again (must be copied again); then lists that need a regrow
+        for allow, deny, dropped in [([None, [4, 9], [1, 2]], [list(range(5)), None, None], glob),
+                                     ([None, [6, 7], None], [[0, 1, 2, 3, 5, 7, 9, 11], None, [3]], None),
+                                     ([None, None, [3, 5, 8]], [[0, 2], None, None], glob),
+                                     ([list(range(n // 2)), None, []], [None, list(range(0, n, 2)), None], glob)]:
+            lists = ref.request_lists(3, allow, deny, global_deny_rows=dropped)
             got = engine.decode(model, 3, lists=lists)
             want = ref.decode(model, 3, lists=lists)
             assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)

@@ -77,7 +77,7 @@ def _launch_grid():
             [(1, 2), (3, 4), (300, 256), (16384, 2)], (torch.float16, torch.bfloat16, torch.float32),
             (None, e(9, dtype=torch.int32), e(9, dtype=torch.int64))):
         constrain_slots_triton(e(n_beams, K, dtype=torch.int32), e(n_beams, K, dtype=torch.int64),
-                               e(n_beams, K, dtype=dtype), starts, e(3, dtype=torch.int64),
+                               e(n_beams, K, dtype=dtype), starts, e(4, dtype=torch.int64),
                                e(1024, dtype=torch.int64), e(2, dtype=torch.int32), n_beams // 2, 11)
     for (K, H), dtype in itertools.product([(1, 48), (3, 1024), (300, 1024), (64, 4096)],
                                            (torch.float16, torch.bfloat16, torch.float32)):

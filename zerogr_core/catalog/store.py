@@ -4,9 +4,10 @@
 index, decoder, deleted rows) and swaps the reference atomically:
 
 - ``apply(deletes=...)`` publishes a new version at once, without a rebuild: it shares
-  the index and decoder and adds the rows to a global deny set that every decode merges
-  into each request's lists (:func:`~zerogr_core.decode.constraints.build_lists`), so no
-  decode started after ``apply`` returns can return a deleted item;
+  the index and decoder and adds the rows to a global deny list that every decode passes
+  beside the requests' own lists (:func:`~zerogr_core.decode.constraints.build_lists`;
+  stored once per batch), so no decode started after ``apply`` returns can return a
+  deleted item;
 - ``apply(adds=...)``, ``replace(catalog)`` and deletions beyond ``compact_fraction`` of
   the catalog build a new catalog and index off to the side (deleted rows dropped) and
   then publish it.
@@ -100,9 +101,9 @@ class CatalogStore:
         Where indexes are built.
     index_config : IndexConfig, optional
     compact_fraction : float
-        Deletions beyond this share of a version's rows trigger a rebuild that drops them.
-        Every decode copies the deleted rows into each request's list, so this also bounds
-        that cost (8 bytes per deleted row and request).
+        Deletions beyond this share of a version's rows trigger a rebuild that drops them
+        (the deny list costs 8 bytes per deleted row on the device and two more binary
+        searches per candidate).
     warmup : callable(Decoder), optional
         Run on a new version's decoder before it is published (a GPU engine plans and
         captures its graph there, not in the first request).

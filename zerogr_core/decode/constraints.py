@@ -12,6 +12,9 @@ filtering, before projection and normalisation. Consequences, for both orders:
 - a request with fewer allowed items than M gets all of them, then padding: token -1,
   score -inf, item row -1 (item id -1, or ``None`` for string ids).
 
+Deleted items of a live catalog form one global deny list stored once per batch (and
+once per engine buffer while it does not change), not once per request.
+
 Memory: the row range of a state needs the first row of every state of steps 2…L-1
 (:func:`row_starts`): ``E_1 + … + E_{L-2} + L - 2`` integers in the offsets' dtype
 (int32 below 2^31 rows), computed once per index by composing the sparse offsets; the
@@ -20,7 +23,7 @@ last step needs nothing (a successor *is* the row). Lists cost 8 bytes per liste
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -77,20 +80,25 @@ def row_starts_bytes(index: StepIndex) -> int:
 
 @dataclass
 class RequestLists:
-    """Each request's sorted row list (CSR) and mode, on the host.
+    """Each request's sorted row list (CSR) and mode, plus one global deny list, on the host.
 
     Attributes
     ----------
     offsets : np.ndarray, shape (batch + 1,), int64
     rows : np.ndarray, shape (offsets[-1],), int64
-        Sorted and duplicate-free within each request.
+        Sorted and duplicate-free within each request; deny lists hold no row of
+        ``glob`` and allow lists no globally denied row.
     mode : np.ndarray, shape (batch,), int32
         1: allow list (only these rows may be returned), 0: deny list.
+    glob : np.ndarray, shape (g,), int64
+        Sorted rows no request may return (a live catalog's deletions), stored once for
+        the whole batch.
     """
 
     offsets: np.ndarray
     rows: np.ndarray
     mode: np.ndarray
+    glob: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def batch(self) -> int:
@@ -98,18 +106,32 @@ class RequestLists:
 
     @property
     def longest(self) -> int:
-        return int(np.diff(self.offsets).max()) if self.batch else 0
+        """Longest list, the global one included (what the binary searches must cover)."""
+        own = int(np.diff(self.offsets).max()) if self.batch else 0
+        return max(own, int(self.glob.size))
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of the device buffer: the global list, then every request's."""
+        return int(self.glob.size + self.rows.size)
 
     def allowed_counts(self, n_items: int) -> np.ndarray:
         """Number of rows each request may return, shape (batch,), int64."""
         sizes = np.diff(self.offsets)
-        return np.where(self.mode == 1, sizes, n_items - sizes)
+        return np.where(self.mode == 1, sizes, n_items - sizes - self.glob.size)
 
     def allows(self, request: int, rows: np.ndarray) -> np.ndarray:
         """Whether ``request`` may return each of ``rows`` (bool array)."""
         own = self.rows[self.offsets[request]:self.offsets[request + 1]]
         hit = np.isin(rows, own)
-        return hit if self.mode[request] == 1 else ~hit
+        if self.mode[request] == 1:
+            return hit
+        return ~hit & ~np.isin(rows, self.glob)
+
+    def device_offsets(self) -> np.ndarray:
+        """``(batch + 2,)`` offsets of the device buffer: global segment, then the requests."""
+        g = int(self.glob.size)
+        return np.concatenate([[0], g + self.offsets]).astype(np.int64)
 
     @classmethod
     def from_rows(cls, deny=None, allow=None) -> "RequestLists":
@@ -136,8 +158,8 @@ class RequestLists:
 
     def to_device(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(offsets, rows, mode)`` tensors for :func:`kernels.constrain_slots` (rows padded to ≥ 1)."""
-        rows = self.rows if self.rows.size else np.zeros(1, dtype=np.int64)
-        return (torch.from_numpy(self.offsets).to(device), torch.from_numpy(rows).to(device),
+        rows = np.concatenate([self.glob, self.rows, np.zeros(1, dtype=np.int64)]).astype(np.int64)
+        return (torch.from_numpy(self.device_offsets()).to(device), torch.from_numpy(rows).to(device),
                 torch.from_numpy(self.mode).to(device))
 
 
@@ -172,13 +194,16 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
         Per request: only these items / never these items. ``None`` for the whole
         argument or for one request means no list.
     global_deny_rows : np.ndarray, optional
-        Rows no request may return (deleted items of a live catalog).
+        Sorted, duplicate-free rows no request may return (deleted items of a live
+        catalog); kept once for the batch (the same array object, so an engine that
+        already holds it on the device skips the copy).
 
     Returns
     -------
     RequestLists
         A request with an allow list gets ``allow - deny - global`` in allow mode (an
-        empty allow list allows nothing); the others ``deny ∪ global`` in deny mode.
+        empty allow list allows nothing); the others ``deny - global`` in deny mode,
+        with ``global`` shared.
 
     Raises
     ------
@@ -188,22 +213,31 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     allow = _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
     glob = np.zeros(0, dtype=np.int64) if global_deny_rows is None else \
-        np.unique(np.asarray(global_deny_rows, dtype=np.int64))
+        np.asarray(global_deny_rows, dtype=np.int64)
+    if glob.size > 1 and not (glob[1:] > glob[:-1]).all():
+        glob = np.unique(glob)
     lists, mode = [], np.zeros(batch, dtype=np.int32)
     for r in range(batch):
         denied = _row_list(catalog, deny[r], f"deny_items[{r}]")
-        if glob.size:
-            denied = np.union1d(denied, glob)
         if allow[r] is not None:
             allowed = _row_list(catalog, allow[r], f"allow_items[{r}]")
-            lists.append(np.setdiff1d(allowed, denied, assume_unique=True))
+            allowed = np.setdiff1d(allowed, denied, assume_unique=True)
+            lists.append(allowed[~_sorted_isin(allowed, glob)])
             mode[r] = 1
         else:
-            lists.append(denied)
+            lists.append(denied[~_sorted_isin(denied, glob)])
     offsets = np.zeros(batch + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in lists])
     rows = np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, dtype=np.int64)
-    return RequestLists(offsets, rows, mode)
+    return RequestLists(offsets, rows, mode, glob)
+
+
+def _sorted_isin(values: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:
+    """``np.isin`` against a sorted array by binary search (no copy of the big side)."""
+    if not sorted_rows.size or not values.size:
+        return np.zeros(values.shape, dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_rows, values), sorted_rows.size - 1)
+    return sorted_rows[pos] == values
 
 
 class SlotConstraint:
@@ -242,12 +276,18 @@ def capacity_for(rows_needed: int) -> int:
 
 @dataclass
 class ListBuffers:
-    """Static device buffers of a captured shape's lists (capacity rows)."""
+    """Static device buffers of a captured shape's lists (capacity rows).
+
+    ``rows`` holds the global deny list first, then the requests' lists; ``loaded_glob``
+    is the global array last copied in, so a run of calls with the same global list (one
+    live-catalog version) copies only the per-request rows.
+    """
 
     offsets: torch.Tensor
     rows: torch.Tensor
     mode: torch.Tensor
     capacity: int
+    loaded_glob: object = None
 
 
 def attach_lists(runners, index: StepIndex, batch: int, capacity: int) -> ListBuffers:
@@ -258,7 +298,7 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int) -> ListBu
     capacity, never one call's lists, so the graph stays valid for every fill.
     """
     dev = index.device
-    buffers = ListBuffers(torch.zeros(batch + 1, dtype=torch.int64, device=dev),
+    buffers = ListBuffers(torch.zeros(batch + 2, dtype=torch.int64, device=dev),
                           torch.zeros(capacity, dtype=torch.int64, device=dev),
                           torch.zeros(batch, dtype=torch.int32, device=dev), capacity)
     starts = row_starts(index)
@@ -277,11 +317,16 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int) -> ListBu
 
 def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
     """Copy ``lists`` into a shape's static buffers (stream-ordered before the replay)."""
-    if lists.rows.size > buffers.capacity:
-        raise ZeroGRError(f"{lists.rows.size} listed rows exceed the buffer capacity {buffers.capacity}")
+    if lists.total_rows > buffers.capacity:
+        raise ZeroGRError(f"{lists.total_rows} listed rows exceed the buffer capacity {buffers.capacity}")
     if lists.batch != buffers.mode.shape[0]:
         raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.mode.shape[0]}")
-    buffers.offsets.copy_(torch.from_numpy(lists.offsets), non_blocking=False)
+    buffers.offsets.copy_(torch.from_numpy(lists.device_offsets()))
     buffers.mode.copy_(torch.from_numpy(lists.mode))
+    g = int(lists.glob.size)
+    if g and buffers.loaded_glob is not lists.glob:
+        buffers.rows[:g].copy_(torch.from_numpy(lists.glob))
+    # with no global list the request rows start at 0 and overwrite the old one
+    buffers.loaded_glob = lists.glob if g else None
     if lists.rows.size:
-        buffers.rows[:lists.rows.size].copy_(torch.from_numpy(lists.rows))
+        buffers.rows[g:g + lists.rows.size].copy_(torch.from_numpy(lists.rows))

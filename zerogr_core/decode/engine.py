@@ -269,9 +269,9 @@ class GpuEngine:
 
         key = self.key(batch) + ("lists",)
         shape = self._shapes.get(key)
-        if shape is None or shape.capacity < lists.rows.size:
+        if shape is None or shape.capacity < lists.total_rows:
             plan = self.plan(hidden_fn, batch)
-            shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity_for(lists.rows.size))
+            shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity_for(lists.total_rows))
             self._shapes[key] = shape
         load_lists(shape.lists, lists)
         return shape
