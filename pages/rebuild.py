@@ -51,7 +51,7 @@ def live_section(catalog, source) -> None:
             count = max(1, int(catalog.n_items * share / 100))
             # The CPU path runs one decoding thread (the PyTorch reference shares the cores).
             report = run_load_test(store, fn, 4, threads=4 if gpu else 1, seconds=seconds, change_every_s=every,
-                                   deletes_per_change=count, adds_per_change=count, device=dev)
+                                   deletes_per_change=count, adds_per_change=count)
         st.session_state[LIVE_KEY] = dict(source=source, report=report)
     saved = st.session_state.get(LIVE_KEY)
     if not saved or saved["source"] != source:

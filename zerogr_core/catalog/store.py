@@ -14,14 +14,16 @@ index, decoder, deleted rows) and swaps the reference atomically:
 
 A decode reads the current version once and finishes on it, so in-flight decodes are
 never disturbed by a swap; the version number comes back with the result. Writers are
-serialised by a lock; readers take no lock (one attribute read), except that one GPU
-engine's static buffers serve one decode at a time.
+serialised by a lock; readers take no lock to find their version (one attribute read).
+GPU decodes, result copies included, and the warm-up of a new version (where the engine
+captures its CUDA graph) share one device lock: an engine's static buffers serve one
+decode at a time, and no other thread may touch the device while a graph is captured.
 """
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -54,7 +56,6 @@ class CatalogVersion:
     decoder: object
     deleted_rows: np.ndarray
     published_at: float
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def n_live(self) -> int:
@@ -115,6 +116,7 @@ class CatalogStore:
         self.warmup = warmup
         self.compact_fraction = float(compact_fraction)
         self._write = threading.Lock()
+        self._device = threading.Lock()
         self.history: list[dict] = []
         self._current = self._build(catalog, 1, "initial")
 
@@ -132,11 +134,13 @@ class CatalogStore:
         v = self._current
         lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows)
         if v.decoder.engine is not None:
-            with v.lock:  # the engine's static buffers serve one decode at a time
+            with self._device:
                 result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
+                ids = result.item_ids(v.catalog)  # the host copy finishes the decode
         else:
             result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
-        return StoreResult(result, v.version, result.item_ids(v.catalog), v)
+            ids = result.item_ids(v.catalog)
+        return StoreResult(result, v.version, ids, v)
 
     # ------------------------------------------------------------------ writing
     def apply(self, adds: Catalog | None = None, deletes=None) -> int:
@@ -211,7 +215,8 @@ class CatalogStore:
         if getattr(decoder, "catalog", None) is not catalog:
             raise ZeroGRError("make_decoder must build its Decoder with catalog=catalog")
         if self.warmup is not None:
-            self.warmup(decoder)
+            with self._device:
+                self.warmup(decoder)
         v = CatalogVersion(version, catalog, index, decoder, np.zeros(0, dtype=np.int64), time.perf_counter())
         if note:
             self.history.append(dict(version=version, change=note, items=catalog.n_items, live=v.n_live))
