@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from ..catalog.catalog import Catalog
-from ..catalog.store import CatalogStore, StoreResult
+from ..catalog.store import DEFAULT_COMPACT_FRACTION, CatalogStore, StoreResult
 
 
 def _packed(sids: np.ndarray, bits: list[int]) -> np.ndarray:
@@ -278,9 +278,11 @@ def suite_live(s, suite: str) -> None:
 
     seconds = s.o.interference_s if s.o.interference_s is not None else (0.6 if s.o.quick else 10.0)
     t0 = time.perf_counter()
-    def warmup(decoder) -> None:  # plan and capture both shapes before a version goes live
-        decoder.decode(model, batch)
-        decoder.decode(model, batch, lists=decoder.request_lists(batch))
+    def warmup(decoder) -> None:
+        # Plan and capture before the version goes live, with list buffers already sized for
+        # the most deletions the version can carry (no re-capture while serving).
+        reserve = np.arange(int(DEFAULT_COMPACT_FRACTION * decoder.catalog.n_items) + 1, dtype=np.int64)
+        decoder.decode(model, batch, lists=decoder.request_lists(batch, global_deny_rows=reserve))
 
     store = CatalogStore(wl.catalog, make_decoder, device=s.dev, warmup=warmup)
     setup_s = time.perf_counter() - t0

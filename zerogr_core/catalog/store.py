@@ -32,6 +32,10 @@ from ..errors import CatalogError, ZeroGRError
 from .catalog import Catalog
 
 
+DEFAULT_COMPACT_FRACTION = 0.05
+"""Share of deleted rows beyond which :meth:`CatalogStore.apply` rebuilds without them."""
+
+
 @dataclass(frozen=True, eq=False)
 class CatalogVersion:
     """One published state of a :class:`CatalogStore`.
@@ -111,7 +115,7 @@ class CatalogStore:
     """
 
     def __init__(self, catalog: Catalog, make_decoder: Callable, *, device="cpu", index_config=None,
-                 compact_fraction: float = 0.05, warmup: Callable | None = None):
+                 compact_fraction: float = DEFAULT_COMPACT_FRACTION, warmup: Callable | None = None):
         self.make_decoder, self.device, self.index_config = make_decoder, device, index_config
         self.warmup = warmup
         self.compact_fraction = float(compact_fraction)
