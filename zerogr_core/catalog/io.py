@@ -24,8 +24,9 @@ from typing import NoReturn
 import numpy as np
 import polars as pl
 
-from ..errors import CatalogError
+from ..errors import CatalogError, redacted_values, shown, values_redacted
 from .catalog import Catalog, level_names
+from .limits import MB, LoadLimits
 
 #: Extension → format name.
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".txt": "tsv", ".parquet": "parquet"}
@@ -53,7 +54,8 @@ def catalog_format(path: str | Path) -> str:
 
 
 def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "error",
-                 max_bytes: int | None = None) -> Catalog:
+                 max_bytes: int | None = None, limits: LoadLimits | None = None,
+                 redact_values: bool = False) -> Catalog:
     """Read, validate and sort a catalog file.
 
     Parameters
@@ -67,6 +69,12 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
         Items sharing a SID raise, or get a TIGER-style collision level appended.
     max_bytes : int, optional
         Refuse files larger than this (the app's upload limit).
+    limits : LoadLimits, optional
+        Refuse, before materialising it, a file over these row, size or decoded-size
+        limits (the app's bounds; the CLI passes none).
+    redact_values : bool
+        Error messages name row and column but withhold the file's values (the app's
+        server files, which the viewer may not be allowed to read).
 
     Returns
     -------
@@ -81,14 +89,23 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
         tokens; non-integer or duplicate item ids; duplicate SIDs (with
         ``on_duplicate="error"``).
     """
+    if redact_values and not values_redacted():
+        with redacted_values():
+            return load_catalog(path, codebook_sizes=codebook_sizes, on_duplicate=on_duplicate,
+                                max_bytes=max_bytes, limits=limits)
     path = Path(path)
     source = str(path)
     fmt = catalog_format(path)
     _check_file(path, max_bytes)
+    if limits is not None:
+        _check_limits(path, fmt, limits, source)
     frame, metadata = _read_frame(path, fmt)
+    if limits is not None:
+        _check_decoded(frame, limits, source)
     columns = _column_map(frame, source)
     if "item_id" not in columns:
-        raise CatalogError(f"no 'item_id' column (columns: {', '.join(frame.columns)})", source=source)
+        raise CatalogError(f"no 'item_id' column (columns: {shown(', '.join(frame.columns), quote=False)})",
+                           source=source)
     layout_columns = _layout(columns, source)
     if frame.height == 0:
         raise CatalogError("no data rows", source=source)
@@ -166,6 +183,82 @@ def _check_file(path: Path, max_bytes: int | None) -> None:
         raise CatalogError(f"file is {size:,} bytes, over the limit of {max_bytes:,}", source=str(path))
 
 
+def _check_limits(path: Path, fmt: str, limits: LoadLimits, source: str) -> None:
+    """Refuse a file over ``limits`` from its size, metadata or a lazy row count, before reading it."""
+    size = path.stat().st_size
+    if size > limits.max_file_bytes:
+        raise CatalogError(f"file is {size / MB:,.1f} MB, over the limit of {limits.max_file_bytes / MB:,.0f} MB "
+                           f"on disk", source=source)
+    if fmt == "parquet":
+        rows, decoded = _parquet_extent(path, source)
+    else:
+        # Counted by Polars' lazy scanner (quote-aware), without building the frame.
+        try:
+            rows = pl.scan_csv(path, separator=_SEPARATORS[fmt], infer_schema=False).select(pl.len()).collect().item()
+        except pl.exceptions.PolarsError:
+            rows = 0  # unreadable: the full read below reports why
+        decoded = size
+    if rows > limits.max_rows:
+        raise CatalogError(f"{rows:,} rows, over the limit of {limits.max_rows:,} rows", source=source)
+    if decoded > limits.max_decoded_bytes:
+        raise CatalogError(f"decodes to {decoded / MB:,.0f} MB, over the limit of "
+                           f"{limits.max_decoded_bytes / MB:,.0f} MB decoded", source=source)
+
+
+def _parquet_extent(path: Path, source: str) -> tuple[int, int]:
+    """Rows and a lower bound of the decoded bytes of a Parquet file, from its footer alone.
+
+    A column chunk decodes to at least its uncompressed page bytes, and to at least its
+    value count times the value width (run-length and dictionary encodings shrink pages
+    far below that, which is what a decompression bomb relies on).
+    """
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(path)
+    except (pyarrow.ArrowException, OSError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CatalogError(f"cannot read as PARQUET: {shown(reason, quote=False)}", source=source) from None
+    decoded = 0
+    for group in range(meta.num_row_groups):
+        chunks = meta.row_group(group)
+        for column in range(chunks.num_columns):
+            chunk = chunks.column(column)
+            width = _PARQUET_WIDTH.get(chunk.physical_type, 16)
+            decoded += max(chunk.total_uncompressed_size, chunk.num_values * width)
+    return meta.num_rows, decoded
+
+
+def _decoded_bytes(series: pl.Series) -> int:
+    """Bytes of ``series`` once its text is copied out (strings by length, nested values flattened)."""
+    if series.dtype == pl.String:
+        return int(series.str.len_bytes().sum() or 0)
+    if isinstance(series.dtype, pl.List):
+        return _decoded_bytes(series.list.explode())
+    if isinstance(series.dtype, pl.Array):
+        return _decoded_bytes(series.arr.explode())
+    return int(series.estimated_size())
+
+
+#: Decoded bytes per value of a Parquet physical type (byte arrays: a 16-byte string view at least).
+_PARQUET_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+
+
+def _check_decoded(frame: pl.DataFrame, limits: LoadLimits, source: str) -> None:
+    """Refuse a frame whose rows or text would exceed ``limits`` once turned into arrays.
+
+    Polars keeps dictionary-encoded strings as views of one buffer; a long value repeated
+    on every row only costs memory when it is copied out, so it is measured here first.
+    """
+    if frame.height > limits.max_rows:
+        raise CatalogError(f"{frame.height:,} rows, over the limit of {limits.max_rows:,} rows", source=source)
+    decoded = sum(_decoded_bytes(frame[name]) for name in frame.columns)
+    if decoded > limits.max_decoded_bytes:
+        raise CatalogError(f"decodes to {decoded / MB:,.0f} MB, over the limit of "
+                           f"{limits.max_decoded_bytes / MB:,.0f} MB decoded", source=source)
+
+
 def _read_frame(path: Path, fmt: str) -> tuple[pl.DataFrame, dict[str, str]]:
     """The file as a DataFrame (CSV/TSV: every column a string) and its Parquet metadata."""
     try:
@@ -178,7 +271,7 @@ def _read_frame(path: Path, fmt: str) -> tuple[pl.DataFrame, dict[str, str]]:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if fmt != "parquet" and "more fields" in reason:
             _raise_extra_fields(path, _SEPARATORS[fmt])
-        raise CatalogError(f"cannot read as {fmt.upper()}: {reason}", source=str(path)) from None
+        raise CatalogError(f"cannot read as {fmt.upper()}: {shown(reason, quote=False)}", source=str(path)) from None
 
 
 def _raise_extra_fields(path: Path, separator: str) -> NoReturn:
@@ -199,8 +292,8 @@ def _column_map(frame: pl.DataFrame, source: str) -> dict[str, str]:
     for name in frame.columns:
         key = name.strip().lower()
         if key in columns:
-            raise CatalogError(f"column appears twice (as {columns[key]!r} and {name!r})", column=key,
-                               source=source)
+            raise CatalogError(f"column appears twice (as {shown(columns[key])} and {shown(name)})",
+                               column=None if values_redacted() else key, source=source)
         columns[key] = name
     return columns
 
@@ -258,7 +351,7 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
         fractional = series != series.round()
         if fractional.any():
             index = int(fractional.arg_true()[0])
-            raise fail(index, f"{series[index]!r} is not an integer")
+            raise fail(index, f"{shown(series[index])} is not an integer")
         values = series.cast(pl.Int64)
     elif dtype == pl.String:
         text = series.str.strip_chars()
@@ -269,7 +362,7 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
         bad = values.is_null()
         if bad.any():
             index = int(bad.arg_true()[0])
-            raise fail(index, f"{text[index]!r} is not an integer")
+            raise fail(index, f"{shown(text[index])} is not an integer")
     else:
         raise CatalogError(f"column has type {dtype}, expected integers", column=column, source=source)
     missing = values.is_null()
@@ -306,5 +399,5 @@ def _int_tuple_metadata(metadata: dict[str, str], key: str, source: str) -> tupl
     try:
         return tuple(int(v) for v in metadata[key].split(","))
     except ValueError:
-        raise CatalogError(f"Parquet metadata {key}={metadata[key]!r} is not a list of integers",
+        raise CatalogError(f"Parquet metadata {key}={shown(metadata[key])} is not a list of integers",
                            source=source) from None
