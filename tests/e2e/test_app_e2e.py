@@ -78,25 +78,31 @@ def server(tmp_path_factory):
     yield from _serve(tmp_path_factory)
 
 
-def _browse(url: str):
+@pytest.fixture(scope="module")
+def playwright_driver():
+    """One Playwright driver for the module (its sync API allows one at a time per thread)."""
     from playwright.sync_api import sync_playwright
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
-                                     args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000})
-        pg = context.new_page()
-        pg.set_default_timeout(60_000)
-        pg.goto(url)
-        yield pg
-        context.close()
-        browser.close()
+        yield pw
+
+
+def _browse(pw, url: str):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
+                                 args=CHROMIUM_ARGS, headless=True)
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    pg.goto(url)
+    yield pg
+    context.close()
+    browser.close()
 
 
 @pytest.fixture(scope="module")
-def page(server):
-    yield from _browse(server)
+def page(playwright_driver, server):
+    yield from _browse(playwright_driver, server)
 
 
 def wait_idle(pg, settle: float = 0.8, timeout: float = 120) -> None:
@@ -256,11 +262,11 @@ def files(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def guarded_page(tmp_path_factory, files):
+def guarded_page(playwright_driver, tmp_path_factory, files):
     env = {"ZEROGR_DATA_DIR": str(files[0]), "ZEROGR_MAX_ROWS": "2000", "ZEROGR_MAX_DECODED_MB": "8",
            "ZEROGR_CONFIG": str(files[0] / "no-settings.toml")}
     for url in _serve(tmp_path_factory, env):
-        yield from _browse(url)
+        yield from _browse(playwright_driver, url)
 
 
 def _server_path(pg, text: str) -> None:
