@@ -26,7 +26,7 @@ import polars as pl
 
 from ..errors import CatalogError, redacted_values, shown, values_redacted
 from .catalog import Catalog, level_names
-from .limits import MB, LoadLimits
+from .limits import LoadLimits, check_decoded, check_extent
 
 #: Extension → format name.
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".txt": "tsv", ".parquet": "parquet"}
@@ -98,10 +98,10 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
     fmt = catalog_format(path)
     _check_file(path, max_bytes)
     if limits is not None:
-        _check_limits(path, fmt, limits, source)
+        check_extent(path, fmt, _SEPARATORS.get(fmt), limits, source)
     frame, metadata = _read_frame(path, fmt)
     if limits is not None:
-        _check_decoded(frame, limits, source)
+        check_decoded(frame, limits, source)
     columns = _column_map(frame, source)
     if "item_id" not in columns:
         raise CatalogError(f"no 'item_id' column (columns: {shown(', '.join(frame.columns), quote=False)})",
@@ -181,82 +181,6 @@ def _check_file(path: Path, max_bytes: int | None) -> None:
         raise CatalogError("file is empty", source=str(path))
     if max_bytes is not None and size > max_bytes:
         raise CatalogError(f"file is {size:,} bytes, over the limit of {max_bytes:,}", source=str(path))
-
-
-def _check_limits(path: Path, fmt: str, limits: LoadLimits, source: str) -> None:
-    """Refuse a file over ``limits`` from its size, metadata or a lazy row count, before reading it."""
-    size = path.stat().st_size
-    if size > limits.max_file_bytes:
-        raise CatalogError(f"file is {size / MB:,.1f} MB, over the limit of {limits.max_file_bytes / MB:,.0f} MB "
-                           f"on disk", source=source)
-    if fmt == "parquet":
-        rows, decoded = _parquet_extent(path, source)
-    else:
-        # Counted by Polars' lazy scanner (quote-aware), without building the frame.
-        try:
-            rows = pl.scan_csv(path, separator=_SEPARATORS[fmt], infer_schema=False).select(pl.len()).collect().item()
-        except pl.exceptions.PolarsError:
-            rows = 0  # unreadable: the full read below reports why
-        decoded = size
-    if rows > limits.max_rows:
-        raise CatalogError(f"{rows:,} rows, over the limit of {limits.max_rows:,} rows", source=source)
-    if decoded > limits.max_decoded_bytes:
-        raise CatalogError(f"decodes to {decoded / MB:,.0f} MB, over the limit of "
-                           f"{limits.max_decoded_bytes / MB:,.0f} MB decoded", source=source)
-
-
-def _parquet_extent(path: Path, source: str) -> tuple[int, int]:
-    """Rows and a lower bound of the decoded bytes of a Parquet file, from its footer alone.
-
-    A column chunk decodes to at least its uncompressed page bytes, and to at least its
-    value count times the value width (run-length and dictionary encodings shrink pages
-    far below that, which is what a decompression bomb relies on).
-    """
-    import pyarrow
-    import pyarrow.parquet as pq
-
-    try:
-        meta = pq.read_metadata(path)
-    except (pyarrow.ArrowException, OSError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise CatalogError(f"cannot read as PARQUET: {shown(reason, quote=False)}", source=source) from None
-    decoded = 0
-    for group in range(meta.num_row_groups):
-        chunks = meta.row_group(group)
-        for column in range(chunks.num_columns):
-            chunk = chunks.column(column)
-            width = _PARQUET_WIDTH.get(chunk.physical_type, 16)
-            decoded += max(chunk.total_uncompressed_size, chunk.num_values * width)
-    return meta.num_rows, decoded
-
-
-def _decoded_bytes(series: pl.Series) -> int:
-    """Bytes of ``series`` once its text is copied out (strings by length, nested values flattened)."""
-    if series.dtype == pl.String:
-        return int(series.str.len_bytes().sum() or 0)
-    if isinstance(series.dtype, pl.List):
-        return _decoded_bytes(series.list.explode())
-    if isinstance(series.dtype, pl.Array):
-        return _decoded_bytes(series.arr.explode())
-    return int(series.estimated_size())
-
-
-#: Decoded bytes per value of a Parquet physical type (byte arrays: a 16-byte string view at least).
-_PARQUET_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
-
-
-def _check_decoded(frame: pl.DataFrame, limits: LoadLimits, source: str) -> None:
-    """Refuse a frame whose rows or text would exceed ``limits`` once turned into arrays.
-
-    Polars keeps dictionary-encoded strings as views of one buffer; a long value repeated
-    on every row only costs memory when it is copied out, so it is measured here first.
-    """
-    if frame.height > limits.max_rows:
-        raise CatalogError(f"{frame.height:,} rows, over the limit of {limits.max_rows:,} rows", source=source)
-    decoded = sum(_decoded_bytes(frame[name]) for name in frame.columns)
-    if decoded > limits.max_decoded_bytes:
-        raise CatalogError(f"decodes to {decoded / MB:,.0f} MB, over the limit of "
-                           f"{limits.max_decoded_bytes / MB:,.0f} MB decoded", source=source)
 
 
 def _read_frame(path: Path, fmt: str) -> tuple[pl.DataFrame, dict[str, str]]:

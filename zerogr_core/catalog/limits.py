@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from ..errors import ZeroGRError
+from ..errors import CatalogError, ZeroGRError, shown
 
 MB = 2**20
 
@@ -98,3 +99,120 @@ def limits_from(preset: str | None = None, overrides: dict | None = None,
             except ValueError:
                 raise ZeroGRError(f"{var}={text!r} is not a number") from None
     return replace(LIMIT_PRESETS[name], **fields)
+
+
+# ---------------------------------------------------------------------------- checks
+# Polars and pyarrow are imported inside the checks: this module is imported by the app's
+# settings code, and the GPU path must not need either.
+def check_extent(path: Path, fmt: str, separator: str | None, limits: LoadLimits, source: str) -> None:
+    """Refuse a file over ``limits`` from its size, its Parquet footer or a lazy CSV row count.
+
+    Nothing is materialised: a file this refuses is never decoded.
+
+    Parameters
+    ----------
+    path : Path
+    fmt : {"csv", "tsv", "parquet"}
+    separator : str or None
+        The field separator of a CSV/TSV file.
+    limits : LoadLimits
+    source : str
+        File name for messages.
+
+    Raises
+    ------
+    CatalogError
+        Over the size on disk, the row limit or the decoded size.
+    """
+    size = path.stat().st_size
+    if size > limits.max_file_bytes:
+        raise CatalogError(f"file is {size / MB:,.1f} MB, over the limit of {limits.max_file_bytes / MB:,.0f} MB "
+                           f"on disk", source=source)
+    if fmt == "parquet":
+        rows, decoded = parquet_extent(path, source)
+    else:
+        import polars as pl
+
+        # Polars' lazy scanner counts rows (quote-aware) without building the frame.
+        try:
+            rows = pl.scan_csv(path, separator=separator, infer_schema=False).select(pl.len()).collect().item()
+        except pl.exceptions.PolarsError:
+            rows = 0  # unreadable: the full read reports why
+        decoded = size  # text decodes to about its own size
+    _check_counts(rows, decoded, limits, source)
+
+
+def parquet_extent(path: Path, source: str) -> tuple[int, int]:
+    """Rows and a lower bound of the decoded bytes of a Parquet file, from its footer alone.
+
+    A column chunk decodes to at least its uncompressed page bytes, and to at least its
+    value count times the value width: run-length and dictionary encodings shrink pages
+    far below that, which is what a decompression bomb relies on.
+
+    Returns
+    -------
+    (int, int)
+        Rows, decoded bytes.
+
+    Raises
+    ------
+    CatalogError
+        Not a Parquet file (the reader's reason, withheld while values are redacted).
+    """
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(path)
+    except (pyarrow.ArrowException, OSError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise CatalogError(f"cannot read as PARQUET: {shown(reason, quote=False)}", source=source) from None
+    decoded = 0
+    for group in range(meta.num_row_groups):
+        chunks = meta.row_group(group)
+        for column in range(chunks.num_columns):
+            chunk = chunks.column(column)
+            width = _PARQUET_WIDTH.get(chunk.physical_type, 16)
+            decoded += max(chunk.total_uncompressed_size, chunk.num_values * width)
+    return meta.num_rows, decoded
+
+
+#: Decoded bytes per value of a Parquet physical type (byte arrays: a 16-byte string view at least).
+_PARQUET_WIDTH = {"BOOLEAN": 1, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8, "INT96": 12}
+
+
+def check_decoded(frame, limits: LoadLimits, source: str) -> None:
+    """Refuse a frame whose rows or text exceed ``limits`` before it is turned into arrays.
+
+    Polars keeps dictionary-encoded strings as views of one buffer, so a long value
+    repeated on every row costs memory only when it is copied out; it is measured here,
+    before that happens.
+
+    Parameters
+    ----------
+    frame : polars.DataFrame
+    limits : LoadLimits
+    source : str
+    """
+    _check_counts(frame.height, sum(decoded_bytes(frame[name]) for name in frame.columns), limits, source)
+
+
+def decoded_bytes(series) -> int:
+    """Bytes of a Polars series once its text is copied out (strings by length, nested values flattened)."""
+    import polars as pl
+
+    if series.dtype == pl.String:
+        return int(series.str.len_bytes().sum() or 0)
+    if isinstance(series.dtype, pl.List):
+        return decoded_bytes(series.list.explode())
+    if isinstance(series.dtype, pl.Array):
+        return decoded_bytes(series.arr.explode())
+    return int(series.estimated_size())
+
+
+def _check_counts(rows: int, decoded: int, limits: LoadLimits, source: str) -> None:
+    if rows > limits.max_rows:
+        raise CatalogError(f"{rows:,} rows, over the limit of {limits.max_rows:,} rows", source=source)
+    if decoded > limits.max_decoded_bytes:
+        raise CatalogError(f"decodes to {decoded / MB:,.0f} MB, over the limit of "
+                           f"{limits.max_decoded_bytes / MB:,.0f} MB decoded", source=source)
