@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -98,8 +97,12 @@ def app_settings(environ: Mapping[str, str] | None = None, config_file: str | Pa
     config: dict = {}
     if path.is_file():
         try:
-            config = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+            import tomllib as toml_reader
+        except ModuleNotFoundError:  # Python 3.10: the TOML reader Streamlit itself uses
+            import toml as toml_reader
+        try:
+            config = toml_reader.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # both readers' decode errors are ValueErrors
             raise ZeroGRError(f"{path}: cannot read the settings ({err})") from None
     data, limits = config.get("data", {}), config.get("limits", {})
     if not isinstance(data, dict) or not isinstance(limits, dict):
