@@ -1,0 +1,98 @@
+"""Step models with KV caches: equal to recomputing everything, beams reordered by parent."""
+import numpy as np
+import pytest
+import torch
+
+from zerogr_core import Decoder, build_index
+from zerogr_core.errors import ZeroGRError
+from zerogr_core.models import PrefixTracker, parents_from_prefixes, safe_parents
+
+
+@pytest.fixture(scope="module")
+def study():
+    from zerogr_core.recsys.train import load_checkpoint
+
+    return load_checkpoint()            # the bundled sample_catalogs/movielens checkpoint
+
+
+def random_beams(gen, batch, beams_prev, beams, prev_prefixes, level_size, dead=0.15):
+    """Random parents (flat rows, some -1) and tokens, and the prefixes they spell."""
+    local = torch.randint(0, beams_prev, (batch, beams), generator=gen)
+    parents = torch.arange(batch)[:, None] * beams_prev + local
+    parents[torch.rand(batch, beams, generator=gen) < dead] = -1
+    tokens = torch.randint(0, level_size, (batch, beams), generator=gen)
+    tokens[parents < 0] = -1
+    kept = prev_prefixes.reshape(batch * beams_prev, -1)[parents.clamp(min=0).view(-1)].view(batch, beams, -1)
+    kept = torch.where(parents[..., None] >= 0, kept, -1)
+    return parents, tokens, torch.cat([kept, tokens[..., None]], dim=2)
+
+
+def test_parents_from_prefixes_recovers_parents():
+    gen = torch.Generator().manual_seed(0)
+    prev = torch.empty(3, 1, 0, dtype=torch.int64)
+    parents, _, nxt = random_beams(gen, 3, 1, 5, prev, 50, dead=0.3)
+    assert torch.equal(parents_from_prefixes(prev, nxt), parents)
+    # distinct prefixes per request: parents are recovered exactly
+    prev = torch.stack([torch.randperm(40, generator=gen)[:6].view(6, 1) for _ in range(3)])
+    prev = torch.cat([prev, torch.zeros_like(prev)], dim=2)
+    prev[1, 4:] = -1
+    local = torch.randint(0, 4, (3, 7), generator=gen)
+    parents = torch.arange(3)[:, None] * 6 + local
+    parents[0, 2] = -1
+    kept = prev.reshape(18, 2)[parents.clamp(min=0).view(-1)].view(3, 7, 2)
+    tokens = torch.arange(21).view(3, 7)
+    tokens[0, 2] = -1
+    nxt = torch.cat([torch.where(parents[..., None] >= 0, kept, -1), tokens[..., None]], dim=2)
+    assert torch.equal(parents_from_prefixes(prev, nxt), parents)
+    assert torch.equal(safe_parents(parents, 6)[2], torch.tensor(0))
+
+
+@pytest.mark.parametrize("beam", [5])
+def test_tiger_kv_cache_equals_recompute(study, beam):
+    """Every step of the KV-cache model equals ``hidden_fn_for`` on the bundled checkpoint."""
+    model, sids = study.model, study.sids
+    histories = [np.arange(3, 40), np.array([7]), np.arange(100, 112), np.arange(5, 70, 3)]
+    ref = model.hidden_fn_for(histories, sids)
+    step_model = model.step_model()
+    step_model.prefill_rows(histories, sids, beam_width=beam)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):                                 # a second decode reuses the buffers
+        batch = len(histories)
+        prefixes = torch.empty(batch, 1, 0, dtype=torch.int64)
+        got = step_model.step(0, None, None)
+        torch.testing.assert_close(got.view(batch, 1, -1), ref(0, prefixes), rtol=1e-5, atol=1e-5)
+        beams_prev = 1
+        for step in range(1, model.n_levels):
+            parents, tokens, prefixes = random_beams(gen, batch, beams_prev, beam, prefixes,
+                                                     model.codebook_sizes[step - 1])
+            got = step_model.step(step, tokens, parents).view(batch, beam, -1)
+            want = ref(step, prefixes)
+            alive = (prefixes >= 0).all(dim=2)        # a beam whose whole ancestry is filled
+            assert alive.sum() > batch
+            torch.testing.assert_close(got[alive], want[alive], rtol=1e-5, atol=1e-5)
+            beams_prev = beam
+
+
+def test_tiger_kv_cache_decodes_like_hidden_fn(study):
+    model, sids = study.model, study.sids
+    histories = [np.arange(3, 30), np.array([11, 12]), np.arange(200, 260)]
+    index = build_index(study.catalog)
+    for order in ("filter-first", "score-first"):
+        decoder = Decoder(index, model.head_weights(), 16, order=order)
+        want = decoder.decode(model.hidden_fn_for(histories, sids), len(histories))
+        step_model = model.step_model()
+        step_model.prefill_rows(histories, sids, beam_width=16)
+        got = decoder.decode(PrefixTracker(step_model), len(histories))
+        assert torch.equal(got.item_rows, want.item_rows)
+        torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-5)
+
+
+def test_tiger_prefill_errors(study):
+    step_model = study.model.step_model()
+    with pytest.raises(ZeroGRError, match="history: expected shape"):
+        step_model.prefill(torch.zeros(2, 3, dtype=torch.int64), beam_width=4)
+    with pytest.raises(ZeroGRError, match="right padding"):
+        step_model.prefill(torch.zeros(2, 3, 4, dtype=torch.int64), torch.tensor([[0, 1, 1], [1, 1, 0]]),
+                           beam_width=4)
+    with pytest.raises(ZeroGRError, match="prefill before step"):
+        study.model.step_model().step(0, None, None)
