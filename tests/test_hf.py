@@ -161,3 +161,49 @@ def test_import_without_transformers():
             "print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def gated_t5_model():
+    torch.manual_seed(3)
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=24, d_kv=8, d_ff=40, num_layers=1, num_decoder_layers=3,
+                                   num_heads=3, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                                   feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0)
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+@pytest.mark.parametrize("make", [t5_model, gated_t5_model])
+def test_t5_step_model_equals_hf_cache(make):
+    """Per-request cross-attention memory + static self-attention cache = HF's own caches, every step."""
+    from zerogr_core.hf import HFStepModel
+    from zerogr_core.models.t5 import T5StepModel
+
+    model = make()
+    ids, mask = inputs()
+    beam = 5
+    ours, theirs = T5StepModel(model, OFFSETS), HFStepModel(model, OFFSETS)
+    for m in (ours, theirs):
+        m.prefill(ids, mask, beam_width=beam)
+    gen = torch.Generator().manual_seed(0)
+    torch.testing.assert_close(ours.step(0, None, None), theirs.step(0, None, None), rtol=1e-5, atol=1e-5)
+    prev = 1
+    for step in range(1, len(OFFSETS)):
+        local = torch.randint(0, prev, (2, beam), generator=gen)
+        parents = torch.arange(2)[:, None] * prev + local
+        tokens = torch.randint(0, SIZES[step - 1], (2, beam), generator=gen)
+        torch.testing.assert_close(ours.step(step, tokens, parents), theirs.step(step, tokens, parents),
+                                   rtol=1e-5, atol=1e-5)
+        prev = beam
+
+
+def test_generate_with_t5_step_model():
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    model, catalog = t5_model(), tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    want = generate(model, ids, index, beam_width=6, token_offsets=OFFSETS, attention_mask=mask)
+    fast = HFGenerator(model, index, beam_width=6, token_offsets=OFFSETS, step_model=T5StepModel(model, OFFSETS))
+    got = fast.generate(ids, mask)
+    assert torch.equal(got.item_rows, want.item_rows)
+    torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-5)

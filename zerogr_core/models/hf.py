@@ -171,11 +171,12 @@ class HFStepModel:
 
         if not self.batch:
             raise ZeroGRError("step model: call prefill before step")
-        b, config = self.batch, self.model.config
+        b, config = self.batch, self.model.config.get_text_config(decoder=True)
         if step == 0:
             rows = torch.arange(b, device=self.device)
             if self.encoder_decoder:
-                self.cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+                # no config: T5's decoder may have more layers than the config's num_layers
+                self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
                 ids = torch.full((b, 1), self.start, dtype=torch.int64, device=self.device)
             else:
                 self.cache = DynamicCache(config=config)

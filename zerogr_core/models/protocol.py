@@ -75,6 +75,30 @@ def safe_parents(parents: torch.Tensor, beams_prev: int) -> torch.Tensor:
     return torch.where(parents >= 0, parents, first).reshape(batch * beams)
 
 
+def reorder_rows(buffers, rows: torch.Tensor, n_prev: int, positions: int | None = None) -> None:
+    """Gather per-beam buffers from their parents' rows, in place (static shapes).
+
+    Parameters
+    ----------
+    buffers : iterable of torch.Tensor, each (rows_max, ...)
+        Row ``i`` belongs to beam ``i``; after the call rows ``0 … n-1`` hold the rows
+        ``rows`` of the previous step's first ``n_prev`` rows.
+    rows : torch.Tensor, shape (n,), int64
+        From :func:`safe_parents`.
+    n_prev : int
+        Rows the previous step used.
+    positions : int, optional
+        For caches shaped (rows_max, heads, positions_max, d): only the first
+        ``positions`` positions are gathered (the ones written so far).
+    """
+    n = rows.numel()
+    for buf in buffers:
+        src, dst = buf[:n_prev], buf[:n]
+        if positions is not None:
+            src, dst = src[:, :, :positions], dst[:, :, :positions]
+        dst.copy_(src.index_select(0, rows))
+
+
 def parents_from_prefixes(prev: torch.Tensor, nxt: torch.Tensor) -> torch.Tensor:
     """Each beam's parent, found by matching prefixes of two consecutive steps.
 

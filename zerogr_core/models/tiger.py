@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
-from .protocol import safe_parents
+from .protocol import reorder_rows, safe_parents
 
 
 class TigerStepModel:
@@ -133,13 +133,9 @@ class TigerStepModel:
         return out.reshape(n, -1).to(m.heads[0].dtype)
 
     def _reorder(self, rows: torch.Tensor, n_prev: int, step: int) -> None:
-        """Gather every per-beam buffer's first ``step`` positions from the parent rows."""
-        n = rows.numel()
-        for k_cache, v_cache in self.cache:
-            for buf in (k_cache, v_cache):
-                buf[:n, :, :step].copy_(buf[:n_prev, :, :step].index_select(0, rows))
-        self.node_key[:n].copy_(self.node_key[:n_prev].index_select(0, rows))
-        self.node_bad[:n].copy_(self.node_bad[:n_prev].index_select(0, rows))
+        """Gather every per-beam buffer (the first ``step`` cache positions) from the parent rows."""
+        reorder_rows([buf for kv in self.cache for buf in kv], rows, n_prev, step)
+        reorder_rows([self.node_key, self.node_bad], rows, n_prev)
 
     def _token_input(self, step: int, tok: torch.Tensor) -> torch.Tensor:
         """Decoder input at position ``step``: token embedding of level step-1, the node
