@@ -96,3 +96,86 @@ def test_tiger_prefill_errors(study):
                            beam_width=4)
     with pytest.raises(ZeroGRError, match="prefill before step"):
         study.model.step_model().step(0, None, None)
+
+
+def decoder_only(dtype=torch.float32):
+    from zerogr_core.models.decoder_only import DecoderOnlyConfig, DecoderOnlyRecommender
+
+    torch.manual_seed(0)
+    return DecoderOnlyRecommender(DecoderOnlyConfig.preset("tiny", (6, 7, 5, 4))).to(dtype)
+
+
+def left_padded(gen, lengths, levels=(6, 7, 5, 4)):
+    t = max(lengths)
+    history = torch.stack([torch.randint(0, v, (len(lengths), t), generator=gen) for v in levels], dim=2)
+    mask = torch.arange(t)[None, :] >= t - torch.tensor(lengths)[:, None]
+    return torch.where(mask[..., None], history, 0), mask
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 6e-2), (torch.float16, 1e-2)])
+def test_decoder_only_kv_cache_equals_recompute(dtype, tol):
+    model = decoder_only(dtype)
+    gen = torch.Generator().manual_seed(0)
+    history, mask = left_padded(gen, [5, 1, 9])
+    batch, beam = 3, 4
+    step_model = model.step_model()
+    step_model.prefill(history, mask, beam_width=beam)
+    prefixes = torch.empty(batch, 1, 0, dtype=torch.int64)
+    got = step_model.step(0, None, None)
+    torch.testing.assert_close(got.float(), model.recompute_hidden(history, mask, prefixes)[:, 0].float(),
+                               rtol=tol, atol=tol)
+    beams_prev = 1
+    for step in range(1, model.n_levels):
+        parents, tokens, prefixes = random_beams(gen, batch, beams_prev, beam, prefixes,
+                                                 model.config.codebook_sizes[step - 1])
+        got = step_model.step(step, tokens, parents).view(batch, beam, -1)
+        want = model.recompute_hidden(history, mask, prefixes)
+        alive = (prefixes >= 0).all(dim=2)
+        torch.testing.assert_close(got[alive].float(), want[alive].float(), rtol=tol, atol=tol)
+        beams_prev = beam
+
+
+def test_decoder_only_padding_does_not_change_outputs():
+    model = decoder_only()
+    gen = torch.Generator().manual_seed(2)
+    history, mask = left_padded(gen, [3, 8])
+    alone = model.step_model()
+    alone.prefill(history[:1, -3:], None, beam_width=2)
+    batched = model.step_model()
+    batched.prefill(history, mask, beam_width=2)
+    torch.testing.assert_close(batched.step(0, None, None)[:1], alone.step(0, None, None), rtol=1e-5, atol=1e-5)
+    tokens, parents = torch.tensor([[1, 4], [0, 2]]), torch.tensor([[0, 0], [1, 1]])
+    torch.testing.assert_close(batched.step(1, tokens, parents)[:2],
+                               alone.step(1, tokens[:1], parents[:1]), rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_only_decodes_catalog_items():
+    from zerogr_core import Catalog
+
+    model = decoder_only()
+    gen = torch.Generator().manual_seed(3)
+    rng = np.random.default_rng(0)
+    sids = np.unique(np.stack([rng.integers(0, v, 300) for v in (6, 7, 5, 4)], axis=1), axis=0)
+    catalog = Catalog.from_sids(sids, (6, 7, 5, 4))
+    history, mask = left_padded(gen, [4, 2])
+    step_model = model.step_model()
+    step_model.prefill(history, mask, beam_width=8)
+    decoder = Decoder(build_index(catalog), model.head_weight(), 8, band_offsets=model.band_offsets)
+    result = decoder.decode(PrefixTracker(step_model), 2)
+    assert (result.item_rows >= 0).all()
+    assert np.array_equal(catalog.sids[result.item_rows.numpy()].astype(np.int64), result.tokens.numpy())
+
+
+def test_decoder_only_deployable_preset():
+    from zerogr_core.models.decoder_only import DecoderOnlyConfig, DecoderOnlyRecommender
+
+    config = DecoderOnlyConfig.preset("deployable", (256,) * 4)
+    assert (config.n_layers, config.d_model, config.max_history) == (12, 1024, 256)
+    with torch.device("meta"):
+        model = DecoderOnlyRecommender(config)
+    assert 150e6 < sum(p.numel() for p in model.parameters()) < 160e6
+    with pytest.raises(ZeroGRError, match="unknown decoder-only preset"):
+        DecoderOnlyConfig.preset("huge", (4,))
+    with pytest.raises(ZeroGRError, match="padding on the left"):
+        decoder_only().step_model().prefill(torch.zeros(2, 3, 4, dtype=torch.int64),
+                                            torch.tensor([[1, 1, 0], [1, 1, 1]]), beam_width=2)
