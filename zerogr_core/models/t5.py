@@ -56,7 +56,8 @@ class T5StepModel:
             # (1, heads, L, L): row l is the bias of query position l over key positions
             self.position_bias = first.compute_bias(self.n_levels, self.n_levels,
                                                     device=model.decoder.embed_tokens.weight.device)
-        self.batch = 0
+        self.batch, self.shape = 0, None
+        self.graph_safe = True   # static buffers only: the whole decode may be captured in a CUDA graph
 
     @property
     def device(self) -> torch.device:
@@ -92,18 +93,25 @@ class T5StepModel:
         if mask.shape != history.shape:
             raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids {tuple(history.shape)}")
         memory = self.model.encoder(input_ids=history, attention_mask=mask).last_hidden_state
-        self.cross_kv = []
+        cross_kv = []
         for block in self.blocks:
             attn = block.layer[1].EncDecAttention
-            self.cross_kv.append((self._split(attn.k(memory)), self._split(attn.v(memory))))
+            cross_kv.append((self._split(attn.k(memory)), self._split(attn.v(memory))))
         dtype = memory.dtype
-        self.cross_bias = torch.zeros(b, 1, 1, t, dtype=dtype, device=self.device).masked_fill(
+        cross_bias = torch.zeros(b, 1, 1, t, dtype=dtype, device=self.device).masked_fill(
             mask[:, None, None, :] == 0, torch.finfo(dtype).min)
-        if b != self.batch or beam_width != getattr(self, "beam_width", None):
-            n = b * beam_width
-            self.cache = [tuple(torch.zeros(n, self.heads, self.n_levels, self.d_kv, dtype=dtype, device=self.device)
-                                for _ in range(2)) for _ in self.blocks]
-            self.batch, self.beam_width = b, beam_width
+        if self.shape == (b, t, beam_width):
+            # same shape: new requests go into the same tensors, so a captured decode replays on them
+            for (k, v), (k_new, v_new) in zip(self.cross_kv, cross_kv):
+                k.copy_(k_new)
+                v.copy_(v_new)
+            self.cross_bias.copy_(cross_bias)
+            return
+        self.cross_kv, self.cross_bias = cross_kv, cross_bias
+        n = b * beam_width
+        self.cache = [tuple(torch.zeros(n, self.heads, self.n_levels, self.d_kv, dtype=dtype, device=self.device)
+                            for _ in range(2)) for _ in self.blocks]
+        self.batch, self.beam_width, self.shape = b, beam_width, (b, t, beam_width)
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
