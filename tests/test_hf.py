@@ -207,3 +207,44 @@ def test_generate_with_t5_step_model():
     got = fast.generate(ids, mask)
     assert torch.equal(got.item_rows, want.item_rows)
     torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-5)
+
+
+def test_generator_reuses_static_buffers_across_batches():
+    """A kept generator serves new requests of the same shape (new data in the same buffers)
+    and of a new shape exactly as a fresh generator does."""
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    model, catalog = t5_model(), tiny_catalog()
+    index = build_index(catalog)
+
+    def fresh(ids, mask):
+        return HFGenerator(model, index, beam_width=5, token_offsets=OFFSETS,
+                           step_model=T5StepModel(model, OFFSETS)).generate(ids, mask)
+
+    kept = HFGenerator(model, index, beam_width=5, token_offsets=OFFSETS, step_model=T5StepModel(model, OFFSETS))
+    ids, mask = inputs()
+    gen = torch.Generator().manual_seed(5)
+    batches = [(ids, mask), (torch.randint(3, VOCAB, ids.shape, generator=gen), torch.ones_like(mask)),
+               (ids[:1, 2:], mask[:1, 2:]), (ids, mask)]
+    for i, m in batches:
+        got, want = kept.generate(i, m), fresh(i, m)
+        assert torch.equal(got.item_rows, want.item_rows)
+        torch.testing.assert_close(got.scores, want.scores)
+
+
+def test_t5_step_model_bf16():
+    from zerogr_core.hf import HFStepModel
+    from zerogr_core.models.t5 import T5StepModel
+
+    model = t5_model().to(torch.bfloat16)
+    ids, mask = inputs()
+    ours, theirs = T5StepModel(model, OFFSETS), HFStepModel(model, OFFSETS)
+    for m in (ours, theirs):
+        m.prefill(ids, mask, beam_width=3)
+    assert ours.step(0, None, None).dtype == torch.bfloat16
+    torch.testing.assert_close(ours.step(0, None, None).float(), theirs.step(0, None, None).float(),
+                               rtol=3e-2, atol=3e-2)
+    tokens, parents = torch.tensor([[0, 3, 1], [2, 2, 0]]), torch.tensor([[0, 0, 0], [1, 1, 1]])
+    torch.testing.assert_close(ours.step(1, tokens, parents).float(), theirs.step(1, tokens, parents).float(),
+                               rtol=3e-2, atol=3e-2)
