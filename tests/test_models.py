@@ -179,3 +179,30 @@ def test_decoder_only_deployable_preset():
     with pytest.raises(ZeroGRError, match="padding on the left"):
         decoder_only().step_model().prefill(torch.zeros(2, 3, 4, dtype=torch.int64),
                                             torch.tensor([[1, 1, 0], [1, 1, 1]]), beam_width=2)
+
+
+def _two_steps(step_model, beam):
+    tokens = torch.zeros(step_model.batch, beam, dtype=torch.int64)
+    parents = torch.arange(step_model.batch)[:, None].expand(-1, beam).contiguous()
+    return step_model.step(0, None, None).clone(), step_model.step(1, tokens, parents).clone()
+
+
+def test_prefill_of_the_same_shape_reuses_the_buffers(study):
+    """A second prefill of the same shape writes into the first one's tensors (what a
+    captured CUDA graph reads) and serves the new requests like a fresh model."""
+    model = decoder_only()
+    gen = torch.Generator().manual_seed(4)
+    (h1, m1), (h2, m2) = left_padded(gen, [2, 5]), left_padded(gen, [5, 3])
+    tiger_rows = ([np.arange(3, 9), np.arange(20, 26)], [np.arange(40, 46), np.arange(50, 56)])
+    cases = [(model.step_model, lambda s, i: s.prefill(*((h1, m1), (h2, m2))[i], beam_width=3), "history_kv"),
+             (study.model.step_model, lambda s, i: s.prefill_rows(tiger_rows[i], study.sids, beam_width=3), "cross_kv")]
+    for make, fill, name in cases:
+        kept = make()
+        fill(kept, 0)
+        ptr = getattr(kept, name)[0][0].data_ptr()
+        fill(kept, 1)
+        assert getattr(kept, name)[0][0].data_ptr() == ptr
+        fresh = make()
+        fill(fresh, 1)
+        for got, want in zip(_two_steps(kept, 3), _two_steps(fresh, 3)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)

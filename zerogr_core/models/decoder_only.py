@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ZeroGRError
-from .protocol import reorder_rows, safe_parents
+from .protocol import keep_static, reorder_rows, safe_parents
 
 
 @dataclass(frozen=True)
@@ -210,6 +210,7 @@ class DecoderOnlyStepModel:
         self.n_levels = model.n_levels
         self.hidden_size = model.config.d_model
         self.batch = 0
+        self.graph_safe = True   # a prefill of the same shape writes into the same tensors
 
     @torch.no_grad()
     def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -232,22 +233,22 @@ class DecoderOnlyStepModel:
         x = m.item_embedding(history) + m.pos_emb((mask.long().cumsum(1) - 1).clamp(min=0))
         causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
         allowed = ((causal[None] & mask[:, None, :]) | torch.eye(t, dtype=torch.bool, device=device))[:, None]
-        self.history_kv = []
+        history_kv = []
         for block in m.blocks:
             q, k, v = block.qkv_heads(x)
-            self.history_kv.append((k, v))                                           # (B, heads, T, dh)
+            history_kv.append((k, v))                                                # (B, heads, T, dh)
             x = block.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
-        self.first = m.ln_f(x[:, -1])                                                # (B, d)
         dtype = x.dtype
-        self.history_bias = torch.zeros(b, 1, 1, t, dtype=torch.float32, device=device).masked_fill(
+        bias = torch.zeros(b, 1, 1, t, dtype=torch.float32, device=device).masked_fill(
             ~mask[:, None, None, :], float("-inf"))
-        self.lengths = mask.sum(dim=1)
-        if b != self.batch or beam_width != getattr(self, "beam_width", None):
-            n, heads = b * beam_width, m.config.n_heads
-            dh = m.config.d_model // heads
-            self.cache = [tuple(torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=device)
-                                for _ in range(2)) for _ in m.blocks]
-            self.batch, self.beam_width = b, beam_width
+        if keep_static(self, (b, t, beam_width, dtype), history_kv=history_kv, first=m.ln_f(x[:, -1]),
+                       history_bias=bias, lengths=mask.sum(dim=1)):
+            return
+        n, heads = b * beam_width, m.config.n_heads
+        dh = m.config.d_model // heads
+        self.cache = [tuple(torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=device)
+                            for _ in range(2)) for _ in m.blocks]
+        self.batch, self.beam_width = b, beam_width
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:

@@ -99,6 +99,43 @@ def reorder_rows(buffers, rows: torch.Tensor, n_prev: int, positions: int | None
         dst.copy_(src.index_select(0, rows))
 
 
+def _copy_into(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    else:
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+
+
+def keep_static(owner, key: tuple, **values) -> bool:
+    """Store a prefill's per-request tensors on ``owner``, in the same tensors when the shape repeats.
+
+    Parameters
+    ----------
+    owner : object
+        The step model.
+    key : tuple
+        The shape the tensors depend on (batch, history length, beam width).
+    **values : torch.Tensor or nested lists/tuples of them
+        Set as attributes of ``owner``. When ``key`` equals the previous call's, they are
+        copied into the tensors already there, so a decode captured in a CUDA graph
+        replays on the new requests.
+
+    Returns
+    -------
+    bool
+        Whether the previous tensors were reused (the per-beam caches may be kept too).
+    """
+    same = getattr(owner, "_static_key", None) == key
+    for name, value in values.items():
+        if same:
+            _copy_into(getattr(owner, name), value)
+        else:
+            setattr(owner, name, value)
+    owner._static_key = key
+    return same
+
+
 def parents_from_prefixes(prev: torch.Tensor, nxt: torch.Tensor) -> torch.Tensor:
     """Each beam's parent, found by matching prefixes of two consecutive steps.
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ZeroGRError
-from .protocol import reorder_rows, safe_parents
+from .protocol import keep_static, reorder_rows, safe_parents
 
 
 class T5StepModel:
@@ -56,7 +56,7 @@ class T5StepModel:
             # (1, heads, L, L): row l is the bias of query position l over key positions
             self.position_bias = first.compute_bias(self.n_levels, self.n_levels,
                                                     device=model.decoder.embed_tokens.weight.device)
-        self.batch, self.shape = 0, None
+        self.batch = 0
         self.graph_safe = True   # static buffers only: the whole decode may be captured in a CUDA graph
 
     @property
@@ -100,18 +100,12 @@ class T5StepModel:
         dtype = memory.dtype
         cross_bias = torch.zeros(b, 1, 1, t, dtype=dtype, device=self.device).masked_fill(
             mask[:, None, None, :] == 0, torch.finfo(dtype).min)
-        if self.shape == (b, t, beam_width):
-            # same shape: new requests go into the same tensors, so a captured decode replays on them
-            for (k, v), (k_new, v_new) in zip(self.cross_kv, cross_kv):
-                k.copy_(k_new)
-                v.copy_(v_new)
-            self.cross_bias.copy_(cross_bias)
+        if keep_static(self, (b, t, beam_width, dtype), cross_kv=cross_kv, cross_bias=cross_bias):
             return
-        self.cross_kv, self.cross_bias = cross_kv, cross_bias
         n = b * beam_width
         self.cache = [tuple(torch.zeros(n, self.heads, self.n_levels, self.d_kv, dtype=dtype, device=self.device)
                             for _ in range(2)) for _ in self.blocks]
-        self.batch, self.beam_width, self.shape = b, beam_width, (b, t, beam_width)
+        self.batch, self.beam_width = b, beam_width
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
-from .protocol import reorder_rows, safe_parents
+from .protocol import keep_static, reorder_rows, safe_parents
 
 
 class TigerStepModel:
@@ -39,6 +39,7 @@ class TigerStepModel:
         self.n_levels = model.n_levels
         self.hidden_size = model.config.head_dim
         self.batch = 0
+        self.graph_safe = True   # a prefill of the same shape writes into the same tensors
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -71,19 +72,20 @@ class TigerStepModel:
         if bool((lengths < 1).any()) or bool((mask != (torch.arange(t, device=device) < lengths[:, None])).any()):
             raise ZeroGRError("attention_mask: every row needs ≥ 1 item, items first (right padding)")
         memory = m.encode(history)
-        self.newest = memory[torch.arange(b, device=device), lengths - 1]            # (B, d)
-        self.cross_mask = mask[:, None, None, :]                                      # (B, 1, 1, T)
-        self.cross_kv = [block.cross_attn.keys_values(memory) for block in m.decoder]
-        if beam_width != getattr(self, "beam_width", None) or b != self.batch:
-            n, heads = b * beam_width, m.config.n_heads
-            dh = m.config.d_model // heads
-            dtype = memory.dtype
-            self.cache = [(torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=device),
-                           torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=device))
-                          for _ in m.decoder]
-            self.node_key = torch.zeros(n, dtype=torch.int64, device=device)
-            self.node_bad = torch.zeros(n, dtype=torch.bool, device=device)
-            self.batch, self.beam_width = b, beam_width
+        dtype = memory.dtype
+        if keep_static(self, (b, t, beam_width, dtype),
+                       newest=memory[torch.arange(b, device=device), lengths - 1],           # (B, d)
+                       cross_mask=mask[:, None, None, :],                                    # (B, 1, 1, T)
+                       cross_kv=[block.cross_attn.keys_values(memory) for block in m.decoder]):
+            return
+        n, heads = b * beam_width, m.config.n_heads
+        dh = m.config.d_model // heads
+        self.cache = [(torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=device),
+                       torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=device))
+                      for _ in m.decoder]
+        self.node_key = torch.zeros(n, dtype=torch.int64, device=device)
+        self.node_bad = torch.zeros(n, dtype=torch.bool, device=device)
+        self.batch, self.beam_width = b, beam_width
 
     @torch.no_grad()
     def prefill_rows(self, histories: Sequence[np.ndarray], sids: torch.Tensor, *, beam_width: int) -> None:
