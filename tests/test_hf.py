@@ -189,7 +189,7 @@ def test_t5_step_model_equals_hf_cache(make):
     for step in range(1, len(OFFSETS)):
         local = torch.randint(0, prev, (2, beam), generator=gen)
         parents = torch.arange(2)[:, None] * prev + local
-        tokens = torch.randint(0, SIZES[step - 1], (2, beam), generator=gen)
+        tokens = torch.randint(0, SIZES[step - 1], (2, beam), generator=gen).int()   # as TopkOut.tokens
         torch.testing.assert_close(ours.step(step, tokens, parents), theirs.step(step, tokens, parents),
                                    rtol=1e-5, atol=1e-5)
         prev = beam

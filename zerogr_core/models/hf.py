@@ -187,7 +187,7 @@ class HFStepModel:
             rows = safe_parents(parents.to(self.device), prev)
             self.cache.reorder_cache(rows)
             self.requests = self.requests.index_select(0, rows)
-            ids = (tokens.to(self.device).reshape(-1, 1).clamp(min=0) + self.token_offsets[step - 1])
+            ids = tokens.to(self.device, torch.int64).reshape(-1, 1).clamp(min=0) + self.token_offsets[step - 1]
         req = self.requests
         with hidden_outputs(self.model):
             if self.encoder_decoder:

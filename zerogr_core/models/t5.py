@@ -121,7 +121,7 @@ class T5StepModel:
             prev = 1 if step == 1 else self.beam_width
             rows = safe_parents(parents.to(self.device), prev)
             reorder_rows([buf for kv in self.cache for buf in kv], rows, b * prev, step)
-            ids = tokens.to(self.device).reshape(-1).clamp(min=0) + self.token_offsets[step - 1]
+            ids = tokens.to(self.device, torch.int64).reshape(-1).clamp(min=0) + self.token_offsets[step - 1]
         n = b * beams
         x = self.model.decoder.embed_tokens(ids)[:, None, :]                       # (n, 1, d)
         bias = self.position_bias[:, :, step:step + 1, :step + 1]
