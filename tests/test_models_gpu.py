@@ -43,4 +43,4 @@ def test_t5_step_model_replays_in_the_engine_graph():
         assert (got.item_rows.cpu() == want.item_rows).float().mean() >= 0.95
         assert (got.item_rows >= 0).all()
     shape = next(iter(engine._shapes.values()))
-    assert shape.graph is not None and shape.graph_fn is gpu._tracker     # one capture, replayed
+    assert shape.graph is not None and shape.graph_fn is gpu.serving._tracker     # one capture, replayed

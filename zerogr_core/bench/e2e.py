@@ -23,10 +23,15 @@ score-first
 unconstrained
     Unconstrained beam search in ZeroGR's reference loop with the T5 step model.
 
+``--model decoder-only`` runs the ZeroGR methods with the deployable decoder-only
+recommender (:mod:`zerogr_core.models.decoder_only`: 12 layers, d 1024, 256 history items,
+random weights) over the same catalog; Hugging Face has no such model to compare.
+
 Examples::
 
     python -m zerogr_core bench-e2e --quick --out /tmp/e2e            # CPU smoke run
     python -m zerogr_core bench-e2e --batch 1,8,32 --beam 32,128,256  # the H200 run
+    python -m zerogr_core bench-e2e --model decoder-only --dtype bf16
 """
 from __future__ import annotations
 
@@ -39,6 +44,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 METHODS = ("zerogr", "zerogr-hf-cache", "score-first", "unconstrained", "hf-constrained", "hf-unconstrained")
+T5_ONLY = ("zerogr-hf-cache", "hf-constrained", "hf-unconstrained")
+MODELS = ("t5", "decoder-only")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SPECIAL_TOKENS = 3          # pad 0, eos 1, unk 2; SID level l starts at 3 + sum(|V_<l|)
 
 
@@ -183,7 +191,11 @@ def register(subparsers) -> None:
         description="Decode the same requests with one T5 (random weights) over one catalog: ZeroGR filtering first "
                     "(T5 step model, and HF caches), score-first and unconstrained in ZeroGR's loop, and Hugging Face "
                     "generate with prefix_allowed_tokens_fn and unconstrained. Results go to JSON and CSV.")
+    p.add_argument("--model", default="t5", choices=MODELS,
+                   help="t5: TIGER-size T5ForConditionalGeneration, all methods (default); decoder-only: the "
+                        "deployable decoder-only recommender (12 layers, d 1024, 256 history items), ZeroGR methods")
     p.add_argument("--preset", default=None, help="tiger (default) or quick")
+    p.add_argument("--dtype", default="fp32", choices=tuple(DTYPES), help="model dtype (default fp32)")
     p.add_argument("--quick", action="store_true", help="CPU/CI mode: the quick preset, batches 1,2, beam 4, 2 repeats")
     p.add_argument("--methods", default=None, help=f"comma list of {', '.join(METHODS)} (default: all)")
     p.add_argument("--batch", default=None, help="batch sizes (default 1,8,32)")
@@ -226,10 +238,13 @@ def run_e2e(args: argparse.Namespace) -> int:
     cfg = E2EConfig.preset(args.preset or ("quick" if quick else "tiger"))
     if args.items is not None:
         cfg = replace(cfg, n_items=_ints(args.items, "--items", None)[0])
-    methods = list(METHODS) if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
+    allowed = METHODS if args.model == "t5" else tuple(m for m in METHODS if m not in T5_ONLY)
+    methods = list(allowed) if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in METHODS:
-            raise ZeroGRError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
+        if m not in allowed:
+            raise ZeroGRError(f"--methods: unknown method {m!r} for --model {args.model}; choose from "
+                              f"{', '.join(allowed)}")
+    dtype = getattr(torch, DTYPES[args.dtype])
     batches = _ints(args.batch, "--batch", [1, 2] if quick else [1, 8, 32])
     beams = _ints(args.beam, "--beam", [4] if quick else [32, 128, 256])
     repeats = _ints(args.repeats, "--repeats", [2 if quick else 20])[0]
@@ -245,7 +260,8 @@ def run_e2e(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)
 
     env = environment(device)
-    parts = ["python", "-m", "zerogr_core", "bench-e2e", "--preset", args.preset or ("quick" if quick else "tiger"),
+    parts = ["python", "-m", "zerogr_core", "bench-e2e", "--model", args.model, "--dtype", args.dtype,
+             "--preset", args.preset or ("quick" if quick else "tiger"),
              "--methods", ",".join(methods), "--batch", ",".join(map(str, batches)), "--beam",
              ",".join(map(str, beams)), "--items", str(cfg.n_items), "--repeats", str(repeats), "--hf-repeats",
              str(hf_repeats), "--warmup", str(warmup), "--seed", str(seed)]
@@ -254,95 +270,151 @@ def run_e2e(args: argparse.Namespace) -> int:
     command = shlex.join(parts)
     env["argv"] = shlex.join(sys.argv)
     out = Path(args.out)
-    stem = f"e2e-{cfg.levels}x{cfg.codebook}-{cfg.n_items}" + ("__quick" if quick else "")
+    stem = f"e2e-{args.model}-{args.dtype}-{cfg.levels}x{cfg.codebook}-{cfg.n_items}" + ("__quick" if quick else "")
     writer = ResultWriter(out / f"{stem}.json", out / f"{stem}.csv", env, command)
     print(f"bench-e2e: {command}\nbench-e2e: {env['gpu']} | torch {env['torch']} | writing {out / stem}.json",
           flush=True)
     t0 = time.perf_counter()
     try:
-        errors = _run(cfg, methods, batches, beams, repeats, hf_repeats, warmup, seed, device, writer, env, command,
-                      budget, t0)
+        errors = _run(cfg, args.model, dtype, methods, batches, beams, repeats, hf_repeats, warmup, seed, device,
+                      writer, env, command, budget, t0)
     finally:
         writer.close()
     print(f"bench-e2e: {len(writer.records)} records in {time.perf_counter() - t0:.1f} s", flush=True)
     return 1 if errors else 0
 
 
-def _run(cfg, methods, batches, beams, repeats, hf_repeats, warmup, seed, device, writer, env, command, budget, t0):
+class Workbench:
+    """Catalog, model, requests and the decoders of every method, for one run."""
+
+    def __init__(self, cfg: E2EConfig, kind: str, dtype, device, seed: int):
+        import torch
+
+        from ..index import build_index
+
+        self.cfg, self.kind, self.dtype, self.device, self.seed = cfg, kind, dtype, device, seed
+        self.catalog = build_catalog(cfg, seed)
+        self.index = build_index(self.catalog, device=device)
+        if kind == "t5":
+            self.model = build_model(cfg, device, seed).to(dtype)
+            self.prefix_fn = CatalogPrefixes(self.catalog, cfg.token_offsets, start=1)
+            self.fields = dict(model="T5ForConditionalGeneration", d_model=cfg.d_model, d_kv=cfg.d_kv,
+                               heads=cfg.num_heads, d_ff=cfg.d_ff, layers=f"{cfg.layers}+{cfg.layers}")
+        else:
+            from ..models.decoder_only import DecoderOnlyConfig, DecoderOnlyRecommender
+
+            mcfg = DecoderOnlyConfig.preset("tiny" if cfg.codebook < 64 else "deployable", self.catalog.codebook_sizes)
+            torch.manual_seed(seed)
+            self.model = DecoderOnlyRecommender(mcfg).to(device, dtype).eval()
+            self.fields = dict(model="decoder-only (zerogr_core.models.decoder_only)", d_model=mcfg.d_model,
+                               heads=mcfg.n_heads, d_ff=mcfg.ff_mult * mcfg.d_model, layers=str(mcfg.n_layers))
+        self.parameters = sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def history(self) -> int:
+        """History items per request (at most)."""
+        return self.cfg.history if self.kind == "t5" else self.model.config.max_history
+
+    def inputs(self, batch: int):
+        """(input, mask) of ``batch`` requests: T5 input ids (right padding) or SID histories (left padding)."""
+        import numpy as np
+        import torch
+
+        if self.kind == "t5":
+            return requests(self.catalog, self.cfg, batch, self.device, self.seed + batch)
+        rng = np.random.default_rng(self.seed + batch)
+        t = self.history
+        lengths = rng.integers(max(1, t // 2), t + 1, batch)
+        rows = rng.integers(0, self.catalog.n_items, (batch, t))
+        mask = np.arange(t)[None, :] >= (t - lengths)[:, None]
+        history = np.where(mask[..., None], self.catalog.sids[rows].astype(np.int64), 0)
+        return torch.from_numpy(history).to(self.device), torch.from_numpy(mask).to(self.device)
+
+    def serving(self, method: str, beam: int):
+        """What ``method`` calls per batch: ``fn(inputs, mask) -> (result, valid_fraction, loop)``."""
+        import torch
+
+        from ..hf import HFGenerator
+        from ..models.protocol import StepDecoder
+        from ..models.t5 import T5StepModel
+
+        order = {"score-first": "score-first", "unconstrained": "unconstrained"}.get(method, "filter-first")
+        L = self.cfg.levels
+        if method.startswith("hf-"):
+            constrained = method == "hf-constrained"
+
+            def hf(ids, mask):
+                kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=beam, num_return_sequences=beam,
+                              do_sample=False, max_new_tokens=L, min_new_tokens=L, length_penalty=0.0,
+                              early_stopping=True)
+                if constrained:
+                    kwargs["prefix_allowed_tokens_fn"] = self.prefix_fn
+                with torch.no_grad():
+                    out = self.model.generate(**kwargs)
+                return out, lambda: self.prefix_fn.valid(out[:, 1:1 + L]), "huggingface generate"
+            return hf
+        if self.kind == "t5":
+            step_model = None if method == "zerogr-hf-cache" else T5StepModel(self.model, self.cfg.token_offsets)
+            run = HFGenerator(self.model, self.index, beam_width=beam, token_offsets=self.cfg.token_offsets,
+                              order=order, step_model=step_model).serving
+        else:
+            run = StepDecoder(self.model.step_model(), self.index, self.model.head_weight(), beam_width=beam,
+                              order=order, band_offsets=self.model.band_offsets)
+
+        def ours(ids, mask):
+            result = run.decode(ids, mask)
+            engine = run.decoder.engine
+            loop = "reference (eager)" if engine is None else \
+                ("engine, CUDA graph" if engine.use_graph and engine.graph_error is None else "engine, eager")
+
+            def valid():
+                finite = result.scores > float("-inf")
+                return float(((result.item_rows >= 0) & finite).sum() / finite.sum().clamp(min=1))
+            return result, valid, loop
+        return ours
+
+
+def _run(cfg, kind, dtype, methods, batches, beams, repeats, hf_repeats, warmup, seed, device, writer, env, command,
+         budget, t0):
     import torch
 
-    from ..hf import HFGenerator
-    from ..index import build_index
-    from ..models.t5 import T5StepModel
     from .timing import summarize, time_runs
 
     t = time.perf_counter()
-    catalog = build_catalog(cfg, seed)
-    index = build_index(catalog, device=device)
-    model = build_model(cfg, device, seed)
-    prefix_fn = CatalogPrefixes(catalog, cfg.token_offsets, start=1)
-    print(f"bench-e2e: catalog {catalog.n_items:,} SIDs {cfg.levels}x{cfg.codebook}, model "
-          f"{sum(p.numel() for p in model.parameters()):,} parameters, set up in {time.perf_counter() - t:.1f} s",
-          flush=True)
+    wb = Workbench(cfg, kind, dtype, device, seed)
+    print(f"bench-e2e: catalog {wb.catalog.n_items:,} SIDs {cfg.levels}x{cfg.codebook}, {kind} model "
+          f"{wb.parameters:,} parameters, set up in {time.perf_counter() - t:.1f} s", flush=True)
     base = dict(suite="e2e", env=env, run_command=command, seed=seed, catalog=f"tiger-{cfg.levels}x{cfg.codebook}",
-                n_items=catalog.n_items, codebooks="/".join(map(str, catalog.codebook_sizes)),
-                model="T5ForConditionalGeneration", d_model=cfg.d_model, d_kv=cfg.d_kv, heads=cfg.num_heads,
-                d_ff=cfg.d_ff, layers=f"{cfg.layers}+{cfg.layers}", history_items=cfg.history, dtype="fp32",
-                device=str(device))
+                n_items=wb.catalog.n_items, codebooks="/".join(map(str, wb.catalog.codebook_sizes)),
+                parameters=wb.parameters, history_items=wb.history, dtype=str(dtype).replace("torch.", ""),
+                device=str(device), **wb.fields)
     errors = 0
-    L = cfg.levels
     for beam in beams:
-        generators = {}
+        runners = {}
         for batch in batches:
             if budget is not None and time.perf_counter() - t0 > budget:
                 print("bench-e2e: time budget spent; stopping", flush=True)
                 return errors
-            ids, mask = requests(catalog, cfg, batch, device, seed + batch)
+            ids, mask = wb.inputs(batch)
             shape = dict(batch=batch, beam=beam)
             medians, rows = {}, {}
             for method in methods:
                 try:
-                    if method.startswith("hf-"):
-                        kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=beam, num_return_sequences=beam,
-                                      do_sample=False, max_new_tokens=L, min_new_tokens=L, length_penalty=0.0,
-                                      early_stopping=True)
-                        if method == "hf-constrained":
-                            kwargs["prefix_allowed_tokens_fn"] = prefix_fn
-
-                        def fn(kwargs=kwargs):
-                            with torch.no_grad():
-                                return model.generate(**kwargs)
-                        result = fn()
-                        valid = prefix_fn.valid(result[:, 1:1 + L])
-                        reps = hf_repeats
-                        loop = "huggingface generate"
-                    else:
-                        if method not in generators:
-                            order = {"score-first": "score-first", "unconstrained": "unconstrained"}.get(
-                                method, "filter-first")
-                            step_model = None if method == "zerogr-hf-cache" else T5StepModel(model, cfg.token_offsets)
-                            generators[method] = HFGenerator(model, index, beam_width=beam,
-                                                             token_offsets=cfg.token_offsets, order=order,
-                                                             step_model=step_model)
-                        gen = generators[method]
-
-                        def fn(gen=gen):
-                            return gen.generate(ids, mask)
-                        result = fn()
-                        finite = result.scores > float("-inf")
-                        valid = float(((result.item_rows >= 0) & finite).sum() / finite.sum().clamp(min=1))
+                    if method not in runners:
+                        runners[method] = wb.serving(method, beam)
+                    run = runners[method]
+                    result, valid, loop = run(ids, mask)
+                    if not method.startswith("hf-"):
                         rows[method] = result.item_rows.clone()
-                        reps = repeats
-                        engine = gen.decoder.engine
-                        loop = "reference (eager)" if engine is None else \
-                            ("engine, CUDA graph" if engine.use_graph and engine.graph_error is None else "engine, eager")
-                    stats = summarize(time_runs(fn, device, repeats=reps, warmup=warmup))
+                    stats = summarize(time_runs(lambda: run(ids, mask), device, warmup=warmup,
+                                                repeats=hf_repeats if method.startswith("hf-") else repeats))
                 except torch.cuda.OutOfMemoryError as exc:
                     torch.cuda.empty_cache()
                     writer.add(dict(base, method=method, **shape, error=f"out of memory: {exc}"[:300]))
                     print(f"bench-e2e: {method} batch {batch} beam {beam}: out of memory", flush=True)
                     continue
                 medians[method] = stats["median_ms"]
+                valid = valid()
                 writer.add(dict(base, method=method, loop=loop, **shape, valid_fraction=valid, **stats))
                 print(f"bench-e2e: beam {beam:4d} batch {batch:3d} {method:17s} {stats['median_ms']:10.3f} ms "
                       f"valid {valid:.3f} ({loop})", flush=True)

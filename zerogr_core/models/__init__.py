@@ -9,6 +9,8 @@
 
 Imports torch only; :mod:`.t5` and :mod:`.hf` need ``transformers`` when used.
 """
-from .protocol import PrefixTracker, StepModel, parents_from_prefixes, reorder_rows, safe_parents
+from .protocol import (PrefixTracker, StepDecoder, StepModel, keep_static, parents_from_prefixes, reorder_rows,
+                       safe_parents)
 
-__all__ = ["PrefixTracker", "StepModel", "parents_from_prefixes", "reorder_rows", "safe_parents"]
+__all__ = ["PrefixTracker", "StepDecoder", "StepModel", "keep_static", "parents_from_prefixes", "reorder_rows",
+           "safe_parents"]

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import ZeroGRError
-from .protocol import PrefixTracker, safe_parents
+from .protocol import StepDecoder, safe_parents
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
 
@@ -230,8 +230,6 @@ class HFGenerator:
 
     def __init__(self, model, index, *, beam_width: int, token_offsets: Sequence[int],
                  order: str = "filter-first", step_model=None, decoder_start_token_id: int | None = None):
-        from ..decode.decoder import Decoder
-
         if order not in ORDERS:
             raise ZeroGRError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         _, _, weight = output_head(model)
@@ -240,26 +238,15 @@ class HFGenerator:
             raise ZeroGRError(f"the model is on {weight.device} but the index is on {index.device}")
         self.step_model = step_model if step_model is not None else \
             HFStepModel(model, offsets, decoder_start_token_id)
-        # A model's dynamic caches cannot be captured in a CUDA graph: the GPU engine runs
-        # them eagerly. A step model with static buffers only (``graph_safe``) is captured
-        # with the decode and replayed for later batches of the same shape.
-        engine = "reference"
-        if order == "filter-first" and index.device.type == "cuda":
-            engine = "auto" if getattr(self.step_model, "graph_safe", False) else "eager"
-        self.decoder = Decoder(index, weight.detach(), beam_width, order=order, band_offsets=offsets, engine=engine)
-        self._tracker, self._shape = None, None
+        self.serving = StepDecoder(self.step_model, index, weight.detach(), beam_width=beam_width, order=order,
+                                   band_offsets=offsets)
+        self.decoder = self.serving.decoder
 
-    @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
         """Decode one batch of requests; returns a :class:`~zerogr_core.DecodeResult`."""
         if not isinstance(input_ids, torch.Tensor):
             raise ZeroGRError(f"input_ids: expected a torch.Tensor, got {type(input_ids).__name__}")
-        self.step_model.prefill(input_ids, attention_mask, beam_width=self.decoder.beam_width)
-        # One tracker per input shape: the engine replays its graph only for the same
-        # hidden_fn, and a step model reallocates its buffers when the shape changes.
-        if tuple(input_ids.shape) != self._shape:
-            self._tracker, self._shape = PrefixTracker(self.step_model), tuple(input_ids.shape)
-        return self.decoder.decode(self._tracker, int(input_ids.shape[0]))
+        return self.serving.decode(input_ids, attention_mask)
 
 
 def generate(model, input_ids: torch.Tensor, index, *, beam_width: int, token_offsets: Sequence[int],

@@ -201,3 +201,48 @@ class PrefixTracker:
         self._prev = prefixes.clone()
         hidden = hidden.reshape(batch, beams, -1)
         return hidden if self.dtype is None else hidden.to(self.dtype)
+
+
+class StepDecoder:
+    """A step model and :class:`~zerogr_core.Decoder` kept together across batches.
+
+    Parameters
+    ----------
+    step_model : StepModel
+    index : StepIndex
+        The catalog's index, on the model's device.
+    heads : list of torch.Tensor (|V_l|, H), or torch.Tensor (rows, H)
+        The model's output projection, as :class:`~zerogr_core.Decoder` takes it.
+    beam_width : int
+    order : {"filter-first", "score-first", "unconstrained"}
+    band_offsets : sequence of int, optional
+        First head row of each level for a shared head.
+
+    Notes
+    -----
+    On a CUDA index, filtering first runs in the GPU engine: captured with the decode in
+    one CUDA graph when the step model declares ``graph_safe`` (static buffers only),
+    eagerly otherwise. The graph replays for later batches of the same input shape; a new
+    shape gets a new tracker and a new capture.
+    """
+
+    def __init__(self, step_model: StepModel, index, heads, *, beam_width: int, order: str = "filter-first",
+                 band_offsets=None):
+        from ..decode.decoder import Decoder
+
+        self.step_model = step_model
+        engine = "reference"
+        if order == "filter-first" and index.device.type == "cuda":
+            engine = "auto" if getattr(step_model, "graph_safe", False) else "eager"
+        self.decoder = Decoder(index, heads, beam_width, order=order, band_offsets=band_offsets, engine=engine)
+        self._tracker, self._shape = None, None
+
+    @torch.no_grad()
+    def decode(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """Prefill ``history`` and decode; returns a :class:`~zerogr_core.DecodeResult`."""
+        if not isinstance(history, torch.Tensor):
+            raise ZeroGRError(f"history: expected a torch.Tensor, got {type(history).__name__}")
+        self.step_model.prefill(history, attention_mask, beam_width=self.decoder.beam_width)
+        if tuple(history.shape) != self._shape:
+            self._tracker, self._shape = PrefixTracker(self.step_model), tuple(history.shape)
+        return self.decoder.decode(self._tracker, int(history.shape[0]))
