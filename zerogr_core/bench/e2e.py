@@ -207,7 +207,8 @@ def register(subparsers) -> None:
     p.add_argument("--budget-s", default=None, metavar="S", help="start no new measurement after S seconds")
     p.add_argument("--seed", default="0")
     p.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
-    p.add_argument("--out", default="bench/results/e2e", metavar="DIR", help="result folder (default bench/results/e2e)")
+    p.add_argument("--out", default="bench/results/e2e", metavar="DIR",
+                   help="result folder (default bench/results/e2e)")
     p.set_defaults(handler=run_e2e)
 
 

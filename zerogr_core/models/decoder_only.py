@@ -148,7 +148,8 @@ class DecoderOnlyRecommender(nn.Module):
         if mask.shape != (b, t):
             raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from the history's {(b, t)}")
         lengths = mask.sum(dim=1)
-        if bool((lengths < 1).any()) or bool((mask != (torch.arange(t, device=mask.device) >= t - lengths[:, None])).any()):
+        left_padded = torch.arange(t, device=mask.device) >= t - lengths[:, None]
+        if bool((lengths < 1).any()) or bool((mask != left_padded).any()):
             raise ZeroGRError("attention_mask: every row needs ≥ 1 item, padding on the left")
         return mask
 

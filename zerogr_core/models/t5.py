@@ -91,7 +91,8 @@ class T5StepModel:
         b, t = history.shape
         mask = torch.ones_like(history) if attention_mask is None else attention_mask.to(self.device)
         if mask.shape != history.shape:
-            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids {tuple(history.shape)}")
+            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids "
+                              f"{tuple(history.shape)}")
         memory = self.model.encoder(input_ids=history, attention_mask=mask).last_hidden_state
         cross_kv = []
         for block in self.blocks:
