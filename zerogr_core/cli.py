@@ -21,16 +21,12 @@ from .bench.commands import register as register_bench
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLES, open_catalog, parse_count
 from .catalog.synth import SYNTH_PRESETS, generate
-from .errors import ZeroGRError
+from .errors import UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
 
 CATALOG_HELP = ("catalog file (.csv/.tsv/.txt/.parquet), a sample name (" + ", ".join(SAMPLES) +
                 "), or synth:KIND:N[:SEED[:V]]")
-
-
-class UsageError(ZeroGRError):
-    """Bad command-line usage (exit status 2)."""
 
 
 class _Parser(argparse.ArgumentParser):

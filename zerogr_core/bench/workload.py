@@ -219,6 +219,12 @@ class Workload:
             self._static = static_from_index(self.catalog, self.cpu_index(), self.device, self.band_offsets, d)
         return self._static
 
+    def baselines(self, methods) -> tuple:
+        """(STATIC-style index or None, host trie or None): what ``methods`` need, built once."""
+        static = self.static() if any(m.startswith("static") for m in methods) else None
+        trie = self.trie() if "cpu-trie" in methods else None
+        return static, trie
+
     # ------------------------------------------------------------------ model side
     def heads(self, dtype_name: str, hidden: int) -> Heads:
         """Seeded random heads: one shared head with a band per level when the catalog has
@@ -257,6 +263,32 @@ class Workload:
         self.index = None
 
 
+class WorkloadCache:
+    """Holds one workload at a time: a suite asking for another catalog frees the previous
+    one's device memory first (two large catalogs need not fit side by side)."""
+
+    def __init__(self, device: torch.device, topk_paths=PLANNED_TOPK):
+        self.device, self.topk_paths = device, tuple(topk_paths)
+        self.current: Workload | None = None
+
+    def get(self, spec: CatalogSpec, log=print) -> tuple[Workload, bool]:
+        """The workload of ``spec`` and whether it was built by this call."""
+        if self.current is not None and self.current.spec == spec:
+            return self.current, False
+        if self.current is not None:
+            self.current.release()
+            self.current = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        log(f"[catalog] {spec.label}: generating/loading and building the index on {self.device} …")
+        wl = self.current = Workload(spec, self.device, self.topk_paths)
+        log(f"[catalog] {spec.label}: {wl.catalog.n_items:,} SIDs, codebooks {wl.fields['codebooks']}, "
+            f"max segments {wl.fields['max_segments']} (catalog {wl.catalog_s:.1f} s, index "
+            f"{wl.index.build.get('total_s', 0):.1f} s, total {time.perf_counter() - t0:.1f} s)")
+        return wl, True
+
+
 def default_scale(source: str, quick: bool) -> int | None:
     if source not in SYNTH_PRESETS:
         return None
@@ -274,5 +306,5 @@ def order_batches(batches) -> list[int]:
     return first + rest
 
 
-__all__ = ["CatalogSpec", "Context", "DEFAULT_SCALE", "DTYPES", "Workload", "catalog_fields", "load_catalog",
+__all__ = ["CatalogSpec", "Context", "DEFAULT_SCALE", "DTYPES", "Workload", "WorkloadCache", "catalog_fields", "load_catalog",
            "order_batches", "static_from_index", "static_step_bytes"]

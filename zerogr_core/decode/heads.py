@@ -78,6 +78,15 @@ class Heads:
     def device(self) -> torch.device:
         return self.bands[0].device
 
+    def band(self, level: int) -> tuple[torch.Tensor, int]:
+        """Where level ``level``'s logits come from: (weight, row of the band's token 0).
+
+        The shared head and the band's offset in it, or the level's own head and 0.
+        """
+        if self.shared is not None:
+            return self.shared, self.band_offsets[level]
+        return self.bands[level], 0
+
     def normaliser(self, level: int) -> tuple[torch.Tensor, int]:
         """What scoring first projects at ``level``: (weight, row of the band's token 0).
 

@@ -110,11 +110,11 @@ def make_plan(engine, hidden_fn, batch: int) -> Plan:
     heads = engine.heads
     for level, opts in enumerate(options):
         states, hidden, scores = record[level]
-        weight = heads.shared if heads.shared is not None else heads.bands[level]
+        weight, band_start = heads.band(level)
         times, failed = {}, {}
         for opt in opts:
             runner = StepRunner(engine.index.steps[level], engine.sparse_view(level), weight,
-                                heads.band_offsets[level], opt, batch, 1 if level == 0 else engine.beam_width,
+                                band_start, opt, batch, 1 if level == 0 else engine.beam_width,
                                 engine.beam_width)
             try:  # an option that cannot compile or run here is reported, never chosen
                 times[opt.label] = time_call(lambda: runner(states, hidden, scores), dev)
