@@ -9,7 +9,7 @@ import time
 import torch
 
 from ..index import IndexConfig, build_index, build_static_index
-from ..index.static_style import static_style_bytes
+from ..index.layout import static_style_bytes
 from .methods import ReplayModel, ZeroGRRunner
 from .session import Session
 from .timing import summarize, synchronize, time_runs
