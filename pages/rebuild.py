@@ -11,6 +11,7 @@ from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
 from zerogr_core.app_support.requests import random_heads, random_hidden_fn
 from zerogr_core.index import IndexConfig
+from zerogr_core.index.builders import build_phases
 
 REPORT_KEY = "rebuild_report"
 
@@ -104,13 +105,8 @@ def main() -> None:
                  title=f"Decode latency (batch {saved['batch']}, beam {saved['beam']}) before, during and after")
     fig.update_layout(showlegend=False, height=380, margin=dict(t=60, b=40))
     left.plotly_chart(fig, key="reb_fig_latency")
-    def phases(b: dict) -> list[tuple[str, float]]:
-        parts = [("layout pass", b.get("layout_pass_s", 0.0)), ("fill", b.get("fill_s", 0.0)),
-                 ("H2D (not hidden)", b.get("h2d_tail_s", b.get("h2d_s", 0.0)) or 0.0)]
-        return parts + [("assemble", max(0.0, b.get("total_s", 0.0) - sum(v for _, v in parts)))]
-
     builds = pd.DataFrame([dict(build=i + 1, phase=k, ms=v * 1e3) for i, b in enumerate(report.builds)
-                           for k, v in phases(b)])
+                           for k, v in build_phases(b).items()])
     fig = px.bar(builds, x="build", y="ms", color="phase", title="Each rebuild by phase (ms)")
     fig.update_layout(height=380, margin=dict(t=60, b=40), legend_title_text="")
     right.plotly_chart(fig, key="reb_fig_builds")

@@ -9,11 +9,11 @@ in a CUDA graph.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..catalog.catalog import Catalog
+from ..decode.heads import HIDDEN_STD
+from ..decode.heads import random_heads as draw_heads
 from ..errors import ZeroGRError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,25 +34,19 @@ def random_heads(catalog: Catalog, hidden_size: int, dtype: str = "float32", dev
         Shared head when ``catalog.band_offsets`` is set, else per-level heads.
     band_offsets : tuple of int or None
     """
-    if hidden_size < 1:
-        raise ZeroGRError(f"hidden size must be ≥ 1, got {hidden_size}")
-    gen = torch.Generator().manual_seed(seed)
-    scale = 1.0 / math.sqrt(hidden_size)
-    dt = resolve_dtype(dtype)
-    if catalog.band_offsets is not None:
-        rows = max(o + s for o, s in zip(catalog.band_offsets, catalog.codebook_sizes))
-        head = (torch.randn(rows, hidden_size, generator=gen) * scale * 4).to(dt).to(device)
-        return head, catalog.band_offsets
-    heads = [(torch.randn(v, hidden_size, generator=gen) * scale * 4).to(dt).to(device)
-             for v in catalog.codebook_sizes]
-    return heads, None
+    heads = draw_heads(catalog.codebook_sizes, catalog.band_offsets, hidden_size, resolve_dtype(dtype), device,
+                       torch.Generator().manual_seed(seed))
+    if heads.shared is not None:
+        return heads.shared, heads.band_offsets
+    return list(heads.bands), None
 
 
 def random_hidden_fn(batch: int, hidden_size: int, codebook_sizes, dtype: str = "float32", device="cpu",
                      seed: int = 1):
     """Seeded hidden states for ``batch`` random requests.
 
-    ``h(b, step, beam) = context[b, step] + 0.5 · E_step[last token of the beam]``.
+    ``h(b, step, beam) = context[b, step] + 0.5 · E_step[last token of the beam]``, with
+    ``context ~ N(0, HIDDEN_STD²)`` (the scale the benchmarks draw their hidden states with).
 
     Returns
     -------
@@ -63,7 +57,7 @@ def random_hidden_fn(batch: int, hidden_size: int, codebook_sizes, dtype: str = 
     gen = torch.Generator().manual_seed(seed)
     dt = resolve_dtype(dtype)
     levels = len(codebook_sizes)
-    context = torch.randn(batch, levels, hidden_size, generator=gen).to(dt).to(device)
+    context = (HIDDEN_STD * torch.randn(batch, levels, hidden_size, generator=gen)).to(dt).to(device)
     width = max(codebook_sizes)
     embed = (0.5 * torch.randn(levels, width, hidden_size, generator=gen)).to(dt).to(device)
 

@@ -25,7 +25,7 @@ MIN_BASELINE_OVERLAP = 0.98
 
 def projection_of(plan) -> tuple[str, ...]:
     """Per step of an engine plan: ``"full"`` or ``"selective"`` (what the reference decoder takes)."""
-    return tuple("full" if s.option.mode.endswith("full") else "selective" for s in plan.steps)
+    return tuple(s.option.projection for s in plan.steps)
 
 
 class References:

@@ -8,7 +8,6 @@ pay for a second, serial construction.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ import torch
 from ..catalog.catalog import Catalog
 from ..catalog.synth import SYNTH_PRESETS, generate
 from ..decode.engine import PLANNED_TOPK, GpuEngine
-from ..decode.heads import Heads
+from ..decode.heads import HIDDEN_STD, Heads, random_heads
 from ..errors import ZeroGRError
 from ..index import INDEX_PRESETS, StaticIndex, build_index
 from ..index.host_trie import HostTrie
@@ -162,7 +161,7 @@ class Context:
         dev = workload.device
         gen = torch.Generator(device=dev).manual_seed(workload.seed * 7919 + hidden * 31 + beam * 1009 + batch)
         levels = workload.catalog.n_levels
-        self.sets = [[(2.0 * torch.randn(batch, 1 if l == 0 else beam, hidden, generator=gen, device=dev))
+        self.sets = [[(HIDDEN_STD * torch.randn(batch, 1 if l == 0 else beam, hidden, generator=gen, device=dev))
                       .to(self.dtype) for l in range(levels)] for _ in range(n_sets)]
         self.batch = batch
 
@@ -231,17 +230,9 @@ class Workload:
         band offsets (search-like), else one head per level; entries ~ N(0, 1/H)."""
         key = (dtype_name, hidden)
         if key not in self._heads:
-            dev, dtype = self.device, DTYPES[dtype_name]
-            gen = torch.Generator(device=dev).manual_seed(self.seed * 104729 + hidden)
-            scale = 1.0 / math.sqrt(hidden)
-            sizes = self.catalog.codebook_sizes
-            if self.catalog.band_offsets is not None:
-                rows = max(o + s for o, s in zip(self.catalog.band_offsets, sizes))
-                w = (torch.randn(rows, hidden, generator=gen, device=dev) * scale).to(dtype)
-                heads = Heads.build(w, sizes, self.catalog.band_offsets)
-            else:
-                heads = Heads.build([(torch.randn(s, hidden, generator=gen, device=dev) * scale).to(dtype)
-                                     for s in sizes], sizes)
+            gen = torch.Generator(device=self.device).manual_seed(self.seed * 104729 + hidden)
+            heads = random_heads(self.catalog.codebook_sizes, self.catalog.band_offsets, hidden, DTYPES[dtype_name],
+                                 self.device, gen)
             self._heads = {key: heads}  # keep one config's heads at a time
         return self._heads[key]
 

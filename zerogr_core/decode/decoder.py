@@ -27,7 +27,7 @@ def _projection_of(option) -> str:
     if isinstance(option, str) and "/" in option:
         option = StepOption.parse(option)
     if isinstance(option, StepOption):
-        return "full" if option.mode.endswith("full") else "selective"
+        return option.projection
     return option
 
 

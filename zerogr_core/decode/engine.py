@@ -40,6 +40,12 @@ class StepOption:
     def label(self) -> str:
         return f"{self.mode} / {self.topk}"
 
+    @property
+    def projection(self) -> str:
+        """``"full"`` (band GEMM, dense or sparse filter) or ``"selective"``: what the
+        reference decoder takes for this step."""
+        return "full" if self.mode.endswith("full") else "selective"
+
     @classmethod
     def parse(cls, text: str) -> "StepOption":
         """Parse ``"sparse+selective/small"`` (spaces ignored)."""
@@ -101,7 +107,7 @@ class StepRunner:
             torch.empty(n, self.K, dtype=torch.float32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
             torch.empty(n * -(-self.K // 64), 3, dtype=torch.int32, device=dev))
         self.logits = (torch.empty(n, mapping.codebook, dtype=weight.dtype, device=dev)
-                       if option.mode.endswith("full") else None)
+                       if option.projection == "full" else None)
         self.top = TopkOut(torch.empty(batch, beam_width, dtype=torch.float32, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int64, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int32, device=dev),

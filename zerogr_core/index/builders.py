@@ -242,6 +242,35 @@ def _stream_to_device(layout: _Layout, sizes, device: torch.device, config: Inde
     return dev_tokens, dev_offsets
 
 
+H2D_PHASE = "H2D (not hidden)"
+
+
+def build_phases(build: dict) -> dict[str, float]:
+    """Seconds per phase of a build's timings (``StepIndex.build``).
+
+    ``layout pass``, ``fill``, :data:`H2D_PHASE` and ``assemble``. The H2D phase is the copy
+    time the build waited for: all of it (``h2d_s``) when the copy follows the fill
+    (host-copy, serial), the tail after the last chunk (``h2d_tail_s``) when streaming,
+    where the rest overlaps filling. ``assemble`` is what the total holds beyond the other
+    three (wrapping the arrays into mappings, dense tables).
+    """
+    phases = {"layout pass": build.get("layout_pass_s", 0.0), "fill": build.get("fill_s", 0.0),
+              H2D_PHASE: build["h2d_s"] if "h2d_s" in build else build.get("h2d_tail_s", 0.0)}
+    phases["assemble"] = max(0.0, build.get("total_s", 0.0) - sum(phases.values()))
+    return phases
+
+
+def h2d_gbps(build: dict) -> float | None:
+    """Host-to-device rate of one build in GB/s, or ``None`` when nothing was copied.
+
+    A copy after the fill is timed alone (``h2d_s``); a streaming copy runs while the
+    chunks fill, so its time is the fill plus the tail not hidden behind it.
+    """
+    nbytes = build.get("h2d_bytes")
+    seconds = build["h2d_s"] if "h2d_s" in build else build.get("fill_s", 0.0) + build.get("h2d_tail_s", 0.0)
+    return nbytes / seconds / 1e9 if nbytes and seconds > 0 else None
+
+
 def build_index(catalog: Catalog, device=None, builder: str = "layout",
                 config: IndexConfig | None = None) -> StepIndex:
     """Build the step-sliced index of ``catalog``.
