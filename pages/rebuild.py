@@ -5,11 +5,11 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._common import cpu_banner, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded, overrides
+from pages._common import (cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded,
+                           overrides)
 from zerogr_core import Decoder
 from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
-from zerogr_core.app_support.requests import random_heads, random_hidden_fn
 from zerogr_core.index import IndexConfig
 from zerogr_core.index.builders import build_phases
 
@@ -45,8 +45,9 @@ def main() -> None:
         refreshed, change = refresh_catalog(catalog, add / 100, remove / 100, seed=0)
         index = get_index(catalog, source)
         hidden = 1024 if gpu else 64
-        heads, bands = random_heads(catalog, hidden, "float16" if gpu else "float32", dev, seed=0)
-        fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, "float16" if gpu else "float32", dev, seed=1)
+        inputs = decode_inputs(catalog, dev, bundled=False, batch=batch, seed=0, hidden=hidden,
+                               dtype="float16" if gpu else "float32")
+        heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn
         decoders = {}
 
         def decode_once(new_index):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -34,6 +35,25 @@ class _Engine:
 class _Decoder:
     def __init__(self):
         self.engine = _Engine()
+
+
+def test_slots_build_outside_the_lock():
+    slots = ResourceSlots()
+    building, done = threading.Event(), threading.Event()
+
+    def slow():
+        building.set()
+        assert done.wait(10)
+        return "slow"
+
+    worker = threading.Thread(target=lambda: slots.get("index", "a", slow))
+    worker.start()
+    assert building.wait(10)
+    # while one factory runs, the slots answer other callers at once
+    assert slots.get("decoders", "b", lambda: "quick") == "quick" and slots.peek("index") is None
+    done.set()
+    worker.join(10)
+    assert slots.peek("index") == "slow"
 
 
 def test_slots_reuse_and_release_on_replace():

@@ -9,6 +9,9 @@ in a CUDA graph.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from ..catalog.catalog import Catalog
@@ -70,3 +73,48 @@ def random_hidden_fn(batch: int, hidden_size: int, codebook_sizes, dtype: str = 
         return base + embed[step - 1][last]
 
     return hidden_fn
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeInputs:
+    """What a page decodes: heads, the requests' hidden states, and who the requests are.
+
+    Attributes
+    ----------
+    heads : torch.Tensor (rows, H) or list of torch.Tensor (|V_l|, H)
+        As :class:`~zerogr_core.Decoder` takes them.
+    band_offsets : tuple of int or None
+        For a shared head.
+    hidden_fn : callable(step, prefixes) -> torch.Tensor
+    model_key : tuple
+        Identifies the model (cache key of decoders built on these heads).
+    targets, user_ids : np.ndarray or None
+        For test users of the bundled recommender: held-out item rows and user ids.
+    """
+
+    heads: object
+    band_offsets: tuple | None
+    hidden_fn: object
+    model_key: tuple
+    targets: np.ndarray | None = None
+    user_ids: np.ndarray | None = None
+
+    @property
+    def random(self) -> bool:
+        return self.model_key[0] == "random"
+
+
+def random_inputs(catalog: Catalog, hidden_size: int, dtype: str, device, batch: int, seed: int) -> DecodeInputs:
+    """Random heads (always seed 0: one model per catalog and shape) and ``batch`` random
+    requests of ``seed``."""
+    heads, bands = random_heads(catalog, hidden_size, dtype, device, seed=0)
+    fn = random_hidden_fn(batch, hidden_size, catalog.codebook_sizes, dtype, device, seed=seed + 1)
+    return DecodeInputs(heads, bands, fn, ("random", hidden_size, dtype, str(device)))
+
+
+def study_inputs(study, users, rows: np.ndarray, device) -> DecodeInputs:
+    """The bundled recommender's heads and the test users ``rows`` (of
+    :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests."""
+    histories, targets = users.pick(rows)
+    return DecodeInputs(study.model.head_weights(), None, study.model.hidden_fn_for(histories, study.sids),
+                        ("movielens", str(device)), targets, users.user_ids[rows])
