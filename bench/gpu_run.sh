@@ -8,7 +8,7 @@
 #
 # Groups (priority order; each is one `python3 -m zerogr_core bench` call unless noted):
 #   tests     GPU-marked tests and the whole kernel/engine suite on CUDA (pytest), log with GPU + versions
-#   headline  search-like 19,269,255 SIDs (DESIGN.md §7 anchor, "2e7"): index memory, then every method, batches 1..32,
+#   headline  search-like 19,269,255 SIDs (docs/design.md §8 anchor, "2e7"): index memory, then every method, batches 1..32,
 #             FP16/H1024 and FP32/H4096, checks, plans
 #   detail    search-like 19,269,255: stages, step-2 ablation, per-step latency, index construction, interference
 #   watch     watch-like 2e7: memory + headline

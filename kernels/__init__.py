@@ -11,7 +11,7 @@ enabled before this package is imported), and to ``op_reference`` otherwise; bot
 exported so tests can compare them. Ops never synchronise with the host on the Triton
 path (except the naive ablation), so a whole decode can be captured in a CUDA graph.
 
-Per decoding step (DESIGN.md section 4), op (module):
+Per decoding step (docs/design.md §4), op (module):
 
 1. :func:`filter_slots` (``filtering``) - slot rows and the work queue, sparse or dense.
 2. :func:`selective_proj` (``selective``), or :func:`full_proj` (``full_projection``)

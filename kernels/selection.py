@@ -1,6 +1,6 @@
 """Selection and gather: top-M candidates per request and their next beams.
 
-Step 4 of the filtering-first decoding step (DESIGN.md section 4). Request ``r`` owns
+Step 4 of the filtering-first decoding step (docs/design.md §4). Request ``r`` owns
 beams ``r * Mb .. r * Mb + Mb - 1`` (``Mb = n_beams // batch``) and their ``Mb * K``
 slots; flat position ``p`` of a request is slot ``p % K`` of beam
 ``r * Mb + p // K``. The ``M = beam_width`` best positions become the next beams.

@@ -56,7 +56,7 @@ def main() -> None:
     m[0].metric("This index", fmt_bytes(report["total_bytes"]))
     m[1].metric("STATIC-style index", fmt_bytes(report["static_style_bytes"]),
                 help=f"Dense V² tables over the whole vocabulary V = {report['static_vocab']:,} for the first two "
-                     "steps, then CSR [token, next state] int32 pairs (section 3 of DESIGN.md).")
+                     "steps, then CSR [token, next state] int32 pairs (docs/design.md §3, the index layout).")
     m[2].metric("Raw SID table (int16)", fmt_bytes(report["sid_table_int16_bytes"]))
     m[3].metric("vs STATIC-style", f"{report['static_style_bytes'] / max(report['total_bytes'], 1):,.0f}× smaller")
     steps = pd.DataFrame([dict(step=r["step"], representation=r["kind"], **{"|V|": r["codebook"]},

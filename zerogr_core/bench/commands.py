@@ -40,7 +40,7 @@ def register(subparsers) -> None:
                    help="search-like, watch-like, synthetic-7, a sample name, synth:KIND:N[:SEED[:V]] or a catalog "
                         "file (default: search-like; synthetic-7 for the sweeps)")
     p.add_argument("--scale", default=None, metavar="N",
-                   help="SIDs of a synthetic catalog, e.g. 2e7 (default: search-like 19269255, the DESIGN.md §7 anchor; "
+                   help="SIDs of a synthetic catalog, e.g. 2e7 (default: search-like 19269255, the docs/design.md §8 anchor; "
                         "watch-like 2e7; synthetic-7 1e7)")
     p.add_argument("--methods", default=None,
                    help=f"comma list of {', '.join(METHOD_NAMES)} (default: all; the sweeps skip cpu-trie and "

@@ -24,7 +24,7 @@ from ..index.layout import StepIndex
 from .methods import host_trie_from_index
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-#: Default catalog sizes (SIDs) per synthetic preset; the search-like one is DESIGN.md §7's anchor
+#: Default catalog sizes (SIDs) per synthetic preset; the search-like one is the anchor catalog of docs/design.md §8
 #: catalog (19,269,255 SIDs, "2×10^7").
 DEFAULT_SCALE = {"search-like": 19_269_255, "watch-like": 20_000_000, "synthetic-7": 10_000_000}
 QUICK_SCALE = 1200
