@@ -98,7 +98,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
             out["timing"][order] = timing
             if not torch.equal(result.item_rows.cpu(), out["runs"][order].result.item_rows.cpu()):
                 out["graph_differs"].append(order)
-        engine = decoders["filter-first"].engine
+        engine = decoders["filter-first"].gpu_engine
         if engine is not None:
             plans = list(engine.plans.values())
             out["plan"] = plans[-1].table() if plans else None

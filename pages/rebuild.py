@@ -70,8 +70,8 @@ def main() -> None:
                                             config=IndexConfig().with_overrides(overrides()), min_seconds=seconds,
                                             progress=progress)
         for dec in decoders.values():
-            if dec.engine is not None:
-                dec.engine.release()
+            if dec.gpu_engine is not None:
+                dec.gpu_engine.release()
         bar.empty()
         report.index = None  # keep the session light; the new index is not made active
         st.session_state[REPORT_KEY] = dict(source=source, change=change, report=report, beam=beam, batch=batch)

@@ -19,11 +19,6 @@ import torch
 from ..catalog.catalog import Catalog
 
 
-def catalog_density(catalog: Catalog) -> list[dict]:
-    """Rows per step: step, codebook, states, entries, density, max/mean segment."""
-    return catalog.step_stats()
-
-
 def segment_lengths(catalog: Catalog) -> list[np.ndarray]:
     """Branching factor of every state, per step (``[S_l]`` int64 arrays)."""
     return [catalog.segment_lengths(level) for level in range(catalog.n_levels)]

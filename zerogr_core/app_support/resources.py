@@ -29,7 +29,7 @@ def release_object(obj: Any) -> None:
     """Release what ``obj`` holds on the GPU: engines, plans, captured graphs.
 
     Handles :class:`zerogr_core.decode.engine.GpuEngine` (``release()``), decoders (their
-    ``engine``), and containers (dict, list, tuple) of those.
+    ``gpu_engine``), and containers (dict, list, tuple) of those.
     """
     if obj is None:
         return
@@ -41,7 +41,7 @@ def release_object(obj: Any) -> None:
         for value in obj:
             release_object(value)
         return
-    engine = getattr(obj, "engine", None)
+    engine = getattr(obj, "gpu_engine", None)
     if engine is not None and hasattr(engine, "release"):
         engine.release()
     if hasattr(obj, "release") and callable(obj.release):

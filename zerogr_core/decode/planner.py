@@ -2,7 +2,8 @@
 
 Options per step are dense+full (dense steps only), sparse+full and sparse+selective, each
 with the small (one program per request, when the request's candidates fit one tile), wide
-(torch.topk) or split (chunked tl.topk tournament) selection.
+(torch.topk), split (chunked tl.topk tournament) or prune (split behind a per-request score
+threshold, when a request has at least M beams) selection.
 Every option is timed on the step's real inputs, recorded from one eager decode of the
 serving shape: on a GPU as the median of CUDA-event timed replays of a graph holding that
 step alone (so launch overhead counts as it will under whole-decode replay), on a CPU

@@ -28,7 +28,7 @@ from .validity import PrefixValidity
 
 KS = (1, 5, 10, 20, 50, 128)
 ORDERS = ("filter-first", "score-first")
-#: Bars of the study (issue 5): |Δ Recall| and |Δ NDCG| in percentage points, overlap.
+#: Bars the study must meet to support the claim: |Δ Recall| and |Δ NDCG| in percentage points, overlap.
 MAX_GAP_PP = 0.5
 MIN_OVERLAP = 0.99
 
@@ -270,7 +270,7 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
 
 
 def bars(report: dict) -> dict:
-    """Check the issue's bars on a report from :func:`evaluate`."""
+    """Check the study's bars on a report from :func:`evaluate`."""
     ks = [str(k) for k in report["k"]]
     gap_recall = max(abs(report["recall_filter_first"][k] - report["recall_score_first"][k]) for k in ks)
     gap_ndcg = max(abs(report["ndcg_filter_first"][k] - report["ndcg_score_first"][k]) for k in ks)
