@@ -118,7 +118,7 @@ BAD_UPLOADS = [
     ("duplicate-item-id", "dupid.csv", b"item_id,s1\n5,0\n5,1\n", "",
      ["dupid.csv", "row 2", "column 'item_id'", "duplicate item id 5"]),
     ("duplicate-sid", "dupsid.csv", b"item_id,s1,s2\n1,0,0\n2,0,0\n", "",
-     ["dupsid.csv", "column 'sid'", "shared by items 1 and 2"]),
+     ["dupsid.csv", "column 's1–s2'", "shared by items 1 and 2"]),
     ("unreadable-parquet", "broken.parquet", b"this is not parquet", "", ["broken.parquet", "cannot read as PARQUET"]),
     ("parquet-missing-value", "holes.parquet",
      _parquet_bytes(pl.DataFrame({"item_id": [1, 2], "s1": [0, None]}, schema={"item_id": pl.Int64, "s1": pl.Int64})),
