@@ -173,6 +173,14 @@ def fmt_bytes(n) -> str:
     return gpu_info.human_bytes(n)
 
 
+def fmt_ratio(x: float) -> str:
+    """A size ratio, written the same way wherever the app shows one: three significant
+    figures up to 100 (0.452×, 1.23×, 14.9×), whole numbers above (250×)."""
+    if x >= 100:
+        return f"{x:,.0f}×"
+    return f"{x:.1f}×" if x >= 10 else f"{x:.2f}×" if x >= 1 else f"{x:.3f}×"
+
+
 def fmt_ms(ms: float | None) -> str:
     if ms is None or ms != ms:
         return "n/a"

@@ -6,7 +6,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, get_catalog, get_index, guarded,
+from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, fmt_ratio, get_catalog, get_index, guarded,
                            overrides, slots)
 from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.errors import ZeroGRError
@@ -58,7 +58,7 @@ def main() -> None:
                 help=f"Dense V² tables over the whole vocabulary V = {report['static_vocab']:,} for the first two "
                      "steps, then CSR [token, next state] int32 pairs (docs/design.md §3, the index layout).")
     m[2].metric("Raw SID table (int16)", fmt_bytes(report["sid_table_int16_bytes"]))
-    m[3].metric("vs STATIC-style", f"{report['static_style_bytes'] / max(report['total_bytes'], 1):,.0f}× smaller")
+    m[3].metric("vs STATIC-style", fmt_ratio(report['static_style_bytes'] / max(report['total_bytes'], 1)) + " smaller")
     steps = pd.DataFrame([dict(step=r["step"], representation=r["kind"], **{"|V|": r["codebook"]},
                                states=r["states"], entries=r["entries"], density=r["density"],
                                **{"longest segment": r["max_segment"], "bytes": r["bytes"],
@@ -123,8 +123,8 @@ def main() -> None:
     p[0].metric("Planned index", fmt_bytes(total_planned),
                 delta=None if delta == 0 else ("+" if delta > 0 else "−") + fmt_bytes(abs(delta)),
                 delta_color="inverse")
-    p[1].metric("Planned vs STATIC-style", f"{report['static_style_bytes'] / max(total_planned, 1):,.1f}× smaller")
-    p[2].metric("Planned vs SID table", f"{total_planned / max(report['sid_table_int16_bytes'], 1):,.2f}×")
+    p[1].metric("Planned vs STATIC-style", fmt_ratio(report['static_style_bytes'] / max(total_planned, 1)) + " smaller")
+    p[2].metric("Planned vs SID table", fmt_ratio(total_planned / max(report['sid_table_int16_bytes'], 1)))
     long = plan.melt(id_vars="step", value_vars=["bytes now", "bytes planned"], var_name="index", value_name="bytes")
     fig = px.bar(long, x="step", y="bytes", color="index", barmode="group", log_y=True,
                  title="Bytes per step: now vs planned (log scale)")

@@ -229,6 +229,8 @@ def test_index_page_and_overrides():
     steps = at.dataframe[0].value
     assert len(steps) == 3
     before = m["Planned index"]
+    # with nothing overridden the plan is this index: both ratios read the same, rounded one way
+    assert m["vs STATIC-style"] == m["Planned vs STATIC-style"]
     at.selectbox(key="idx_ov_3").select("sparse" if steps["representation"][2] == "dense" else "dense").run()
     assert_clean(at)
     after = metrics(at)["Planned index"]
