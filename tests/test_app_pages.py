@@ -118,7 +118,7 @@ BAD_UPLOADS = [
     ("duplicate-item-id", "dupid.csv", b"item_id,s1\n5,0\n5,1\n", "",
      ["dupid.csv", "row 2", "column 'item_id'", "duplicate item id 5"]),
     ("duplicate-sid", "dupsid.csv", b"item_id,s1,s2\n1,0,0\n2,0,0\n", "",
-     ["dupsid.csv", "column 'sid'", "shared by items 1 and 2"]),
+     ["dupsid.csv", "column 's1–s2'", "shared by items 1 and 2"]),
     ("unreadable-parquet", "broken.parquet", b"this is not parquet", "", ["broken.parquet", "cannot read as PARQUET"]),
     ("parquet-missing-value", "holes.parquet",
      _parquet_bytes(pl.DataFrame({"item_id": [1, 2], "s1": [0, None]}, schema={"item_id": pl.Int64, "s1": pl.Int64})),
@@ -178,21 +178,61 @@ def test_duplicate_sids_with_the_collision_option():
     assert any("collision level was appended" in c.value for c in at.caption)
 
 
-def test_server_file_path(tmp_path):
-    good = tmp_path / "server_catalog.csv"
+REFUSED = "no catalog file at that path inside the data folders"
+SECRET = "S3CRET-root:x:0:0"
+
+
+def test_server_file_path(tmp_path, monkeypatch):
+    root, outside = tmp_path / "data", tmp_path / "outside"
+    root.mkdir(), outside.mkdir()
+    monkeypatch.setenv("ZEROGR_DATA_DIR", str(root))
+    good = root / "server_catalog.csv"
     good.write_bytes(GOOD_CSV)
     at = new_app(cat_kind="File on the server").run()
+    assert_clean(at)
+    assert any(str(root.resolve()) in c.value for c in at.caption)  # the page names the data folders
+    assert not any("To read your own catalogs" in i.value for i in at.info)
     at.text_input(key="cat_path").input(str(good)).run()
     assert_clean(at)
     assert at.session_state["active_source"].kind == "file" and metrics(at)["Items"] == "3"
-    at.text_input(key="cat_path").input(str(tmp_path / "nowhere.csv")).run()
-    assert_clean(at)
-    assert errors(at) == [f"{tmp_path / 'nowhere.csv'}: no such file"]
-    bad = tmp_path / "bad_rows.csv"
-    bad.write_bytes(b"item_id,s1,s2\n1,0,0\n2,0,-4\n")
-    at.text_input(key="cat_path").input(str(bad)).run()
-    assert errors(at) == [f"{bad}, row 2, column 's2': negative token -4"]
+    # missing, outside, `..` and a link out: one answer, naming the roots and nothing about the file
+    secret = outside / "secret.csv"
+    secret.write_text(f"item_id,s1\n{SECRET},1\n")
+    (root / "link.csv").symlink_to(secret)
+    answers = set()
+    for typed in (str(root / "nowhere.csv"), str(secret), "../outside/secret.csv", "link.csv"):
+        at.text_input(key="cat_path").input(typed).run()
+        assert_clean(at)
+        [message] = errors(at)
+        assert message.startswith(REFUSED) and str(root.resolve()) in message and "secret" not in message
+        answers.add(message)
+        assert at.session_state["active_source"].name == str(good)
+    assert len(answers) == 1
+    # a bad cell: row and column, never the value
+    bad = root / "bad_rows.csv"
+    bad.write_bytes(f"item_id,s1,s2\n1,0,0\n{SECRET},0,4\n".encode())
+    at.text_input(key="cat_path").input("bad_rows.csv").run()
+    assert errors(at) == ["bad_rows.csv, row 2, column 'item_id': (value withheld) is not an integer"]
     assert at.session_state["active_source"].name == str(good)
+
+
+def test_server_files_without_extra_roots_say_how_to_add_one(monkeypatch):
+    monkeypatch.delenv("ZEROGR_DATA_DIR", raising=False)
+    at = new_app(cat_kind="File on the server").run()
+    assert_clean(at)
+    assert any("ZEROGR_DATA_DIR" in i.value and "To read your own catalogs" in i.value for i in at.info)
+    at.text_input(key="cat_path").input("tiny.csv").run()  # relative to the samples folder
+    assert_clean(at)
+    assert metrics(at)["Items"] == "12"
+
+
+def test_limits_are_on_the_page_and_bound_uploads(monkeypatch):
+    monkeypatch.setenv("ZEROGR_MAX_ROWS", "2")
+    monkeypatch.setenv("ZEROGR_MAX_UPLOAD_MB", "1")
+    at = new_app(cat_kind="Upload a file", upload_payload=dict(id="rows", name="rows.csv", data=GOOD_CSV)).run()
+    assert_clean(at)
+    assert any("uploads up to 1 MB" in c.value and "up to 2 rows" in c.value for c in at.caption)
+    assert errors(at) == ["rows.csv: 3 rows, over the limit of 2 rows"]
 
 
 # ---------------------------------------------------------------------------- density, index
@@ -229,6 +269,8 @@ def test_index_page_and_overrides():
     steps = at.dataframe[0].value
     assert len(steps) == 3
     before = m["Planned index"]
+    # with nothing overridden the plan is this index: both ratios read the same, rounded one way
+    assert m["vs STATIC-style"] == m["Planned vs STATIC-style"]
     at.selectbox(key="idx_ov_3").select("sparse" if steps["representation"][2] == "dense" else "dense").run()
     assert_clean(at)
     after = metrics(at)["Planned index"]
@@ -299,8 +341,42 @@ def test_decode_random_head_on_a_synthetic_catalog():
     assert_clean(at)
     top = at.dataframe[0].value
     assert len(top) == 3 and all(str(t).startswith("item ") for t in top["filter-first"])
+    # the invalid mass scoring first meets, per step, and why the orders differ on a random head
+    invalid = at.dataframe[-1].value
+    assert list(invalid["step"]) == [1, 2, 3, 4, 5]
+    assert ((invalid["mean"] >= 0) & (invalid["mean"] <= 1)).all() and invalid["mean"].max() > 0.5
+    assert any("A random head knows nothing of the catalog" in c.value for c in at.caption)
     at.number_input(key="dec_beam").set_value(5).run()
     assert any("settings changed" in c.value for c in at.caption)
+
+
+def test_decode_says_when_a_run_was_interrupted():
+    at = new_app(cat_sample="tiny").run()
+    # what a run leaves behind when the user switches page before it finishes
+    open_page(at, "decode", decode_pending={"beam": 3})
+    assert_clean(at)
+    assert any("The last decode was interrupted" in w.value for w in at.warning)
+    at.run()
+    assert not any("interrupted" in w.value for w in at.warning)  # said once
+
+
+def test_two_sessions_on_different_catalogs_keep_their_own_index():
+    # Two browser sessions alive at once, their runs interleaved (AppTest runs one script at a
+    # time per process, so the sessions take turns as a server's threads would).
+    a = open_page(new_app(cat_sample="tiny").run(), "index")
+    b = open_page(new_app(cat_sample="watch-like-small").run(), "index")
+    assert_clean(a)
+    assert_clean(b)
+    slots_a, slots_b = a.session_state["resource_slots"], b.session_state["resource_slots"]
+    assert slots_a is not slots_b
+    index_a, index_b = slots_a.peek("index"), slots_b.peek("index")
+    assert index_a.n_items == 12 and index_b.n_items == 20_000
+    for at in (a, b, a):
+        at.run()
+        assert_clean(at)
+    # neither evicted nor released the other's index: same objects, nothing released
+    assert slots_a.peek("index") is index_a and slots_b.peek("index") is index_b
+    assert slots_a.releases == 0 and slots_b.releases == 0
 
 
 # ---------------------------------------------------------------------------- benchmarks, gpu, rebuild

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -33,26 +34,45 @@ class _Engine:
 
 class _Decoder:
     def __init__(self):
-        self.engine = _Engine()
+        self.gpu_engine = _Engine()
+
+
+def test_slots_build_outside_the_lock():
+    slots = ResourceSlots()
+    building, done = threading.Event(), threading.Event()
+
+    def slow():
+        building.set()
+        assert done.wait(10)
+        return "slow"
+
+    worker = threading.Thread(target=lambda: slots.get("index", "a", slow))
+    worker.start()
+    assert building.wait(10)
+    # while one factory runs, the slots answer other callers at once
+    assert slots.get("decoders", "b", lambda: "quick") == "quick" and slots.peek("index") is None
+    done.set()
+    worker.join(10)
+    assert slots.peek("index") == "slow"
 
 
 def test_slots_reuse_and_release_on_replace():
     slots = ResourceSlots()
     first = slots.get("decoders", ("a",), _Decoder)
     assert slots.get("decoders", ("a",), _Decoder) is first
-    assert first.engine.released == 0
+    assert first.gpu_engine.released == 0
     second = slots.get("decoders", ("b",), _Decoder)
     assert second is not first
-    assert first.engine.released == 1          # the replaced decoder's engine was released
+    assert first.gpu_engine.released == 1          # the replaced decoder's engine was released
     assert slots.key("decoders") == ("b",) and slots.releases == 1
-    assert slots.drop_all() == 1 and second.engine.released == 1
+    assert slots.drop_all() == 1 and second.gpu_engine.released == 1
     assert slots.peek("decoders") is None
 
 
 def test_release_object_walks_containers_and_never_fails_the_slot():
     decs = {"x": _Decoder(), "y": [_Decoder()]}
     release_object(decs)
-    assert decs["x"].engine.released == 1 and decs["y"][0].engine.released == 1
+    assert decs["x"].gpu_engine.released == 1 and decs["y"][0].gpu_engine.released == 1
     slots = ResourceSlots()
 
     def boom(_):
@@ -93,17 +113,21 @@ def test_upload_errors_name_the_uploaded_file_not_the_staged_copy(tmp_path):
 
 
 def test_server_file_source(tmp_path):
-    with pytest.raises(CatalogError, match="no such file"):
-        server_file_source(str(tmp_path / "nope.csv"))
-    with pytest.raises(CatalogError, match="not a regular file"):
-        server_file_source(str(tmp_path))
+    roots = [tmp_path.resolve()]
+    (tmp_path / "folder.csv").mkdir()
+    with pytest.raises(CatalogError, match="no catalog file at that path") as missing:
+        server_file_source(str(tmp_path / "nope.csv"), roots)
+    with pytest.raises(CatalogError) as folder:
+        server_file_source(str(tmp_path / "folder.csv"), roots)
+    assert str(folder.value) == str(missing.value)  # a folder reads like a missing file
     with pytest.raises(CatalogError, match="give the path"):
-        server_file_source("   ")
+        server_file_source("   ", roots)
     path = tmp_path / "cat.tsv"
     path.write_text("item_id\ts1\ts2\n7\t1\t2\n8\t1\t3\n")
-    src = server_file_source(f"  {path}  ", on_duplicate="collision")
-    assert src.kind == "file" and src.on_duplicate == "collision"
+    src = server_file_source(f"  {path}  ", roots, on_duplicate="collision")
+    assert src.kind == "file" and src.on_duplicate == "collision" and src.name == str(path)
     assert load_source(src).item_ids.tolist() == [7, 8]
+    assert server_file_source("cat.tsv", roots).path == src.path  # relative to a root
 
 
 def test_parse_codebook_sizes():

@@ -327,8 +327,8 @@ def test_graph_replay_with_lists_matches_the_reference_on_gpu():
                             ([g.choice(n, 7, replace=False)] + [None] * (batch - 1), None)]:
             lists = graph.request_lists(batch, allow, deny)
             a = graph.decode(hidden_fn, batch, lists=lists)
-            assert graph.engine.graph_error is None
-            plan = graph.engine.plans[graph.engine.key(batch)]
+            assert graph.gpu_engine.graph_error is None
+            plan = graph.gpu_engine.plans[graph.gpu_engine.key(batch)]
             proj = ["full" if s.option.mode.endswith("full") else "selective" for s in plan.steps]
             ref = Decoder(index, heads, 16, engine="reference", projection=proj, catalog=catalog)
             b = ref.decode(hidden_fn, batch, lists=lists)

@@ -11,7 +11,7 @@ from functools import cached_property
 import numpy as np
 from numpy.dtypes import StringDType
 
-from ..errors import CatalogError
+from ..errors import CatalogError, shown
 
 
 def level_names(n_levels: int) -> list[str]:
@@ -150,14 +150,14 @@ class Catalog:
             bad = ~np.isfinite(arr) | (arr != np.round(arr))
             if bad.any():
                 r, c = np.argwhere(bad)[0]
-                raise CatalogError(f"token {arr[r, c]!r} is not an integer", row=int(r), column=names[c])
+                raise CatalogError(f"token {shown(arr[r, c])} is not an integer", row=int(r), column=names[c])
             arr = arr.astype(np.int64)
         elif arr.dtype.kind not in "iu":
             raise CatalogError(f"SID tokens must be integers, got dtype {arr.dtype}")
         neg = arr < 0
         if neg.any():
             r, c = np.argwhere(neg)[0]
-            raise CatalogError(f"negative token {int(arr[r, c])}", row=int(r), column=names[c])
+            raise CatalogError(f"negative token {shown(int(arr[r, c]))}", row=int(r), column=names[c])
         observed = arr.max(axis=0).astype(np.int64) + 1
         if codebook_sizes is None:
             sizes = tuple(int(v) for v in observed)
@@ -172,7 +172,7 @@ class Catalog:
                 if observed[level] > size:
                     r = int(np.argmax(arr[:, level] >= size))
                     raise CatalogError(
-                        f"token {int(arr[r, level])} ≥ codebook size {size}", row=r, column=names[level])
+                        f"token {shown(int(arr[r, level]))} ≥ codebook size {size}", row=r, column=names[level])
         if item_ids is None:
             ids = np.arange(n, dtype=np.int64)
         else:
@@ -204,9 +204,9 @@ class Catalog:
             if on_duplicate == "error":
                 r = int(np.argmax(dup_mask))
                 raise CatalogError(
-                    f"SID {' '.join(map(str, table[r]))} is shared by items {format_item_id(ids[r - 1])} and "
-                    f"{format_item_id(ids[r])} ({groups} duplicated SIDs in all; use the collision option "
-                    f"to append a disambiguating level)", row=int(order[r]), column="sid")
+                    f"SID {shown(' '.join(map(str, table[r])), quote=False)} is shared by items "
+                    f"{format_item_id(ids[r - 1])} and {format_item_id(ids[r])} ({groups} duplicated SIDs in all; "
+                    f"use the collision option to append a disambiguating level)", row=int(order[r]), column="sid")
             # Rank within each run of equal SIDs: position minus the run's start.
             run_start = np.maximum.accumulate(np.where(~dup_mask, np.arange(n), 0))
             extra = (np.arange(n) - run_start).astype(np.int64)
@@ -351,10 +351,11 @@ def _segment_lengths(h: np.ndarray, level: int) -> np.ndarray:
 
 
 def format_item_id(value) -> str:
-    """An item id as messages quote it: integers bare, strings in quotes."""
+    """An item id as messages quote it: integers bare, strings in quotes (or withheld
+    inside :func:`~zerogr_core.errors.redacted_values`)."""
     if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    return repr(str(value))
+        return shown(int(value))
+    return shown(str(value))
 
 
 def _is_string_array(arr: np.ndarray) -> bool:
@@ -397,7 +398,7 @@ def normalize_item_ids(values, n: int | None = None, *, column: str = "item_id")
             arr = arr.astype(StringDType())
         elif kinds.any():
             r = int(np.argmin(kinds)) if kinds[0] else int(np.argmax(kinds))
-            raise CatalogError(f"item ids mix integers and strings ({arr[r]!r})", row=r, column=column)
+            raise CatalogError(f"item ids mix integers and strings ({shown(arr[r])})", row=r, column=column)
         else:
             try:
                 arr = arr.astype(np.float64) if any(isinstance(v, float) for v in arr) else arr.astype(np.int64)
@@ -407,7 +408,7 @@ def normalize_item_ids(values, n: int | None = None, *, column: str = "item_id")
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             r = int(np.argmax(bad))
-            raise CatalogError(f"item id {arr[r]!r} is not an integer or a string", row=r, column=column)
+            raise CatalogError(f"item id {shown(arr[r])} is not an integer or a string", row=r, column=column)
         arr = arr.astype(np.int64)
     if arr.dtype.kind == "S":
         arr = np.char.decode(arr, "utf-8")
@@ -451,7 +452,7 @@ def _lookup_keys(values, string_ids: bool, what: str) -> np.ndarray:
         return np.array([int(str(v).strip()) for v in arr.ravel()], dtype=np.int64)
     except ValueError:
         bad = next(str(v) for v in arr.ravel() if not str(v).strip().lstrip("-").isdigit())
-        raise CatalogError(f"{what}: {bad!r} is not an integer, and this catalog's ids are integers") from None
+        raise CatalogError(f"{what}: {shown(bad)} is not an integer, and this catalog's ids are integers") from None
 
 
 def token_dtype(max_codebook: int) -> np.dtype:

@@ -137,7 +137,7 @@ class CatalogStore:
         """Decode on the current version (read once); deleted items are denied to every request."""
         v = self._current
         lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows)
-        if v.decoder.engine is not None:
+        if v.decoder.gpu_engine is not None:
             with self._device:
                 result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
                 ids = result.item_ids(v.catalog)  # the host copy finishes the decode

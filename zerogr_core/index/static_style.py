@@ -16,24 +16,7 @@ import torch
 
 from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
-
-
-def static_style_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2) -> int:
-    """Bytes of the STATIC-style index laid out as published.
-
-    Parameters
-    ----------
-    entries : sequence of int
-        E_l per step (distinct length-(l+1) prefixes).
-    vocab : int
-        The model's whole output vocabulary V.
-    dense_levels : int
-        d: steps served by the dense V^d tables.
-    """
-    d = min(dense_levels, len(entries))
-    dense = vocab ** d * (1 + 4) + (vocab if d > 1 else 0)  # bool mask + int32 states (+ first-step mask)
-    csr = sum(entries[l] * 8 + (entries[l - 1] + 1) * 4 for l in range(d, len(entries)))
-    return int(dense + csr)
+from .builders import serial_arrays
 
 
 @dataclass(eq=False)
@@ -132,15 +115,13 @@ def build_static_index(catalog: Catalog, device=None, dense_levels: int = 2,
         Global head row of each level's token 0 (default: ``catalog.band_offsets`` or the
         cumulative codebook sizes).
     """
-    from .builders import _serial_arrays
-
     if dense_levels not in (1, 2) or dense_levels > catalog.n_levels:
         raise ZeroGRError(f"dense_levels must be 1 or 2 and at most L={catalog.n_levels}, got {dense_levels}")
     t0 = time.perf_counter()
     sizes = catalog.codebook_sizes
     offsets_ = band_offsets or catalog.band_offsets or tuple(np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist())
     vocab = int(max(o + s for o, s in zip(offsets_, sizes)))
-    tokens, offsets = _serial_arrays(catalog.sids, sizes)
+    tokens, offsets = serial_arrays(catalog.sids, sizes)
     g0 = tokens[0].astype(np.int64) + offsets_[0]
     if dense_levels == 1:
         dense_mask = np.zeros(vocab, dtype=bool)
