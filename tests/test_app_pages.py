@@ -210,9 +210,9 @@ def test_server_file_path(tmp_path, monkeypatch):
     assert len(answers) == 1
     # a bad cell: row and column, never the value
     bad = root / "bad_rows.csv"
-    bad.write_bytes(f"item_id,s1,s2\n1,0,0\n{SECRET},0,4\n".encode())
+    bad.write_bytes(f"item_id,s1,s2\n1,0,0\n2,{SECRET},4\n".encode())
     at.text_input(key="cat_path").input("bad_rows.csv").run()
-    assert errors(at) == ["bad_rows.csv, row 2, column 'item_id': (value withheld) is not an integer"]
+    assert errors(at) == ["bad_rows.csv, row 2, column 's1': (value withheld) is not an integer"]
     assert at.session_state["active_source"].name == str(good)
 
 

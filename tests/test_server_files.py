@@ -246,14 +246,14 @@ def test_uploads_and_server_files_use_the_app_limits(tmp_path, monkeypatch):
 S = SECRET
 REDACTED_CASES = {
     # file text, codebook sizes, fragments that must remain
-    "non-integer-item-id": (f"item_id,s1\n1,1\n{S},2\n", None, ["row 2", "column 'item_id'", "is not an integer"]),
+    "duplicate-string-id": (f"item_id,s1\n{S},1\n8,2\n{S},3\n", None, ["row 3", "column 'item_id'", "also on row 1"]),
     "non-integer-token": (f"item_id,s1,s2\n1,3,4\n2,{S},4\n", None, ["row 2", "column 's1'", "not an integer"]),
     "sid-token": (f"item_id,sid\n1,3 4\n2,3 {S}\n", None, ["row 2", "column 'sid'", "token 2"]),
     "fractional": ("item_id,s1\n1,3\n2,31337.5\n", None, ["row 2", "column 's1'", "not an integer"]),
     "negative": ("item_id,s1,s2\n1,3,4\n2,1,-31337\n", None, ["row 2", "column 's2'", "negative token"]),
     "over-codebook": ("item_id,s1,s2\n1,3,4\n2,1,31337\n", (4, 8), ["row 2", "column 's2'", "≥ codebook size 8"]),
     "duplicate-id": ("item_id,s1\n31337,1\n8,2\n31337,3\n", None, ["row 3", "column 'item_id'", "also on row 1"]),
-    "duplicate-sid": ("item_id,s1,s2\n31337,31337,4\n2,0,1\n31338,31337,4\n", None, ["column 'sid'", "shared"]),
+    "duplicate-sid": ("item_id,s1,s2\n31337,31337,4\n2,0,1\n31338,31337,4\n", None, ["column 's1–s2'", "shared"]),
     "header-is-content": (f"{S}\n{S}\n", None, ["no 'item_id' column"]),
     "duplicate-column": (f"item_id,s1,{S},{S.upper()}\n1,2,3,4\n", None, ["appears twice"]),
 }
@@ -291,12 +291,12 @@ def test_redacted_parquet_metadata_and_read_errors(tmp_path):
 
 
 def test_server_files_are_redacted_and_uploads_are_not(tmp_path, monkeypatch):
-    data = f"item_id,s1\n1,1\n{SECRET},2\n".encode()
+    data = f"item_id,s1\n1,1\n2,{SECRET}\n".encode()
     (tmp_path / "leak.csv").write_bytes(data)
     server = load_error(server_file_source("leak.csv", [tmp_path.resolve()]))
-    assert server == f"leak.csv, row 2, column 'item_id': {WITHHELD} is not an integer"
+    assert server == f"leak.csv, row 2, column 's1': {WITHHELD} is not an integer"
     upload = load_error(stage_upload("leak.csv", data, max_bytes=MB, folder=tmp_path / "staged"))
-    assert upload == f"leak.csv, row 2, column 'item_id': '{SECRET}' is not an integer"
+    assert upload == f"leak.csv, row 2, column 's1': '{SECRET}' is not an integer"
 
     def crash(*args, **kwargs):
         raise RuntimeError(f"reader failed near {SECRET}")
