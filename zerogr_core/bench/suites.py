@@ -492,8 +492,13 @@ def suite_steps(s: Session, suite: str) -> None:
                 band = heads.band_offsets[level] if heads.shared is not None else 0
                 size = heads.bands[level].shape[0]
                 whole, _ = heads.normaliser(level)
-                for label, (wt, b0, n) in (("band-gemm", (w, band, size)), ("head-gemm", (whole, 0, whole.shape[0]))):
-                    t = time_step(lambda: full_proj(hid, wt, b0, n), dev, s.o.rep(), graph=dev.type == "cuda")
+                gemms = [("band-gemm", (w, band, size, torch.float32)), ("head-gemm", (whole, 0, whole.shape[0],
+                                                                                      torch.float32))]
+                if hid.dtype != torch.float32:  # what the float32 logits of the contract cost the band GEMM
+                    gemms.append(("band-gemm-head-dtype-out", (w, band, size, hid.dtype)))
+                for label, (wt, b0, n, odt) in gemms:
+                    t = time_step(lambda: full_proj(hid, wt, b0, n, out_dtype=odt), dev, s.o.rep(),
+                                  graph=dev.type == "cuda")
                     mode = "graph" if dev.type == "cuda" else "eager"
                     totals[(label, mode)] = totals.get((label, mode), 0.0) + t["median_us"]
                     s.emit(suite, "step", wl, dict(methods=["zerogr"], **shape), method=label, mode=mode, **shape,
