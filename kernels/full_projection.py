@@ -14,6 +14,8 @@ float16 (or bfloat16) values is exact in float32, so this is the same arithmetic
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ._common import FLOAT_DTYPES, check_tensor
@@ -24,6 +26,19 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 def _fp32_out_gemm() -> bool:
     # torch >= 2.8 ships mm's out_dtype overload (CUDA only, half inputs, float32 output)
     return hasattr(torch.ops.aten.mm, "dtype_out")
+
+
+@contextlib.contextmanager
+def _fp32_reductions():
+    """Forbid cuBLAS's reduced-precision (half) split-K reductions for one call, so the
+    sum stays float32 end to end; torch's global setting is restored afterwards."""
+    m = torch.backends.cuda.matmul
+    before = (m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction)
+    m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = before
 
 
 def full_proj_reference(hidden: torch.Tensor, weight: torch.Tensor, band_start: int, n_tokens: int, *,
@@ -80,7 +95,8 @@ def full_proj(hidden: torch.Tensor, weight: torch.Tensor, band_start: int, n_tok
     if hidden.dtype == torch.float32:
         return torch.mm(hidden, band.t(), out=out)
     if hidden.is_cuda and _fp32_out_gemm():
-        if out is None:
-            return torch.mm(hidden, band.t(), torch.float32)
-        return torch.mm(hidden, band.t(), torch.float32, out=out)
+        with _fp32_reductions():
+            if out is None:
+                return torch.mm(hidden, band.t(), torch.float32)
+            return torch.mm(hidden, band.t(), torch.float32, out=out)
     return full_proj_reference(hidden, weight, band_start, n_tokens, out=out)
