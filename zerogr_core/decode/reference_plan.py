@@ -98,5 +98,17 @@ def plan_projection(plan: Plan) -> tuple[str, ...]:
     return tuple(projection_of(s.option) for s in plan.steps)
 
 
-__all__: Sequence[str] = ["REFERENCE_TOPK", "make_reference_plan", "plan_key", "plan_projection",
+def plan_rows(plan: Plan) -> list[dict]:
+    """Rows for the app: step, representation, chosen projection, µs of each projection."""
+    rows = []
+    for s in plan.steps:
+        row = {"step": s.step + 1, "representation": s.option.mode.split("+")[0],
+               "projection": projection_of(s.option)}
+        # a label is "<kind>+<projection> / reference"
+        row.update({f"{label.split(' / ')[0].split('+')[1]} (µs)": round(t, 1) for label, t in s.times_us.items()})
+        rows.append(row)
+    return rows
+
+
+__all__: Sequence[str] = ["REFERENCE_TOPK", "make_reference_plan", "plan_key", "plan_projection", "plan_rows",
                           "projection_of", "reference_options"]
