@@ -123,3 +123,43 @@ def test_the_cpu_plan_chooses_among_equal_options():
     ref = Decoder(index, heads, BEAM, engine="reference").decode(hidden_fn, BATCH)
     got = Decoder(index, heads, BEAM, engine="reference", projection=plan_projection(plan)).decode(hidden_fn, BATCH)
     assert_same(got, ref, "CPU plan")
+
+
+def test_the_cpu_decoder_plans_once_per_shape_and_follows_its_plan(monkeypatch):
+    if DEV == "cuda":
+        pytest.skip("the GPU engine plans on CUDA")
+    import zerogr_core.decode.decoder as decoder_mod
+
+    index = catalog_index()
+    heads, hidden_fn = model("random", torch.float32)
+    calls = []
+    real = decoder_mod.make_reference_plan
+
+    def counted(*args, **kwargs):
+        plan = real(*args, **kwargs, repeats=4)
+        # force a mixed plan: what the decoder runs must follow it
+        steps = tuple(type(s)(s.step, reference_options(index, s.step)[s.step % 2], s.times_us) for s in plan.steps)
+        calls.append(steps)
+        return type(plan)(plan.key, steps, plan.device)
+
+    monkeypatch.setattr(decoder_mod, "interpreting", lambda: False)
+    monkeypatch.setattr(decoder_mod, "make_reference_plan", counted)
+    used = []
+    real_ff = decoder_mod.FilterFirst
+
+    def recording_ff(index_, heads_, projection, *a, **k):
+        used.append(tuple(projection))
+        return real_ff(index_, heads_, projection, *a, **k)
+
+    monkeypatch.setattr(decoder_mod, "FilterFirst", recording_ff)
+    ref = Decoder(index, heads, BEAM, engine="reference").decode(hidden_fn, BATCH)
+    dec = Decoder(index, heads, BEAM)
+    used.clear()
+    for _ in range(2):
+        assert_same(dec.decode(hidden_fn, BATCH), ref, "CPU decoder")
+    assert len(calls) == 1 and used == [("full", "selective", "full")] * 2
+    assert dec.plan(hidden_fn, BATCH).steps == calls[0]
+    dec.decode(hidden_fn, 1)  # a new shape gets its own plan
+    assert len(calls) == 2 and set(dec.plans) == {dec.heads.shape_key(b, BEAM) for b in (1, BATCH)}
+    fixed = Decoder(index, heads, BEAM, projection="selective")
+    assert not fixed.plan_reference and fixed.plan(hidden_fn, BATCH) is None

@@ -11,7 +11,7 @@ from ..errors import ZeroGRError
 from ..index.layout import StepIndex
 from .heads import Heads
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
-from .reference_plan import make_reference_plan, plan_key, plan_projection
+from .reference_plan import make_reference_plan, plan_projection
 from .search import DecodeResult, HiddenFn, beam_search
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
@@ -107,7 +107,7 @@ class Decoder:
             return self.engine.plan(hidden_fn, batch)
         if not self.plan_reference:
             return None
-        key = plan_key(batch, self.beam_width, self.heads)
+        key = self.heads.shape_key(batch, self.beam_width)
         if key not in self.plans:
             self.plans[key] = make_reference_plan(self.index, self.heads, self.beam_width, hidden_fn, batch)
         return self.plans[key]

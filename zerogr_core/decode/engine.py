@@ -208,7 +208,7 @@ class GpuEngine:
         return self._sparse[level]
 
     def key(self, batch: int) -> tuple:
-        return (batch, self.beam_width, str(self.heads.dtype).replace("torch.", ""), self.heads.hidden_size)
+        return self.heads.shape_key(batch, self.beam_width)
 
     def options_for(self, batch: int) -> list[list[StepOption]]:
         """Candidate options per step for ``batch`` (the override narrows them)."""

@@ -78,6 +78,10 @@ class Heads:
     def device(self) -> torch.device:
         return self.bands[0].device
 
+    def shape_key(self, batch: int, beam_width: int) -> tuple:
+        """Key of a serving shape, under which plans are kept: (batch, beam, dtype, H)."""
+        return (batch, beam_width, str(self.dtype).replace("torch.", ""), self.hidden_size)
+
     def normaliser(self, level: int) -> tuple[torch.Tensor, int]:
         """What scoring first projects at ``level``: (weight, row of the band's token 0).
 

@@ -13,8 +13,6 @@ are ``"<kind>+full"`` / ``"<kind>+selective"`` with the ``"reference"`` top-k pa
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
 from ..index.layout import StepIndex
@@ -40,11 +38,6 @@ def reference_options(index: StepIndex, step: int) -> list[StepOption]:
 def projection_of(option: StepOption) -> str:
     """``"full"`` or ``"selective"``: the projection of a (reference or engine) option."""
     return "full" if option.mode.endswith("full") else "selective"
-
-
-def plan_key(batch: int, beam_width: int, heads: Heads) -> tuple:
-    """Shape key of a plan, as the GPU engine keys its plans."""
-    return (batch, beam_width, str(heads.dtype).replace("torch.", ""), heads.hidden_size)
 
 
 @torch.no_grad()
@@ -90,7 +83,7 @@ def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_
             times[option.label] = time_call(lambda: run(level, states, hidden, scores), index.device, repeats)
         best = min(reference_options(index, level), key=lambda o: times[o.label])
         steps.append(StepChoice(level, best, times))
-    return Plan(plan_key(batch, beam_width, heads), tuple(steps), str(index.device))
+    return Plan(heads.shape_key(batch, beam_width), tuple(steps), str(index.device))
 
 
 def plan_projection(plan: Plan) -> tuple[str, ...]:
@@ -110,5 +103,5 @@ def plan_rows(plan: Plan) -> list[dict]:
     return rows
 
 
-__all__: Sequence[str] = ["REFERENCE_TOPK", "make_reference_plan", "plan_key", "plan_projection", "plan_rows",
-                          "projection_of", "reference_options"]
+__all__ = ["REFERENCE_TOPK", "make_reference_plan", "plan_projection", "plan_rows",
+           "projection_of", "reference_options"]
