@@ -9,23 +9,33 @@ dtype (float16, bfloat16 or float32), products are accumulated in float32 and th
 are stored in float32. On CUDA, cuBLAS does the work: for half-precision inputs through
 ``torch.mm(..., out_dtype=torch.float32)``, which accumulates in float32 and writes the
 float32 output without a rounding to the input dtype; float32 stays plain float32 unless
-the caller enabled TF32 in torch. Elsewhere the inputs are upcast first: a product of two
-float16 (or bfloat16) values is exact in float32, so this is the same arithmetic.
+the caller enabled TF32 in torch. Elsewhere (and on CUDA if that overload is missing) the
+inputs are upcast first: a product of two float16 (or bfloat16) values is exact in
+float32, so this is the same arithmetic.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
 from ._common import FLOAT_DTYPES, check_tensor
 
-HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _fp32_out_gemm() -> bool:
-    # torch >= 2.8 ships mm's out_dtype overload (CUDA only, half inputs, float32 output)
-    return hasattr(torch.ops.aten.mm, "dtype_out")
+@functools.lru_cache(maxsize=None)
+def _fp32_out_gemm(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether cuBLAS takes ``dtype`` inputs with a float32 output here (torch >= 2.8 ships
+    mm's ``out_dtype`` overload). Probed once per device and dtype with a tiny eager GEMM
+    (dispatch errors raise on the host, so no synchronisation); the first call of a shape is
+    always eager (warm-up, planner), never inside a graph capture."""
+    if not hasattr(torch.ops.aten.mm, "dtype_out"):
+        return False
+    try:
+        a = torch.zeros(2, 2, dtype=dtype, device=device)
+        torch.mm(a, a.t(), torch.float32, out=torch.empty(2, 2, device=device))
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -94,7 +104,7 @@ def full_proj(hidden: torch.Tensor, weight: torch.Tensor, band_start: int, n_tok
     band = _check(hidden, weight, band_start, n_tokens, out)
     if hidden.dtype == torch.float32:
         return torch.mm(hidden, band.t(), out=out)
-    if hidden.is_cuda and _fp32_out_gemm():
+    if hidden.is_cuda and _fp32_out_gemm(hidden.device, hidden.dtype):
         with _fp32_reductions():
             if out is None:
                 return torch.mm(hidden, band.t(), torch.float32)

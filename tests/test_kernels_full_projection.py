@@ -4,7 +4,7 @@ import torch
 
 from kernel_asserts import assert_kernel_equal, kernel_device
 from kernels import full_proj
-from kernels.full_projection import full_proj_reference
+from kernels.full_projection import _fp32_out_gemm, full_proj_reference
 
 DEV = kernel_device()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -21,6 +21,8 @@ def _inputs(dtype, n=7, rows=50, H=40, seed=0):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_logits_are_float32_accumulated_in_float32(dtype):
     hidden, weight = _inputs(dtype)
+    if DEV == "cuda" and dtype != torch.float32:  # the GEMM writes float32 itself, no upcast copy
+        assert _fp32_out_gemm(hidden.device, dtype)
     got = full_proj(hidden, weight, 9, 30)
     assert got.dtype == torch.float32 and got.shape == (7, 30)
     # products of two half-precision values are exact in float32: only the sum order differs
