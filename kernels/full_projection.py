@@ -22,6 +22,7 @@ import torch
 
 from ._common import FLOAT_DTYPES, check_tensor
 
+
 @functools.lru_cache(maxsize=None)
 def _fp32_out_gemm(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether cuBLAS takes ``dtype`` inputs with a float32 output here (torch >= 2.8 ships
