@@ -118,9 +118,9 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
             out["runs"][order].result = result
         engine = decoders["filter-first"].engine
         if engine is not None:
-            plans = list(engine.plans.values())
-            out["plan"] = plans[-1].table() if plans else None
-            out["graph_error"] = engine.graph_error
+            plan = engine.plans.get(engine.key(cfg["batch"]))  # this shape's (a failed capture is in it)
+            out["plan"] = plan.table() if plan is not None else None
+            out["graph_error"] = plan.graph_error if plan is not None else None
     bar.progress(100, text="Done")
     bar.empty()
     return out
@@ -231,7 +231,8 @@ def show_results(catalog, source, res: dict) -> None:
             st.caption("Timed at warm-up for this shape (batch, beam, dtype, hidden size); the fastest option per "
                        "step is fixed and the whole decode is captured in one CUDA graph.")
         if res.get("graph_error"):
-            st.warning(f"The decode could not be captured in a CUDA graph and runs eagerly: {res['graph_error']}")
+            st.warning(f"The decode could not be captured in a CUDA graph and runs eagerly (this shape is not "
+                       f"captured again): {res['graph_error']}")
     else:
         st.dataframe(pd.DataFrame(res["plan"]), hide_index=True)
         st.caption("No GPU: filtering first runs the PyTorch reference ops. Each step's projection — one GEMM "
