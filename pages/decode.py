@@ -103,8 +103,11 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
         decoders = gpu_decoders(index, heads, bands, cfg["beam"],
                                 (index_key(source, overrides(), dev), model_key, cfg["beam"]))
         fn = make_fn()
+        def warm_up_progress(fraction, text):  # the engine plans and compiles at its first decode
+            bar.progress(85 + int(10 * fraction), text=f"GPU warm-up: {text}…")
+
         for order in ORDERS:
-            result, timing = time_decoder(decoders[order], fn, cfg["batch"])
+            result, timing = time_decoder(decoders[order], fn, cfg["batch"], progress=warm_up_progress)
             out["timing"][order] = timing
             out["runs"][order].result = result
         engine = decoders["filter-first"].engine

@@ -35,7 +35,7 @@ from ..index.static_style import static_style_bytes
 from .checks import TOLERANCE, check_valid, compare
 from .methods import CAPTURABLE, CONSTRAINED, METHODS, ReplayModel, ZeroGRRunner, make_runner
 from .summary import ANCHORS, TARGETS
-from .timing import summarize, synchronize, time_runs, time_step
+from ..timing import summarize, synchronize, time_runs, time_step
 from .workload import (QUICK_CODEBOOK, CatalogSpec, Workload, default_scale, order_batches, static_step_bytes)
 
 SUITES = ("headline", "beam-sweep", "codebook-sweep", "steps", "stages", "ablation", "memory", "build",
