@@ -114,7 +114,7 @@ class PlanStore:
         path = self.path(key)
         try:
             text = path.read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             warnings.warn(f"plan store: ignoring {path}: cannot read it ({exc})", stacklevel=2)
