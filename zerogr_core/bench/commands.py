@@ -21,7 +21,7 @@ from pathlib import Path
 
 METHOD_NAMES = ("zerogr", "static", "static-adapted", "unconstrained", "cpu-trie", "naive-selective")
 SUITE_NAMES = ("headline", "beam-sweep", "codebook-sweep", "steps", "stages", "ablation", "memory", "build",
-               "interference")
+               "interference", "coldstart")
 DEFAULT_HIDDEN = {"fp16": 1024, "bf16": 1024, "fp32": 4096}
 
 

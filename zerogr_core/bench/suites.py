@@ -14,6 +14,8 @@ memory             index bytes per step: zerogr vs STATIC-style vs int16 SID tab
 build              index construction: layout streaming (2 and 1 staging buffers), full host
                    then copy, serial, STATIC-style; H2D bandwidth for 60 s / 90 s windows
 interference       decode p50/p99 while a streaming (or full-host) rebuild runs beside it
+coldstart          seconds to the first decode of a shape in a fresh process, with empty then
+                   warm plan and Triton caches (:mod:`.coldstart`)
 =================  ==========================================================================
 """
 from __future__ import annotations
@@ -33,13 +35,14 @@ from ..decode.engine import PLANNED_TOPK, StepOption, StepRunner, step_options
 from ..index import IndexConfig, build_index, build_static_index
 from ..index.static_style import static_style_bytes
 from .checks import TOLERANCE, check_valid, compare
+from .coldstart import suite_coldstart
 from .methods import CAPTURABLE, CONSTRAINED, METHODS, ReplayModel, ZeroGRRunner, make_runner
 from .summary import ANCHORS, TARGETS
 from ..timing import summarize, synchronize, time_runs, time_step
 from .workload import (QUICK_CODEBOOK, CatalogSpec, Workload, default_scale, order_batches, static_step_bytes)
 
 SUITES = ("headline", "beam-sweep", "codebook-sweep", "steps", "stages", "ablation", "memory", "build",
-          "interference")
+          "interference", "coldstart")
 FAST_METHODS = ["zerogr", "static", "static-adapted", "unconstrained"]
 @dataclass
 class Options:
@@ -100,6 +103,8 @@ def suite_defaults(suite: str, quick: bool) -> dict:
         d.update(batches=small)
     elif suite == "interference":
         d.update(batches=[2] if quick else [8], configs=both[:1])
+    elif suite == "coldstart":
+        d.update(batches=[2] if quick else [1, 32], configs=both[:1] if quick else both)
     return d
 
 
@@ -890,6 +895,6 @@ def suite_interference(s: Session, suite: str) -> None:
 
 SUITE_FUNCS = {"headline": suite_headline, "beam-sweep": suite_beam_sweep, "codebook-sweep": suite_codebook_sweep,
                "steps": suite_steps, "stages": suite_stages, "ablation": suite_ablation, "memory": suite_memory,
-               "build": suite_build, "interference": suite_interference}
+               "build": suite_build, "interference": suite_interference, "coldstart": suite_coldstart}
 
 __all__ = ["ANCHORS", "FAST_METHODS", "Options", "SUITES", "Session", "TARGETS", "suite_defaults"]
