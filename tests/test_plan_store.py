@@ -1,5 +1,6 @@
 """Cold start: plans on disk, the cost model's cut, compile-only warm-up and the warmup command."""
 import dataclasses
+import functools
 import json
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 import zerogr_core.decode.planner as planner
-from zerogr_core import Catalog, Decoder, build_index
+from zerogr_core import Decoder
 from zerogr_core.cli import main
 from zerogr_core.decode.engine import GpuEngine, StepRunner
 from zerogr_core.decode.heads import Heads
@@ -16,22 +17,13 @@ from zerogr_core.decode.plan_store import PlanStore, resolve_store
 from zerogr_core.decode.planner import CostModel, Plan, StepChoice, make_plan
 from zerogr_core.decode.precompile import precompile
 
+from test_engine import setup as engine_setup
+
 
 def setup(seed=3, sizes=(6, 4), n=20, hidden=8, dtype=torch.float32, shared=False):
-    rng = np.random.default_rng(seed)
-    sids = np.unique(np.stack([rng.integers(0, s, n) for s in sizes], 1), axis=0)
-    catalog = Catalog.from_sids(sids, sizes)
-    index = build_index(catalog)
-    g = torch.Generator().manual_seed(seed)
-    if shared:
-        raw = torch.randn(sum(sizes) + 2, hidden, generator=g).to(dtype)
-    else:
-        raw = [torch.randn(s, hidden, generator=g).to(dtype) for s in sizes]
-    table = torch.randn(64, hidden, generator=g).to(dtype)
-
-    def hidden_fn(step, prefixes):
-        return table[((prefixes.clamp(min=0) * 7 + 3).sum(-1) + step * 13) % 64]
-
+    """The engine tests' catalog, index, raw heads and hidden function, plus the built heads."""
+    catalog, index, raw, hidden_fn = engine_setup(seed=seed, sizes=sizes, n=n, hidden=hidden, shared=shared,
+                                                  dtype=dtype)
     return catalog, index, raw, Heads.build(raw, index.codebook_sizes), hidden_fn
 
 
@@ -242,6 +234,16 @@ def test_precompile_runs_launchers_without_their_kernels():
     assert torch.equal(got.slot_tokens, want.slot_tokens) and torch.equal(got.slot_succ, want.slot_succ)
     assert precompile([lambda: 1 / 0], "cpu") == 0  # a failing call is left to its real call
     assert precompile([lambda: None], "cpu", workers=0) == 0
+
+
+def test_every_option_runs_in_compile_only_mode():
+    # compile-only launches leave outputs unwritten: no launcher may index with what its
+    # kernels wrote (on a GPU that would be a device-side assert, not an exception)
+    catalog, index, raw, heads, hidden_fn = setup(sizes=(12, 6, 5), n=150, hidden=24)
+    engine = GpuEngine(index, heads, 6, use_graph=False, plan_store=False)
+    calls = [functools.partial(planner._run_on_zeros, engine, level, o, 2)
+             for level, opts in enumerate(engine.options_for(2)) for o in opts]
+    assert precompile(calls, "cpu") == len(calls)
 
 
 def test_engine_with_a_stored_plan_matches_the_reference(tmp_path):

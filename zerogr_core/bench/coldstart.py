@@ -54,7 +54,9 @@ def first_decode(source: str, scale, seed: int, codebook, dtype_name: str, hidde
                 options_timed=sum(len(s.times_us) + len(s.failed) for s in plan.steps),
                 options_skipped=sum(len(s.skipped) for s in plan.steps),
                 plan_file=str(engine.plan_store.path(engine.plan_key(batch))) if engine.plan_store else None,
-                triton_cache=os.environ.get("TRITON_CACHE_DIR"), n_items=wl.catalog.n_items)
+                triton_cache=os.environ.get("TRITON_CACHE_DIR"),
+                **{k: v for k, v in wl.fields.items()  # the catalog statistics every record carries
+                   if k not in ("catalog", "catalog_label", "scale", "codebook", "catalog_stats")})
 
 
 def run_child(spec, dtype_name: str, hidden: int, beam: int, batch: int, device, cache_dir: str,

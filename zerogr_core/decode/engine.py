@@ -2,10 +2,13 @@
 
 For a serving shape (batch, beam width, dtype, hidden size) the engine
 
-1. runs the decode once eagerly to see real beam states at every step,
-2. times every option per step (:mod:`zerogr_core.decode.planner`) and fixes the fastest,
-3. compiles every Triton variant, then captures all L steps — model call included — in
-   one CUDA graph whose replays serve later calls of that shape.
+1. loads the shape's plan from the plan store (:mod:`zerogr_core.decode.plan_store`), or
+   else runs the decode once eagerly to see real beam states at every step, times the
+   options per step that the cost model keeps (:mod:`zerogr_core.decode.planner`), fixes
+   the fastest and stores the plan,
+2. compiles the plan's Triton variants together (:mod:`zerogr_core.decode.precompile`),
+   then captures all L steps — model call included — in one CUDA graph whose replays
+   serve later calls of that shape.
 
 A step is a handful of launches: filter (+ GEMM on full steps), selective projection, and
 the top-k kernels, which also normalise (fused log-softmax) and write the next step's
@@ -13,8 +16,6 @@ prefixes in their gather. On a CPU the same code runs
 eagerly (reference ops, or the Triton interpreter in tests).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +32,7 @@ from .precompile import precompile
 from .search import DecodeResult, HiddenFn, check_hidden
 
 __all__ = ["GpuEngine", "MODES", "PLANNED_TOPK", "ShapeState", "StepOption", "StepRunner", "step_options"]
+
 
 class StepRunner:
     """One step of one shape, with its static buffers.
