@@ -2,6 +2,7 @@
 import dataclasses
 import functools
 import json
+import os
 
 import numpy as np
 import pytest
@@ -218,6 +219,11 @@ def test_engine_reports_planning_progress():
     assert all(0.0 <= f <= 1.0 for f, _ in seen) and [f for f, _ in seen] == sorted(f for f, _ in seen)
 
 
+INTERPRETER = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="CPU tensors take the Triton path only under the interpreter")
+
+
+@INTERPRETER
 def test_precompile_runs_launchers_without_their_kernels():
     from kernels import filter_slots
 
@@ -236,6 +242,7 @@ def test_precompile_runs_launchers_without_their_kernels():
     assert precompile([lambda: None], "cpu", workers=0) == 0
 
 
+@INTERPRETER
 def test_every_option_runs_in_compile_only_mode():
     # compile-only launches leave outputs unwritten: no launcher may index with what its
     # kernels wrote (on a GPU that would be a device-side assert, not an exception)
@@ -288,3 +295,39 @@ def test_cost_model_presets_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         planner.DEFAULT_COST_MODEL.ratio = 2.0
     assert planner.COST_MODELS["off"] is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_precompile_leaves_nothing_to_compile_on_gpu(monkeypatch):
+    import triton
+
+    catalog, index, raw, heads, _ = setup(sizes=(300, 40, 30), n=5000, hidden=72, dtype=torch.float16)
+    index = index.to("cuda")
+    heads = Heads.build([w.cuda() for w in raw], index.codebook_sizes)
+    table = torch.randn(64, 72, device="cuda").half()
+
+    def hidden_fn(step, prefixes):  # pure GPU work
+        return table[((prefixes.clamp(min=0) * 7 + 3).sum(-1) + step * 13) % 64]
+    engine = GpuEngine(index, heads, 24, use_graph=False, plan_store=False, cost_model=None)
+    calls = [functools.partial(planner._run_on_zeros, engine, level, o, 3)
+             for level, opts in enumerate(engine.options_for(3)) for o in opts]
+    compiles = []
+
+    def hook(*args, **kwargs):  # called before every JIT compilation (disk-cache hits included)
+        compiles.append(1)
+        return None
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", hook)
+    assert precompile(calls, "cuda", workers=4) == len(calls)
+    before = len(compiles)
+    for call in calls:  # the real launches
+        call()
+    torch.cuda.synchronize()
+    assert len(compiles) == before  # every kernel was compiled by the compile-only pass
+    # and the engine decodes as the reference does after a compile-only warm-up
+    out = engine.decode(hidden_fn, 3)
+    plan = engine.plans[engine.key(3)]
+    proj = ["full" if st.option.mode.endswith("full") else "selective" for st in plan.steps]
+    ref = Decoder(index, [w.cuda() for w in raw], 24, engine="reference", projection=proj).decode(hidden_fn, 3)
+    assert torch.equal(out.tokens, ref.tokens)
