@@ -115,7 +115,7 @@ group_tests() {
                tests/test_kernels_selective.py tests/test_engine.py tests/test_decode.py tests/test_index.py)
   # GPU-marked tests of the modules that import without polars/streamlit (absent on the
   # lent machine's image; tests/test_app_gpu.py needs streamlit wheels carried in)
-  local marked=(tests/test_kernels_gpu.py tests/test_bench.py)
+  local marked=(tests/test_kernels_gpu.py tests/test_bench.py tests/test_plan_store.py)
   [[ "${BENCH_QUICK:-0}" == 1 ]] && suite=(tests/test_bench.py) && marked=(tests/test_bench.py)
   # Triton compiles every specialisation on first use (CPU-bound): spread the tests over
   # pytest-xdist workers when it is installed (they share the Triton cache)

@@ -194,14 +194,23 @@ def test_cost_model_cut_and_fallback_when_every_kept_option_fails(monkeypatch):
     # break every option the strict model keeps at step 2: the planner must time the skipped ones
     kept, skipped = set(plan.steps[1].times_us), set(plan.steps[1].skipped)
     assert kept and skipped
-    real = StepRunner.select
+    real, real_record = StepRunner.select, GpuEngine.record_inputs
+    probing = []
+
+    def record(self, *args, **kwargs):  # the probe decode runs; only the timed calls break
+        probing.append(1)
+        try:
+            return real_record(self, *args, **kwargs)
+        finally:
+            probing.pop()
 
     def broken(self, slots, scores, prefixes=None):
-        if self.option.label in kept and self.mapping.step == 1 and prefixes is None:
+        if self.option.label in kept and self.mapping.step == 1 and not probing:
             raise RuntimeError("does not compile here")
         return real(self, slots, scores, prefixes)
 
     monkeypatch.setattr(StepRunner, "select", broken)
+    monkeypatch.setattr(GpuEngine, "record_inputs", record)
     step = make_plan(engine, hidden_fn, 1, cost_model=strict).steps[1]
     assert step.option.label in skipped and set(step.failed) == kept and not step.skipped
     every = {o.label for o in step_options(index.steps[1], 3, 3)}

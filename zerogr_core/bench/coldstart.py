@@ -106,7 +106,8 @@ def suite_coldstart(s, suite: str) -> None:
                         s.emit(suite, "first-decode", spec, dict(shape), phase=phase, **shape, target_s=target,
                                met=rec["first_decode_s"] <= target, **rec)
                         s.log(f"[{suite}] {spec.label} {what}: first decode {rec['first_decode_s']:.1f} s "
-                              f"(plan {rec['plan_source']}, target ≤ {target:.0f} s), process {rec['process_s']:.1f} s")
+                              f"(plan {rec['plan_source']}, target ≤ {target:.0f} s), "
+                              f"process {rec['process_s']:.1f} s")
 
 
 def _child_timeout(s) -> float:

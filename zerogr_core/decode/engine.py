@@ -266,6 +266,12 @@ class GpuEngine:
                 torch.zeros(n, self.heads.hidden_size, dtype=self.heads.dtype, device=dev),
                 torch.zeros(n, dtype=torch.float32, device=dev))
 
+    def zero_prefixes(self, level: int, batch: int) -> tuple:
+        """Zero (previous, next) prefix buffers of step ``level``, as a decode passes them to its runner."""
+        m, dev = self.beam_width, self.index.device
+        return (torch.zeros(batch, 1 if level == 0 else m, level, dtype=torch.int64, device=dev),
+                torch.zeros(batch, m, level + 1, dtype=torch.int64, device=dev))
+
     def _shape_calls(self, shape: "ShapeState") -> list:
         """Calls of every runner of ``shape`` on zero inputs, prefixes included (as its decode calls them)."""
         return [lambda r=r, level=level: r(*self.zero_inputs(level, shape.batch),

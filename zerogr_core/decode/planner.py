@@ -9,7 +9,8 @@ or prune (threshold, then a small tournament) selection.
    the options predicted far slower than the best, before anything compiles.
 2. The kernels of the remaining options compile together (:mod:`.precompile`).
 3. Every remaining option is timed on the step's real inputs, recorded from one eager
-   decode of the serving shape: on a GPU as the median of CUDA-event timed replays of a
+   decode of the serving shape, writing the next prefixes as the decode does (so the
+   kernel variants timed are the ones served): on a GPU as the median of CUDA-event timed replays of a
    graph holding that step alone (so launch overhead counts as it will under whole-decode
    replay), on a CPU with a wall clock (:func:`zerogr_core.timing.median_us`).
 
@@ -223,7 +224,7 @@ def make_plan(engine, hidden_fn, batch: int, *, cost_model: CostModel | None = D
 
 def _run_on_zeros(engine, level: int, option: StepOption, batch: int) -> None:
     """One call of a fresh runner on zero inputs (what the compile-only pass makes)."""
-    engine.step_runner(level, option, batch)(*engine.zero_inputs(level, batch))
+    engine.step_runner(level, option, batch)(*engine.zero_inputs(level, batch), engine.zero_prefixes(level, batch))
 
 
 def _time_options(engine, level: int, batch: int, options, inputs: tuple, dev: torch.device,
@@ -231,10 +232,12 @@ def _time_options(engine, level: int, batch: int, options, inputs: tuple, dev: t
     """µs of each option on ``inputs`` (one runner at a time, so their buffers never pile
     up); an option that cannot compile or run here is reported (label -> error), never chosen."""
     times, failed = {}, {}
+    # with prefix buffers, as a decode calls the step: the kernels timed are the kernels served
+    prefixes = engine.zero_prefixes(level, batch)
     for opt in options:
         try:
             runner = engine.step_runner(level, opt, batch)
-            times[opt.label] = median_us(lambda r=runner: r(*inputs), dev, repeats)
+            times[opt.label] = median_us(lambda r=runner: r(*inputs, prefixes), dev, repeats)
         except Exception as exc:  # noqa: BLE001
             failed[opt.label] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return times, failed
