@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make run   — install, then open the Streamlit app on the bundled MovieLens sample
+#                (on 127.0.0.1; `ZEROGR_HOST=0.0.0.0 make run` opens it to the network)
 #   make test  — install (with Debian's chromium for the browser test), then the full suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,6 +15,9 @@ else
 TORCH_SPEC := torch==2.13.0 triton==3.6.0
 endif
 PORT ?= 8501
+# The app listens on this machine only; ZEROGR_HOST=0.0.0.0 (or one interface's address) opens it
+# to the network: see "The app on a shared machine" in README.md for what that exposes.
+ZEROGR_HOST ?= 127.0.0.1
 
 .PHONY: install run test test-gpu browser clean
 
@@ -32,7 +36,8 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 run: install
-	$(PY) -m streamlit run app.py --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+	$(PY) -m streamlit run app.py --server.address $(ZEROGR_HOST) --server.port $(PORT) --server.headless true \
+	  --browser.gatherUsageStats false
 
 test: install browser
 	$(PY) -m pytest

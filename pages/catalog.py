@@ -10,8 +10,9 @@ import streamlit as st
 from pages._common import (active_source, cached_catalog, cached_step_stats, cpu_banner, fmt_bytes, get_catalog,
                            get_index, guarded, set_active_source)
 from zerogr_core.app_support import movielens
-from zerogr_core.app_support.sources import (SAMPLE_CHOICES, UPLOAD_TYPES, catalog_summary, parse_codebook_sizes,
-                                             sample_source, server_file_source, stage_upload)
+from zerogr_core.app_support.sources import (HOW_TO_ADD_ROOT, SAMPLE_CHOICES, UPLOAD_TYPES, app_settings,
+                                             catalog_summary, parse_codebook_sizes, roots_line, sample_source,
+                                             server_file_source, stage_upload)
 from zerogr_core.errors import ZeroGRError
 
 KINDS = ("Bundled sample", "Upload a file", "File on the server")
@@ -61,11 +62,20 @@ def chosen_source(options: dict):
         if not payload:
             return None
         return stage_upload(payload["name"], payload["data"], limit, **options)
+    settings = app_settings()
+    st.caption(f"Only files below these data folders can be read: {roots_line(f'`{r}`' for r in settings.roots)}. "
+               "A path may be absolute or relative to a data folder.")
+    if not settings.extra_roots:
+        st.info(f"Only the bundled samples folder is open. To read your own catalogs, {HOW_TO_ADD_ROOT}.",
+                icon=":material/folder_open:")
+    if settings.missing_roots:
+        st.warning(f"Configured data folders that do not exist (ignored): {', '.join(settings.missing_roots)}",
+                   icon=":material/folder_off:")
     path = st.text_input("Path of a catalog file on the server (CSV, TSV or Parquet)", key="cat_path",
-                         placeholder="/data/catalogs/my_catalog.parquet")
+                         placeholder=str(settings.roots[-1] / "my_catalog.parquet"))
     if not path.strip():
         return None
-    return server_file_source(path, **options)
+    return server_file_source(path, settings.roots, **options)
 
 
 def load_with_progress(source):
@@ -132,6 +142,8 @@ def main() -> None:
     st.session_state.setdefault("cat_codebooks", "")
     st.session_state.setdefault("cat_collision", False)
     st.radio("Source", KINDS, key="cat_kind", horizontal=True)
+    st.caption(f"Limits: uploads up to {upload_limit_bytes() / 2**20:,.0f} MB; any catalog "
+               f"{app_settings().limits.describe()}.")
     with st.expander("Options: declared codebook sizes, duplicate SIDs"):
         st.text_input("Codebook sizes per level (optional, e.g. `256, 256, 256`); default: the file's metadata "
                       "or the largest token + 1", key="cat_codebooks")

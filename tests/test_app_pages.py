@@ -178,21 +178,61 @@ def test_duplicate_sids_with_the_collision_option():
     assert any("collision level was appended" in c.value for c in at.caption)
 
 
-def test_server_file_path(tmp_path):
-    good = tmp_path / "server_catalog.csv"
+REFUSED = "no catalog file at that path inside the data folders"
+SECRET = "S3CRET-root:x:0:0"
+
+
+def test_server_file_path(tmp_path, monkeypatch):
+    root, outside = tmp_path / "data", tmp_path / "outside"
+    root.mkdir(), outside.mkdir()
+    monkeypatch.setenv("ZEROGR_DATA_DIR", str(root))
+    good = root / "server_catalog.csv"
     good.write_bytes(GOOD_CSV)
     at = new_app(cat_kind="File on the server").run()
+    assert_clean(at)
+    assert any(str(root.resolve()) in c.value for c in at.caption)  # the page names the data folders
+    assert not any("To read your own catalogs" in i.value for i in at.info)
     at.text_input(key="cat_path").input(str(good)).run()
     assert_clean(at)
     assert at.session_state["active_source"].kind == "file" and metrics(at)["Items"] == "3"
-    at.text_input(key="cat_path").input(str(tmp_path / "nowhere.csv")).run()
-    assert_clean(at)
-    assert errors(at) == [f"{tmp_path / 'nowhere.csv'}: no such file"]
-    bad = tmp_path / "bad_rows.csv"
-    bad.write_bytes(b"item_id,s1,s2\n1,0,0\n2,0,-4\n")
-    at.text_input(key="cat_path").input(str(bad)).run()
-    assert errors(at) == [f"{bad}, row 2, column 's2': negative token -4"]
+    # missing, outside, `..` and a link out: one answer, naming the roots and nothing about the file
+    secret = outside / "secret.csv"
+    secret.write_text(f"item_id,s1\n{SECRET},1\n")
+    (root / "link.csv").symlink_to(secret)
+    answers = set()
+    for typed in (str(root / "nowhere.csv"), str(secret), "../outside/secret.csv", "link.csv"):
+        at.text_input(key="cat_path").input(typed).run()
+        assert_clean(at)
+        [message] = errors(at)
+        assert message.startswith(REFUSED) and str(root.resolve()) in message and "secret" not in message
+        answers.add(message)
+        assert at.session_state["active_source"].name == str(good)
+    assert len(answers) == 1
+    # a bad cell: row and column, never the value
+    bad = root / "bad_rows.csv"
+    bad.write_bytes(f"item_id,s1,s2\n1,0,0\n{SECRET},0,4\n".encode())
+    at.text_input(key="cat_path").input("bad_rows.csv").run()
+    assert errors(at) == ["bad_rows.csv, row 2, column 'item_id': (value withheld) is not an integer"]
     assert at.session_state["active_source"].name == str(good)
+
+
+def test_server_files_without_extra_roots_say_how_to_add_one(monkeypatch):
+    monkeypatch.delenv("ZEROGR_DATA_DIR", raising=False)
+    at = new_app(cat_kind="File on the server").run()
+    assert_clean(at)
+    assert any("ZEROGR_DATA_DIR" in i.value and "To read your own catalogs" in i.value for i in at.info)
+    at.text_input(key="cat_path").input("tiny.csv").run()  # relative to the samples folder
+    assert_clean(at)
+    assert metrics(at)["Items"] == "12"
+
+
+def test_limits_are_on_the_page_and_bound_uploads(monkeypatch):
+    monkeypatch.setenv("ZEROGR_MAX_ROWS", "2")
+    monkeypatch.setenv("ZEROGR_MAX_UPLOAD_MB", "1")
+    at = new_app(cat_kind="Upload a file", upload_payload=dict(id="rows", name="rows.csv", data=GOOD_CSV)).run()
+    assert_clean(at)
+    assert any("uploads up to 1 MB" in c.value and "up to 2 rows" in c.value for c in at.caption)
+    assert errors(at) == ["rows.csv: 3 rows, over the limit of 2 rows"]
 
 
 # ---------------------------------------------------------------------------- density, index

@@ -93,17 +93,21 @@ def test_upload_errors_name_the_uploaded_file_not_the_staged_copy(tmp_path):
 
 
 def test_server_file_source(tmp_path):
-    with pytest.raises(CatalogError, match="no such file"):
-        server_file_source(str(tmp_path / "nope.csv"))
-    with pytest.raises(CatalogError, match="not a regular file"):
-        server_file_source(str(tmp_path))
+    roots = [tmp_path.resolve()]
+    (tmp_path / "folder.csv").mkdir()
+    with pytest.raises(CatalogError, match="no catalog file at that path") as missing:
+        server_file_source(str(tmp_path / "nope.csv"), roots)
+    with pytest.raises(CatalogError) as folder:
+        server_file_source(str(tmp_path / "folder.csv"), roots)
+    assert str(folder.value) == str(missing.value)  # a folder reads like a missing file
     with pytest.raises(CatalogError, match="give the path"):
-        server_file_source("   ")
+        server_file_source("   ", roots)
     path = tmp_path / "cat.tsv"
     path.write_text("item_id\ts1\ts2\n7\t1\t2\n8\t1\t3\n")
-    src = server_file_source(f"  {path}  ", on_duplicate="collision")
-    assert src.kind == "file" and src.on_duplicate == "collision"
+    src = server_file_source(f"  {path}  ", roots, on_duplicate="collision")
+    assert src.kind == "file" and src.on_duplicate == "collision" and src.name == str(path)
     assert load_source(src).item_ids.tolist() == [7, 8]
+    assert server_file_source("cat.tsv", roots).path == src.path  # relative to a root
 
 
 def test_parse_codebook_sizes():

@@ -6,6 +6,8 @@ from hypothesis import given, settings, strategies as st
 
 from zerogr_core import Catalog, ZeroGRError, build_index
 from zerogr_core.index import BUILDERS, INDEX_PRESETS, HostTrie, IndexConfig, build_static_index, static_style_bytes
+from zerogr_core.bench.workload import static_step_bytes
+from zerogr_core.index.static_style import static_style_step_bytes
 
 
 def brute_next(sids, prefix):
@@ -81,7 +83,9 @@ def test_baseline_indexes_agree_with_step_index(cat_seed):
     trie = HostTrie.from_catalog(catalog)
     dense_levels = 2 if catalog.n_levels >= 2 else 1
     static = build_static_index(catalog, dense_levels=dense_levels)
-    assert static.nbytes == static_style_bytes([m.n_entries for m in index.steps], static.vocab, dense_levels)
+    entries = [m.n_entries for m in index.steps]
+    assert static.nbytes == static_style_bytes(entries, static.vocab, dense_levels)
+    assert static_step_bytes(static) == static_style_step_bytes(entries, static.vocab, dense_levels)
     # Walk every catalog SID through the STATIC-style index and the host trie.
     states = torch.zeros(catalog.n_items, dtype=torch.int64)
     trie_states = torch.zeros(catalog.n_items, dtype=torch.int64)

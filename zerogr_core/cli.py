@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from .bench.commands import register as register_bench
+from .bench.e2e import register as register_bench_e2e
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLES, open_catalog, parse_count
 from .catalog.synth import SYNTH_PRESETS, generate
@@ -461,6 +462,7 @@ def _count_list(text: str, option: str) -> list[int]:
 #: Functions ``register(subparsers)`` that contribute subcommands, in help order.
 REGISTRARS = (register_index, register_next, register_synth, register_stats, register_plan, register_warmup,
               register_bench, register_recsys)
+REGISTRARS += (register_bench_e2e,)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,42 @@ without a traceback and the app can put it in an error box.
 """
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
+from typing import Iterator
+
+#: While set, messages built with :func:`shown` withhold the file's values (see :func:`redacted_values`).
+_REDACT = contextvars.ContextVar("zerogr_redact_values", default=False)
+#: What a withheld value reads as.
+WITHHELD = "(value withheld)"
+
+
+@contextmanager
+def redacted_values(active: bool = True) -> Iterator[None]:
+    """Within this block, error messages name row and column but not the file's values.
+
+    For files read on behalf of someone who may not read them directly (the app's server
+    files): otherwise a validation error would echo one cell of any readable file.
+    """
+    token = _REDACT.set(bool(active) or _REDACT.get())
+    try:
+        yield
+    finally:
+        _REDACT.reset(token)
+
+
+def values_redacted() -> bool:
+    """Whether messages must withhold file content now."""
+    return _REDACT.get()
+
+
+def shown(value, quote: bool = True) -> str:
+    """A value from a file, as an error message quotes it: ``repr`` (or ``str`` with
+    ``quote=False``), or :data:`WITHHELD` inside :func:`redacted_values`."""
+    if _REDACT.get():
+        return WITHHELD
+    return repr(value) if quote else str(value)
+
 
 class ZeroGRError(ValueError):
     """Base class of all user-facing errors (a ``ValueError``)."""

@@ -34,14 +34,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def _serve(tmp_path_factory, extra_env: dict | None = None):
+    """Run `streamlit run app.py` on a free port until the generator is closed; yields its URL."""
     if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
         pytest.skip("Debian's chromium is not installed (run `make browser`)")
     pytest.importorskip("playwright.sync_api")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the real app: reference path on CPU
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra_env or {})
     log_path = tmp_path_factory.mktemp("server") / "streamlit.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(
@@ -73,20 +74,35 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def server(tmp_path_factory):
+    yield from _serve(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def playwright_driver():
+    """One Playwright driver for the module (its sync API allows one at a time per thread)."""
     from playwright.sync_api import sync_playwright
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
-                                     args=CHROMIUM_ARGS, headless=True)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000})
-        pg = context.new_page()
-        pg.set_default_timeout(60_000)
-        pg.goto(server)
-        yield pg
-        context.close()
-        browser.close()
+        yield pw
+
+
+def _browse(pw, url: str):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
+                                 args=CHROMIUM_ARGS, headless=True)
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    pg.goto(url)
+    yield pg
+    context.close()
+    browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(playwright_driver, server):
+    yield from _browse(playwright_driver, server)
 
 
 def wait_idle(pg, settle: float = 0.8, timeout: float = 120) -> None:
@@ -215,3 +231,90 @@ def test_app_in_browser(page, tmp_path):
     no_exception(pg)
     shot(pg, "7_rebuild")
     assert time.time() - t0 < 180, f"the browser run took {time.time() - t0:.0f} s"
+
+
+# ---------------------------------------------------------------------------- server files
+SECRET = "S3CRET-root:x:0:0:root:/root:/bin/bash"
+REFUSED = "no catalog file at that path inside the data folders"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """An extra data root with good, oversized and bomb catalogs; a secret file outside it."""
+    base = tmp_path_factory.mktemp("files")
+    root, outside = base / "team_data", base / "outside"
+    root.mkdir(), outside.mkdir()
+    (root / "good.csv").write_text("item_id,s1,s2\n" + "".join(f"{i},{i % 3},{i // 3}\n" for i in range(21)))
+    (root / "many.csv").write_text("item_id,s1\n" + "".join(f"{i},{i}\n" for i in range(3000)))
+    (root / "leaky.csv").write_text(f"item_id,s1\n1,0\n{SECRET},1\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 8  # 8 titles of 4 MB: 32 MB decoded from a few KB of zstd
+    pq.write_table(pa.table({"item_id": list(range(rows)), "s1": list(range(rows)),
+                             "title": [SECRET[:4] + "a" * (4 * 2**20)] * rows}),
+                   root / "bomb.parquet", compression="zstd", use_dictionary=False)
+    assert (root / "bomb.parquet").stat().st_size < 2**20
+    secret = outside / "secret.csv"
+    secret.write_text(f"{SECRET}\n{SECRET}\n")
+    (root / "escape.csv").symlink_to(secret)
+    return root.resolve(), secret
+
+
+@pytest.fixture(scope="module")
+def guarded_page(playwright_driver, tmp_path_factory, files):
+    env = {"ZEROGR_DATA_DIR": str(files[0]), "ZEROGR_MAX_ROWS": "2000", "ZEROGR_MAX_DECODED_MB": "8",
+           "ZEROGR_CONFIG": str(files[0] / "no-settings.toml")}
+    for url in _serve(tmp_path_factory, env):
+        yield from _browse(playwright_driver, url)
+
+
+def _server_path(pg, text: str) -> None:
+    box = pg.get_by_label("Path of a catalog file on the server (CSV, TSV or Parquet)")
+    box.fill(text)
+    box.press("Enter")
+    wait_idle(pg)
+
+
+def _refused_and_kept(pg, expected: str) -> str:
+    error = pg.locator('[data-testid="stAlertContentError"]').first
+    error.wait_for()
+    text = error.inner_text()
+    assert expected in text, text
+    assert "The catalog in use stays file: good.csv" in pg.get_by_text("The catalog in use stays").inner_text()
+    assert pg.locator('[data-testid="stMetricValue"]').first.inner_text() == "21"
+    html = pg.content()
+    assert "S3CRET" not in html and "root:x:0" not in html and "/bin/bash" not in html
+    no_exception(pg)
+    return text
+
+
+def test_server_files_in_browser(guarded_page, files):
+    root, secret = files
+    pg = guarded_page
+    wait_idle(pg)
+    pg.get_by_text("File on the server", exact=True).click()
+    wait_idle(pg)
+    assert "up to 2,000 rows and 8 MB decoded" in pg.locator("body").inner_text()
+    assert str(root) in pg.locator("body").inner_text()
+    # a file inside the extra root loads and becomes the catalog every page uses
+    _server_path(pg, "good.csv")
+    pg.get_by_text("Loaded file: good.csv").wait_for()
+    assert pg.locator('[data-testid="stMetricValue"]').first.inner_text() == "21"
+    # outside the root, `..` and a symbolic link out: one answer naming the roots, nothing about the file
+    answers = set()
+    for typed in (str(secret), f"{root}/../outside/secret.csv", "../outside/secret.csv", "escape.csv"):
+        _server_path(pg, typed)
+        answers.add(_refused_and_kept(pg, REFUSED))
+    assert len(answers) == 1 and str(root) in answers.pop()
+    _server_path(pg, str(root / "nothing-here.csv"))
+    _refused_and_kept(pg, REFUSED)
+    shot(pg, "1d_catalog_server_file_refused")
+    # too many rows, and a decompression bomb: refused before they are decoded
+    _server_path(pg, "many.csv")
+    _refused_and_kept(pg, "many.csv: 3,000 rows, over the limit of 2,000 rows")
+    _server_path(pg, "bomb.parquet")
+    _refused_and_kept(pg, "bomb.parquet: decodes to 32 MB, over the limit of 8 MB decoded")
+    # a bad cell in a server file: row and column, not the value
+    _server_path(pg, "leaky.csv")
+    _refused_and_kept(pg, "leaky.csv, row 2, column 'item_id': (value withheld) is not an integer")

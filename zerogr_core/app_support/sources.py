@@ -3,15 +3,25 @@
 A :class:`CatalogSource` is a small, hashable description (the app caches catalogs and
 indexes by it); :func:`load_source` turns it into a validated :class:`~zerogr_core.Catalog`
 or raises a one-line :class:`~zerogr_core.errors.CatalogError` / ``ZeroGRError``.
+
+The app may be open to a whole team, so a file on the server is read only below a data
+root (:func:`app_settings`: the bundled samples, plus ``ZEROGR_DATA_DIR`` and the
+``[data] dirs`` of ``.streamlit/zerogr.toml``), its errors never quote its content, and
+every load is bounded by :class:`~zerogr_core.catalog.limits.LoadLimits`. The CLI runs
+with its user's own rights and uses none of this.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Mapping, Sequence
 
 from ..catalog.catalog import Catalog
+from ..catalog.limits import MB, LoadLimits, limits_from
+from ..catalog.samples import SAMPLE_DIR
 from ..errors import CatalogError, ZeroGRError
 
 #: The MovieLens SID catalog of the bundled recommender (the app's default).
@@ -28,6 +38,155 @@ SAMPLE_CHOICES: dict[str, str] = {
 
 #: File types the app accepts.
 UPLOAD_TYPES = ("csv", "tsv", "txt", "parquet")
+
+
+#: Extra data roots for server files, separated by ``os.pathsep`` (``:`` on Linux).
+ENV_DATA_DIR = "ZEROGR_DATA_DIR"
+#: Path of the app's settings file (default :data:`CONFIG_FILE`).
+ENV_CONFIG = "ZEROGR_CONFIG"
+#: The app's settings: ``[data] dirs = [...]`` and ``[limits] preset / max_rows / max_file_mb /
+#: max_decoded_mb``. Relative dirs are taken from the repository root. Optional.
+CONFIG_FILE = SAMPLE_DIR.parent / ".streamlit" / "zerogr.toml"
+#: How to add a data root, for the page and the refusal message.
+HOW_TO_ADD_ROOT = (f"start the app with {ENV_DATA_DIR}=/path/to/catalogs (several folders separated by "
+                   f"'{os.pathsep}') or list them in .streamlit/zerogr.toml as [data] dirs = [\"/path/to/catalogs\"]")
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """Where the app may read server files, and how large a catalog it loads.
+
+    Attributes
+    ----------
+    roots : tuple of Path
+        Resolved data roots, the bundled samples first; server files must lie below one.
+    limits : LoadLimits
+        Bounds on every catalog file the app loads (uploads and server files).
+    missing_roots : tuple of str
+        Configured roots that are not existing folders (ignored, shown on the page).
+    """
+
+    roots: tuple[Path, ...]
+    limits: LoadLimits
+    missing_roots: tuple[str, ...] = ()
+
+    @property
+    def extra_roots(self) -> tuple[Path, ...]:
+        """Roots beyond the bundled samples."""
+        return self.roots[1:]
+
+
+def app_settings(environ: Mapping[str, str] | None = None, config_file: str | Path | None = None) -> AppSettings:
+    """Data roots and load limits from the environment and ``.streamlit/zerogr.toml``.
+
+    Parameters
+    ----------
+    environ : mapping, optional
+        Default ``os.environ``: ``ZEROGR_DATA_DIR``, ``ZEROGR_CONFIG``, and the limit
+        variables of :func:`~zerogr_core.catalog.limits.limits_from`.
+    config_file : path, optional
+        Default ``$ZEROGR_CONFIG`` or :data:`CONFIG_FILE`; absent is fine.
+
+    Raises
+    ------
+    ZeroGRError
+        An unreadable settings file, or a bad entry, naming the file and the key.
+    """
+    environ = os.environ if environ is None else environ
+    path = Path(config_file or environ.get(ENV_CONFIG) or CONFIG_FILE)
+    config: dict = {}
+    if path.is_file():
+        try:
+            import tomllib as toml_reader
+        except ModuleNotFoundError:  # Python 3.10: the TOML reader Streamlit itself uses
+            import toml as toml_reader
+        try:
+            config = toml_reader.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # both readers' decode errors are ValueErrors
+            raise ZeroGRError(f"{path}: cannot read the settings ({err})") from None
+    data, limits = config.get("data", {}), config.get("limits", {})
+    if not isinstance(data, dict) or not isinstance(limits, dict):
+        raise ZeroGRError(f"{path}: [data] and [limits] must be tables")
+    dirs = data.get("dirs", [])
+    if isinstance(dirs, str) or not all(isinstance(d, str) for d in dirs):
+        raise ZeroGRError(f"{path}: [data] dirs must be a list of folder paths, e.g. dirs = [\"/data/catalogs\"]")
+    configured = [(d, SAMPLE_DIR.parent) for d in dirs]
+    configured += [(d, Path.cwd()) for d in environ.get(ENV_DATA_DIR, "").split(os.pathsep) if d.strip()]
+    roots, missing = [SAMPLE_DIR.resolve()], []
+    for text, base in configured:
+        try:
+            root = (base / Path(text.strip()).expanduser()).resolve()
+        except (OSError, RuntimeError):
+            root = None
+        if root is None or not root.is_dir():
+            missing.append(text)
+        elif root not in roots:
+            roots.append(root)
+    units = {"max_rows": ("max_rows", 1), "max_file_mb": ("max_file_bytes", MB),
+             "max_decoded_mb": ("max_decoded_bytes", MB)}
+    overrides = {}
+    for key, value in limits.items():
+        if key == "preset":
+            continue
+        if key not in units or not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ZeroGRError(f"{path}: [limits] {key} = {value!r}: use preset, max_rows, max_file_mb or "
+                              f"max_decoded_mb with a number")
+        overrides[units[key][0]] = int(value * units[key][1])
+    return AppSettings(tuple(roots), limits_from(limits.get("preset"), overrides, environ), tuple(missing))
+
+
+def roots_line(roots: Iterable) -> str:
+    """The data roots as one readable list."""
+    return ", ".join(str(root) for root in roots)
+
+
+def refusal(roots: Sequence[Path]) -> CatalogError:
+    """The one answer for a server path the app will not read: missing, outside every root, or
+    not a regular file alike, so the answer tells nothing about what exists on the server."""
+    return CatalogError(f"no catalog file at that path inside the data folders. The app reads server files only "
+                        f"below {roots_line(roots)}; to add a folder, {HOW_TO_ADD_ROOT}.")
+
+
+def resolve_server_path(path_text: str, roots: Sequence[Path]) -> Path:
+    """The real path of a regular file that ``path_text`` names below one of ``roots``.
+
+    A relative path is looked up in each root in turn. ``~`` is expanded, then the path is
+    resolved (``..`` and every symbolic link) before the check, so a link or ``..`` that
+    leads outside the roots is refused like a missing file.
+
+    Parameters
+    ----------
+    path_text : str
+        The path as typed (surrounding spaces and quotes are dropped).
+    roots : sequence of Path
+        Resolved data roots (:attr:`AppSettings.roots`).
+
+    Raises
+    ------
+    CatalogError
+        Empty text or an unsupported extension (said as such: neither depends on the
+        server's files); otherwise :func:`refusal`.
+    """
+    text = path_text.strip().strip('"').strip("'")
+    if not text:
+        raise CatalogError("give the path of a catalog file on the server")
+    check_extension(text)
+    roots = [Path(root) for root in roots]
+    if "\x00" in text:
+        raise refusal(roots)
+    try:
+        typed = Path(text).expanduser()
+    except RuntimeError:  # ~user that does not exist
+        raise refusal(roots) from None
+    for candidate in [typed] if typed.is_absolute() else [root / typed for root in roots]:
+        try:
+            real = candidate.resolve(strict=True)
+        except (OSError, RuntimeError):
+            continue
+        if any(real.is_relative_to(root) for root in roots) and real.is_file() and \
+                Path(real.name).suffix.lower().lstrip(".") in UPLOAD_TYPES:
+            return real
+    raise refusal(roots)
 
 
 @dataclass(frozen=True)
@@ -148,29 +307,34 @@ def stage_upload(name: str, data: bytes, max_bytes: int, folder: str | Path | No
     return CatalogSource("upload", base, str(target), digest, **options)
 
 
-def server_file_source(path_text: str, **options) -> CatalogSource:
-    """A catalog file on the server, for catalogs too large to upload.
+def server_file_source(path_text: str, roots: Sequence[Path] | None = None, **options) -> CatalogSource:
+    """A catalog file on the server below a data root, for catalogs too large to upload.
+
+    Parameters
+    ----------
+    path_text : str
+        The path as typed: absolute, or relative to a data root.
+    roots : sequence of Path, optional
+        Default :func:`app_settings`'s roots.
 
     Raises
     ------
     CatalogError
-        Empty path, missing file, a folder, or an unsupported extension.
+        Empty path or unsupported extension; else one message, the same for a missing
+        file, a folder and a path outside the roots (:func:`resolve_server_path`).
     """
-    text = path_text.strip().strip('"').strip("'")
-    if not text:
-        raise CatalogError("give the path of a catalog file on the server")
-    path = Path(text).expanduser()
-    if not path.exists():
-        raise CatalogError("no such file", source=text)
-    if not path.is_file():
-        raise CatalogError("not a regular file", source=text)
-    check_extension(path.name)
-    stat = path.stat()
-    return CatalogSource("file", text, str(path.resolve()), f"{stat.st_size}-{stat.st_mtime_ns}", **options)
+    roots = app_settings().roots if roots is None else roots
+    real = resolve_server_path(path_text, roots)
+    stat = real.stat()
+    return CatalogSource("file", path_text.strip().strip('"').strip("'"), str(real),
+                         f"{stat.st_size}-{stat.st_mtime_ns}", **options)
 
 
-def load_source(source: CatalogSource) -> Catalog:
+def load_source(source: CatalogSource, limits: LoadLimits | None = None) -> Catalog:
     """Read and validate the catalog of ``source``.
+
+    Uploads and server files are bounded by ``limits`` (default :func:`app_settings`'s);
+    errors about a server file name row and column but never quote the file.
 
     Raises
     ------
@@ -188,12 +352,20 @@ def load_source(source: CatalogSource) -> Catalog:
     if source.kind in ("upload", "file"):
         from ..catalog.io import load_catalog
 
+        limits = app_settings().limits if limits is None else limits
+        server = source.kind == "file"
         try:
             catalog = load_catalog(source.path, codebook_sizes=source.codebook_sizes,
-                                   on_duplicate=source.on_duplicate)
+                                   on_duplicate=source.on_duplicate, limits=limits, redact_values=server)
         except CatalogError as err:
             # Name the file as the user knows it, not the staged copy.
             raise err.with_source(source.name) if err.source else err from None
+        except ZeroGRError:
+            raise
+        except Exception as err:  # noqa: BLE001 — a reader's own message may quote the file
+            if not server:
+                raise
+            raise CatalogError(f"cannot read this file ({type(err).__name__})", source=source.name) from None
         return catalog
     raise ZeroGRError(f"unknown catalog source kind {source.kind!r}")
 

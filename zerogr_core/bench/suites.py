@@ -33,12 +33,12 @@ from kernels import filter_slots, full_proj, log_softmax_slots, naive_selective_
 from ..decode.decoder import Decoder
 from ..decode.engine import PLANNED_TOPK, StepOption, StepRunner, step_options
 from ..index import IndexConfig, build_index, build_static_index
-from ..index.static_style import static_style_bytes
+from ..index.static_style import static_style_bytes, static_style_step_bytes
 from .checks import TOLERANCE, check_valid, compare
 from .coldstart import suite_coldstart
 from .methods import CAPTURABLE, CONSTRAINED, METHODS, ReplayModel, ZeroGRRunner, make_runner
 from .summary import ANCHORS, TARGETS
-from ..timing import summarize, synchronize, time_runs, time_step
+from ..timing import Stopwatch, summarize, synchronize, time_runs, time_step
 from .workload import (QUICK_CODEBOOK, CatalogSpec, Workload, default_scale, order_batches, static_step_bytes)
 
 SUITES = ("headline", "beam-sweep", "codebook-sweep", "steps", "stages", "ablation", "memory", "build",
@@ -689,9 +689,15 @@ def suite_memory(s: Session, suite: str) -> None:
     wl = s.workload(s.spec(st["catalog"]))
     rep = wl.index.report()
     n, L = wl.catalog.n_items, wl.catalog.n_levels
-    static = wl.static()
-    static_steps = static_step_bytes(static)
-    trie = wl.trie()
+    # Without a STATIC-style method in --methods (e.g. at 10^9 SIDs, where building it
+    # would take minutes) its bytes come from the layout formula, which the built index
+    # matches exactly (tests/test_index.py); the host trie is counted only for cpu-trie.
+    need = _methods_needing(st["methods"])
+    vocab, dense_levels = wl.static_layout()
+    entries = [x["entries"] for x in rep["steps"]]
+    static_steps = (static_step_bytes(wl.static()) if need["static"]
+                    else static_style_step_bytes(entries, vocab, dense_levels))
+    trie = wl.trie() if need["trie"] else None
     narrow: dict = {}
     rows = []
     for row, sb in zip(rep["steps"], static_steps):
@@ -702,23 +708,25 @@ def suite_memory(s: Session, suite: str) -> None:
         rows.append(dict(structure="zerogr (all sparse)", step=step, bytes=row["sparse_bytes"],
                          representation="sparse"))
         rows.append(dict(structure="static-style", step=step, bytes=sb,
-                         representation="dense V^%d" % static.dense_levels if step <= static.dense_levels else "csr"))
+                         representation="dense V^%d" % dense_levels if step <= dense_levels else "csr",
+                         built=need["static"]))
         rows.append(dict(structure="sid-table-int16", step=step, bytes=n * 2, representation="column"))
-        rows.append(dict(structure="host-trie", step=step,
-                         bytes=trie.tokens[step - 1].numel() * trie.tokens[step - 1].element_size() +
-                         trie.offsets[step - 1].numel() * trie.offsets[step - 1].element_size(),
-                         representation="sparse (host)"))
+        if trie is not None:
+            rows.append(dict(structure="host-trie", step=step,
+                             bytes=trie.tokens[step - 1].numel() * trie.tokens[step - 1].element_size() +
+                             trie.offsets[step - 1].numel() * trie.offsets[step - 1].element_size(),
+                             representation="sparse (host)"))
     totals = {}
     for r in rows:
         totals[r["structure"]] = totals.get(r["structure"], 0) + r["bytes"]
     for r in rows:
         s.emit(suite, "memory", wl, narrow, **r)
-    estimate = static_style_bytes([x["entries"] for x in rep["steps"]], static.vocab, static.dense_levels)
+    estimate = static_style_bytes(entries, vocab, dense_levels)
     for name, b in totals.items():
         s.emit(suite, "memory", wl, narrow, structure=name, step="total", bytes=b,
                ratio_to_sid_table=b / (n * L * 2), ratio_to_zerogr=b / totals["zerogr"],
-               **({"formula_bytes": estimate, "vocab": static.vocab, "dense_levels": static.dense_levels}
-                  if name == "static-style" else {}))
+               **({"formula_bytes": estimate, "vocab": vocab, "dense_levels": dense_levels,
+                   "built": need["static"]} if name == "static-style" else {}))
     s.log(f"[memory] {wl.spec.label}: " + " ".join(f"{k}={v / 2**30:.3f}GiB" for k, v in totals.items()) +
           f"; static/zerogr = {totals['static-style'] / totals['zerogr']:.1f}x")
 
@@ -734,11 +742,9 @@ def _h2d_bandwidth(dev: torch.device, nbytes: int = 256 << 20) -> dict:
         src.fill_(1)
         times = []
         for _ in range(4):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dst.copy_(src, non_blocking=pin)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            with Stopwatch(dev) as watch:
+                dst.copy_(src, non_blocking=pin)
+            times.append(watch.seconds)
         out[f"h2d_{label}_gbps"] = nbytes / min(times[1:]) / 1e9
     return out
 

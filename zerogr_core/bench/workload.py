@@ -212,10 +212,15 @@ class Workload:
             self._trie = host_trie_from_index(self.cpu_index())
         return self._trie
 
+    def static_layout(self) -> tuple[int, int]:
+        """(V, d) of the STATIC-style index: the whole vocabulary and its dense levels."""
+        vocab = max(o + s for o, s in zip(self.band_offsets, self.catalog.codebook_sizes))
+        d = 2 if self.catalog.n_levels >= 2 and vocab ** 2 * 5 <= STATIC_DENSE_LIMIT else 1
+        return vocab, d
+
     def static(self) -> StaticIndex:
         if self._static is None:
-            vocab = max(o + s for o, s in zip(self.band_offsets, self.catalog.codebook_sizes))
-            d = 2 if self.catalog.n_levels >= 2 and vocab ** 2 * 5 <= STATIC_DENSE_LIMIT else 1
+            _, d = self.static_layout()
             self._static = static_from_index(self.catalog, self.cpu_index(), self.device, self.band_offsets, d)
         return self._static
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import CatalogError
+from ..errors import CatalogError, shown
 
 
 def level_names(n_levels: int) -> list[str]:
@@ -145,14 +145,14 @@ class Catalog:
             bad = ~np.isfinite(arr) | (arr != np.round(arr))
             if bad.any():
                 r, c = np.argwhere(bad)[0]
-                raise CatalogError(f"token {arr[r, c]!r} is not an integer", row=int(r), column=names[c])
+                raise CatalogError(f"token {shown(arr[r, c])} is not an integer", row=int(r), column=names[c])
             arr = arr.astype(np.int64)
         elif arr.dtype.kind not in "iu":
             raise CatalogError(f"SID tokens must be integers, got dtype {arr.dtype}")
         neg = arr < 0
         if neg.any():
             r, c = np.argwhere(neg)[0]
-            raise CatalogError(f"negative token {int(arr[r, c])}", row=int(r), column=names[c])
+            raise CatalogError(f"negative token {shown(int(arr[r, c]))}", row=int(r), column=names[c])
         observed = arr.max(axis=0).astype(np.int64) + 1
         if codebook_sizes is None:
             sizes = tuple(int(v) for v in observed)
@@ -167,7 +167,7 @@ class Catalog:
                 if observed[level] > size:
                     r = int(np.argmax(arr[:, level] >= size))
                     raise CatalogError(
-                        f"token {int(arr[r, level])} ≥ codebook size {size}", row=r, column=names[level])
+                        f"token {shown(int(arr[r, level]))} ≥ codebook size {size}", row=r, column=names[level])
         if item_ids is None:
             ids = np.arange(n, dtype=np.int64)
         else:
@@ -181,7 +181,7 @@ class Catalog:
             if (counts > 1).any():
                 dup = uniq[counts > 1][0]
                 rows = np.flatnonzero(ids == dup)
-                raise CatalogError(f"duplicate item id {int(dup)} (also on row {int(rows[0]) + 1})",
+                raise CatalogError(f"duplicate item id {shown(int(dup))} (also on row {int(rows[0]) + 1})",
                                    row=int(rows[1]), column="item_id")
         titles_arr = None if titles is None else np.asarray(titles, dtype=object)
         if titles_arr is not None and titles_arr.shape != (n,):
@@ -210,9 +210,9 @@ class Catalog:
             if on_duplicate == "error":
                 r = int(np.argmax(dup_mask))
                 raise CatalogError(
-                    f"SID {' '.join(map(str, table[r]))} is shared by items {int(ids[r - 1])} and "
-                    f"{int(ids[r])} ({groups} duplicated SIDs in all; use the collision option "
-                    f"to append a disambiguating level)", row=int(order[r]), column="sid")
+                    f"SID {shown(' '.join(map(str, table[r])), quote=False)} is shared by items "
+                    f"{shown(int(ids[r - 1]))} and {shown(int(ids[r]))} ({groups} duplicated SIDs in all; use the "
+                    f"collision option to append a disambiguating level)", row=int(order[r]), column="sid")
             # Rank within each run of equal SIDs: position minus the run's start.
             run_start = np.maximum.accumulate(np.where(~dup_mask, np.arange(n), 0))
             extra = (np.arange(n) - run_start).astype(np.int64)

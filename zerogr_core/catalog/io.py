@@ -24,8 +24,9 @@ from typing import NoReturn
 import numpy as np
 import polars as pl
 
-from ..errors import CatalogError
+from ..errors import CatalogError, redacted_values, shown, values_redacted
 from .catalog import Catalog, level_names
+from .limits import LoadLimits, check_decoded, check_extent
 
 #: Extension → format name.
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".txt": "tsv", ".parquet": "parquet"}
@@ -53,7 +54,8 @@ def catalog_format(path: str | Path) -> str:
 
 
 def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "error",
-                 max_bytes: int | None = None) -> Catalog:
+                 max_bytes: int | None = None, limits: LoadLimits | None = None,
+                 redact_values: bool = False) -> Catalog:
     """Read, validate and sort a catalog file.
 
     Parameters
@@ -67,6 +69,12 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
         Items sharing a SID raise, or get a TIGER-style collision level appended.
     max_bytes : int, optional
         Refuse files larger than this (the app's upload limit).
+    limits : LoadLimits, optional
+        Refuse, before materialising it, a file over these row, size or decoded-size
+        limits (the app's bounds; the CLI passes none).
+    redact_values : bool
+        Error messages name row and column but withhold the file's values (the app's
+        server files, which the viewer may not be allowed to read).
 
     Returns
     -------
@@ -81,14 +89,23 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
         tokens; non-integer or duplicate item ids; duplicate SIDs (with
         ``on_duplicate="error"``).
     """
+    if redact_values and not values_redacted():
+        with redacted_values():
+            return load_catalog(path, codebook_sizes=codebook_sizes, on_duplicate=on_duplicate,
+                                max_bytes=max_bytes, limits=limits)
     path = Path(path)
     source = str(path)
     fmt = catalog_format(path)
     _check_file(path, max_bytes)
+    if limits is not None:
+        check_extent(path, fmt, _SEPARATORS.get(fmt), limits, source)
     frame, metadata = _read_frame(path, fmt)
+    if limits is not None:
+        check_decoded(frame, limits, source)
     columns = _column_map(frame, source)
     if "item_id" not in columns:
-        raise CatalogError(f"no 'item_id' column (columns: {', '.join(frame.columns)})", source=source)
+        raise CatalogError(f"no 'item_id' column (columns: {shown(', '.join(frame.columns), quote=False)})",
+                           source=source)
     layout_columns = _layout(columns, source)
     if frame.height == 0:
         raise CatalogError("no data rows", source=source)
@@ -178,7 +195,7 @@ def _read_frame(path: Path, fmt: str) -> tuple[pl.DataFrame, dict[str, str]]:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if fmt != "parquet" and "more fields" in reason:
             _raise_extra_fields(path, _SEPARATORS[fmt])
-        raise CatalogError(f"cannot read as {fmt.upper()}: {reason}", source=str(path)) from None
+        raise CatalogError(f"cannot read as {fmt.upper()}: {shown(reason, quote=False)}", source=str(path)) from None
 
 
 def _raise_extra_fields(path: Path, separator: str) -> NoReturn:
@@ -199,8 +216,8 @@ def _column_map(frame: pl.DataFrame, source: str) -> dict[str, str]:
     for name in frame.columns:
         key = name.strip().lower()
         if key in columns:
-            raise CatalogError(f"column appears twice (as {columns[key]!r} and {name!r})", column=key,
-                               source=source)
+            raise CatalogError(f"column appears twice (as {shown(columns[key])} and {shown(name)})",
+                               column=None if values_redacted() else key, source=source)
         columns[key] = name
     return columns
 
@@ -258,7 +275,7 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
         fractional = series != series.round()
         if fractional.any():
             index = int(fractional.arg_true()[0])
-            raise fail(index, f"{series[index]!r} is not an integer")
+            raise fail(index, f"{shown(series[index])} is not an integer")
         values = series.cast(pl.Int64)
     elif dtype == pl.String:
         text = series.str.strip_chars()
@@ -269,7 +286,7 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
         bad = values.is_null()
         if bad.any():
             index = int(bad.arg_true()[0])
-            raise fail(index, f"{text[index]!r} is not an integer")
+            raise fail(index, f"{shown(text[index])} is not an integer")
     else:
         raise CatalogError(f"column has type {dtype}, expected integers", column=column, source=source)
     missing = values.is_null()
@@ -306,5 +323,5 @@ def _int_tuple_metadata(metadata: dict[str, str], key: str, source: str) -> tupl
     try:
         return tuple(int(v) for v in metadata[key].split(","))
     except ValueError:
-        raise CatalogError(f"Parquet metadata {key}={metadata[key]!r} is not a list of integers",
+        raise CatalogError(f"Parquet metadata {key}={shown(metadata[key])} is not a list of integers",
                            source=source) from None

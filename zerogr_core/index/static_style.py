@@ -18,8 +18,8 @@ from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
 
 
-def static_style_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2) -> int:
-    """Bytes of the STATIC-style index laid out as published.
+def static_style_step_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2) -> list[int]:
+    """Bytes of the STATIC-style index laid out as published, attributed to each step.
 
     Parameters
     ----------
@@ -29,11 +29,26 @@ def static_style_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2
         The model's whole output vocabulary V.
     dense_levels : int
         d: steps served by the dense V^d tables.
+
+    Returns
+    -------
+    list of int
+        One figure per step: the first-step mask (d = 2), the dense bool mask + int32
+        states of step d, then each CSR step's int32 [token, next] pairs and row pointers.
     """
     d = min(dense_levels, len(entries))
-    dense = vocab ** d * (1 + 4) + (vocab if d > 1 else 0)  # bool mask + int32 states (+ first-step mask)
-    csr = sum(entries[l] * 8 + (entries[l - 1] + 1) * 4 for l in range(d, len(entries)))
-    return int(dense + csr)
+    out = []
+    for level in range(len(entries)):
+        if level < d:
+            out.append(vocab ** d * (1 + 4) if level == d - 1 else vocab)
+        else:
+            out.append(entries[level] * 8 + (entries[level - 1] + 1) * 4)
+    return out
+
+
+def static_style_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2) -> int:
+    """Total of :func:`static_style_step_bytes`."""
+    return int(sum(static_style_step_bytes(entries, vocab, dense_levels)))
 
 
 @dataclass(eq=False)
