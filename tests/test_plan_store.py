@@ -298,6 +298,10 @@ def test_warmup_command_writes_the_store_and_plan_reads_it(tmp_path, capsys, tim
     assert json.loads(capsys.readouterr().out)["source"] == "timed"
     assert main(["warmup", *common, "--hidden", "8,16"]) == 2
     assert "--hidden" in capsys.readouterr().err
+    assert main(["warmup", *common, "--batch", "two"]) == 2
+    assert "--batch: 'two'" in capsys.readouterr().err
+    assert main(["warmup", *common, "--dtype", "fp8"]) == 2
+    assert "--dtype" in capsys.readouterr().err
 
 
 def test_cost_model_presets_are_frozen():

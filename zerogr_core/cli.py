@@ -412,7 +412,7 @@ def _run_warmup(args: argparse.Namespace) -> None:
         try:
             resolve_dtype(d)
         except ZeroGRError as err:
-            raise UsageError(f"--dtype: {err}") from None
+            raise UsageError(f"--dtype: {err} (or fp32, bf16, fp16)") from None
     hiddens = _count_list(args.hidden, "--hidden")
     if len(hiddens) == 1:
         hiddens = hiddens * len(dtypes)
@@ -452,7 +452,10 @@ def _run_warmup(args: argparse.Namespace) -> None:
 
 
 def _count_list(text: str, option: str) -> list[int]:
-    values = [parse_count(t, option) for t in text.replace(",", " ").split()]
+    try:
+        values = [parse_count(t, option) for t in text.replace(",", " ").split()]
+    except ZeroGRError as err:
+        raise UsageError(str(err)) from None
     if not values or min(values) < 1:
         raise UsageError(f"{option}: give one or more values ≥ 1")
     return values
