@@ -102,8 +102,12 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
         bar.progress(85, text="GPU: warm-up plan, CUDA-graph capture and timed replays…")
         decoders = gpu_decoders(index, heads, bands, cfg["beam"],
                                 (index_key(source, overrides(), dev), inputs.model_key, cfg["beam"]))
+
+        def warm_up_progress(fraction, text):  # the engine plans and compiles at its first decode
+            bar.progress(85 + int(10 * fraction), text=f"GPU warm-up: {text}…")
+
         for order in ORDERS:
-            result, timing = time_decoder(decoders[order], fn, cfg["batch"])
+            result, timing = time_decoder(decoders[order], fn, cfg["batch"], progress=warm_up_progress)
             out["timing"][order] = timing
             if not torch.equal(result.item_rows.cpu(), out["runs"][order].result.item_rows.cpu()):
                 out["graph_differs"].append(order)
