@@ -3,17 +3,16 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 
 from pages._common import (cached_study, cached_test_users, cpu_banner, device, fmt_ms, get_catalog, get_index,
                            guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.app_support import movielens
+from zerogr_core.app_support.charts import metrics_figure, reference_plan, stage_figure
 from zerogr_core.app_support.profile import (STAGES, comparison, k_values, profiled_decode, steady_cpu_timing,
                                              time_decoder)
 from zerogr_core.app_support.requests import DTYPES, random_heads, random_hidden_fn
-from zerogr_core.decode.decoder import default_projection
 
 ORDERS = ("filter-first", "score-first")
 BUNDLED = "Bundled MovieLens recommender"
@@ -113,9 +112,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
             out["plan"] = plans[-1].table() if plans else None
             out["graph_error"] = engine.graph_error
     else:
-        out["plan"] = [dict(step=s.step + 1, representation=s.kind, projection=p,
-                            **{"top-k path": "reference (stable sort)", "slot width K": s.slot_width})
-                       for s, p in zip(index.steps, default_projection(index))]
+        out["plan"] = reference_plan(index)
     bar.progress(100, text="Done")
     bar.empty()
     return out
@@ -184,22 +181,9 @@ def show_results(catalog, source, res: dict) -> None:
                "scoring first's; the question is whether the *ranking* changes.")
 
     left, right = st.columns(2)
-    rows = [dict(K=str(kk), measure="overlap@K", value=metrics["overlap"][kk]) for kk in ks]
-    if res["targets"] is not None:
-        rows += [dict(K=str(kk), measure="Recall@K filter-first", value=metrics["recall_a"][kk]) for kk in ks]
-        rows += [dict(K=str(kk), measure="Recall@K score-first", value=metrics["recall_b"][kk]) for kk in ks]
-    fig = px.bar(pd.DataFrame(rows), x="K", y="value", color="measure", barmode="group",
-                 title=f"Overlap@K and Recall@K over the {n} request(s) of this run")
-    fig.update_layout(yaxis=dict(range=[0, 1.05], tickformat=".0%"), xaxis=dict(type="category"), height=380,
-                      legend_title_text="",
-                      margin=dict(t=60, b=40))
+    fig = metrics_figure(metrics, ks, n)
     left.plotly_chart(fig, key="dec_fig_metrics")
-    lat = pd.DataFrame([r for order in ORDERS for r in runs[order].per_step()])
-    fig = px.bar(lat, x="step", y="ms", color="stage", facet_col="order", category_orders={
-        "stage": list(STAGES), "order": list(ORDERS)}, title="Per-step latency by stage (ms)")
-    fig.update_layout(height=380, legend_title_text="", margin=dict(t=60, b=40))
-    fig.update_xaxes(dtick=1)
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    fig = stage_figure(runs)
     right.plotly_chart(fig, key="dec_fig_latency")
     st.caption(f"Stage timings: {runs['filter-first'].path}" + (
         ", synchronised around each stage (an eager profile; the metrics above time the CUDA-graph replay)"
