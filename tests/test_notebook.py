@@ -64,7 +64,7 @@ def test_notebook_executes_without_errors(kernel_name):
         assert "RECORDED results, not measured now" in text
     figures = sum("application/vnd.plotly.v1+json" in out.get("data", {})
                   for c in nb.cells if c.cell_type == "code" for out in c.get("outputs", []))
-    assert figures >= 8
+    assert figures >= 7  # sections 2-4 (section 5 adds the recorded figures on a CPU)
 
 
 def test_committed_notebook_carries_its_outputs():
