@@ -3,10 +3,15 @@
 The kernel is this interpreter: a kernel spec written into a temporary Jupyter data folder
 (``JUPYTER_PATH``), so the test needs no kernel installed in the user's or the venv's
 Jupyter folders and works in a fresh virtual environment.
+
+To refresh the committed copy (outputs included) after changing the notebook or the code it
+calls: ``python tests/test_notebook.py --save``.
 """
+import contextlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,21 +22,38 @@ pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "docs" / "analysis.ipynb"
-KERNEL = "zerogr-notebook-test"
+KERNEL = "zerogr-notebook"
 
 
-@pytest.fixture()
-def kernel_name(tmp_path, monkeypatch):
-    spec = tmp_path / "jupyter" / "kernels" / KERNEL
-    spec.mkdir(parents=True)
+@contextlib.contextmanager
+def this_interpreter_kernel(folder: Path):
+    """A kernel spec for ``sys.executable`` under ``folder``, visible to Jupyter while the block runs."""
+    spec = folder / "kernels" / KERNEL
+    spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "ZeroGR test kernel", "language": "python"}))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+        "display_name": "ZeroGR notebook kernel", "language": "python"}))
     # The kernel imports the checkout (not an installed copy) and keeps IPython's files out of $HOME.
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
-    return KERNEL
+    env = {"JUPYTER_PATH": str(folder), "IPYTHONDIR": str(folder / "ipython"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield KERNEL
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def execute(nb, folder: Path):
+    """Run every cell of ``nb`` in place (from docs/, as Jupyter would)."""
+    with this_interpreter_kernel(folder) as kernel:
+        nbclient.NotebookClient(nb, kernel_name=kernel, timeout=300,
+                                resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    return nb
 
 
 def outputs_text(cell) -> str:
@@ -44,12 +66,10 @@ def outputs_text(cell) -> str:
     return "".join(parts)
 
 
-def test_notebook_executes_without_errors(kernel_name):
+def test_notebook_executes_without_errors(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, kernel_name=kernel_name, timeout=300,
-                                     resources={"metadata": {"path": str(ROOT / "docs")}})
     try:
-        client.execute()
+        execute(nb, tmp_path)
     except nbclient.exceptions.CellExecutionError as err:
         pytest.fail(f"a notebook cell failed:\n{str(err)[-3000:]}")
     text = "\n".join(outputs_text(c) for c in nb.cells if c.cell_type == "code")
@@ -75,3 +95,16 @@ def test_committed_notebook_carries_its_outputs():
     pngs = sum("image/png" in out.get("data", {}) for c in code for out in c.get("outputs", []))
     assert pngs >= 8, "figures need a static PNG so that they render on GitHub"
     assert NOTEBOOK.stat().st_size < 3 * 2**20
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--save"]:
+        sys.exit("usage: python tests/test_notebook.py --save  (executes docs/analysis.ipynb and saves its outputs)")
+    book = nbformat.read(NOTEBOOK, as_version=4)
+    with tempfile.TemporaryDirectory() as tmp:
+        execute(book, Path(tmp))
+    for cell in book.cells:
+        cell.metadata.pop("execution", None)  # per-run timestamps: noise in the diff
+    book.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nbformat.write(book, NOTEBOOK)
+    print(f"saved {NOTEBOOK.relative_to(ROOT)} ({NOTEBOOK.stat().st_size / 2**20:.2f} MB)")
