@@ -8,11 +8,12 @@ import streamlit as st
 from pages._common import (cached_study, cached_test_users, cpu_banner, device, fmt_ms, get_catalog, get_index,
                            guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
-from zerogr_core.app_support import movielens
 from zerogr_core.app_support.charts import metrics_figure, reference_plan, stage_figure
+from zerogr_core.app_support import movielens
 from zerogr_core.app_support.profile import (STAGES, comparison, k_values, profiled_decode, steady_cpu_timing,
                                              time_decoder)
 from zerogr_core.app_support.requests import DTYPES, random_heads, random_hidden_fn
+from zerogr_core.decode.decoder import default_projection
 
 ORDERS = ("filter-first", "score-first")
 BUNDLED = "Bundled MovieLens recommender"
