@@ -8,7 +8,7 @@ import streamlit as st
 from pages._common import (cached_study, cached_test_users, cpu_banner, device, fmt_ms, get_catalog, get_index,
                            guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
-from zerogr_core.app_support.charts import metrics_figure, reference_plan, stage_figure
+from zerogr_core.app_support.charts import metrics_figure, stage_figure
 from zerogr_core.app_support import movielens
 from zerogr_core.app_support.profile import (STAGES, comparison, k_values, profiled_decode, steady_cpu_timing,
                                              time_decoder)
@@ -113,7 +113,9 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
             out["plan"] = plans[-1].table() if plans else None
             out["graph_error"] = engine.graph_error
     else:
-        out["plan"] = reference_plan(index)
+        out["plan"] = [dict(step=s.step + 1, representation=s.kind, projection=p,
+                            **{"top-k path": "reference (stable sort)", "slot width K": s.slot_width})
+                       for s, p in zip(index.steps, default_projection(index))]
     bar.progress(100, text="Done")
     bar.empty()
     return out

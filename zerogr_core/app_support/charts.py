@@ -118,15 +118,6 @@ def bytes_comparison_figure(report: Mapping, fmt_bytes=None):
 
 
 # ---------------------------------------------------------------------------- decode
-def reference_plan(index) -> list[dict]:
-    """What the CPU (reference) path runs per step: representation, projection, top-k path."""
-    from ..decode.decoder import default_projection
-
-    return [{"step": s.step + 1, "representation": s.kind, "projection": p,
-             "top-k path": "reference (stable sort)", "slot width K": s.slot_width}
-            for s, p in zip(index.steps, default_projection(index))]
-
-
 def metrics_rows(metrics: Mapping, ks: Sequence[int]) -> list[dict]:
     """Long rows ``K, measure, value`` of :func:`profile.comparison`'s overlap@K (and Recall@K
     of each order when it was given targets)."""
