@@ -9,7 +9,7 @@ import streamlit as st
 from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, get_catalog, get_index, guarded,
                            overrides, slots)
 from zerogr_core.app_support import gpu as gpu_info
-from zerogr_core.app_support.charts import bytes_comparison_figure, index_step_rows
+from zerogr_core.app_support.charts import bytes_comparison_figure
 from zerogr_core.errors import ZeroGRError
 from zerogr_core.index import BUILDERS, IndexConfig, build_index
 from zerogr_core.index.layout import dense_bytes, sparse_bytes
@@ -68,7 +68,11 @@ def main() -> None:
                      "steps, then CSR [token, next state] int32 pairs (section 3 of DESIGN.md).")
     m[2].metric("Raw SID table (int16)", fmt_bytes(report["sid_table_int16_bytes"]))
     m[3].metric("vs STATIC-style", f"{report['static_style_bytes'] / max(report['total_bytes'], 1):,.0f}× smaller")
-    steps = pd.DataFrame(index_step_rows(report))
+    steps = pd.DataFrame([dict(step=r["step"], representation=r["kind"], **{"|V|": r["codebook"]},
+                               states=r["states"], entries=r["entries"], density=r["density"],
+                               **{"longest segment": r["max_segment"], "bytes": r["bytes"],
+                                  "as sparse": r["sparse_bytes"], "as dense": r["dense_bytes"]})
+                          for r in report["steps"]])
     st.dataframe(steps, hide_index=True, column_config={"density": st.column_config.NumberColumn(format="%.2e")})
     fig = bytes_comparison_figure(report, fmt_bytes)
     left, right = st.columns(2)

@@ -91,15 +91,6 @@ def histogram_figure(lengths: Sequence[np.ndarray]):
 
 
 # ---------------------------------------------------------------------------- index
-def index_step_rows(report: Mapping) -> list[dict]:
-    """One row per step of ``StepIndex.report()``: representation, sizes, density and the
-    bytes of the step as built, as sparse and as dense."""
-    return [{"step": r["step"], "representation": r["kind"], "|V|": r["codebook"], "states": r["states"],
-             "entries": r["entries"], "density": r["density"], "longest segment": r["max_segment"],
-             "bytes": r["bytes"], "as sparse": r["sparse_bytes"], "as dense": r["dense_bytes"]}
-            for r in report["steps"]]
-
-
 def bytes_comparison_figure(report: Mapping, fmt_bytes=None):
     """Total bytes of the index against the int16 SID table and the STATIC-style index (log scale)."""
     import pandas as pd
