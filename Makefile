@@ -21,11 +21,12 @@ ZEROGR_HOST ?= 127.0.0.1
 
 .PHONY: install run test test-gpu browser clean
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
 install: $(STAMP)

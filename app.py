@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-# The repository root must come first: `kernels` is this repo's package, not the PyPI one.
+# The repository root first, so that `pages` (and, without an install, `zerogr_core`) come
+# from this checkout.
 if str(ROOT) not in sys.path or sys.path[0] != str(ROOT):
     sys.path.insert(0, str(ROOT))
 
@@ -39,7 +40,12 @@ PAGES = [
     st.Page(str(ROOT / "pages" / "rebuild.py"), title="Rebuild", icon=":material/autorenew:", url_path="rebuild"),
 ]
 
-page = st.navigation(PAGES)
+# The sidebar's page links are drawn here (the config turns Streamlit's own list off, which
+# would show the raw file names of pages/ before this script has run).
+page = st.navigation(PAGES, position="hidden")
+with st.sidebar:
+    for _page in PAGES:
+        st.page_link(_page, label=_page.title, icon=_page.icon)
 
 page.run()
 

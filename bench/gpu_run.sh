@@ -8,7 +8,7 @@
 #
 # Groups (priority order; each is one `python3 -m zerogr_core bench` call unless noted):
 #   tests     GPU-marked tests and the whole kernel/engine suite on CUDA (pytest), log with GPU + versions
-#   headline  search-like 19,269,255 SIDs (DESIGN.md §7 anchor, "2e7"): index memory, then every method, batches 1..32,
+#   headline  search-like 19,269,255 SIDs (docs/design.md §8 anchor, "2e7"): index memory, then every method, batches 1..32,
 #             FP16/H1024 and FP32/H4096, checks, plans
 #   detail    search-like 19,269,255: stages, step-2 ablation, per-step latency, index construction, interference
 #   watch     watch-like 2e7: memory + headline
@@ -47,6 +47,17 @@ EXTRA=${BENCH_ARGS:-}
 mkdir -p "$OUT" "$WORK/results/logs"
 LOG="$OUT/gpu_run.log"
 export PYTHONUNBUFFERED=1
+# kernels/ imports as `zerogr_kernels` (pyproject.toml maps it). This script runs the checkout
+# as it is, without `make install`: unless the interpreter already resolves that name to this
+# checkout's kernels/, a link of that name on a temporary PYTHONPATH entry does (the
+# interpreter's own packages are left alone).
+if ! $PY -c 'import os, sys, zerogr_kernels as k; sys.exit(os.path.realpath(k.__path__[0]) != os.path.realpath("kernels"))' \
+    2>/dev/null; then
+  LINKS=$(mktemp -d /tmp/zerogr_path.XXXXXX)
+  trap 'rm -rf "$LINKS"' EXIT
+  ln -s "$ROOT/kernels" "$LINKS/zerogr_kernels"
+  export PYTHONPATH="$LINKS${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/zerogr_triton_cache}
 unset TRITON_INTERPRET
 START=$(date +%s)

@@ -1,9 +1,7 @@
 """Triton kernels of the ZeroGR filtering-first decoder, each beside its PyTorch reference.
 
-This is the repository's top-level ``kernels`` package, not the unrelated PyPI package
-of the same name: import it with the repository root first on ``sys.path`` (run from the
-root, e.g. ``python -m pytest`` or ``streamlit run app.py``; ``tests/conftest.py`` also
-inserts the root). ``kernels.__file__`` tells which one was imported.
+The folder is ``kernels/``; the package installs and imports as ``zerogr_kernels``
+(``pyproject.toml``), so it never meets Hugging Face's PyPI package ``kernels``.
 
 Every public op ``op`` dispatches to ``op_triton`` for CUDA tensors or when
 ``TRITON_INTERPRET=1`` (CPU tensors then run in the Triton interpreter, which must be
@@ -11,7 +9,7 @@ enabled before this package is imported), and to ``op_reference`` otherwise; bot
 exported so tests can compare them. Ops never synchronise with the host on the Triton
 path (except the naive ablation), so a whole decode can be captured in a CUDA graph.
 
-Per decoding step (DESIGN.md section 4), op (module):
+Per decoding step (docs/design.md §4), op (module):
 
 1. :func:`filter_slots` (``filtering``) - slot rows and the work queue, sparse or dense.
 2. :func:`selective_proj` (``selective``), or :func:`full_proj` (``full_projection``)

@@ -1,6 +1,6 @@
 """Filtering: expand each beam's valid next tokens into a fixed-width slot row.
 
-Step 1 of the filtering-first decoding step (DESIGN.md section 4). Every beam ``b`` in
+Step 1 of the filtering-first decoding step (docs/design.md §4). Every beam ``b`` in
 state ``q = states[b]`` gets a row of ``K`` candidate slots holding its valid next
 tokens, their successor states and a score, plus a static work queue of valid-slot runs
 for the selective projection.

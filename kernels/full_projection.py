@@ -1,6 +1,6 @@
 """Full projection: one GEMM of the hidden states against the step's band of the head.
 
-Step 2 (*full*) of the filtering-first decoding step (DESIGN.md section 4). The band is a
+Step 2 (*full*) of the filtering-first decoding step (docs/design.md §4). The band is a
 ``narrow`` view of the head, never a copy; :func:`kernels.filter_slots` then copies the
 valid logits into the slots (sparse) or masks the invalid columns (dense). cuBLAS does the
 work; float32 stays plain float32 unless the caller enabled TF32 in torch.

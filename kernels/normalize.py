@@ -1,6 +1,6 @@
 """Normalisation: log-softmax over the valid slots of each row, plus the beam's score.
 
-Step 3 of the filtering-first decoding step (DESIGN.md section 4). A slot is valid when
+Step 3 of the filtering-first decoding step (docs/design.md §4). A slot is valid when
 its logit is greater than -inf. Row ``b`` becomes
 ``(x - logsumexp(valid x)) + beam_scores[b]`` on its valid slots and -inf elsewhere; a
 row without valid slots (dead beam, empty segment) stays all -inf, never NaN.

@@ -1,6 +1,6 @@
 """Selection and gather: top-M candidates per request and their next beams.
 
-Step 4 of the filtering-first decoding step (DESIGN.md section 4). Request ``r`` owns
+Step 4 of the filtering-first decoding step (docs/design.md §4). Request ``r`` owns
 beams ``r * Mb .. r * Mb + Mb - 1`` (``Mb = n_beams // batch``) and their ``Mb * K``
 slots; flat position ``p`` of a request is slot ``p % K`` of beam
 ``r * Mb + p // K``. The ``M = beam_width`` best positions become the next beams.
@@ -38,8 +38,8 @@ paths give bit-identical outputs:
   can be selected. Every stage drops candidates below ``T``; a program whose survivors
   fit its ``BLOCK_OUT`` output compacts them with a prefix sum instead of the bitonic
   ``tl.topk``, which is what makes wide, dense-ish steps (a million candidates per
-  request, few of them near the top) cheap. Two more launches than ``"split"``. Not yet
-  run on a GPU, so the engine's planner leaves it out unless a plan override asks for it.
+  request, few of them near the top) cheap. Two more launches than ``"split"``; the
+  engine's planner times it beside the other paths and keeps it where it is fastest.
 
 With ``beam_scores`` the op takes raw slot logits and fuses the normalisation of
 :mod:`kernels.normalize` into the key computation (all paths). With ``prefixes`` it also

@@ -1,6 +1,6 @@
 """Selective projection: logits of the valid slots only, computed in place.
 
-Step 2 (*selective*) of the filtering-first decoding step (DESIGN.md section 4). Each
+Step 2 (*selective*) of the filtering-first decoding step (docs/design.md §4). Each
 task of the work queue built by :mod:`kernels.filtering` loads its beam's hidden
 vector once and takes its dot product with the head rows of the tokens in its run,
 reading the rows in place (``band_start`` selects a band of a shared head without a

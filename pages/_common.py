@@ -7,11 +7,13 @@ import logging
 import traceback
 from typing import Callable
 
+import numpy as np
 import streamlit as st
 import torch
 
 from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.app_support import movielens
+from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
 from zerogr_core.app_support.sources import CatalogSource, default_source, load_source, sample_source
 from zerogr_core.errors import ZeroGRError
@@ -23,6 +25,8 @@ log = logging.getLogger("zerogr.app")
 SOURCE_KEY = "active_source"
 #: Session-state key of the per-step representation overrides applied to the index ({step: kind}).
 OVERRIDES_KEY = "index_overrides"
+#: Session-state key of the session's :class:`ResourceSlots`.
+SLOTS_KEY = "resource_slots"
 #: Widget keys with these prefixes keep their values across page switches (see app.py).
 PERSISTENT_PREFIXES = ("cat_", "den_", "idx_", "dec_", "reb_", "bench_", "gpu_")
 
@@ -40,10 +44,15 @@ def cpu_banner(what: str = "") -> None:
 
 
 # ---------------------------------------------------------------------------- caches
-@st.cache_resource(show_spinner=False)
 def slots() -> ResourceSlots:
-    """One live index / decoder / engine per slot for the whole server; replacing releases."""
-    return ResourceSlots()
+    """This browser session's live index / decoders / engines, one per slot; replacing releases.
+
+    Owned by the session state: another session on another catalog never evicts or frees
+    them, and they go when the session ends.
+    """
+    if SLOTS_KEY not in st.session_state:
+        st.session_state[SLOTS_KEY] = ResourceSlots()
+    return st.session_state[SLOTS_KEY]
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
@@ -72,6 +81,18 @@ def cached_test_users(device_name: str):
     return movielens.test_users(cached_study(device_name))
 
 
+def decode_inputs(catalog, dev: torch.device, *, bundled: bool, batch: int, seed: int, hidden: int | None = None,
+                  dtype: str = "float32", user: int | None = None) -> DecodeInputs:
+    """Heads and requests of a page's decode: the bundled recommender on ``batch`` test users
+    sampled with ``seed`` (or the one ``user``), or a random head of ``hidden``/``dtype`` in
+    the catalog's layout with ``batch`` random requests of ``seed``."""
+    if not bundled:
+        return random_inputs(catalog, hidden, dtype, dev, batch, seed)
+    study, users = cached_study(str(dev)), cached_test_users(str(dev))
+    rows = np.flatnonzero(users.user_ids == user) if user is not None else users.sample(batch, seed)
+    return study_inputs(study, users, rows, dev)
+
+
 # ---------------------------------------------------------------------------- active catalog
 def active_source() -> CatalogSource:
     if not st.session_state.get(SOURCE_KEY):
@@ -84,7 +105,7 @@ def set_active_source(source: CatalogSource) -> None:
         st.session_state[SOURCE_KEY] = source
         st.session_state[OVERRIDES_KEY] = {}
         for key in list(st.session_state.keys()):
-            if key in ("decode_runs", "density_runs", "rebuild_report", "index_builders") or (
+            if key in ("decode_runs", "decode_pending", "density_runs", "rebuild_report", "index_builders") or (
                     isinstance(key, str) and key.startswith("idx_ov_")):
                 st.session_state.pop(key, None)
 
@@ -150,6 +171,14 @@ def guarded(body: Callable[[], None]) -> None:
 
 def fmt_bytes(n) -> str:
     return gpu_info.human_bytes(n)
+
+
+def fmt_ratio(x: float) -> str:
+    """A size ratio, written the same way wherever the app shows one: three significant
+    figures up to 100 (0.452×, 1.23×, 14.9×), whole numbers above (250×)."""
+    if x >= 100:
+        return f"{x:,.0f}×"
+    return f"{x:.1f}×" if x >= 10 else f"{x:.2f}×" if x >= 1 else f"{x:.3f}×"
 
 
 def fmt_ms(ms: float | None) -> str:

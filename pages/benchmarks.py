@@ -11,9 +11,9 @@ import streamlit as st
 from pages._common import device, guarded, slots
 from zerogr_core.app_support import benchview
 from zerogr_core.app_support.benchrun import LiveSweep
+from zerogr_core.bench.registry import APP_SUITES
 
 LIVE_KEY = "bench_live_records"
-SUITES = ("headline", "beam-sweep", "codebook-sweep", "steps", "stages", "memory", "build", "interference")
 
 
 def show_records(records: list[dict], prefix: str) -> None:
@@ -66,7 +66,7 @@ def live_section() -> None:
     st.session_state.setdefault("bench_methods", "zerogr,static,unconstrained")
     st.session_state.setdefault("bench_budget", 120)
     c = st.columns(5)
-    suite = c[0].selectbox("Suite", SUITES, key="bench_suite")
+    suite = c[0].selectbox("Suite", APP_SUITES, key="bench_suite")
     catalog = c[1].text_input("Catalog", key="bench_catalog", help="search-like, watch-like, synthetic-7, a sample "
                                                                    "name, synth:KIND:N or a file")
     scale = c[2].text_input("Scale (SIDs)", key="bench_scale")

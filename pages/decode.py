@@ -4,15 +4,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import streamlit as st
+import torch
 
-from pages._common import (cached_study, cached_test_users, cpu_banner, device, fmt_ms, get_catalog, get_index,
-                           guarded, index_key, overrides, slots)
+from pages._common import (cached_study, cached_test_users, cpu_banner, decode_inputs, device, fmt_ms, get_catalog,
+                           get_index, guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.app_support.charts import metrics_figure, stage_figure
 from zerogr_core.app_support import movielens
-from zerogr_core.app_support.profile import (STAGES, comparison, k_values, profiled_decode, steady_cpu_timing,
-                                             time_decoder)
-from zerogr_core.app_support.requests import DTYPES, random_heads, random_hidden_fn
+from zerogr_core.app_support.profile import (STAGES, comparison, invalid_mass, k_values, profiled_decode,
+                                             steady_cpu_timing, time_decoder)
+from zerogr_core.app_support.requests import DTYPES
 from zerogr_core.decode.decoder import default_projection
 
 ORDERS = ("filter-first", "score-first")
@@ -21,11 +22,8 @@ RANDOM = "Random head"
 USERS = "Random test users"
 ONE_USER = "One test user"
 RANDOM_REQ = "Random requests"
-
-
-@st.cache_resource(max_entries=1, show_spinner=False)
-def cached_random_heads(_catalog, source, hidden: int, dtype: str, dev: str, seed: int):
-    return random_heads(_catalog, hidden, dtype, dev, seed)
+#: Session-state key set while a decode runs, so the page can say when one was cut short.
+PENDING_KEY = "decode_pending"
 
 
 def gpu_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
@@ -51,7 +49,7 @@ def settings(catalog, source) -> dict:
     hidden = int(c[1].number_input("Hidden size", 8, 8192, step=8, key="dec_hidden", disabled=bundled))
     dtype = c[2].selectbox("dtype", list(DTYPES), key="dec_dtype", disabled=bundled)
     beam = int(c[3].number_input("Beam width M", 1, 1024, key="dec_beam"))
-    k = int(c[4].number_input("K (top-K shown)", 1, 1024, key="dec_k"))
+    c[4].number_input("K (top-K shown)", 1, 1024, key="dec_k")  # read when the results are shown
     c = st.columns([2, 1, 2, 1])
     requests = [USERS, ONE_USER] if bundled else [RANDOM_REQ]
     if st.session_state.get("dec_request") not in requests:
@@ -73,41 +71,34 @@ def settings(catalog, source) -> dict:
 
 
 def run_comparison(catalog, source, cfg: dict) -> dict:
+    """Both orders on the same requests: a stage-profiled decode each (the top-K lists and the
+    stage chart both come from it), the invalid mass scoring first meets, and on a GPU the
+    timed CUDA-graph decodes."""
     dev = device()
     index = get_index(catalog, source)
-    targets, user_ids = None, None
     bar = st.progress(0, text="Preparing the model and requests…")
-    if cfg["model"] == BUNDLED:
-        study = cached_study(str(dev))
-        users = cached_test_users(str(dev))
-        rows = (np.flatnonzero(users.user_ids == cfg["user"]) if cfg["user"] is not None
-                else users.sample(cfg["batch"], cfg["seed"]))
-        histories, targets = users.pick(rows)
-        user_ids = users.user_ids[rows]
-        heads, bands = study.model.head_weights(), None
-        make_fn = lambda: study.model.hidden_fn_for(histories, study.sids)  # noqa: E731
-        model_key = ("movielens", str(dev))
-    else:
-        heads, bands = cached_random_heads(catalog, source, cfg["hidden"], cfg["dtype"], str(dev), 0)
-        make_fn = lambda: random_hidden_fn(cfg["batch"], cfg["hidden"], catalog.codebook_sizes,  # noqa: E731
-                                           cfg["dtype"], dev, cfg["seed"] + 1)
-        model_key = ("random", cfg["hidden"], cfg["dtype"], str(dev))
-    out = dict(cfg=cfg, targets=targets, user_ids=user_ids, runs={}, timing={}, plan=None, graph_error=None)
+    inputs = decode_inputs(catalog, dev, bundled=cfg["model"] == BUNDLED, batch=cfg["batch"], seed=cfg["seed"],
+                           hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"])
+    heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn
+    out = dict(cfg=cfg, targets=inputs.targets, user_ids=inputs.user_ids, runs={}, timing={}, plan=None,
+               graph_error=None, random=inputs.random, invalid=None, graph_differs=[])
     for i, order in enumerate(ORDERS):
-        bar.progress(10 + 40 * i, text=f"{order}: decoding {cfg['batch']} request(s) with beam {cfg['beam']}…")
+        bar.progress(10 + 30 * i, text=f"{order}: decoding {cfg['batch']} request(s) with beam {cfg['beam']}…")
         with steady_cpu_timing(dev):
-            out["runs"][order] = profiled_decode(index, heads, cfg["beam"], order, make_fn(), cfg["batch"],
+            out["runs"][order] = profiled_decode(index, heads, cfg["beam"], order, fn, cfg["batch"],
                                                  band_offsets=bands)
+    bar.progress(70, text="Invalid mass under scoring first…")
+    out["invalid"] = invalid_mass(catalog, index, heads, cfg["beam"], fn, cfg["batch"], band_offsets=bands)
     if dev.type == "cuda":
         bar.progress(85, text="GPU: warm-up plan, CUDA-graph capture and timed replays…")
         decoders = gpu_decoders(index, heads, bands, cfg["beam"],
-                                (index_key(source, overrides(), dev), model_key, cfg["beam"]))
-        fn = make_fn()
+                                (index_key(source, overrides(), dev), inputs.model_key, cfg["beam"]))
         for order in ORDERS:
             result, timing = time_decoder(decoders[order], fn, cfg["batch"])
             out["timing"][order] = timing
-            out["runs"][order].result = result
-        engine = decoders["filter-first"].engine
+            if not torch.equal(result.item_rows.cpu(), out["runs"][order].result.item_rows.cpu()):
+                out["graph_differs"].append(order)
+        engine = decoders["filter-first"].gpu_engine
         if engine is not None:
             plans = list(engine.plans.values())
             out["plan"] = plans[-1].table() if plans else None
@@ -119,6 +110,29 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     bar.progress(100, text="Done")
     bar.empty()
     return out
+
+
+def show_invalid_mass(res: dict) -> None:
+    rows = res.get("invalid")
+    if not rows:
+        return
+    st.subheader("Mass on invalid tokens under scoring first")
+    table = pd.DataFrame([{"step": r["step"], "live beams": r["beams"], "mean": r["mean"], "p50": r["p50"],
+                           "p90": r["p90"], "max": r["max"], "valid share of the codebook": r["beam_density"]}
+                          for r in rows])
+    st.dataframe(table, hide_index=True, column_config={
+        c: st.column_config.NumberColumn(format="%.3f")
+        for c in ("mean", "p50", "p90", "max", "valid share of the codebook")})
+    if res.get("random"):
+        st.caption("A random head knows nothing of the catalog: at every step it spreads most of its mass over "
+                   "tokens that lead to no item. Filtering first renormalises over the valid tokens; scoring "
+                   "first normalises over all of them and then masks, so the two orders rank beams differently "
+                   "exactly where that invalid mass is large — hence the low overlap here. The paper's claim is "
+                   "about trained models, which put little mass on invalid tokens; pick the bundled MovieLens "
+                   "recommender to see that case.")
+    else:
+        st.caption("The less mass a model puts on invalid tokens, the less the two orders can disagree: with "
+                   "none at all, renormalising over the valid tokens changes no ranking.")
 
 
 def titles_for(catalog, source):
@@ -188,6 +202,9 @@ def show_results(catalog, source, res: dict) -> None:
     left.plotly_chart(fig, key="dec_fig_metrics")
     fig = stage_figure(runs)
     right.plotly_chart(fig, key="dec_fig_latency")
+    if res.get("graph_differs"):
+        st.warning("The timed CUDA-graph decode of " + " and ".join(res["graph_differs"]) + " returned other items "
+                   "than the profiled decode shown above (rounding on near-ties can reorder beams).")
     st.caption(f"Stage timings: {runs['filter-first'].path}" + (
         ", synchronised around each stage (an eager profile; the metrics above time the CUDA-graph replay)"
         if gpu else " with one torch thread; the model's forward pass is the *model* stage. On a CPU the "
@@ -207,6 +224,8 @@ def show_results(catalog, source, res: dict) -> None:
         st.dataframe(pd.DataFrame(res["plan"]), hide_index=True)
         st.caption("No GPU: there is no warm-up timing. The CPU path uses the reference projection per step — "
                    "a full GEMM on dense steps, selective projection on sparse ones — and torch's sort for top-k.")
+
+    show_invalid_mass(res)
 
     if res["targets"] is not None:
         study = cached_study(str(device()))
@@ -235,8 +254,14 @@ def main() -> None:
     if source.is_movielens and not movielens.available():
         st.warning(movielens.MISSING)
     cfg = settings(catalog, source)
+    if st.session_state.pop(PENDING_KEY, None) is not None:
+        # Streamlit stops a page's script when the user leaves it: the run never finished.
+        st.warning("The last decode was interrupted (the page was left before it finished); its result is lost. "
+                   "Press **Run both orders** to run it again.")
     if st.button("Run both orders", type="primary", key="btn_dec_run"):
+        st.session_state[PENDING_KEY] = cfg
         st.session_state["decode_runs"] = run_comparison(catalog, source, cfg)
+        st.session_state.pop(PENDING_KEY, None)
     res = st.session_state.get("decode_runs")
     if res is None:
         st.info("Choose the settings and press **Run both orders**.")

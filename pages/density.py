@@ -5,14 +5,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from pages._common import (cached_segment_lengths, cached_step_stats, cached_study, cached_test_users,
-                           cpu_banner, device, get_catalog, get_index, guarded)
+from pages._common import (cached_segment_lengths, cached_step_stats, cpu_banner, decode_inputs, device, get_catalog,
+                           get_index, guarded)
 from zerogr_core.app_support import movielens
 from zerogr_core.app_support.charts import (density_figure, density_rows, histogram_figure, shared_head_rows,
                                             waste_figure)
 from zerogr_core.app_support.density import beam_weighted_density, total_waste
 from zerogr_core.app_support.profile import profiled_decode
-from zerogr_core.app_support.requests import random_heads, random_hidden_fn
 
 MODEL = "Bundled MovieLens model (random test users)"
 RANDOM = "Random head (seeded Gaussian requests)"
@@ -32,16 +31,9 @@ def decode_states(catalog, source, index, beam: int, batch: int, beams_from: str
     if key in runs:
         return runs[key]
     dev = index.device
-    if beams_from == MODEL:
-        study = cached_study(str(dev))
-        users = cached_test_users(str(dev))
-        histories, _ = users.pick(users.sample(batch, seed))
-        hidden_fn = study.model.hidden_fn_for(histories, study.sids)
-        heads, bands = study.model.head_weights(), None
-    else:
-        heads, bands = random_heads(catalog, hidden, device=dev, seed=seed)
-        hidden_fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, device=dev, seed=seed + 1)
-    run = profiled_decode(index, heads, beam, "filter-first", hidden_fn, batch, band_offsets=bands)
+    inputs = decode_inputs(catalog, dev, bundled=beams_from == MODEL, batch=batch, seed=seed, hidden=hidden)
+    run = profiled_decode(index, inputs.heads, beam, "filter-first", inputs.hidden_fn, batch,
+                          band_offsets=inputs.band_offsets)
     runs.clear()
     runs[key] = run.states
     return run.states

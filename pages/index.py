@@ -6,12 +6,13 @@ import plotly.express as px
 import plotly.graph_objects as go
 import streamlit as st
 
-from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, get_catalog, get_index, guarded,
+from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, fmt_ratio, get_catalog, get_index, guarded,
                            overrides, slots)
 from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.app_support.charts import bytes_comparison_figure
 from zerogr_core.errors import ZeroGRError
 from zerogr_core.index import BUILDERS, IndexConfig, build_index
+from zerogr_core.index.builders import H2D_PHASE, build_phases, h2d_gbps
 from zerogr_core.index.layout import dense_bytes, sparse_bytes
 
 AUTO = "auto (memory rule)"
@@ -30,19 +31,10 @@ def planned_kinds(report: dict, chosen: dict) -> list[str]:
     return kinds
 
 
-def build_breakdown(build: dict) -> dict:
-    """Seconds per build phase (the H2D entry is the copy not hidden behind filling when streaming)."""
-    h2d = build.get("h2d_s", build.get("h2d_tail_s")) or 0.0
-    phases = {"layout pass": build.get("layout_pass_s", 0.0), "fill": build.get("fill_s", 0.0), "H2D copy": h2d}
-    # What the total holds beyond the three phases: wrapping the arrays into mappings (dense tables).
-    phases["assemble"] = max(0.0, build.get("total_s", 0.0) - sum(phases.values()))
-    return phases
-
-
 def breakdown_figure(rows: list[dict], title: str) -> go.Figure:
     df = pd.DataFrame(rows)
     fig = px.bar(df, x="builder", y="ms", color="phase", title=title, text=df["ms"].map(lambda v: f"{v:,.2f}"),
-                 category_orders={"phase": ["layout pass", "fill", "H2D copy", "assemble"]})
+                 category_orders={"phase": ["layout pass", "fill", H2D_PHASE, "assemble"]})
     fig.update_layout(height=360, margin=dict(t=60, b=40), legend_title_text="")
     return fig
 
@@ -65,9 +57,9 @@ def main() -> None:
     m[0].metric("This index", fmt_bytes(report["total_bytes"]))
     m[1].metric("STATIC-style index", fmt_bytes(report["static_style_bytes"]),
                 help=f"Dense V² tables over the whole vocabulary V = {report['static_vocab']:,} for the first two "
-                     "steps, then CSR [token, next state] int32 pairs (section 3 of DESIGN.md).")
+                     "steps, then CSR [token, next state] int32 pairs (docs/design.md §3, the index layout).")
     m[2].metric("Raw SID table (int16)", fmt_bytes(report["sid_table_int16_bytes"]))
-    m[3].metric("vs STATIC-style", f"{report['static_style_bytes'] / max(report['total_bytes'], 1):,.0f}× smaller")
+    m[3].metric("vs STATIC-style", fmt_ratio(report['static_style_bytes'] / max(report['total_bytes'], 1)) + " smaller")
     steps = pd.DataFrame([dict(step=r["step"], representation=r["kind"], **{"|V|": r["codebook"]},
                                states=r["states"], entries=r["entries"], density=r["density"],
                                **{"longest segment": r["max_segment"], "bytes": r["bytes"],
@@ -80,10 +72,10 @@ def main() -> None:
 
     build = report["build"]
     rows = [dict(builder=f"{build.get('builder', 'layout')} ({build.get('device', dev)})", phase=k, ms=v * 1e3)
-            for k, v in build_breakdown(build).items()]
+            for k, v in build_phases(build).items()]
     right.plotly_chart(breakdown_figure(rows, "Build time of this index (ms)"), key="idx_fig_build")
-    copy_s = build["h2d_s"] if "h2d_s" in build else build.get("fill_s", 0) + build.get("h2d_tail_s", 0)
-    h2d = "n/a (CPU)" if dev.type != "cuda" else f"{build.get('h2d_bytes', 0) / max(copy_s, 1e-9) / 1e9:,.1f} GB/s"
+    rate = h2d_gbps(build)
+    h2d = "n/a (CPU)" if dev.type != "cuda" else f"{rate or 0:,.1f} GB/s"
     st.caption(f"Total build {build.get('total_s', 0) * 1e3:,.2f} ms · layout pass "
                f"{build.get('layout_pass_s', 0) * 1e3:,.2f} ms · fill {build.get('fill_s', 0) * 1e3:,.2f} ms · "
                f"H2D {h2d}.")
@@ -92,7 +84,7 @@ def main() -> None:
         bar = st.progress(0, text="Timing builders…")
         for i, name in enumerate(BUILDERS):
             built = build_index(catalog, device=dev, builder=name, config=IndexConfig().with_overrides(applied))
-            timed += [dict(builder=name, phase=k, ms=v * 1e3) for k, v in build_breakdown(built.build).items()]
+            timed += [dict(builder=name, phase=k, ms=v * 1e3) for k, v in build_phases(built.build).items()]
             del built
             bar.progress((i + 1) / len(BUILDERS), text=f"{name} done")
         bar.empty()
@@ -127,8 +119,8 @@ def main() -> None:
     p[0].metric("Planned index", fmt_bytes(total_planned),
                 delta=None if delta == 0 else ("+" if delta > 0 else "−") + fmt_bytes(abs(delta)),
                 delta_color="inverse")
-    p[1].metric("Planned vs STATIC-style", f"{report['static_style_bytes'] / max(total_planned, 1):,.1f}× smaller")
-    p[2].metric("Planned vs SID table", f"{total_planned / max(report['sid_table_int16_bytes'], 1):,.2f}×")
+    p[1].metric("Planned vs STATIC-style", fmt_ratio(report['static_style_bytes'] / max(total_planned, 1)) + " smaller")
+    p[2].metric("Planned vs SID table", fmt_ratio(total_planned / max(report['sid_table_int16_bytes'], 1)))
     long = plan.melt(id_vars="step", value_vars=["bytes now", "bytes planned"], var_name="index", value_name="bytes")
     fig = px.bar(long, x="step", y="bytes", color="index", barmode="group", log_y=True,
                  title="Bytes per step: now vs planned (log scale)")

@@ -5,12 +5,13 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._common import cpu_banner, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded, overrides
+from pages._common import (cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded,
+                           overrides)
 from zerogr_core import Decoder
 from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
-from zerogr_core.app_support.requests import random_heads, random_hidden_fn
 from zerogr_core.index import IndexConfig
+from zerogr_core.index.builders import build_phases
 
 REPORT_KEY = "rebuild_report"
 
@@ -44,8 +45,9 @@ def main() -> None:
         refreshed, change = refresh_catalog(catalog, add / 100, remove / 100, seed=0)
         index = get_index(catalog, source)
         hidden = 1024 if gpu else 64
-        heads, bands = random_heads(catalog, hidden, "float16" if gpu else "float32", dev, seed=0)
-        fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, "float16" if gpu else "float32", dev, seed=1)
+        inputs = decode_inputs(catalog, dev, bundled=False, batch=batch, seed=0, hidden=hidden,
+                               dtype="float16" if gpu else "float32")
+        heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn
         decoders = {}
 
         def decode_once(new_index):
@@ -68,8 +70,8 @@ def main() -> None:
                                             config=IndexConfig().with_overrides(overrides()), min_seconds=seconds,
                                             progress=progress)
         for dec in decoders.values():
-            if dec.engine is not None:
-                dec.engine.release()
+            if dec.gpu_engine is not None:
+                dec.gpu_engine.release()
         bar.empty()
         report.index = None  # keep the session light; the new index is not made active
         st.session_state[REPORT_KEY] = dict(source=source, change=change, report=report, beam=beam, batch=batch)
@@ -104,13 +106,8 @@ def main() -> None:
                  title=f"Decode latency (batch {saved['batch']}, beam {saved['beam']}) before, during and after")
     fig.update_layout(showlegend=False, height=380, margin=dict(t=60, b=40))
     left.plotly_chart(fig, key="reb_fig_latency")
-    def phases(b: dict) -> list[tuple[str, float]]:
-        parts = [("layout pass", b.get("layout_pass_s", 0.0)), ("fill", b.get("fill_s", 0.0)),
-                 ("H2D (not hidden)", b.get("h2d_tail_s", b.get("h2d_s", 0.0)) or 0.0)]
-        return parts + [("assemble", max(0.0, b.get("total_s", 0.0) - sum(v for _, v in parts)))]
-
     builds = pd.DataFrame([dict(build=i + 1, phase=k, ms=v * 1e3) for i, b in enumerate(report.builds)
-                           for k, v in phases(b)])
+                           for k, v in build_phases(b).items()])
     fig = px.bar(builds, x="build", y="ms", color="phase", title="Each rebuild by phase (ms)")
     fig.update_layout(height=380, margin=dict(t=60, b=40), legend_title_text="")
     right.plotly_chart(fig, key="reb_fig_builds")

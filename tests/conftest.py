@@ -1,15 +1,29 @@
 """Session set-up shared by every test module."""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 import torch
 
-# The repository root must come first so that `import kernels` finds the repo's package,
-# not the unrelated PyPI package of that name (plain `pytest` only adds tests/).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The repository root first, so that `zerogr_core`, `app.py` and `pages` come from this
+# checkout (plain `pytest` only adds tests/).
+sys.path.insert(0, ROOT)
+
+# kernels/ is installed as `zerogr_kernels` (pyproject.toml); the tests must exercise this
+# checkout's folder whether or not it is installed, or installed from another checkout. A link
+# of that name, first on the path of this process and of the subprocesses it starts, does it.
+_LINKS = tempfile.mkdtemp(prefix="zerogr_path.")
+atexit.register(shutil.rmtree, _LINKS, True)
+os.symlink(os.path.join(ROOT, "kernels"), os.path.join(_LINKS, "zerogr_kernels"))
+sys.path.insert(0, _LINKS)
+os.environ["PYTHONPATH"] = os.pathsep.join([_LINKS, ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
 # Triton picks interpreter or compiler when @triton.jit decorates a kernel, so the switch
-# must be set before anything imports `kernels`. Without a GPU the kernels run in the
+# must be set before anything imports the kernels. Without a GPU the kernels run in the
 # interpreter on CPU tensors; with one they compile (export TRITON_INTERPRET to override).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

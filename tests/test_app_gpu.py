@@ -37,10 +37,10 @@ def test_profiled_decode_on_the_gpu_matches_the_decoder(setup, order):
     assert overlap[32] >= 0.97, overlap   # same items; fp16 ties may swap a few
     assert timing["median_ms"] > 0 and timing["warmup_ms"] >= timing["min_ms"]
     if order == "filter-first":
-        assert dec.engine is not None and dec.engine.plans
-        table = next(iter(dec.engine.plans.values())).table()
+        assert dec.gpu_engine is not None and dec.gpu_engine.plans
+        table = next(iter(dec.gpu_engine.plans.values())).table()
         assert [r["step"] for r in table] == [1, 2, 3, 4, 5] and all(r["mode"] for r in table)
-        dec.engine.release()
+        dec.gpu_engine.release()
 
 
 def test_rebuild_while_decoding_streams_to_the_gpu(setup):
@@ -53,7 +53,7 @@ def test_rebuild_while_decoding_streams_to_the_gpu(setup):
     assert report.h2d_gbps is not None and report.h2d_gbps > 0
     assert all(b.get("h2d_bytes") for b in report.builds)
     assert report.during_ms and report.index.device.type == "cuda"
-    dec.engine.release()
+    dec.gpu_engine.release()
 
 
 def test_nvml_and_torch_readings():

@@ -118,7 +118,7 @@ BAD_UPLOADS = [
     ("duplicate-item-id", "dupid.csv", b"item_id,s1\n5,0\n5,1\n", "",
      ["dupid.csv", "row 2", "column 'item_id'", "duplicate item id 5"]),
     ("duplicate-sid", "dupsid.csv", b"item_id,s1,s2\n1,0,0\n2,0,0\n", "",
-     ["dupsid.csv", "column 'sid'", "shared by items 1 and 2"]),
+     ["dupsid.csv", "column 's1–s2'", "shared by items 1 and 2"]),
     ("unreadable-parquet", "broken.parquet", b"this is not parquet", "", ["broken.parquet", "cannot read as PARQUET"]),
     ("parquet-missing-value", "holes.parquet",
      _parquet_bytes(pl.DataFrame({"item_id": [1, 2], "s1": [0, None]}, schema={"item_id": pl.Int64, "s1": pl.Int64})),
@@ -269,6 +269,8 @@ def test_index_page_and_overrides():
     steps = at.dataframe[0].value
     assert len(steps) == 3
     before = m["Planned index"]
+    # with nothing overridden the plan is this index: both ratios read the same, rounded one way
+    assert m["vs STATIC-style"] == m["Planned vs STATIC-style"]
     at.selectbox(key="idx_ov_3").select("sparse" if steps["representation"][2] == "dense" else "dense").run()
     assert_clean(at)
     after = metrics(at)["Planned index"]
@@ -339,8 +341,42 @@ def test_decode_random_head_on_a_synthetic_catalog():
     assert_clean(at)
     top = at.dataframe[0].value
     assert len(top) == 3 and all(str(t).startswith("item ") for t in top["filter-first"])
+    # the invalid mass scoring first meets, per step, and why the orders differ on a random head
+    invalid = at.dataframe[-1].value
+    assert list(invalid["step"]) == [1, 2, 3, 4, 5]
+    assert ((invalid["mean"] >= 0) & (invalid["mean"] <= 1)).all() and invalid["mean"].max() > 0.5
+    assert any("A random head knows nothing of the catalog" in c.value for c in at.caption)
     at.number_input(key="dec_beam").set_value(5).run()
     assert any("settings changed" in c.value for c in at.caption)
+
+
+def test_decode_says_when_a_run_was_interrupted():
+    at = new_app(cat_sample="tiny").run()
+    # what a run leaves behind when the user switches page before it finishes
+    open_page(at, "decode", decode_pending={"beam": 3})
+    assert_clean(at)
+    assert any("The last decode was interrupted" in w.value for w in at.warning)
+    at.run()
+    assert not any("interrupted" in w.value for w in at.warning)  # said once
+
+
+def test_two_sessions_on_different_catalogs_keep_their_own_index():
+    # Two browser sessions alive at once, their runs interleaved (AppTest runs one script at a
+    # time per process, so the sessions take turns as a server's threads would).
+    a = open_page(new_app(cat_sample="tiny").run(), "index")
+    b = open_page(new_app(cat_sample="watch-like-small").run(), "index")
+    assert_clean(a)
+    assert_clean(b)
+    slots_a, slots_b = a.session_state["resource_slots"], b.session_state["resource_slots"]
+    assert slots_a is not slots_b
+    index_a, index_b = slots_a.peek("index"), slots_b.peek("index")
+    assert index_a.n_items == 12 and index_b.n_items == 20_000
+    for at in (a, b, a):
+        at.run()
+        assert_clean(at)
+    # neither evicted nor released the other's index: same objects, nothing released
+    assert slots_a.peek("index") is index_a and slots_b.peek("index") is index_b
+    assert slots_a.releases == 0 and slots_b.releases == 0
 
 
 # ---------------------------------------------------------------------------- benchmarks, gpu, rebuild

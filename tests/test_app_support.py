@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -33,26 +34,45 @@ class _Engine:
 
 class _Decoder:
     def __init__(self):
-        self.engine = _Engine()
+        self.gpu_engine = _Engine()
+
+
+def test_slots_build_outside_the_lock():
+    slots = ResourceSlots()
+    building, done = threading.Event(), threading.Event()
+
+    def slow():
+        building.set()
+        assert done.wait(10)
+        return "slow"
+
+    worker = threading.Thread(target=lambda: slots.get("index", "a", slow))
+    worker.start()
+    assert building.wait(10)
+    # while one factory runs, the slots answer other callers at once
+    assert slots.get("decoders", "b", lambda: "quick") == "quick" and slots.peek("index") is None
+    done.set()
+    worker.join(10)
+    assert slots.peek("index") == "slow"
 
 
 def test_slots_reuse_and_release_on_replace():
     slots = ResourceSlots()
     first = slots.get("decoders", ("a",), _Decoder)
     assert slots.get("decoders", ("a",), _Decoder) is first
-    assert first.engine.released == 0
+    assert first.gpu_engine.released == 0
     second = slots.get("decoders", ("b",), _Decoder)
     assert second is not first
-    assert first.engine.released == 1          # the replaced decoder's engine was released
+    assert first.gpu_engine.released == 1          # the replaced decoder's engine was released
     assert slots.key("decoders") == ("b",) and slots.releases == 1
-    assert slots.drop_all() == 1 and second.engine.released == 1
+    assert slots.drop_all() == 1 and second.gpu_engine.released == 1
     assert slots.peek("decoders") is None
 
 
 def test_release_object_walks_containers_and_never_fails_the_slot():
     decs = {"x": _Decoder(), "y": [_Decoder()]}
     release_object(decs)
-    assert decs["x"].engine.released == 1 and decs["y"][0].engine.released == 1
+    assert decs["x"].gpu_engine.released == 1 and decs["y"][0].gpu_engine.released == 1
     slots = ResourceSlots()
 
     def boom(_):

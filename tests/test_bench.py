@@ -20,7 +20,7 @@ import torch
 
 from zerogr_core.bench.methods import CAPTURABLE, METHODS
 from zerogr_core.bench.results import FORMAT, load_results
-from zerogr_core.bench.suites import SUITES
+from zerogr_core.bench.registry import SUITE_NAMES
 from zerogr_core.bench.workload import static_from_index
 from zerogr_core.catalog.synth import generate
 from zerogr_core.index import INDEX_PRESETS, build_index, build_static_index
@@ -51,7 +51,7 @@ def test_quick_bench_writes_every_suite_with_metadata(quick_run):
     assert doc["format"] == FORMAT and doc["finished"] is True
     assert doc["run_command"].startswith("python -m zerogr_core bench --suite ")
     records = doc["records"]
-    assert {r["suite"] for r in records} == set(SUITES)
+    assert {r["suite"] for r in records} == set(SUITE_NAMES)
     assert not [r for r in records if r["kind"] == "error"]
     for rec in records:
         if rec["kind"] == "skipped":

@@ -43,7 +43,7 @@ MALFORMED = {
     "duplicate-item-id": ("item_id,s1\n7,1\n8,2\n7,3\n", ["row 3", "column 'item_id'", "duplicate item id 7",
                                                           "also on row 1"]),
     "non-integer-item-id": ("item_id,s1\n1,1\nabc,2\n", ["row 2", "column 'item_id'", "'abc' is not an integer"]),
-    "duplicate-sid": ("item_id,s1,s2\n1,3,4\n2,0,1\n3,3,4\n", ["column 'sid'", "SID 3 4", "items 1 and 3",
+    "duplicate-sid": ("item_id,s1,s2\n1,3,4\n2,0,1\n3,3,4\n", ["column 's1–s2'", "SID 3 4", "items 1 and 3",
                                                               "collision"]),
     "no-item-id-column": ("id,s1\n1,2\n", ["no 'item_id' column", "id, s1"]),
     "no-level-columns": ("item_id,title\n1,a\n", ["no SID columns"]),

@@ -31,6 +31,18 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
 
 
 # ---------------------------------------------------------------------------- subprocess runs
+def test_every_readme_sample_name_works_and_unknown_names_list_them(capsys):
+    code, out, _ = run_main(capsys, "stats", "movielens")
+    assert code == 0 and "9,742" in out
+    code, _, err = run_main(capsys, "stats", "nosuch")
+    assert code == 1 and err.count("\n") == 1
+    for name in ("search-like-small", "watch-like-small", "synthetic-7-small", "tiny", "movielens"):
+        assert name in err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["stats", "--help"])
+    assert "movielens" in capsys.readouterr().out
+
+
 def test_index_json_subprocess():
     result = run_cli("index", "tiny", "--json", "--dense-steps", "3")
     assert result.returncode == 0, result.stderr
@@ -174,8 +186,9 @@ def test_synth_round_trip_all_formats(capsys, tmp_path):
 def test_registrars_add_subcommands():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert list(commands) == ["index", "next", "synth", "stats", "plan", "bench", "train-movielens", "quality"]
-    assert len(REGISTRARS) == 7
+    assert list(commands) == ["index", "next", "synth", "stats", "plan", "bench", "train-movielens", "quality",
+                              "bench-e2e"]
+    assert len(REGISTRARS) == 8
 
 
 def test_synth_catalogs_work_without_polars():

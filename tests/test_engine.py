@@ -120,8 +120,8 @@ def test_graph_replay_matches_eager_and_reference_on_gpu(dtype):
     for batch in (1, 4):
         graph = Decoder(index, heads, 16, engine="graph")
         a = graph.decode(hidden_fn, batch)
-        assert graph.engine.graph_error is None
-        plan = graph.engine.plans[graph.engine.key(batch)]
+        assert graph.gpu_engine.graph_error is None
+        plan = graph.gpu_engine.plans[graph.gpu_engine.key(batch)]
         options = [s.option for s in plan.steps]
         eager = Decoder(index, heads, 16, engine="eager", projection=options).decode(hidden_fn, batch)
         assert torch.equal(a.tokens, eager.tokens) and torch.equal(a.scores, eager.scores)

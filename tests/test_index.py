@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from zerogr_core import Catalog, ZeroGRError, build_index
 from zerogr_core.index import BUILDERS, INDEX_PRESETS, HostTrie, IndexConfig, build_static_index, static_style_bytes
 from zerogr_core.bench.workload import static_step_bytes
-from zerogr_core.index.static_style import static_style_step_bytes
+from zerogr_core.index.layout import static_style_step_bytes
 
 
 def brute_next(sids, prefix):

@@ -52,7 +52,7 @@ def test_search_like_band_offsets_and_fanouts():
     assert means[1] == pytest.approx(8, rel=0.03)
     assert means[2] == pytest.approx(2, rel=0.03)
     assert means[3] == 1 and stats[4]["max_segment"] == 1
-    # Poisson spread around the means (DESIGN.md §7: max about 199/24/11/1 at 1.9e7 SIDs).
+    # Poisson spread around the means (docs/design.md §8: max about 199/24/11/1 at 1.9e7 SIDs).
     assert 160 <= stats[1]["max_segment"] <= 215
     assert 17 <= stats[2]["max_segment"] <= 26
     assert 6 <= stats[3]["max_segment"] <= 12

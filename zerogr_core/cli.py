@@ -18,19 +18,16 @@ import time
 import numpy as np
 
 from .bench.commands import register as register_bench
+from .bench.e2e import register as register_bench_e2e
 from .catalog.catalog import Catalog
-from .catalog.samples import SAMPLES, open_catalog, parse_count
+from .catalog.samples import SAMPLE_NAMES, open_catalog, parse_count
 from .catalog.synth import SYNTH_PRESETS, generate
-from .errors import ZeroGRError
+from .errors import UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
 
-CATALOG_HELP = ("catalog file (.csv/.tsv/.txt/.parquet), a sample name (" + ", ".join(SAMPLES) +
+CATALOG_HELP = ("catalog file (.csv/.tsv/.txt/.parquet), a sample name (" + ", ".join(SAMPLE_NAMES) +
                 "), or synth:KIND:N[:SEED[:V]]")
-
-
-class UsageError(ZeroGRError):
-    """Bad command-line usage (exit status 2)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -329,6 +326,7 @@ def _run_plan(args: argparse.Namespace) -> None:
 #: Functions ``register(subparsers)`` that contribute subcommands, in help order.
 REGISTRARS = (register_index, register_next, register_synth, register_stats, register_plan, register_bench,
               register_recsys)
+REGISTRARS += (register_bench_e2e,)
 
 
 def build_parser() -> argparse.ArgumentParser:

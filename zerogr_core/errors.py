@@ -47,6 +47,10 @@ class ZeroGRError(ValueError):
     """Base class of all user-facing errors (a ``ValueError``)."""
 
 
+class UsageError(ZeroGRError):
+    """Bad command-line usage (the CLI exits with status 2)."""
+
+
 class CatalogError(ZeroGRError):
     """A catalog is malformed.
 

@@ -133,7 +133,7 @@ def no_exception(pg) -> None:
 
 
 def go(pg, title: str) -> None:
-    pg.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).first.click()
+    pg.locator('[data-testid="stSidebar"] a').filter(has_text=title).first.click()
     pg.wait_for_function("t => document.querySelector('h1') && document.querySelector('h1').innerText.includes(t)",
                          arg=title, timeout=60_000)
     wait_idle(pg)

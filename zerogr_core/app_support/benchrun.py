@@ -1,7 +1,7 @@
 """A benchmark sweep run live from the app (GPU), through the bench command's own code path.
 
 :class:`LiveSweep` parses the same arguments as ``python -m zerogr_core bench`` (so the app
-and the CLI cannot drift apart), runs the :class:`~zerogr_core.bench.suites.Session` in a
+and the CLI cannot drift apart), runs the :class:`~zerogr_core.bench.session.Session` in a
 background thread, and exposes the records and log lines as they arrive so the page can
 draw progress and partial charts. Results go to a folder of the caller's choice, never
 over the committed ``bench/results``.
@@ -35,6 +35,7 @@ class LiveSweep:
 
     def __init__(self, argv: list[str], out_dir):
         from ..bench import commands
+        from ..bench.rerun import run_command
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -47,7 +48,7 @@ class LiveSweep:
         except (argparse.ArgumentError, SystemExit) as err:
             raise ZeroGRError(f"benchmark arguments: {err}") from None
         self.options = commands.parse_options(args)
-        self.command = commands.canonical_command(self.options)
+        self.command = run_command(self.options)
         self.lines: list[str] = []
         self.error: str | None = None
         self.started = None
@@ -71,7 +72,7 @@ class LiveSweep:
 
             from ..bench.env import environment
             from ..bench.results import ResultWriter
-            from ..bench.suites import Session
+            from ..bench.session import Session
 
             if self.options.device.type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,6 +1,6 @@
 """Per-step density of a catalog, and how much of scoring first's work is wasted.
 
-Definitions (DESIGN.md glossary):
+Definitions (docs/design.md §9, glossary):
 
 * catalog-level density of step l: E_l / (S_l · |V_l|), the mean share of the codebook
   that is valid after a state, every state of the prefix tree counted once;
@@ -17,11 +17,6 @@ import numpy as np
 import torch
 
 from ..catalog.catalog import Catalog
-
-
-def catalog_density(catalog: Catalog) -> list[dict]:
-    """Rows per step: step, codebook, states, entries, density, max/mean segment."""
-    return catalog.step_stats()
 
 
 def segment_lengths(catalog: Catalog) -> list[np.ndarray]:

@@ -4,10 +4,12 @@ Everything degrades to ``None`` without a GPU or without NVML, never raises.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
 
+log = logging.getLogger("zerogr.app")
 _lock = threading.Lock()
 _nvml_ready: bool | None = None
 
@@ -29,11 +31,15 @@ def _nvml():
         if _nvml_ready is None:
             try:
                 import pynvml
-
-                pynvml.nvmlInit()
-                _nvml_ready = True
-            except Exception:
+            except ImportError:  # nvidia-ml-py not installed: the GPU page shows torch's figures only
                 _nvml_ready = False
+            else:
+                try:
+                    pynvml.nvmlInit()
+                    _nvml_ready = True
+                except pynvml.NVMLError as exc:  # no driver / no GPU
+                    log.info("NVML is not available: %s", exc)
+                    _nvml_ready = False
         if not _nvml_ready:
             return None
         import pynvml
@@ -59,10 +65,11 @@ def nvml_snapshot(index: int = 0) -> dict | None:
         try:
             out["temperature_c"] = int(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
             out["power_w"] = nv.nvmlDeviceGetPowerUsage(handle) / 1000.0
-        except Exception:
+        except nv.NVMLError:  # sensors some GPUs (and MIG slices) do not expose: left out
             pass
         return out
-    except Exception:
+    except nv.NVMLError as exc:  # e.g. an index past the last GPU
+        log.info("NVML reading of GPU %d failed: %s", index, exc)
         return None
 
 
@@ -74,7 +81,8 @@ def torch_memory(index: int = 0) -> dict | None:
         return dict(allocated=int(torch.cuda.memory_allocated(index)),
                     reserved=int(torch.cuda.memory_reserved(index)),
                     peak=int(torch.cuda.max_memory_allocated(index)))
-    except Exception:
+    except (RuntimeError, AssertionError) as exc:  # a bad index or a CUDA context that failed to start
+        log.info("torch memory reading of GPU %d failed: %s", index, exc)
         return None
 
 

@@ -37,7 +37,7 @@ def available() -> bool:
     """Whether the bundled checkpoint exists."""
     try:
         return checkpoint_path().is_file()
-    except Exception:
+    except OSError:  # an unreadable path (permissions, a name too long) is as good as missing
         return False
 
 

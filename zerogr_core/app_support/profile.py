@@ -35,7 +35,7 @@ from ..decode.search import DecodeResult, HiddenFn, beam_search
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
 
-__all__ = ["STAGES", "PROFILED_ORDERS", "DecodeRun", "comparison", "k_values", "profiled_decode",
+__all__ = ["STAGES", "PROFILED_ORDERS", "DecodeRun", "comparison", "invalid_mass", "k_values", "profiled_decode",
            "steady_cpu_timing", "time_decoder"]
 
 
@@ -162,6 +162,34 @@ def profiled_decode(index: StepIndex, heads, beam_width: int, order: str, hidden
                          hidden_size=heads.hidden_size, device=device, ops=ops, timer=timer)
     path = "PyTorch reference (CPU)" if ops is REFERENCE else "Triton kernels, eager (GPU)"
     return DecodeRun(order, result, timer.rows, seen_states, proj if order == "filter-first" else (), path)
+
+
+@torch.no_grad()
+def invalid_mass(catalog, index: StepIndex, heads, beam_width: int, hidden_fn: HiddenFn, batch: int, *,
+                 band_offsets: Sequence[int] | None = None) -> list[dict]:
+    """Per step, the softmax mass that scoring first puts on invalid tokens.
+
+    Runs one untimed scoring-first decode (reference path) of the same requests and, for
+    every live beam of every step, sums the probability of the tokens that lead to no item
+    of ``catalog``.
+
+    Returns
+    -------
+    list of dict
+        Per step (1-based): ``beams``, ``mean``, ``p50``, ``p90``, ``p99``, ``max`` invalid
+        mass, ``beam_density`` (mean share of the level's codebook that is valid).
+    """
+    from ..decode.decoder import Decoder
+    from ..recsys.quality import InvalidMass
+    from ..recsys.validity import PrefixValidity
+
+    h = heads if isinstance(heads, Heads) else Heads.build(heads, index.codebook_sizes, band_offsets)
+    record = InvalidMass()
+    fn = record.wrap(hidden_fn, h, PrefixValidity(catalog))
+    shared = h.shared is not None
+    Decoder(index, h.shared if shared else list(h.bands), beam_width, order="score-first",
+            band_offsets=h.band_offsets if shared else None, engine="reference").decode(fn, batch)
+    return record.summary()
 
 
 def time_decoder(decoder, hidden_fn: HiddenFn, batch: int, repeats: int = 5) -> tuple[DecodeResult, dict]:

@@ -20,7 +20,7 @@ import torch
 
 from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
-from ..index.builders import build_index
+from ..index.builders import build_index, h2d_gbps as build_h2d_gbps
 from ..index.layout import IndexConfig, StepIndex
 
 
@@ -120,17 +120,7 @@ class RebuildReport:
         Streaming builds copy while they fill, so the rate is bytes over fill plus the
         copy tail not hidden behind filling; a host-copy build reports its copy alone.
         """
-        rates = []
-        for b in self.builds:
-            nbytes = b.get("h2d_bytes")
-            if not nbytes:
-                continue
-            if "h2d_s" in b:
-                seconds = b["h2d_s"]
-            else:
-                seconds = b.get("fill_s", 0.0) + b.get("h2d_tail_s", 0.0)
-            if seconds > 0:
-                rates.append(nbytes / seconds / 1e9)
+        rates = [r for r in (build_h2d_gbps(b) for b in self.builds) if r is not None]
         return statistics.median(rates) if rates else None
 
     def latency_rows(self) -> list[dict]:

@@ -9,11 +9,14 @@ in a CUDA graph.
 """
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..catalog.catalog import Catalog
+from ..decode.heads import HIDDEN_STD
+from ..decode.heads import random_heads as draw_heads
 from ..errors import ZeroGRError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,25 +37,19 @@ def random_heads(catalog: Catalog, hidden_size: int, dtype: str = "float32", dev
         Shared head when ``catalog.band_offsets`` is set, else per-level heads.
     band_offsets : tuple of int or None
     """
-    if hidden_size < 1:
-        raise ZeroGRError(f"hidden size must be ≥ 1, got {hidden_size}")
-    gen = torch.Generator().manual_seed(seed)
-    scale = 1.0 / math.sqrt(hidden_size)
-    dt = resolve_dtype(dtype)
-    if catalog.band_offsets is not None:
-        rows = max(o + s for o, s in zip(catalog.band_offsets, catalog.codebook_sizes))
-        head = (torch.randn(rows, hidden_size, generator=gen) * scale * 4).to(dt).to(device)
-        return head, catalog.band_offsets
-    heads = [(torch.randn(v, hidden_size, generator=gen) * scale * 4).to(dt).to(device)
-             for v in catalog.codebook_sizes]
-    return heads, None
+    heads = draw_heads(catalog.codebook_sizes, catalog.band_offsets, hidden_size, resolve_dtype(dtype), device,
+                       torch.Generator().manual_seed(seed))
+    if heads.shared is not None:
+        return heads.shared, heads.band_offsets
+    return list(heads.bands), None
 
 
 def random_hidden_fn(batch: int, hidden_size: int, codebook_sizes, dtype: str = "float32", device="cpu",
                      seed: int = 1):
     """Seeded hidden states for ``batch`` random requests.
 
-    ``h(b, step, beam) = context[b, step] + 0.5 · E_step[last token of the beam]``.
+    ``h(b, step, beam) = context[b, step] + 0.5 · E_step[last token of the beam]``, with
+    ``context ~ N(0, HIDDEN_STD²)`` (the scale the benchmarks draw their hidden states with).
 
     Returns
     -------
@@ -63,7 +60,7 @@ def random_hidden_fn(batch: int, hidden_size: int, codebook_sizes, dtype: str = 
     gen = torch.Generator().manual_seed(seed)
     dt = resolve_dtype(dtype)
     levels = len(codebook_sizes)
-    context = torch.randn(batch, levels, hidden_size, generator=gen).to(dt).to(device)
+    context = (HIDDEN_STD * torch.randn(batch, levels, hidden_size, generator=gen)).to(dt).to(device)
     width = max(codebook_sizes)
     embed = (0.5 * torch.randn(levels, width, hidden_size, generator=gen)).to(dt).to(device)
 
@@ -76,3 +73,48 @@ def random_hidden_fn(batch: int, hidden_size: int, codebook_sizes, dtype: str = 
         return base + embed[step - 1][last]
 
     return hidden_fn
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeInputs:
+    """What a page decodes: heads, the requests' hidden states, and who the requests are.
+
+    Attributes
+    ----------
+    heads : torch.Tensor (rows, H) or list of torch.Tensor (|V_l|, H)
+        As :class:`~zerogr_core.Decoder` takes them.
+    band_offsets : tuple of int or None
+        For a shared head.
+    hidden_fn : callable(step, prefixes) -> torch.Tensor
+    model_key : tuple
+        Identifies the model (cache key of decoders built on these heads).
+    targets, user_ids : np.ndarray or None
+        For test users of the bundled recommender: held-out item rows and user ids.
+    """
+
+    heads: object
+    band_offsets: tuple | None
+    hidden_fn: object
+    model_key: tuple
+    targets: np.ndarray | None = None
+    user_ids: np.ndarray | None = None
+
+    @property
+    def random(self) -> bool:
+        return self.model_key[0] == "random"
+
+
+def random_inputs(catalog: Catalog, hidden_size: int, dtype: str, device, batch: int, seed: int) -> DecodeInputs:
+    """Random heads (always seed 0: one model per catalog and shape) and ``batch`` random
+    requests of ``seed``."""
+    heads, bands = random_heads(catalog, hidden_size, dtype, device, seed=0)
+    fn = random_hidden_fn(batch, hidden_size, catalog.codebook_sizes, dtype, device, seed=seed + 1)
+    return DecodeInputs(heads, bands, fn, ("random", hidden_size, dtype, str(device)))
+
+
+def study_inputs(study, users, rows: np.ndarray, device) -> DecodeInputs:
+    """The bundled recommender's heads and the test users ``rows`` (of
+    :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests."""
+    histories, targets = users.pick(rows)
+    return DecodeInputs(study.model.head_weights(), None, study.model.hidden_fn_for(histories, study.sids),
+                        ("movielens", str(device)), targets, users.user_ids[rows])

@@ -1,19 +1,22 @@
 """One live heavy object per slot (index, decoder, model), released when replaced.
 
-The app keeps a single :class:`ResourceSlots` per server process (through
-``st.cache_resource``). Asking a slot for a different key releases the object it held —
-``release()`` on engines and decoders, then garbage collection and
-``torch.cuda.empty_cache()`` — before the new one is built, so switching catalogs or
-shapes never keeps two generations of GPU buffers alive.
+The app keeps one :class:`ResourceSlots` per browser session (in its session state), so
+two sessions on different catalogs never evict or release each other's index and engines.
+Asking a slot for a different key releases the object it held — ``release()`` on engines
+and decoders, then garbage collection and ``torch.cuda.empty_cache()`` — before the new
+one is built, so switching catalogs or shapes never keeps two generations of GPU buffers
+alive within a session.
 """
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 from typing import Any, Callable, Hashable
 
 import torch
 
+log = logging.getLogger("zerogr.app")
 
 def free_gpu_memory() -> None:
     """Collect garbage and return cached CUDA blocks to the driver (no-op without CUDA)."""
@@ -26,7 +29,7 @@ def release_object(obj: Any) -> None:
     """Release what ``obj`` holds on the GPU: engines, plans, captured graphs.
 
     Handles :class:`zerogr_core.decode.engine.GpuEngine` (``release()``), decoders (their
-    ``engine``), and containers (dict, list, tuple) of those.
+    ``gpu_engine``), and containers (dict, list, tuple) of those.
     """
     if obj is None:
         return
@@ -38,7 +41,7 @@ def release_object(obj: Any) -> None:
         for value in obj:
             release_object(value)
         return
-    engine = getattr(obj, "engine", None)
+    engine = getattr(obj, "gpu_engine", None)
     if engine is not None and hasattr(engine, "release"):
         engine.release()
     if hasattr(obj, "release") and callable(obj.release):
@@ -48,7 +51,9 @@ def release_object(obj: Any) -> None:
 class ResourceSlots:
     """Named slots, each holding the object built for one key.
 
-    Thread-safe: Streamlit runs each session's script in its own thread.
+    Thread-safe: a session's script reruns in a new thread, which may overlap the end of
+    the previous run. The lock guards the bookkeeping only: the factory runs outside it,
+    so a slow build (with its progress widgets) blocks nobody else.
     """
 
     def __init__(self):
@@ -69,9 +74,13 @@ class ResourceSlots:
                 return current[1]
             if current is not None:
                 self.drop(slot)
-            obj = factory()
+        obj = factory()
+        with self._lock:
+            stale = self._items.get(slot)
             self._items[slot] = (key, obj, release)
-            return obj
+        if stale is not None and stale[1] is not obj:  # an overlapping run filled the slot meanwhile
+            self._release(stale)
+        return obj
 
     def peek(self, slot: str) -> Any:
         """The object held in ``slot`` or ``None`` (builds nothing)."""
@@ -90,16 +99,20 @@ class ResourceSlots:
             current = self._items.pop(slot, None)
             if current is None:
                 return False
-            _, obj, release = current
-            if release is not None:
-                try:
-                    release(obj)
-                except Exception:  # releasing must never take the app down
-                    pass
-            del obj, current
+        self._release(current)
+        return True
+
+    def _release(self, item: tuple) -> None:
+        _, obj, release = item
+        if release is not None:
+            try:
+                release(obj)
+            except Exception as exc:  # noqa: BLE001 - releasing must never take the app down
+                log.warning("releasing %s failed: %s: %s", type(obj).__name__, type(exc).__name__, exc)
+        del obj, item
+        with self._lock:
             self.releases += 1
-            free_gpu_memory()
-            return True
+        free_gpu_memory()
 
     def drop_all(self) -> int:
         """Release every slot (after a CUDA out-of-memory error, say); returns how many."""

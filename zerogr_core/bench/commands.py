@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import UsageError
+from .registry import SUITE_NAMES
+from .rerun import run_command
+
 METHOD_NAMES = ("zerogr", "static", "static-adapted", "unconstrained", "cpu-trie", "naive-selective")
-SUITE_NAMES = ("headline", "beam-sweep", "codebook-sweep", "steps", "stages", "ablation", "memory", "build",
-               "interference")
 DEFAULT_HIDDEN = {"fp16": 1024, "bf16": 1024, "fp32": 4096}
 
 
@@ -38,7 +40,7 @@ def register(subparsers) -> None:
                    help="search-like, watch-like, synthetic-7, a sample name, synth:KIND:N[:SEED[:V]] or a catalog "
                         "file (default: search-like; synthetic-7 for the sweeps)")
     p.add_argument("--scale", default=None, metavar="N",
-                   help="SIDs of a synthetic catalog, e.g. 2e7 (default: search-like 19269255, the DESIGN.md §7 anchor; "
+                   help="SIDs of a synthetic catalog, e.g. 2e7 (default: search-like 19269255, the docs/design.md §8 anchor; "
                         "watch-like 2e7; synthetic-7 1e7)")
     p.add_argument("--methods", default=None,
                    help=f"comma list of {', '.join(METHOD_NAMES)} (default: all; the sweeps skip cpu-trie and "
@@ -78,12 +80,6 @@ def register(subparsers) -> None:
     p.set_defaults(handler=run_bench)
 
 
-def _usage(message: str):
-    from ..cli import UsageError
-
-    return UsageError(message)
-
-
 def _ints(text, option: str) -> list[int] | None:
     if text is None:
         return None
@@ -92,13 +88,13 @@ def _ints(text, option: str) -> list[int] | None:
 
     items = [t for t in text.replace(",", " ").split() if t]
     if not items:
-        raise _usage(f"{option}: give at least one value")
+        raise UsageError(f"{option}: give at least one value")
     try:
         values = [parse_count(t, option) for t in items]
     except ZeroGRError as err:
-        raise _usage(str(err)) from None
+        raise UsageError(str(err)) from None
     if any(v < 1 for v in values):
-        raise _usage(f"{option}: values must be ≥ 1")
+        raise UsageError(f"{option}: values must be ≥ 1")
     return values
 
 
@@ -110,9 +106,9 @@ def _list(text, option: str, allowed) -> list[str] | None:
         return list(allowed)
     for item in items:
         if item not in allowed:
-            raise _usage(f"{option}: unknown value {item!r}; choose from {', '.join(allowed)}")
+            raise UsageError(f"{option}: unknown value {item!r}; choose from {', '.join(allowed)}")
     if not items:
-        raise _usage(f"{option}: give at least one value")
+        raise UsageError(f"{option}: give at least one value")
     return items
 
 
@@ -129,7 +125,7 @@ def _configs(dtypes, hiddens, quick: bool):
     if len(hiddens) == 1:
         hiddens = hiddens * len(dtypes)
     if len(dtypes) != len(hiddens):
-        raise _usage(f"--dtype lists {len(dtypes)} values and --hidden {len(hiddens)}; pair them one to one")
+        raise UsageError(f"--dtype lists {len(dtypes)} values and --hidden {len(hiddens)}; pair them one to one")
     return list(zip(dtypes, hiddens))
 
 
@@ -149,10 +145,10 @@ def _stem(suites, options) -> str:
 
 
 def parse_options(args):
-    """The :class:`~zerogr_core.bench.suites.Options` of parsed arguments (usage errors raised)."""
+    """The :class:`~zerogr_core.bench.options.Options` of parsed arguments (usage errors raised)."""
     import torch
 
-    from .suites import Options
+    from .options import Options
 
     suites = _list(args.suite, "--suite", SUITE_NAMES)
     methods = _list(args.methods, "--methods", METHOD_NAMES)
@@ -162,11 +158,11 @@ def parse_options(args):
     try:
         seed = int(args.seed)
     except ValueError:
-        raise _usage(f"--seed: {args.seed!r} is not an integer") from None
+        raise UsageError(f"--seed: {args.seed!r} is not an integer") from None
     if args.device is not None:
         device = torch.device(args.device)
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise _usage("--device cuda: CUDA is not available here")
+            raise UsageError("--device cuda: CUDA is not available here")
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     budget = None
@@ -174,13 +170,13 @@ def parse_options(args):
         try:
             budget = float(args.budget_s)
         except ValueError:
-            raise _usage(f"--budget-s: {args.budget_s!r} is not a number") from None
+            raise UsageError(f"--budget-s: {args.budget_s!r} is not a number") from None
     inter = None
     if args.interference_s is not None:
         try:
             inter = float(args.interference_s)
         except ValueError:
-            raise _usage(f"--interference-s: {args.interference_s!r} is not a number") from None
+            raise UsageError(f"--interference-s: {args.interference_s!r} is not a number") from None
     budgets = {}
     for item in (args.suite_budgets or "").split(","):
         if not item.strip():
@@ -188,11 +184,11 @@ def parse_options(args):
         name, _, value = item.partition("=")
         name = name.strip()
         if name not in SUITE_NAMES:
-            raise _usage(f"--suite-budgets: unknown suite {name!r}")
+            raise UsageError(f"--suite-budgets: unknown suite {name!r}")
         try:
             budgets[name] = float(value)
         except ValueError:
-            raise _usage(f"--suite-budgets: {item!r} is not SUITE=SECONDS") from None
+            raise UsageError(f"--suite-budgets: {item!r} is not SUITE=SECONDS") from None
     from ..decode.engine import PLANNED_TOPK
     from kernels import TOPK_PATHS
 
@@ -209,32 +205,6 @@ def parse_options(args):
                    interference_s=inter, device=device)
 
 
-def canonical_command(o) -> str:
-    """A command line that reruns ``o`` exactly (every effective option spelled out)."""
-    parts = ["python", "-m", "zerogr_core", "bench", "--suite", ",".join(o.suites), "--seed", str(o.seed)]
-    if o.catalog:
-        parts += ["--catalog", o.catalog]
-    if o.scale is not None:
-        parts += ["--scale", str(o.scale)]
-    for flag, values in (("--methods", o.methods), ("--batch", o.batches), ("--beam", o.beams),
-                         ("--codebook", o.codebooks)):
-        if values:
-            parts += [flag, ",".join(map(str, values))]
-    if o.configs:
-        parts += ["--dtype", ",".join(d for d, _ in o.configs), "--hidden", ",".join(str(h) for _, h in o.configs)]
-    if o.quick:
-        parts.append("--quick")
-    if o.repeats is not None:
-        parts += ["--repeats", str(o.repeats)]
-    if o.warmup is not None:
-        parts += ["--warmup", str(o.warmup)]
-    if o.check != "ends":
-        parts += ["--check", o.check]
-    if o.device.type != "cuda":
-        parts += ["--device", str(o.device)]
-    return shlex.join(parts)
-
-
 def run_bench(args: argparse.Namespace) -> int:
     if args.summarize is not None:
         from .results import load_results
@@ -242,7 +212,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
         records = load_results(args.summarize)
         if not records:
-            raise _usage(f"--summarize: no benchmark results under {args.summarize}")
+            raise UsageError(f"--summarize: no benchmark results under {args.summarize}")
         print(summary_text(records))
         return 0
     options = parse_options(args)
@@ -250,11 +220,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from .env import environment
     from .results import ResultWriter
-    from .suites import Session
+    from .session import Session
     from .summary import summary_text
 
     if options.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # plain FP32 math (issue 3)
+        torch.backends.cuda.matmul.allow_tf32 = False  # FP32 GEMMs in FP32, as the baselines and references compute
         torch.backends.cudnn.allow_tf32 = False
     elif options.quick:
         torch.set_num_threads(1)  # tiny CPU problems: threads only add noise
@@ -263,7 +233,7 @@ def run_bench(args: argparse.Namespace) -> int:
     json_path = Path(args.json) if args.json else out / f"{stem}.json"
     csv_path = Path(args.csv) if args.csv else out / f"{stem}.csv"
     env = environment(options.device)
-    command = canonical_command(options)
+    command = run_command(options)
     env["argv"] = shlex.join(sys.argv)
     writer = ResultWriter(json_path, csv_path, env, command)
     print(f"bench: {command}")

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -72,8 +70,3 @@ def environment(device: torch.device) -> dict:
                 tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32), git_commit=_git_commit(),
                 triton_interpret=os.environ.get("TRITON_INTERPRET", ""), **extra)
 
-
-def command_line(argv=None) -> str:
-    """The shell command of this run, as typed (``python -m zerogr_core bench …``)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    return shlex.join(["python", "-m", "zerogr_core", *argv])

@@ -224,8 +224,7 @@ class NaiveSelectiveStep:
     def __init__(self, engine: GpuEngine, batch: int, beam_width: int):
         self.engine, self.batch, self.M = engine, batch, beam_width
         heads = engine.heads
-        self.weights = [(heads.shared if heads.shared is not None else heads.bands[l], heads.band_offsets[l]
-                         if heads.shared is not None else 0) for l in range(engine.index.n_levels)]
+        self.weights = [heads.band(l) for l in range(engine.index.n_levels)]
 
     def __call__(self, level, states, hidden, scores) -> TopkOut:
         mapping = self.engine.index.steps[level]
@@ -354,8 +353,9 @@ class ZeroGRRunner(Runner):
         else:
             self.graph, self.graph_outputs = self.shape.graph, self.shape.outputs
 
-    def runners(self):
-        return self.shape.runners
+    def step_runner(self, level: int):
+        """The engine's :class:`~zerogr_core.decode.engine.StepRunner` of step ``level`` (as planned)."""
+        return self.shape.runners[level]
 
     def step_fn(self, level: int):
         runner = self.shape.runners[level]

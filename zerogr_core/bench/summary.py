@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 METHOD_ORDER = ["zerogr", "static", "static-adapted", "unconstrained", "cpu-trie", "naive-selective"]
-#: DESIGN.md §7: measured on the lent H200 for search-like at 1.93e7 SIDs, beam 128 (ms).
+#: The anchor figures (docs/design.md §8): measured on the lent H200 for search-like at 1.93e7 SIDs, beam 128 (ms).
 ANCHORS = {
     ("fp16", 1024): {"unconstrained": {1: 0.96, 8: 2.80, 32: 7.74}, "static-official": {1: 1.96, 8: 2.01, 32: 3.69},
                      "full-gemms": {1: 0.10, 8: 0.28, 32: 0.95}},
@@ -83,7 +83,7 @@ def latency_tables(records: list[dict]) -> list[str]:
                              (f"; STATIC official {st} ms → x{st / z:.1f}" if st else "") +
                              (f"; unconstrained (anchor) {un} ms → x{un / z:.1f}" if un else ""))
             if lines:
-                text += "\n  vs DESIGN.md §7 anchors (STATIC's official code on the same GPU):\n" + "\n".join(lines)
+                text += "\n  vs the anchor figures (STATIC's official code on the same GPU):\n" + "\n".join(lines)
         out.append(text)
     return out
 

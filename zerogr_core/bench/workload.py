@@ -8,7 +8,6 @@ pay for a second, serial construction.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -17,7 +16,7 @@ import torch
 from ..catalog.catalog import Catalog
 from ..catalog.synth import SYNTH_PRESETS, generate
 from ..decode.engine import PLANNED_TOPK, GpuEngine
-from ..decode.heads import Heads
+from ..decode.heads import HIDDEN_STD, Heads, random_heads
 from ..errors import ZeroGRError
 from ..index import INDEX_PRESETS, StaticIndex, build_index
 from ..index.host_trie import HostTrie
@@ -25,7 +24,7 @@ from ..index.layout import StepIndex
 from .methods import host_trie_from_index
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-#: Default catalog sizes (SIDs) per synthetic preset; the search-like one is DESIGN.md §7's anchor
+#: Default catalog sizes (SIDs) per synthetic preset; the search-like one is the anchor catalog of docs/design.md §8
 #: catalog (19,269,255 SIDs, "2×10^7").
 DEFAULT_SCALE = {"search-like": 19_269_255, "watch-like": 20_000_000, "synthetic-7": 10_000_000}
 QUICK_SCALE = 1200
@@ -162,7 +161,7 @@ class Context:
         dev = workload.device
         gen = torch.Generator(device=dev).manual_seed(workload.seed * 7919 + hidden * 31 + beam * 1009 + batch)
         levels = workload.catalog.n_levels
-        self.sets = [[(2.0 * torch.randn(batch, 1 if l == 0 else beam, hidden, generator=gen, device=dev))
+        self.sets = [[(HIDDEN_STD * torch.randn(batch, 1 if l == 0 else beam, hidden, generator=gen, device=dev))
                       .to(self.dtype) for l in range(levels)] for _ in range(n_sets)]
         self.batch = batch
 
@@ -224,23 +223,21 @@ class Workload:
             self._static = static_from_index(self.catalog, self.cpu_index(), self.device, self.band_offsets, d)
         return self._static
 
+    def baselines(self, methods) -> tuple:
+        """(STATIC-style index or None, host trie or None): what ``methods`` need, built once."""
+        static = self.static() if any(m.startswith("static") for m in methods) else None
+        trie = self.trie() if "cpu-trie" in methods else None
+        return static, trie
+
     # ------------------------------------------------------------------ model side
     def heads(self, dtype_name: str, hidden: int) -> Heads:
         """Seeded random heads: one shared head with a band per level when the catalog has
         band offsets (search-like), else one head per level; entries ~ N(0, 1/H)."""
         key = (dtype_name, hidden)
         if key not in self._heads:
-            dev, dtype = self.device, DTYPES[dtype_name]
-            gen = torch.Generator(device=dev).manual_seed(self.seed * 104729 + hidden)
-            scale = 1.0 / math.sqrt(hidden)
-            sizes = self.catalog.codebook_sizes
-            if self.catalog.band_offsets is not None:
-                rows = max(o + s for o, s in zip(self.catalog.band_offsets, sizes))
-                w = (torch.randn(rows, hidden, generator=gen, device=dev) * scale).to(dtype)
-                heads = Heads.build(w, sizes, self.catalog.band_offsets)
-            else:
-                heads = Heads.build([(torch.randn(s, hidden, generator=gen, device=dev) * scale).to(dtype)
-                                     for s in sizes], sizes)
+            gen = torch.Generator(device=self.device).manual_seed(self.seed * 104729 + hidden)
+            heads = random_heads(self.catalog.codebook_sizes, self.catalog.band_offsets, hidden, DTYPES[dtype_name],
+                                 self.device, gen)
             self._heads = {key: heads}  # keep one config's heads at a time
         return self._heads[key]
 
@@ -262,6 +259,32 @@ class Workload:
         self.index = None
 
 
+class WorkloadCache:
+    """Holds one workload at a time: a suite asking for another catalog frees the previous
+    one's device memory first (two large catalogs need not fit side by side)."""
+
+    def __init__(self, device: torch.device, topk_paths=PLANNED_TOPK):
+        self.device, self.topk_paths = device, tuple(topk_paths)
+        self.current: Workload | None = None
+
+    def get(self, spec: CatalogSpec, log=print) -> tuple[Workload, bool]:
+        """The workload of ``spec`` and whether it was built by this call."""
+        if self.current is not None and self.current.spec == spec:
+            return self.current, False
+        if self.current is not None:
+            self.current.release()
+            self.current = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        log(f"[catalog] {spec.label}: generating/loading and building the index on {self.device} …")
+        wl = self.current = Workload(spec, self.device, self.topk_paths)
+        log(f"[catalog] {spec.label}: {wl.catalog.n_items:,} SIDs, codebooks {wl.fields['codebooks']}, "
+            f"max segments {wl.fields['max_segments']} (catalog {wl.catalog_s:.1f} s, index "
+            f"{wl.index.build.get('total_s', 0):.1f} s, total {time.perf_counter() - t0:.1f} s)")
+        return wl, True
+
+
 def default_scale(source: str, quick: bool) -> int | None:
     if source not in SYNTH_PRESETS:
         return None
@@ -279,5 +302,5 @@ def order_batches(batches) -> list[int]:
     return first + rest
 
 
-__all__ = ["CatalogSpec", "Context", "DEFAULT_SCALE", "DTYPES", "Workload", "catalog_fields", "load_catalog",
+__all__ = ["CatalogSpec", "Context", "DEFAULT_SCALE", "DTYPES", "Workload", "WorkloadCache", "catalog_fields", "load_catalog",
            "order_batches", "static_from_index", "static_step_bytes"]

@@ -131,6 +131,9 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
             level = level_names(sids.shape[1]).index(err.column) + 1
             raise CatalogError(f"{err.reason} (token {level})", row=err.row, column=columns["sid"],
                                source=source) from None
+        if err.column == "sid" and layout_columns != ["sid"]:  # the SID is spread over the level columns
+            names = [columns[name] for name in layout_columns]
+            raise CatalogError(err.reason, row=err.row, column=f"{names[0]}–{names[-1]}", source=source) from None
         raise err.with_source(source) from None
 
 

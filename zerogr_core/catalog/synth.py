@@ -98,7 +98,7 @@ class SynthConfig:
         return max(1, math.ceil(need)), tuple(fanouts)
 
 
-#: Named presets. ``search-like`` reproduces the anchor catalog of DESIGN.md §7
+#: Named presets. ``search-like`` reproduces the anchor catalog of docs/design.md §8
 #: (fan-outs 150/8/2/1, max segments about 199/24/11/1 at 1.93e7 SIDs).
 SYNTH_PRESETS: dict[str, SynthConfig] = {
     "search-like": SynthConfig(

@@ -27,7 +27,7 @@ def _projection_of(option) -> str:
     if isinstance(option, str) and "/" in option:
         option = StepOption.parse(option)
     if isinstance(option, StepOption):
-        return "full" if option.mode.endswith("full") else "selective"
+        return option.projection
     return option
 
 
@@ -54,8 +54,14 @@ class Decoder:
     source : StaticIndex or HostTrie, optional
         For score-first: where valid tokens come from (default: ``index`` itself).
     engine : {"auto", "reference", "graph", "eager"}
-        ``auto`` uses the GPU engine (CUDA graph replay) for filter-first on a CUDA index
-        and the pure-PyTorch reference elsewhere.
+        Which implementation decodes: ``auto`` uses the GPU engine (CUDA graph replay) for
+        filter-first on a CUDA index and the pure-PyTorch reference elsewhere.
+
+    Attributes
+    ----------
+    gpu_engine : GpuEngine or None
+        The GPU engine chosen by ``engine`` (its plans, graph error), or None on the
+        reference path.
     """
 
     def __init__(self, index: StepIndex, heads, beam_width: int, order: str = "filter-first", *,
@@ -82,11 +88,11 @@ class Decoder:
         use_gpu = order == "filter-first" and index.device.type == "cuda" and engine != "reference"
         if engine in ("graph", "eager") and not use_gpu:
             raise ZeroGRError(f"engine {engine!r} needs filter-first decoding on a CUDA index")
-        self.engine = None
+        self.gpu_engine = None
         if use_gpu:
             from .engine import GpuEngine
 
-            self.engine = GpuEngine(index, self.heads, beam_width, plan_override=self.projection,
+            self.gpu_engine = GpuEngine(index, self.heads, beam_width, plan_override=self.projection,
                                     use_graph=engine != "eager")
 
     def step_fn(self):
@@ -115,8 +121,8 @@ class Decoder:
         -------
         DecodeResult
         """
-        if self.engine is not None:
-            return self.engine.decode(hidden_fn, batch_size)
+        if self.gpu_engine is not None:
+            return self.gpu_engine.decode(hidden_fn, batch_size)
         result = beam_search(self.step_fn(), hidden_fn, batch_size=batch_size, beam_width=self.beam_width,
                              n_levels=self.index.n_levels, hidden_size=self.heads.hidden_size,
                              device=self.index.device)

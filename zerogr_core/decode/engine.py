@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import (SMALL_MAX, TOPK_PATHS, FilterOut, TopkOut, filter_slots, full_proj, selective_proj,
-                     small_tile, topk_gather)
+from kernels import (SMALL_MAX, TOPK_PATHS, FilterOut, TopkOut, filter_slots, full_proj, log_softmax_slots,
+                     selective_proj, small_tile, topk_gather)
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
@@ -39,6 +39,12 @@ class StepOption:
     @property
     def label(self) -> str:
         return f"{self.mode} / {self.topk}"
+
+    @property
+    def projection(self) -> str:
+        """``"full"`` (band GEMM, dense or sparse filter) or ``"selective"``: what the
+        reference decoder takes for this step."""
+        return "full" if self.mode.endswith("full") else "selective"
 
     @classmethod
     def parse(cls, text: str) -> "StepOption":
@@ -101,7 +107,7 @@ class StepRunner:
             torch.empty(n, self.K, dtype=torch.float32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
             torch.empty(n * -(-self.K // 64), 3, dtype=torch.int32, device=dev))
         self.logits = (torch.empty(n, mapping.codebook, dtype=weight.dtype, device=dev)
-                       if option.mode.endswith("full") else None)
+                       if option.projection == "full" else None)
         self.top = TopkOut(torch.empty(batch, beam_width, dtype=torch.float32, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int64, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int32, device=dev),
@@ -127,6 +133,43 @@ class StepRunner:
                  prefixes=None) -> TopkOut:
         return self.select(self.project(states, hidden), scores, prefixes)
 
+    def stages(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor) -> dict:
+        """The step cut into separately callable parts, for per-stage timing.
+
+        Runs :meth:`project` once, so that every part finds its inputs in place. Keys:
+        ``filtering`` (slots alone), ``projection`` (the band GEMM on full options, the
+        selective projection of the filtered slots otherwise), ``filtering+projection``,
+        ``normalisation`` (unfused log-softmax over the valid slots, into a scratch buffer),
+        ``selection+gather`` (top-M of the normalised slots, into scratch buffers), ``fused
+        step`` (the step as the decode runs it) and, on full options, ``filter copy`` (the
+        filter copying the valid logits out of the GEMM's output).
+
+        Returns
+        -------
+        dict of str to callable
+            Each takes no argument and writes the runner's static buffers or the scratch ones.
+        """
+        slots = self.project(states, hidden)
+        norm = torch.empty_like(slots.slot_logits)
+        top = tuple(torch.empty_like(t) for t in self.top)
+        fo, opt = self.filter_out, self.option
+        parts = {
+            "filtering+projection": lambda: self.project(states, hidden),
+            "normalisation": lambda: log_softmax_slots(slots.slot_logits, scores, out=norm),
+            "selection+gather": lambda: topk_gather(norm, slots.slot_tokens, slots.slot_succ, self.batch,
+                                                    self.beam_width, path=opt.topk, out=top),
+            "fused step": lambda: self(states, hidden, scores),
+            "filtering": lambda: filter_slots(states, self.K, **self.args, out=fo),
+        }
+        if self.logits is not None:
+            parts["projection"] = lambda: full_proj(hidden, self.weight, self.band_start, self.mapping.codebook,
+                                                    out=self.logits)
+            parts["filter copy"] = lambda: filter_slots(states, self.K, **self.args, logits=self.logits, out=fo)
+        else:
+            parts["projection"] = lambda: selective_proj(hidden, self.weight, fo.slot_tokens, fo.tasks,
+                                                         fo.slot_logits, band_start=self.band_start)
+        return parts
+
 
 class ShapeState:
     """Static buffers and runners of one (batch, beam, dtype, H) shape."""
@@ -138,8 +181,8 @@ class ShapeState:
         self.runners = []
         for level, option in enumerate(options):
             mapping = index.steps[level]
-            weight = heads.shared if heads.shared is not None else heads.bands[level]
-            self.runners.append(StepRunner(mapping, engine.sparse_view(level), weight, heads.band_offsets[level],
+            weight, band_start = heads.band(level)
+            self.runners.append(StepRunner(mapping, engine.sparse_view(level), weight, band_start,
                                            option, batch, 1 if level == 0 else m, m))
         self.states0 = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.scores0 = torch.zeros(batch, dtype=torch.float32, device=dev)

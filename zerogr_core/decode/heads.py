@@ -1,6 +1,7 @@
 """Output projections: per-level heads, or one shared head with a band per level."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -78,6 +79,15 @@ class Heads:
     def device(self) -> torch.device:
         return self.bands[0].device
 
+    def band(self, level: int) -> tuple[torch.Tensor, int]:
+        """Where level ``level``'s logits come from: (weight, row of the band's token 0).
+
+        The shared head and the band's offset in it, or the level's own head and 0.
+        """
+        if self.shared is not None:
+            return self.shared, self.band_offsets[level]
+        return self.bands[level], 0
+
     def normaliser(self, level: int) -> tuple[torch.Tensor, int]:
         """What scoring first projects at ``level``: (weight, row of the band's token 0).
 
@@ -86,3 +96,43 @@ class Heads:
         if self.shared is not None:
             return self.shared, self.band_offsets[level]
         return self.bands[level], 0
+
+
+HIDDEN_STD = 2.0
+"""Standard deviation of random hidden states: against :func:`random_heads` their logits
+have a standard deviation of about 2 (a softmax neither flat nor one-hot)."""
+
+
+def random_heads(codebook_sizes: Sequence[int], band_offsets: Sequence[int] | None, hidden_size: int,
+                 dtype: torch.dtype = torch.float32, device="cpu",
+                 generator: torch.Generator | None = None) -> Heads:
+    """A random output projection in a catalog's layout, entries ~ N(0, 1/H).
+
+    The one way heads are drawn without a trained model (the app, ``plan`` and ``bench``
+    alike), so they all decode logits of the same magnitude.
+
+    Parameters
+    ----------
+    codebook_sizes : sequence of int
+    band_offsets : sequence of int or None
+        One shared head with a band per level when given, else one head per level.
+    hidden_size : int
+    dtype : torch.dtype
+    device : str or torch.device
+        Where the heads end up.
+    generator : torch.Generator, optional
+        Drawn on the generator's device (so a CPU generator gives the same heads on every
+        device), then moved to ``device``.
+    """
+    if hidden_size < 1:
+        raise ZeroGRError(f"hidden size must be ≥ 1, got {hidden_size}")
+    on = generator.device if generator is not None else torch.device("cpu")
+    scale = 1.0 / math.sqrt(hidden_size)
+    sizes = tuple(int(s) for s in codebook_sizes)
+
+    def draw(rows: int) -> torch.Tensor:
+        return (torch.randn(rows, hidden_size, generator=generator, device=on) * scale).to(dtype).to(device)
+
+    if band_offsets is not None:
+        return Heads.build(draw(max(o + s for o, s in zip(band_offsets, sizes))), sizes, band_offsets)
+    return Heads.build([draw(s) for s in sizes], sizes)

@@ -30,9 +30,11 @@ class KernelOps:
     topk: Callable
 
 
-DISPATCH = KernelOps(kernels.filter_slots, kernels.selective_proj, kernels.log_softmax_slots, kernels.topk_gather)
-REFERENCE = KernelOps(kernels.filter_slots_reference, kernels.selective_proj_reference,
-                      kernels.log_softmax_slots_reference, kernels.topk_gather_reference)
+DISPATCH = KernelOps(
+    kernels.filter_slots, kernels.selective_proj, kernels.log_softmax_slots, kernels.topk_gather)
+REFERENCE = KernelOps(
+    kernels.filter_slots_reference, kernels.selective_proj_reference, kernels.log_softmax_slots_reference,
+    kernels.topk_gather_reference)
 
 
 def no_timer(step: int, stage: str):

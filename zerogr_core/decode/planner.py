@@ -2,7 +2,8 @@
 
 Options per step are dense+full (dense steps only), sparse+full and sparse+selective, each
 with the small (one program per request, when the request's candidates fit one tile), wide
-(torch.topk) or split (chunked tl.topk tournament) selection.
+(torch.topk), split (chunked tl.topk tournament) or prune (split behind a per-request score
+threshold, when a request has at least M beams) selection.
 Every option is timed on the step's real inputs, recorded from one eager decode of the
 serving shape: on a GPU as the median of CUDA-event timed replays of a graph holding that
 step alone (so launch overhead counts as it will under whole-decode replay), on a CPU
@@ -110,11 +111,11 @@ def make_plan(engine, hidden_fn, batch: int) -> Plan:
     heads = engine.heads
     for level, opts in enumerate(options):
         states, hidden, scores = record[level]
-        weight = heads.shared if heads.shared is not None else heads.bands[level]
+        weight, band_start = heads.band(level)
         times, failed = {}, {}
         for opt in opts:
             runner = StepRunner(engine.index.steps[level], engine.sparse_view(level), weight,
-                                heads.band_offsets[level], opt, batch, 1 if level == 0 else engine.beam_width,
+                                band_start, opt, batch, 1 if level == 0 else engine.beam_width,
                                 engine.beam_width)
             try:  # an option that cannot compile or run here is reported, never chosen
                 times[opt.label] = time_call(lambda: runner(states, hidden, scores), dev)

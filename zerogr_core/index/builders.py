@@ -26,9 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ..catalog.catalog import Catalog
+from ..catalog.catalog import Catalog, token_dtype
 from ..errors import ZeroGRError
-from .layout import IndexConfig, StepIndex, StepMapping, offset_dtype, step_token_dtype, torch_dtype
+from .layout import IndexConfig, StepIndex, StepMapping, offset_dtype, torch_dtype
 
 BUILDERS = ("layout", "host-copy", "serial")
 
@@ -101,7 +101,7 @@ def _finish_offsets(offsets: np.ndarray | torch.Tensor, entries: int) -> None:
 
 
 def _empty_arrays(layout: _Layout, sizes) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    tokens = [np.empty(int(layout.entries[l]), dtype=step_token_dtype(sizes[l])) for l in range(layout.levels)]
+    tokens = [np.empty(int(layout.entries[l]), dtype=token_dtype(sizes[l])) for l in range(layout.levels)]
     offsets = [np.empty(int(layout.states[l]) + 1, dtype=offset_dtype(int(layout.entries[l])))
                for l in range(layout.levels)]
     return tokens, offsets
@@ -123,8 +123,21 @@ def _host_fill(layout: _Layout, sizes, pool: ThreadPoolExecutor):
     return tokens, offsets
 
 
-def _serial_arrays(sids: np.ndarray, sizes):
-    """Naive serial construction: distinct prefixes by sorting, one step at a time."""
+def serial_arrays(sids: np.ndarray, sizes) -> tuple[list, list]:
+    """Naive serial construction: distinct prefixes by sorting, one step at a time.
+
+    Parameters
+    ----------
+    sids : np.ndarray, shape (N, L)
+        Sorted SID rows.
+    sizes : sequence of int
+        Codebook size per level.
+
+    Returns
+    -------
+    tokens, offsets : list of np.ndarray
+        Per step the sparse mapping's tokens (E_l,) and offsets (E_{l-1} + 1,).
+    """
     n, levels = sids.shape
     bits = [max(int(s - 1).bit_length(), 1) for s in sizes]
     tokens, offsets = [], []
@@ -135,7 +148,7 @@ def _serial_arrays(sids: np.ndarray, sizes):
             raise ZeroGRError("the serial baseline needs SID prefixes that pack into 63 bits")
         key = (key << bits[level]) | sids[:, level].astype(np.int64)
         uniq, first = np.unique(key, return_index=True)
-        tokens.append(sids[first, level].astype(step_token_dtype(sizes[level])))
+        tokens.append(sids[first, level].astype(token_dtype(sizes[level])))
         odt = offset_dtype(uniq.size)
         if level == 0:
             offsets.append(np.array([0, uniq.size], dtype=odt))
@@ -175,7 +188,7 @@ def _stream_to_device(layout: _Layout, sizes, device: torch.device, config: Inde
                       pool: ThreadPoolExecutor, build: dict):
     """Pass 2 into pinned staging buffers, copied to ``device`` on a side stream."""
     levels = layout.levels
-    tok_dtypes = [step_token_dtype(sizes[l]) for l in range(levels)]
+    tok_dtypes = [token_dtype(sizes[l]) for l in range(levels)]
     off_dtypes = [offset_dtype(int(layout.entries[l])) for l in range(levels)]
     dev_tokens = [torch.empty(int(layout.entries[l]), dtype=torch_dtype(tok_dtypes[l]), device=device)
                   for l in range(levels)]
@@ -229,6 +242,35 @@ def _stream_to_device(layout: _Layout, sizes, device: torch.device, config: Inde
     return dev_tokens, dev_offsets
 
 
+H2D_PHASE = "H2D (not hidden)"
+
+
+def build_phases(build: dict) -> dict[str, float]:
+    """Seconds per phase of a build's timings (``StepIndex.build``).
+
+    ``layout pass``, ``fill``, :data:`H2D_PHASE` and ``assemble``. The H2D phase is the copy
+    time the build waited for: all of it (``h2d_s``) when the copy follows the fill
+    (host-copy, serial), the tail after the last chunk (``h2d_tail_s``) when streaming,
+    where the rest overlaps filling. ``assemble`` is what the total holds beyond the other
+    three (wrapping the arrays into mappings, dense tables).
+    """
+    phases = {"layout pass": build.get("layout_pass_s", 0.0), "fill": build.get("fill_s", 0.0),
+              H2D_PHASE: build["h2d_s"] if "h2d_s" in build else build.get("h2d_tail_s", 0.0)}
+    phases["assemble"] = max(0.0, build.get("total_s", 0.0) - sum(phases.values()))
+    return phases
+
+
+def h2d_gbps(build: dict) -> float | None:
+    """Host-to-device rate of one build in GB/s, or ``None`` when nothing was copied.
+
+    A copy after the fill is timed alone (``h2d_s``); a streaming copy runs while the
+    chunks fill, so its time is the fill plus the tail not hidden behind it.
+    """
+    nbytes = build.get("h2d_bytes")
+    seconds = build["h2d_s"] if "h2d_s" in build else build.get("fill_s", 0.0) + build.get("h2d_tail_s", 0.0)
+    return nbytes / seconds / 1e9 if nbytes and seconds > 0 else None
+
+
 def build_index(catalog: Catalog, device=None, builder: str = "layout",
                 config: IndexConfig | None = None) -> StepIndex:
     """Build the step-sliced index of ``catalog``.
@@ -261,7 +303,7 @@ def build_index(catalog: Catalog, device=None, builder: str = "layout",
     build: dict = {"builder": builder, "device": str(device), "rows": catalog.n_items}
     t_start = time.perf_counter()
     if builder == "serial":
-        tokens, offsets = _serial_arrays(sids, sizes)
+        tokens, offsets = serial_arrays(sids, sizes)
         build["fill_s"] = time.perf_counter() - t_start
     else:
         workers = config.workers or os.cpu_count() or 1

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..catalog.catalog import token_dtype
 from ..errors import ZeroGRError
 
 
@@ -27,23 +28,48 @@ def offset_dtype(count: int) -> np.dtype:
     return np.dtype(np.int32) if count < 2**31 else np.dtype(np.int64)
 
 
-def step_token_dtype(codebook: int) -> np.dtype:
-    """Smallest signed dtype that holds the local ids of a codebook of ``codebook`` tokens."""
-    if codebook <= 128:
-        return np.dtype(np.int8)
-    if codebook <= 32768:
-        return np.dtype(np.int16)
-    return np.dtype(np.int32)
-
-
 def torch_dtype(dtype: np.dtype) -> torch.dtype:
     """The torch dtype of a numpy dtype."""
     return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
+def static_style_step_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2) -> list[int]:
+    """Bytes of the STATIC-style index laid out as published, attributed to each step.
+
+    Parameters
+    ----------
+    entries : sequence of int
+        E_l per step (distinct length-(l+1) prefixes).
+    vocab : int
+        The model's whole output vocabulary V.
+    dense_levels : int
+        d: steps served by the dense V^d tables.
+
+    Returns
+    -------
+    list of int
+        One figure per step: the first-step bool mask (d = 2), the dense bool mask and
+        int32 states of step d, then each CSR step's int32 [token, next] pairs and row
+        pointers.
+    """
+    d = min(dense_levels, len(entries))
+    out = []
+    for level in range(len(entries)):
+        if level < d:
+            out.append(vocab ** d * (1 + 4) if level == d - 1 else vocab)
+        else:
+            out.append(entries[level] * 8 + (entries[level - 1] + 1) * 4)
+    return out
+
+
+def static_style_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2) -> int:
+    """Total bytes of the STATIC-style index (:func:`static_style_step_bytes` summed)."""
+    return int(sum(static_style_step_bytes(entries, vocab, dense_levels)))
+
+
 def sparse_bytes(codebook: int, states: int, entries: int) -> int:
     """Bytes of a sparse mapping: tokens plus offsets."""
-    return entries * step_token_dtype(codebook).itemsize + (states + 1) * offset_dtype(entries).itemsize
+    return entries * token_dtype(codebook).itemsize + (states + 1) * offset_dtype(entries).itemsize
 
 
 def dense_bytes(codebook: int, states: int, entries: int) -> int:
@@ -160,7 +186,7 @@ class StepMapping:
         if self.kind == "sparse":
             return self.tokens, self.offsets
         valid = self.table >= 0
-        tokens = valid.nonzero()[:, 1].to(torch_dtype(step_token_dtype(self.codebook)))
+        tokens = valid.nonzero()[:, 1].to(torch_dtype(token_dtype(self.codebook)))
         counts = valid.sum(dim=1)
         offsets = torch.zeros(self.n_states + 1, dtype=self.table.dtype, device=self.table.device)
         offsets[1:] = counts.cumsum(0)
@@ -262,8 +288,6 @@ class StepIndex:
             Output vocabulary of the model for the STATIC-style estimate (default: the sum
             of the codebooks, i.e. one shared head with a band per level).
         """
-        from .static_style import static_style_bytes
-
         rows = []
         for s in self.steps:
             rows.append(dict(step=s.step + 1, codebook=s.codebook, states=s.n_states, entries=s.n_entries,

@@ -16,39 +16,7 @@ import torch
 
 from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
-
-
-def static_style_step_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2) -> list[int]:
-    """Bytes of the STATIC-style index laid out as published, attributed to each step.
-
-    Parameters
-    ----------
-    entries : sequence of int
-        E_l per step (distinct length-(l+1) prefixes).
-    vocab : int
-        The model's whole output vocabulary V.
-    dense_levels : int
-        d: steps served by the dense V^d tables.
-
-    Returns
-    -------
-    list of int
-        One figure per step: the first-step mask (d = 2), the dense bool mask + int32
-        states of step d, then each CSR step's int32 [token, next] pairs and row pointers.
-    """
-    d = min(dense_levels, len(entries))
-    out = []
-    for level in range(len(entries)):
-        if level < d:
-            out.append(vocab ** d * (1 + 4) if level == d - 1 else vocab)
-        else:
-            out.append(entries[level] * 8 + (entries[level - 1] + 1) * 4)
-    return out
-
-
-def static_style_bytes(entries: Sequence[int], vocab: int, dense_levels: int = 2) -> int:
-    """Total of :func:`static_style_step_bytes`."""
-    return int(sum(static_style_step_bytes(entries, vocab, dense_levels)))
+from .builders import serial_arrays
 
 
 @dataclass(eq=False)
@@ -147,15 +115,13 @@ def build_static_index(catalog: Catalog, device=None, dense_levels: int = 2,
         Global head row of each level's token 0 (default: ``catalog.band_offsets`` or the
         cumulative codebook sizes).
     """
-    from .builders import _serial_arrays
-
     if dense_levels not in (1, 2) or dense_levels > catalog.n_levels:
         raise ZeroGRError(f"dense_levels must be 1 or 2 and at most L={catalog.n_levels}, got {dense_levels}")
     t0 = time.perf_counter()
     sizes = catalog.codebook_sizes
     offsets_ = band_offsets or catalog.band_offsets or tuple(np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist())
     vocab = int(max(o + s for o, s in zip(offsets_, sizes)))
-    tokens, offsets = _serial_arrays(catalog.sids, sizes)
+    tokens, offsets = serial_arrays(catalog.sids, sizes)
     g0 = tokens[0].astype(np.int64) + offsets_[0]
     if dense_levels == 1:
         dense_mask = np.zeros(vocab, dtype=bool)

@@ -22,12 +22,13 @@ import numpy as np
 import torch
 
 from .. import Decoder, build_index
+from ..decode.heads import Heads
 from ..errors import ZeroGRError
 from .validity import PrefixValidity
 
 KS = (1, 5, 10, 20, 50, 128)
 ORDERS = ("filter-first", "score-first")
-#: Bars of the study (issue 5): |Δ Recall| and |Δ NDCG| in percentage points, overlap.
+#: Bars the study must meet to support the claim: |Δ Recall| and |Δ NDCG| in percentage points, overlap.
 MAX_GAP_PP = 0.5
 MIN_OVERLAP = 0.99
 
@@ -48,20 +49,29 @@ class InvalidMass:
     values: list = field(default_factory=list)
     densities: list = field(default_factory=list)
 
-    def wrap(self, hidden_fn, heads: Sequence[torch.Tensor], validity: PrefixValidity):
-        """A ``hidden_fn`` that records the mass and valid density, then passes through."""
+    def wrap(self, hidden_fn, heads, validity: PrefixValidity):
+        """A ``hidden_fn`` that records the mass and valid density, then passes through.
+
+        ``heads``: per-level heads, or a :class:`~zerogr_core.decode.heads.Heads` (a shared
+        head is normalised whole, as scoring first does; its band holds the valid tokens).
+        """
         def recording(step: int, prefixes: torch.Tensor) -> torch.Tensor:
             hidden = hidden_fn(step, prefixes)
             flat = prefixes.reshape(prefixes.shape[0] * prefixes.shape[1], step)
             alive = (flat >= 0).all(dim=1)
             h = hidden.reshape(-1, hidden.shape[-1])[alive]
-            probs = torch.softmax((h @ heads[step].T).float(), dim=-1)
-            valid = validity.mask(flat[alive])
+            weight, band = heads.normaliser(step) if isinstance(heads, Heads) else (heads[step], 0)
+            probs = torch.softmax((h @ weight.T).float(), dim=-1)
+            band_valid = validity.mask(flat[alive])
+            valid = band_valid
+            if valid.shape[1] != probs.shape[1]:  # the band of a shared head
+                valid = torch.zeros_like(probs, dtype=torch.bool)
+                valid[:, band:band + band_valid.shape[1]] = band_valid
             while len(self.values) <= step:
                 self.values.append([])
                 self.densities.append([])
             self.values[step].append((probs * ~valid).sum(dim=1).cpu())
-            self.densities[step].append(valid.float().mean(dim=1).cpu())
+            self.densities[step].append(band_valid.float().mean(dim=1).cpu())
             return hidden
 
         return recording
@@ -260,7 +270,7 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
 
 
 def bars(report: dict) -> dict:
-    """Check the issue's bars on a report from :func:`evaluate`."""
+    """Check the study's bars on a report from :func:`evaluate`."""
     ks = [str(k) for k in report["k"]]
     gap_recall = max(abs(report["recall_filter_first"][k] - report["recall_score_first"][k]) for k in ks)
     gap_ndcg = max(abs(report["ndcg_filter_first"][k] - report["ndcg_score_first"][k]) for k in ks)

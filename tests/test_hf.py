@@ -1,0 +1,250 @@
+"""The Hugging Face adapter against HF ``generate`` and a brute-force beam search."""
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from zerogr_core import Catalog, build_index  # noqa: E402
+from zerogr_core.errors import ZeroGRError  # noqa: E402
+from zerogr_core.hf import generate  # noqa: E402
+
+SIZES = (4, 5, 6)
+OFFSETS = (3, 7, 12)           # ids 0-2: pad, eos, unk; then the three SID levels
+VOCAB = 20
+
+
+def tiny_catalog(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    sids = set()
+    while len(sids) < n:
+        sids.add(tuple(int(rng.integers(0, s)) for s in SIZES))
+    return Catalog.from_sids(np.array(sorted(sids)), SIZES)
+
+
+def t5_model():
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2,
+                                   num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                                   dropout_rate=0.0)
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def gpt2_model():
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=64,
+                                     bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def llama_model():
+    torch.manual_seed(2)
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                      bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+MODELS = {"t5": t5_model, "gpt2": gpt2_model, "llama": llama_model}
+
+
+def inputs():
+    """Two requests of different lengths (left padding)."""
+    ids = torch.tensor([[0, 0, 5, 9, 13, 4], [8, 15, 6, 10, 3, 17]])
+    mask = (torch.arange(6)[None, :] >= torch.tensor([[2], [0]])).long()
+    return ids, mask
+
+
+@torch.no_grad()
+def next_logprobs(model, ids, mask, prefix_ids):
+    """Full-vocabulary log-probabilities after ``prefix_ids``, no cache (recomputed)."""
+    if model.config.is_encoder_decoder:
+        dec = torch.tensor([[model.config.decoder_start_token_id, *prefix_ids]])
+        logits = model(input_ids=ids[None], attention_mask=mask[None], decoder_input_ids=dec).logits
+    else:
+        full = torch.cat([ids, torch.tensor(prefix_ids, dtype=torch.int64)])[None]
+        m = torch.cat([mask, torch.ones(len(prefix_ids), dtype=torch.int64)])[None]
+        pos = (m.cumsum(1) - 1).masked_fill(m == 0, 0)
+        logits = model(input_ids=full, attention_mask=m, position_ids=pos).logits
+    return torch.log_softmax(logits[0, -1].double(), dim=-1)
+
+
+def brute_force(model, catalog, ids, mask, beam, order):
+    """Plain beam search over the catalog's prefix tree with recomputed logits."""
+    sids = [tuple(int(t) for t in row) for row in catalog.sids]
+    beams = [((), 0.0)]
+    for level in range(catalog.n_levels):
+        cands = []
+        for prefix, score in beams:
+            children = sorted({s[level] for s in sids if s[:level] == prefix})
+            lp = next_logprobs(model, ids, mask, [OFFSETS[i] + t for i, t in enumerate(prefix)])
+            band = torch.tensor([OFFSETS[level] + t for t in children])
+            vals = lp[band] if order == "score-first" else torch.log_softmax(lp[band], dim=0)
+            cands += [(prefix + (t,), score + float(v)) for t, v in zip(children, vals)]
+        beams = sorted(cands, key=lambda c: -c[1])[:beam]
+    return beams
+
+
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+@pytest.mark.parametrize("order", ["filter-first", "score-first"])
+def test_generate_matches_brute_force(name, order):
+    model, catalog = MODELS[name](), tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    for beam in (6, 48):                  # 48 ≥ the 40 items: beam search is exhaustive
+        result = generate(model, ids, index, beam_width=beam, token_offsets=OFFSETS, order=order,
+                          attention_mask=mask)
+        for r in range(ids.shape[0]):
+            want = brute_force(model, catalog, ids[r][mask[r] > 0], mask[r][mask[r] > 0], beam, order)
+            alive = result.scores[r] > float("-inf")
+            assert int(alive.sum()) == len(want)
+            got = [tuple(t) for t in result.tokens[r][alive].tolist()]
+            assert got == [w[0] for w in want]
+            np.testing.assert_allclose(result.scores[r][alive].numpy(), [w[1] for w in want], rtol=1e-4, atol=1e-4)
+            rows = result.item_rows[r][alive].numpy()
+            assert np.array_equal(catalog.sids[rows].astype(np.int64), np.array(got))
+
+
+@pytest.mark.parametrize("name", ["t5", "gpt2"])
+def test_score_first_equals_hf_generate(name):
+    """Same beams and scores as HF generate(num_beams=M, prefix_allowed_tokens_fn=...) in FP32."""
+    model, catalog = MODELS[name](), tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    L, beam = catalog.n_levels, 8
+    prefixes = {}
+    for row in catalog.sids:
+        for level in range(L):
+            key = tuple(OFFSETS[i] + int(t) for i, t in enumerate(row[:level]))
+            prefixes.setdefault(key, set()).add(OFFSETS[level] + int(row[level]))
+    start = 1 if model.config.is_encoder_decoder else ids.shape[1]
+
+    def allowed(batch_id, sent):
+        return sorted(prefixes.get(tuple(sent[start:].tolist()), ()))
+
+    out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beam, num_return_sequences=beam,
+                         prefix_allowed_tokens_fn=allowed, do_sample=False, length_penalty=0.0, early_stopping=True,
+                         max_new_tokens=L, min_new_tokens=L, return_dict_in_generate=True, output_scores=True)
+    hf_seq = out.sequences[:, start:].view(ids.shape[0], beam, L) - torch.tensor(OFFSETS)
+    hf_scores = out.sequences_scores.view(ids.shape[0], beam)
+    result = generate(model, ids, index, beam_width=beam, token_offsets=OFFSETS, order="score-first",
+                      attention_mask=mask)
+    for r in range(ids.shape[0]):
+        real = hf_scores[r] > -1e8        # HF pads short requests with beams scored about -1e9
+        alive = result.scores[r] > float("-inf")
+        assert torch.equal(real, alive)
+        assert torch.equal(result.tokens[r][alive], hf_seq[r][real])
+        torch.testing.assert_close(result.scores[r][alive], hf_scores[r][real], rtol=1e-5, atol=1e-5)
+
+
+def test_generate_errors():
+    model, catalog = t5_model(), tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    with pytest.raises(ZeroGRError, match=r"token_offsets: level 3 needs vocabulary ids \[16, 22\) but the "
+                                          r"model's vocabulary has 20 ids"):
+        generate(model, ids, index, beam_width=4, token_offsets=(3, 7, 16))
+    with pytest.raises(ZeroGRError, match="3 levels"):
+        generate(model, ids, index, beam_width=4, token_offsets=(3, 7))
+    with pytest.raises(ZeroGRError, match="attention_mask: shape"):
+        generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, attention_mask=mask[:, 1:])
+    with pytest.raises(ZeroGRError, match="order must be"):
+        generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, order="best-first")
+
+
+def test_import_without_transformers():
+    """``import zerogr_core`` and ``zerogr_core.hf`` load without importing transformers."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['transformers'] = None; import zerogr_core, zerogr_core.hf, zerogr_core.models; "
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def gated_t5_model():
+    torch.manual_seed(3)
+    config = transformers.T5Config(vocab_size=VOCAB, d_model=24, d_kv=8, d_ff=40, num_layers=1, num_decoder_layers=3,
+                                   num_heads=3, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                                   feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0)
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+@pytest.mark.parametrize("make", [t5_model, gated_t5_model])
+def test_t5_step_model_equals_hf_cache(make):
+    """Per-request cross-attention memory + static self-attention cache = HF's own caches, every step."""
+    from zerogr_core.hf import HFStepModel
+    from zerogr_core.models.t5 import T5StepModel
+
+    model = make()
+    ids, mask = inputs()
+    beam = 5
+    ours, theirs = T5StepModel(model, OFFSETS), HFStepModel(model, OFFSETS)
+    for m in (ours, theirs):
+        m.prefill(ids, mask, beam_width=beam)
+    gen = torch.Generator().manual_seed(0)
+    torch.testing.assert_close(ours.step(0, None, None), theirs.step(0, None, None), rtol=1e-5, atol=1e-5)
+    prev = 1
+    for step in range(1, len(OFFSETS)):
+        local = torch.randint(0, prev, (2, beam), generator=gen)
+        parents = torch.arange(2)[:, None] * prev + local
+        tokens = torch.randint(0, SIZES[step - 1], (2, beam), generator=gen).int()   # as TopkOut.tokens
+        torch.testing.assert_close(ours.step(step, tokens, parents), theirs.step(step, tokens, parents),
+                                   rtol=1e-5, atol=1e-5)
+        prev = beam
+
+
+def test_generate_with_t5_step_model():
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    model, catalog = t5_model(), tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    want = generate(model, ids, index, beam_width=6, token_offsets=OFFSETS, attention_mask=mask)
+    fast = HFGenerator(model, index, beam_width=6, token_offsets=OFFSETS, step_model=T5StepModel(model, OFFSETS))
+    got = fast.generate(ids, mask)
+    assert torch.equal(got.item_rows, want.item_rows)
+    torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-5)
+
+
+def test_generator_reuses_static_buffers_across_batches():
+    """A kept generator serves new requests of the same shape (new data in the same buffers)
+    and of a new shape exactly as a fresh generator does."""
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    model, catalog = t5_model(), tiny_catalog()
+    index = build_index(catalog)
+
+    def fresh(ids, mask):
+        return HFGenerator(model, index, beam_width=5, token_offsets=OFFSETS,
+                           step_model=T5StepModel(model, OFFSETS)).generate(ids, mask)
+
+    kept = HFGenerator(model, index, beam_width=5, token_offsets=OFFSETS, step_model=T5StepModel(model, OFFSETS))
+    ids, mask = inputs()
+    gen = torch.Generator().manual_seed(5)
+    batches = [(ids, mask), (torch.randint(3, VOCAB, ids.shape, generator=gen), torch.ones_like(mask)),
+               (ids[:1, 2:], mask[:1, 2:]), (ids, mask)]
+    for i, m in batches:
+        got, want = kept.generate(i, m), fresh(i, m)
+        assert torch.equal(got.item_rows, want.item_rows)
+        torch.testing.assert_close(got.scores, want.scores)
+
+
+def test_t5_step_model_bf16():
+    from zerogr_core.hf import HFStepModel
+    from zerogr_core.models.t5 import T5StepModel
+
+    model = t5_model().to(torch.bfloat16)
+    ids, mask = inputs()
+    ours, theirs = T5StepModel(model, OFFSETS), HFStepModel(model, OFFSETS)
+    for m in (ours, theirs):
+        m.prefill(ids, mask, beam_width=3)
+    assert ours.step(0, None, None).dtype == torch.bfloat16
+    torch.testing.assert_close(ours.step(0, None, None).float(), theirs.step(0, None, None).float(),
+                               rtol=3e-2, atol=3e-2)
+    tokens, parents = torch.tensor([[0, 3, 1], [2, 2, 0]]), torch.tensor([[0, 0, 0], [1, 1, 1]])
+    torch.testing.assert_close(ours.step(1, tokens, parents).float(), theirs.step(1, tokens, parents).float(),
+                               rtol=3e-2, atol=3e-2)

@@ -1,0 +1,16 @@
+"""Models served through the step protocol (:mod:`.protocol`): KV caches reordered by parent.
+
+* :mod:`.protocol` - the :class:`StepModel` protocol and :class:`PrefixTracker`, which
+  serves a step model as today's ``hidden_fn(step, prefixes)``;
+* :mod:`.tiger` - the bundled TIGER-style recommender with a KV cache;
+* :mod:`.decoder_only` - a decoder-only generative recommender (history, then SID tokens);
+* :mod:`.t5` - a Hugging Face T5 decoder with per-request cross-attention memory;
+* :mod:`.hf` - the Hugging Face adapter (``zerogr_core.hf``).
+
+Imports torch only; :mod:`.t5` and :mod:`.hf` need ``transformers`` when used.
+"""
+from .protocol import (PrefixTracker, StepDecoder, StepModel, keep_static, parents_from_prefixes, reorder_rows,
+                       safe_parents)
+
+__all__ = ["PrefixTracker", "StepDecoder", "StepModel", "keep_static", "parents_from_prefixes", "reorder_rows",
+           "safe_parents"]

@@ -1,0 +1,291 @@
+"""A decoder-only generative recommender (OneRec/HSTU style) with a KV cache.
+
+One causal sequence per request: the history items (each the sum of its SID's per-level
+token embeddings), then the SID tokens of the item being generated, one per level. The
+output at the last history position predicts level 1; the output after SID token l
+predicts level l+1. One head of ``sum(|V_l|)`` rows holds a band per level.
+
+Histories of different lengths are left-padded: positions count the real items only, and
+padding is masked out of every attention, so a request's outputs do not depend on how
+much padding its batch needs.
+
+:class:`DecoderOnlyStepModel` serves it through the step protocol. The history's keys and
+values are computed once per request at prefill and read by all the request's beams
+(never repeated per beam); only the SID part of the cache (≤ L positions per beam) is
+reordered by parent. :meth:`DecoderOnlyRecommender.recompute_hidden` is the reference
+that recomputes the whole sequence (``tests/test_models.py`` compares the two).
+
+Random weights serve latency studies; the ``deployable`` preset is 12 layers of width
+1024 over 256 history items.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ZeroGRError
+from .protocol import keep_static, reorder_rows, safe_parents
+
+
+@dataclass(frozen=True)
+class DecoderOnlyConfig:
+    """Shape of a :class:`DecoderOnlyRecommender`.
+
+    Attributes
+    ----------
+    codebook_sizes : tuple of int
+        |V_l| per SID level.
+    d_model : int
+    n_heads : int
+        Must divide ``d_model``.
+    n_layers : int
+    ff_mult : int
+        Feed-forward width as a multiple of ``d_model``.
+    max_history : int
+        Most history items a request may carry.
+    """
+
+    codebook_sizes: tuple[int, ...]
+    d_model: int = 1024
+    n_heads: int = 16
+    n_layers: int = 12
+    ff_mult: int = 4
+    max_history: int = 256
+
+    def __post_init__(self):
+        if not self.codebook_sizes or min(self.codebook_sizes) < 1:
+            raise ZeroGRError(f"codebook_sizes: need ≥ 1 level of ≥ 1 token, got {self.codebook_sizes}")
+        if self.d_model % self.n_heads:
+            raise ZeroGRError(f"d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
+
+    @classmethod
+    def preset(cls, name: str, codebook_sizes: Sequence[int]) -> "DecoderOnlyConfig":
+        """``"deployable"`` (12 layers, d 1024, 16 heads, 256 history items) or ``"tiny"`` (tests)."""
+        presets = {"deployable": dict(d_model=1024, n_heads=16, n_layers=12, max_history=256),
+                   "tiny": dict(d_model=32, n_heads=4, n_layers=2, ff_mult=2, max_history=16)}
+        if name not in presets:
+            raise ZeroGRError(f"unknown decoder-only preset {name!r} (choose from {', '.join(presets)})")
+        return cls(tuple(int(s) for s in codebook_sizes), **presets[name])
+
+
+class _Block(nn.Module):
+    def __init__(self, cfg: DecoderOnlyConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.ff = nn.Sequential(nn.Linear(d, cfg.ff_mult * d), nn.GELU(), nn.Linear(cfg.ff_mult * d, d))
+        self.n_heads = cfg.n_heads
+
+    def qkv_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, n, d) → q, k, v, each (B, heads, n, d/heads), of ``ln1(x)``."""
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def finish(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Residual of the attention output y (B, heads, n, dh), then the feed-forward."""
+        b, _, n, _ = y.shape
+        x = x + self.out(y.transpose(1, 2).reshape(b, n, -1))
+        return x + self.ff(self.ln2(x))
+
+
+class DecoderOnlyRecommender(nn.Module):
+    """History items, then SID tokens, in one causal transformer.
+
+    Parameters
+    ----------
+    config : DecoderOnlyConfig
+    """
+
+    def __init__(self, config: DecoderOnlyConfig):
+        super().__init__()
+        self.config = config
+        sizes = config.codebook_sizes
+        self.band_offsets = tuple(int(sum(sizes[:l])) for l in range(len(sizes)))
+        d = config.d_model
+        self.token_emb = nn.Embedding(sum(sizes), d)
+        self.pos_emb = nn.Embedding(config.max_history + len(sizes), d)
+        self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Parameter(torch.randn(sum(sizes), d) * d ** -0.5)
+        for emb in (self.token_emb, self.pos_emb):
+            nn.init.normal_(emb.weight, std=0.02)
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.config.codebook_sizes)
+
+    def head_weight(self) -> torch.Tensor:
+        """The shared head (sum |V_l|, d), detached; its bands start at :attr:`band_offsets`."""
+        return self.head.detach()
+
+    def item_embedding(self, sids: torch.Tensor) -> torch.Tensor:
+        """Sum of the item's per-level token embeddings: (…, L) → (…, d)."""
+        offsets = torch.tensor(self.band_offsets, device=sids.device)
+        return self.token_emb(sids.clamp(min=0) + offsets).sum(dim=-2)
+
+    def token_embedding(self, tokens: torch.Tensor, level: int) -> torch.Tensor:
+        """Embedding of level ``level``'s local tokens (-1 allowed: computed, never used)."""
+        return self.token_emb(tokens.clamp(min=0) + self.band_offsets[level])
+
+    def check_history(self, history: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Validate (B, T, L) SIDs and a left-padding mask; returns the mask as bool."""
+        if history.dim() != 3 or history.shape[2] != self.n_levels:
+            raise ZeroGRError(f"history: expected shape (batch, T, {self.n_levels}), got {tuple(history.shape)}")
+        b, t = history.shape[:2]
+        if t > self.config.max_history:
+            raise ZeroGRError(f"history: {t} items exceed max_history {self.config.max_history}")
+        if attention_mask is None:
+            return torch.ones(b, t, dtype=torch.bool, device=history.device)
+        mask = attention_mask.to(history.device).bool()
+        if mask.shape != (b, t):
+            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from the history's {(b, t)}")
+        lengths = mask.sum(dim=1)
+        left_padded = torch.arange(t, device=mask.device) >= t - lengths[:, None]
+        if bool((lengths < 1).any()) or bool((mask != left_padded).any()):
+            raise ZeroGRError("attention_mask: every row needs ≥ 1 item, padding on the left")
+        return mask
+
+    @torch.no_grad()
+    def recompute_hidden(self, history: torch.Tensor, attention_mask: torch.Tensor | None,
+                         prefixes: torch.Tensor) -> torch.Tensor:
+        """Reference path: the whole sequence of every beam, recomputed.
+
+        Parameters
+        ----------
+        history : torch.Tensor, shape (B, T, L), int64
+        attention_mask : torch.Tensor, shape (B, T), optional (left padding)
+        prefixes : torch.Tensor, shape (B, n, l), int64
+            SID tokens of levels 0 … l-1 per beam (-1 allowed).
+
+        Returns
+        -------
+        torch.Tensor, shape (B, n, d)
+            The output after the last token of each sequence (predicts level l).
+        """
+        mask = self.check_history(history, attention_mask)
+        b, n, level = prefixes.shape
+        t = history.shape[1]
+        x = self.item_embedding(history)                                             # (B, T, d)
+        x = x[:, None].expand(b, n, t, -1)
+        if level:
+            toks = torch.stack([self.token_embedding(prefixes[..., j], j) for j in range(level)], dim=2)
+            x = torch.cat([x, toks], dim=2)
+        lengths = mask.sum(dim=1)
+        pos = torch.cat([(mask.long().cumsum(1) - 1).clamp(min=0),
+                         lengths[:, None] + torch.arange(level, device=mask.device)], dim=1)
+        x = (x + self.pos_emb(pos)[:, None]).reshape(b * n, t + level, -1)
+        valid = torch.cat([mask, mask.new_ones(b, level)], dim=1)
+        s = t + level
+        causal = torch.ones(s, s, dtype=torch.bool, device=mask.device).tril()
+        allowed = (causal[None] & valid[:, None, :]) | torch.eye(s, dtype=torch.bool, device=mask.device)
+        allowed = allowed.repeat_interleave(n, dim=0)[:, None]                        # (B·n, 1, s, s)
+        for block in self.blocks:
+            q, k, v = block.qkv_heads(x)
+            x = block.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+        return self.ln_f(x[:, -1]).view(b, n, -1)
+
+    def step_model(self) -> "DecoderOnlyStepModel":
+        """This model served through the step protocol."""
+        return DecoderOnlyStepModel(self)
+
+
+class DecoderOnlyStepModel:
+    """:class:`~zerogr_core.models.protocol.StepModel` of a :class:`DecoderOnlyRecommender`.
+
+    Parameters
+    ----------
+    model : DecoderOnlyRecommender
+        In any dtype (fp32, bf16, fp16); caches and hidden states follow it.
+    """
+
+    def __init__(self, model: DecoderOnlyRecommender):
+        self.model = model.eval()
+        self.n_levels = model.n_levels
+        self.hidden_size = model.config.d_model
+        self.batch = 0
+        self.graph_safe = True   # a prefill of the same shape writes into the same tensors
+
+    @torch.no_grad()
+    def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                beam_width: int) -> None:
+        """Run the histories once; keep their keys/values per request.
+
+        Parameters
+        ----------
+        history : torch.Tensor, shape (B, T, L), int64
+            SIDs of the history items, oldest first, left-padded.
+        attention_mask : torch.Tensor, shape (B, T), optional
+            1 on items, 0 on the left padding.
+        beam_width : int
+        """
+        m = self.model
+        device = m.head.device
+        history = history.to(device)
+        mask = m.check_history(history, attention_mask)
+        b, t = mask.shape
+        x = m.item_embedding(history) + m.pos_emb((mask.long().cumsum(1) - 1).clamp(min=0))
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        allowed = ((causal[None] & mask[:, None, :]) | torch.eye(t, dtype=torch.bool, device=device))[:, None]
+        history_kv = []
+        for block in m.blocks:
+            q, k, v = block.qkv_heads(x)
+            history_kv.append((k, v))                                                # (B, heads, T, dh)
+            x = block.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+        dtype = x.dtype
+        bias = torch.zeros(b, 1, 1, t, dtype=torch.float32, device=device).masked_fill(
+            ~mask[:, None, None, :], float("-inf"))
+        if keep_static(self, (b, t, beam_width, dtype), history_kv=history_kv, first=m.ln_f(x[:, -1]),
+                       history_bias=bias, lengths=mask.sum(dim=1)):
+            return
+        n, heads = b * beam_width, m.config.n_heads
+        dh = m.config.d_model // heads
+        self.cache = [tuple(torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=device)
+                            for _ in range(2)) for _ in m.blocks]
+        self.batch, self.beam_width = b, beam_width
+
+    @torch.no_grad()
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states (batch * beams, d) of step ``step`` (see the protocol)."""
+        if not self.batch:
+            raise ZeroGRError("step model: call prefill before step")
+        if step == 0:
+            return self.first
+        m, b = self.model, self.batch
+        device = self.first.device
+        beams = tokens.shape[1]
+        prev = 1 if step == 1 else self.beam_width
+        # SID positions 0 … step-2 are cached; step 1 has none to reorder
+        if step > 1:
+            reorder_rows([buf for kv in self.cache for buf in kv], safe_parents(parents.to(device), prev),
+                         b * prev, step - 1)
+        n, j = b * beams, step - 1                                                    # SID position of the new token
+        pos = (self.lengths + j)[:, None].expand(b, beams)
+        x = (m.token_embedding(tokens.to(device), j) + m.pos_emb(pos)).reshape(n, 1, -1)
+        scale = 1.0 / math.sqrt(m.config.d_model // m.config.n_heads)
+        for layer, block in enumerate(m.blocks):
+            q, k, v = block.qkv_heads(x)                                             # (n, heads, 1, dh)
+            k_cache, v_cache = self.cache[layer]
+            k_cache[:n, :, j:j + 1].copy_(k)
+            v_cache[:n, :, j:j + 1].copy_(v)
+            hk, hv = self.history_kv[layer]                                          # (B, heads, T, dh)
+            heads, dh = q.shape[1], q.shape[3]
+            qr = q.view(b, beams, heads, dh).transpose(1, 2)                         # (B, heads, M, dh)
+            # one softmax over [the request's history, the beam's own SID tokens]
+            s_hist = (qr @ hk.transpose(2, 3)).float() * scale + self.history_bias   # (B, heads, M, T)
+            s_own = (q @ k_cache[:n, :, :j + 1].transpose(2, 3)).float() * scale     # (n, heads, 1, j+1)
+            s_own = s_own.view(b, beams, heads, j + 1).transpose(1, 2)                # (B, heads, M, j+1)
+            w = torch.softmax(torch.cat([s_hist, s_own], dim=-1), dim=-1).to(q.dtype)
+            t = hk.shape[2]
+            y = w[..., :t] @ hv                                                      # (B, heads, M, dh)
+            w_own = w[..., t:].transpose(1, 2).reshape(n, heads, 1, j + 1)
+            y = y.transpose(1, 2).reshape(n, heads, 1, dh) + w_own @ v_cache[:n, :, :j + 1]
+            x = block.finish(x, y)
+        return m.ln_f(x[:, 0])

@@ -1,0 +1,286 @@
+"""Hugging Face adapter: constrained beam search over a ``transformers`` model's own logits.
+
+Serves ``T5ForConditionalGeneration`` (and other encoder–decoder models) and decoder-only
+causal LMs (``GPT2LMHeadModel``, ``LlamaForCausalLM``, …) through the step protocol
+(:mod:`zerogr_core.models.protocol`), with the model's own cache classes
+(``DynamicCache``/``EncoderDecoderCache``, reordered by parent with ``reorder_cache``).
+
+SID level ``l``, local token ``t`` is vocabulary id ``token_offsets[l] + t``. The model's
+output projection (``get_output_embeddings()``, a linear layer without bias) becomes the
+decoder's shared head with one band per level, and the adapter reads what goes into it:
+the model runs with that projection swapped for the identity, so no step computes logits
+over the whole vocabulary unless the decode order asks for them.
+
+``transformers`` is imported on first use only; ``import zerogr_core`` never needs it.
+
+Example::
+
+    from zerogr_core import build_index
+    from zerogr_core.hf import generate
+
+    result = generate(t5, input_ids, build_index(catalog), beam_width=32,
+                      token_offsets=[10, 266, 522, 778], attention_mask=mask)
+    result.item_ids(catalog)          # (batch, 32) item ids, best first
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..errors import ZeroGRError
+from .protocol import StepDecoder, safe_parents
+
+ORDERS = ("filter-first", "score-first", "unconstrained")
+
+
+def output_head(model) -> tuple[nn.Module, str, torch.Tensor]:
+    """The model's output projection: (parent module, attribute name, weight (vocab, d)).
+
+    Raises
+    ------
+    ZeroGRError
+        No linear output projection, one with a bias, or logits post-processed after it
+        (soft-capping, a logit scale), where the logits are not ``hidden @ weight.T``.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    name = type(model).__name__
+    if not isinstance(head, nn.Linear):
+        raise ZeroGRError(f"model: {name} has no linear output projection (get_output_embeddings)")
+    if head.bias is not None:
+        raise ZeroGRError(f"model: {name}'s output projection has a bias; the decoder's heads take none")
+    config = getattr(model, "config", None)
+    for field in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
+        if getattr(config, field, None) not in (None, 1, 1.0):
+            raise ZeroGRError(f"model: {name} sets config.{field}, so its logits are not hidden @ head")
+    for parent in model.modules():
+        for attr, child in parent.named_children():
+            if child is head:
+                return parent, attr, head.weight
+    raise ZeroGRError(f"model: {name}'s output projection is not one of its modules")
+
+
+@contextlib.contextmanager
+def hidden_outputs(model):
+    """Within the block, ``model(...).logits`` are the hidden states the head reads."""
+    parent, attr, _ = output_head(model)
+    head = getattr(parent, attr)
+    setattr(parent, attr, nn.Identity())
+    try:
+        yield
+    finally:
+        setattr(parent, attr, head)
+
+
+def check_vocabulary(vocab: int, codebook_sizes: Sequence[int], token_offsets: Sequence[int]) -> tuple[int, ...]:
+    """Validate ``token_offsets`` against the catalog's levels and the model's vocabulary."""
+    try:
+        offsets = tuple(int(o) for o in token_offsets)
+    except (TypeError, ValueError):
+        raise ZeroGRError(f"token_offsets: expected one integer per SID level, got {token_offsets!r}") from None
+    if len(offsets) != len(codebook_sizes):
+        raise ZeroGRError(f"token_offsets: {len(offsets)} offsets for a catalog of {len(codebook_sizes)} levels")
+    for level, (o, size) in enumerate(zip(offsets, codebook_sizes)):
+        if o < 0 or o + size > vocab:
+            raise ZeroGRError(f"token_offsets: level {level + 1} needs vocabulary ids [{o}, {o + size}) but the "
+                              f"model's vocabulary has {vocab} ids")
+    return offsets
+
+
+class HFStepModel:
+    """A ``transformers`` model as a :class:`~zerogr_core.models.protocol.StepModel`.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        Encoder–decoder (``config.is_encoder_decoder``) or decoder-only causal LM; put in
+        eval mode.
+    token_offsets : sequence of int
+        Vocabulary id of token 0 of each SID level.
+    decoder_start_token_id : int, optional
+        Encoder–decoder models: the decoder's first input (default: the model's
+        ``generation_config``/``config`` value).
+
+    Notes
+    -----
+    The model keeps its own caches: encoder–decoder models repeat the encoder memory per
+    beam as Hugging Face ``generate`` does. :class:`zerogr_core.models.t5.T5StepModel`
+    serves T5 with one memory per request and static buffers instead.
+    """
+
+    def __init__(self, model, token_offsets: Sequence[int], decoder_start_token_id: int | None = None):
+        self.model = model.eval()
+        _, _, weight = output_head(model)
+        self.head = weight.detach()
+        self.hidden_size = int(weight.shape[1])
+        self.token_offsets = tuple(int(o) for o in token_offsets)
+        self.n_levels = len(self.token_offsets)
+        self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+        if self.encoder_decoder:
+            start = decoder_start_token_id
+            for source in (getattr(model, "generation_config", None), model.config):
+                if start is None:
+                    start = getattr(source, "decoder_start_token_id", None)
+            if start is None:
+                raise ZeroGRError("decoder_start_token_id: the model does not set one; pass it")
+            self.start = int(start)
+        self.batch = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.device
+
+    @torch.no_grad()
+    def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                beam_width: int) -> None:
+        """Read the requests' input ids.
+
+        Parameters
+        ----------
+        history : torch.Tensor, shape (B, T), int64
+            Input ids: the encoder input, or the prompt of a causal LM (left padding).
+        attention_mask : torch.Tensor, shape (B, T), optional
+            1 on tokens, 0 on padding (default: all ones).
+        beam_width : int
+        """
+        if history.dim() != 2 or history.shape[1] < 1:
+            raise ZeroGRError(f"input_ids: expected shape (batch, T ≥ 1), got {tuple(history.shape)}")
+        self.input_ids = history.to(self.device)
+        mask = torch.ones_like(self.input_ids) if attention_mask is None else attention_mask.to(self.device).long()
+        if mask.shape != self.input_ids.shape:
+            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids "
+                              f"{tuple(self.input_ids.shape)}")
+        if bool((mask.sum(dim=1) < 1).any()):
+            raise ZeroGRError("attention_mask: every request needs at least one token")
+        self.mask = mask
+        self.batch, self.beam_width = history.shape[0], beam_width
+        if self.encoder_decoder:
+            encoder = self.model.get_encoder()
+            self.memory = encoder(input_ids=self.input_ids, attention_mask=mask).last_hidden_state
+        else:
+            # as generate does: positions count the tokens, padding sits at 0
+            self.positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 0)
+
+    @torch.no_grad()
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states (batch * beams, H) of step ``step`` (see the protocol)."""
+        from transformers import DynamicCache, EncoderDecoderCache
+        from transformers.modeling_outputs import BaseModelOutput
+
+        if not self.batch:
+            raise ZeroGRError("step model: call prefill before step")
+        b, config = self.batch, self.model.config.get_text_config(decoder=True)
+        if step == 0:
+            rows = torch.arange(b, device=self.device)
+            if self.encoder_decoder:
+                # no config: T5's decoder may have more layers than the config's num_layers
+                self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+                ids = torch.full((b, 1), self.start, dtype=torch.int64, device=self.device)
+            else:
+                self.cache = DynamicCache(config=config)
+                ids = self.input_ids
+            self.requests = rows
+        else:
+            prev = 1 if step == 1 else self.beam_width
+            rows = safe_parents(parents.to(self.device), prev)
+            self.cache.reorder_cache(rows)
+            self.requests = self.requests.index_select(0, rows)
+            ids = tokens.to(self.device, torch.int64).reshape(-1, 1).clamp(min=0) + self.token_offsets[step - 1]
+        req = self.requests
+        with hidden_outputs(self.model):
+            if self.encoder_decoder:
+                out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=self.memory[req]),
+                                 attention_mask=self.mask[req], decoder_input_ids=ids,
+                                 past_key_values=self.cache, use_cache=True)
+            else:
+                mask = self.mask[req]
+                if step:
+                    mask = torch.cat([mask, mask.new_ones(mask.shape[0], step)], dim=1)
+                    positions = self.positions[req, -1:] + step
+                else:
+                    positions = self.positions
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                 past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+
+class HFGenerator:
+    """Constrained beam search with a ``transformers`` model, kept across calls.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+    index : StepIndex
+        The catalog's step-sliced index (:func:`zerogr_core.build_index`), on the model's device.
+    beam_width : int
+    token_offsets : sequence of int
+        Vocabulary id of token 0 of each SID level.
+    order : {"filter-first", "score-first", "unconstrained"}
+        ``score-first`` normalises over the whole vocabulary, then masks, as Hugging Face
+        ``generate`` with ``prefix_allowed_tokens_fn`` does; ``filter-first`` normalises
+        over each beam's valid tokens only.
+    step_model : StepModel, optional
+        What computes the hidden states (default :class:`HFStepModel` of ``model``), e.g.
+        :class:`zerogr_core.models.t5.T5StepModel`.
+    decoder_start_token_id : int, optional
+    """
+
+    def __init__(self, model, index, *, beam_width: int, token_offsets: Sequence[int],
+                 order: str = "filter-first", step_model=None, decoder_start_token_id: int | None = None):
+        if order not in ORDERS:
+            raise ZeroGRError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        _, _, weight = output_head(model)
+        offsets = check_vocabulary(int(weight.shape[0]), index.codebook_sizes, token_offsets)
+        if weight.device != index.device:
+            raise ZeroGRError(f"the model is on {weight.device} but the index is on {index.device}")
+        self.step_model = step_model if step_model is not None else \
+            HFStepModel(model, offsets, decoder_start_token_id)
+        self.serving = StepDecoder(self.step_model, index, weight.detach(), beam_width=beam_width, order=order,
+                                   band_offsets=offsets)
+        self.decoder = self.serving.decoder
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """Decode one batch of requests; returns a :class:`~zerogr_core.DecodeResult`."""
+        if not isinstance(input_ids, torch.Tensor):
+            raise ZeroGRError(f"input_ids: expected a torch.Tensor, got {type(input_ids).__name__}")
+        return self.serving.decode(input_ids, attention_mask)
+
+
+def generate(model, input_ids: torch.Tensor, index, *, beam_width: int, token_offsets: Sequence[int],
+             order: str = "filter-first", attention_mask: torch.Tensor | None = None,
+             decoder_start_token_id: int | None = None):
+    """Constrained beam search over the catalog with a Hugging Face model.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        ``T5ForConditionalGeneration``-like encoder–decoder or decoder-only causal LM.
+    input_ids : torch.Tensor, shape (batch, T), int64
+        Encoder input, or the causal LM's prompt (left padding).
+    index : StepIndex
+        :func:`zerogr_core.build_index` of the catalog, on the model's device.
+    beam_width : int
+    token_offsets : sequence of int
+        SID level ``l``, token ``t`` is vocabulary id ``token_offsets[l] + t``.
+    order : {"filter-first", "score-first", "unconstrained"}
+    attention_mask : torch.Tensor, shape (batch, T), optional
+    decoder_start_token_id : int, optional
+
+    Returns
+    -------
+    DecodeResult
+        ``tokens`` (batch, beam_width, L) local SID tokens, ``scores`` summed
+        log-probabilities, ``item_rows`` catalog rows (``result.item_ids(catalog)``).
+
+    Raises
+    ------
+    ZeroGRError
+        A vocabulary that does not hold every level's tokens, an unsupported output
+        projection, or bad shapes.
+    """
+    generator = HFGenerator(model, index, beam_width=beam_width, token_offsets=token_offsets, order=order,
+                            decoder_start_token_id=decoder_start_token_id)
+    return generator.generate(input_ids, attention_mask)

@@ -1,0 +1,248 @@
+"""The model-step protocol: a KV-cache model driven by the beam loop one step at a time.
+
+A :class:`StepModel` serves one batch of requests at a time:
+
+1. ``prefill(history, attention_mask, beam_width=M)`` reads the requests (encoder pass,
+   or the history part of a causal sequence) and allocates every per-beam buffer at its
+   final, static shape.
+2. ``step(0, None, None)`` starts a decode of that batch and returns the hidden states of
+   the first level, one beam per request: (batch, H). It may be called again to restart.
+3. ``step(l, tokens, parents)`` for l = 1 … L-1: ``tokens`` (batch, M) int are the level
+   l-1 tokens just chosen (local ids, -1 for unfilled beams) and ``parents`` (batch, M)
+   int64 the flat row, into the previous step's (batch × beams) rows, of each beam's
+   parent (-1 for unfilled beams). This is Hugging Face's ``beam_idx`` and what
+   :class:`kernels.TopkOut` calls ``parents``. The model reorders its caches by parent,
+   appends the new tokens and returns the hidden states (batch * M, H).
+
+Every step writes into preallocated tensors with in-place ``index_select``/``copy_`` and
+slices whose shapes depend on the step number only, so the L steps of a decode, model
+included, can be captured in one CUDA graph and replayed for later batches of the same
+shape (the prefill writes new requests into the same buffers).
+
+:class:`PrefixTracker` turns such a model into today's ``hidden_fn(step, prefixes)``
+(:data:`zerogr_core.decode.search.HiddenFn`) by recovering each beam's parent from two
+consecutive prefix tensors, so a step model decodes with :class:`zerogr_core.Decoder` now.
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ..errors import ZeroGRError
+
+
+@runtime_checkable
+class StepModel(Protocol):
+    """A model the beam loop drives step by step (see the module docstring).
+
+    Attributes
+    ----------
+    hidden_size : int
+        H, the width of the hidden states the heads read.
+    n_levels : int
+        L, the SID length; ``step`` is called for steps 0 … L-1.
+    """
+
+    hidden_size: int
+    n_levels: int
+
+    def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                beam_width: int) -> None:
+        """Read a batch of requests and size every buffer for ``beam_width`` beams."""
+
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states of step ``step``: (batch, H) at step 0, (batch * M, H) after."""
+
+
+def safe_parents(parents: torch.Tensor, beams_prev: int) -> torch.Tensor:
+    """Flat parent rows with every unfilled beam (-1) pointed at its request's first row.
+
+    Parameters
+    ----------
+    parents : torch.Tensor, shape (batch, M), int64
+        Flat rows into the previous step's (batch × ``beams_prev``) rows, -1 for unfilled beams.
+    beams_prev : int
+
+    Returns
+    -------
+    torch.Tensor, shape (batch * M,), int64
+        Rows that are always valid and stay within the beam's own request, so an unfilled
+        beam reads its request's memory (its outputs are never used).
+    """
+    batch, beams = parents.shape
+    first = torch.arange(batch, device=parents.device)[:, None] * beams_prev
+    return torch.where(parents >= 0, parents, first).reshape(batch * beams)
+
+
+def reorder_rows(buffers, rows: torch.Tensor, n_prev: int, positions: int | None = None) -> None:
+    """Gather per-beam buffers from their parents' rows, in place (static shapes).
+
+    Parameters
+    ----------
+    buffers : iterable of torch.Tensor, each (rows_max, ...)
+        Row ``i`` belongs to beam ``i``; after the call rows ``0 … n-1`` hold the rows
+        ``rows`` of the previous step's first ``n_prev`` rows.
+    rows : torch.Tensor, shape (n,), int64
+        From :func:`safe_parents`.
+    n_prev : int
+        Rows the previous step used.
+    positions : int, optional
+        For caches shaped (rows_max, heads, positions_max, d): only the first
+        ``positions`` positions are gathered (the ones written so far).
+    """
+    n = rows.numel()
+    for buf in buffers:
+        src, dst = buf[:n_prev], buf[:n]
+        if positions is not None:
+            src, dst = src[:, :, :positions], dst[:, :, :positions]
+        dst.copy_(src.index_select(0, rows))
+
+
+def _copy_into(dst, src) -> None:
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    else:
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+
+
+def keep_static(owner, key: tuple, **values) -> bool:
+    """Store a prefill's per-request tensors on ``owner``, in the same tensors when the shape repeats.
+
+    Parameters
+    ----------
+    owner : object
+        The step model.
+    key : tuple
+        The shape the tensors depend on (batch, history length, beam width).
+    **values : torch.Tensor or nested lists/tuples of them
+        Set as attributes of ``owner``. When ``key`` equals the previous call's, they are
+        copied into the tensors already there, so a decode captured in a CUDA graph
+        replays on the new requests.
+
+    Returns
+    -------
+    bool
+        Whether the previous tensors were reused (the per-beam caches may be kept too).
+    """
+    same = getattr(owner, "_static_key", None) == key
+    for name, value in values.items():
+        if same:
+            _copy_into(getattr(owner, name), value)
+        else:
+            setattr(owner, name, value)
+    owner._static_key = key
+    return same
+
+
+def parents_from_prefixes(prev: torch.Tensor, nxt: torch.Tensor) -> torch.Tensor:
+    """Each beam's parent, found by matching prefixes of two consecutive steps.
+
+    Parameters
+    ----------
+    prev : torch.Tensor, shape (batch, Mp, l), int64
+        Prefixes at step l (-1 for unfilled beams).
+    nxt : torch.Tensor, shape (batch, M, l + 1), int64
+        Prefixes at step l + 1.
+
+    Returns
+    -------
+    torch.Tensor, shape (batch, M), int64
+        Flat row ``r * Mp + i`` of the beam of ``prev`` whose prefix ``nxt[r, m, :l]``
+        extends; -1 for unfilled beams. Beams of one step are distinct sequences, so the
+        match is unique. Device-side only (no host synchronisation).
+    """
+    batch, mp, level = prev.shape
+    filled = nxt[..., level] >= 0
+    if level == 0:
+        local = torch.zeros(nxt.shape[:2], dtype=torch.int64, device=nxt.device)
+        found = filled
+    else:
+        hit = (nxt[:, :, None, :level] == prev[:, None, :, :]).all(dim=-1) & (prev[:, None, :, 0] >= 0)
+        found = hit.any(dim=-1) & filled
+        local = hit.to(torch.int8).argmax(dim=-1)
+    rows = torch.arange(batch, device=nxt.device)[:, None] * mp + local
+    return torch.where(found, rows, -1)
+
+
+class PrefixTracker:
+    """A :class:`StepModel` seen as ``hidden_fn(step, prefixes)`` for :class:`~zerogr_core.Decoder`.
+
+    Parameters
+    ----------
+    model : StepModel
+        Already prefilled (its batch is the decode's batch).
+    dtype : torch.dtype, optional
+        Dtype of the returned hidden states (default: the model's).
+
+    Notes
+    -----
+    At step l ≥ 1 the tracker derives ``tokens = prefixes[..., -1]`` and the parents from
+    the prefixes of step l-1 (:func:`parents_from_prefixes`), then calls
+    ``model.step(l, tokens, parents)``. Step 0 restarts the decode, so the same tracker
+    serves repeated decodes (the engine's planner runs several).
+    """
+
+    def __init__(self, model: StepModel, dtype: torch.dtype | None = None):
+        self.model, self.dtype = model, dtype
+        self._prev = None
+
+    @torch.no_grad()
+    def __call__(self, step: int, prefixes: torch.Tensor) -> torch.Tensor:
+        batch, beams = prefixes.shape[:2]
+        if step == 0:
+            hidden = self.model.step(0, None, None)
+        else:
+            if self._prev is None or self._prev.shape[2] != step - 1 or self._prev.shape[0] != batch:
+                raise ZeroGRError(f"step model: step {step} was called without step {step - 1} before it")
+            parents = parents_from_prefixes(self._prev, prefixes)
+            hidden = self.model.step(step, prefixes[..., -1], parents)
+        self._prev = prefixes.clone()
+        hidden = hidden.reshape(batch, beams, -1)
+        return hidden if self.dtype is None else hidden.to(self.dtype)
+
+
+class StepDecoder:
+    """A step model and :class:`~zerogr_core.Decoder` kept together across batches.
+
+    Parameters
+    ----------
+    step_model : StepModel
+    index : StepIndex
+        The catalog's index, on the model's device.
+    heads : list of torch.Tensor (|V_l|, H), or torch.Tensor (rows, H)
+        The model's output projection, as :class:`~zerogr_core.Decoder` takes it.
+    beam_width : int
+    order : {"filter-first", "score-first", "unconstrained"}
+    band_offsets : sequence of int, optional
+        First head row of each level for a shared head.
+
+    Notes
+    -----
+    On a CUDA index, filtering first runs in the GPU engine: captured with the decode in
+    one CUDA graph when the step model declares ``graph_safe`` (static buffers only),
+    eagerly otherwise. The graph replays for later batches of the same input shape; a new
+    shape gets a new tracker and a new capture.
+    """
+
+    def __init__(self, step_model: StepModel, index, heads, *, beam_width: int, order: str = "filter-first",
+                 band_offsets=None):
+        from ..decode.decoder import Decoder
+
+        self.step_model = step_model
+        engine = "reference"
+        if order == "filter-first" and index.device.type == "cuda":
+            engine = "auto" if getattr(step_model, "graph_safe", False) else "eager"
+        self.decoder = Decoder(index, heads, beam_width, order=order, band_offsets=band_offsets, engine=engine)
+        self._tracker, self._shape = None, None
+
+    @torch.no_grad()
+    def decode(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        """Prefill ``history`` and decode; returns a :class:`~zerogr_core.DecodeResult`."""
+        if not isinstance(history, torch.Tensor):
+            raise ZeroGRError(f"history: expected a torch.Tensor, got {type(history).__name__}")
+        self.step_model.prefill(history, attention_mask, beam_width=self.decoder.beam_width)
+        if tuple(history.shape) != self._shape:
+            self._tracker, self._shape = PrefixTracker(self.step_model), tuple(history.shape)
+        return self.decoder.decode(self._tracker, int(history.shape[0]))
