@@ -1,7 +1,6 @@
 """Decode page: filtering first against scoring first, side by side."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import streamlit as st
 import torch
@@ -9,10 +8,10 @@ import torch
 from pages._common import (cached_study, cached_test_users, cpu_banner, decode_inputs, device, fmt_ms, get_catalog,
                            get_index, guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
-from zerogr_core.app_support.charts import metrics_figure, stage_figure
 from zerogr_core.app_support import movielens
-from zerogr_core.app_support.profile import (STAGES, comparison, invalid_mass, k_values, profiled_decode,
-                                             steady_cpu_timing, time_decoder)
+from zerogr_core.app_support.charts import metrics_figure, stage_figure, top_k_columns
+from zerogr_core.app_support.profile import (comparison, invalid_mass, k_values, profiled_decode, steady_cpu_timing,
+                                             time_decoder)
 from zerogr_core.app_support.requests import DTYPES
 from zerogr_core.decode.decoder import default_projection
 
@@ -141,23 +140,6 @@ def titles_for(catalog, source):
     return catalog.titles
 
 
-def top_k_table(catalog, titles, runs: dict, request: int, k: int, target) -> pd.DataFrame:
-    data = {"rank": np.arange(1, k + 1)}
-    for order, run in runs.items():
-        rows = run.result.item_rows[request, :k].cpu().numpy()
-        scores = run.result.scores[request, :k].float().cpu().numpy()
-        names = []
-        for r in rows:
-            if r < 0:
-                names.append("—")
-                continue
-            label = str(titles[r]) if titles is not None and titles[r] else f"item {catalog.item_ids[r]}"
-            names.append(("★ " if target is not None and r == target else "") + label)
-        data[f"{order}"] = names
-        data[f"{order} log-prob"] = scores
-    return pd.DataFrame(data)
-
-
 def show_results(catalog, source, res: dict) -> None:
     cfg, runs = res["cfg"], res["runs"]
     # K never exceeds the beam, nor the catalog (a list of 12 items cannot fill a top-20).
@@ -191,7 +173,7 @@ def show_results(catalog, source, res: dict) -> None:
     if target is not None:
         name = titles[target] if titles is not None else target
         st.caption(f"★ marks the held-out test item of this user: **{name}**.")
-    st.dataframe(top_k_table(catalog, titles, runs, pick, k, target), hide_index=True, column_config={
+    st.dataframe(pd.DataFrame(top_k_columns(catalog, titles, runs, pick, k, target)), hide_index=True, column_config={
         "filter-first log-prob": st.column_config.NumberColumn(format="%.4f"),
         "score-first log-prob": st.column_config.NumberColumn(format="%.4f")})
     st.caption("Filtering first normalises over the valid tokens only, so its log-probabilities are higher than "

@@ -54,9 +54,16 @@ def test_density_rows_join_catalog_and_beam_statistics(shared):
     assert total == sum(s["states"] for s in stats)  # every state counted once
 
 
-def test_bytes_figure(shared):
-    _, index, _ = shared
+def test_index_rows_build_rows_and_figures(shared):
+    catalog, index, _ = shared
     report = index.report()
+    rows = charts.index_step_rows(report)
+    assert sum(r["bytes"] for r in rows) == report["total_bytes"]
+    assert all(r["bytes"] == (r["as dense"] if r["representation"] == "dense" else r["as sparse"]) for r in rows)
+    timed = charts.build_rows("layout", index.build)
+    assert {r["builder"] for r in timed} == {"layout"} and len(timed) == 4
+    assert sum(r["ms"] for r in timed) == pytest.approx(1e3 * index.build["total_s"])
+    assert {t.name for t in charts.breakdown_figure(timed, "build").data} == {r["phase"] for r in timed}
     fig = charts.bytes_comparison_figure(report)
     assert sorted(int(v) for t in fig.data for v in t.y) == sorted(
         [report["total_bytes"], report["sid_table_int16_bytes"], report["static_style_bytes"]])
@@ -70,6 +77,14 @@ def test_decode_tables_and_figures(shared):
     assert len(rows) == 6 and rows[0] == dict(K="1", measure="overlap@K", value=metrics["overlap"][1])
     assert {r["measure"] for r in charts.metrics_rows({"overlap": metrics["overlap"]}, [1, 4])} == {"overlap@K"}
     assert len(charts.metrics_figure(metrics, [1, 4], 3).data) == 3
+    titles = np.array([f"title {i}" for i in range(catalog.n_items)], dtype=object)
+    top = runs["filter-first"].result.item_rows[1, :4].numpy()
+    cols = charts.top_k_columns(catalog, titles, runs, 1, 4, target=int(top[2]))
+    assert list(cols["rank"]) == [1, 2, 3, 4] and set(cols) == {
+        "rank", "filter-first", "filter-first log-prob", "score-first", "score-first log-prob"}
+    assert cols["filter-first"][2] == f"★ title {top[2]}" and cols["filter-first"][0] == f"title {top[0]}"
+    unnamed = charts.top_k_columns(catalog, None, runs, 1, 4)
+    assert unnamed["filter-first"][0] == f"item {catalog.item_ids[top[0]]}"
     stage = charts.stage_figure(runs)
     assert {t.name for t in stage.data} <= set(STAGES)
     shown = sum(float(np.sum(t.y)) for t in stage.data)

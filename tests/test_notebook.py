@@ -36,8 +36,11 @@ def this_interpreter_kernel(folder: Path):
     # The kernel imports the checkout (not an installed copy) and keeps IPython's files out of $HOME.
     env = {"JUPYTER_PATH": str(folder), "IPYTHONDIR": str(folder / "ipython"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    saved = {k: os.environ.get(k) for k in env}
+    saved = {k: os.environ.get(k) for k in (*env, "TRITON_INTERPRET")}
     os.environ.update(env)
+    # The notebook runs as a user runs it: on a CPU the decoders take the PyTorch references, not
+    # the Triton interpreter that conftest.py switches on for the kernel tests.
+    os.environ.pop("TRITON_INTERPRET", None)
     try:
         yield KERNEL
     finally:

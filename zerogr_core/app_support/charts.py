@@ -91,6 +91,37 @@ def histogram_figure(lengths: Sequence[np.ndarray]):
 
 
 # ---------------------------------------------------------------------------- index
+def index_step_rows(report: Mapping) -> list[dict]:
+    """One row per step of ``StepIndex.report()``: representation, sizes, density and the
+    bytes of the step as built, as sparse and as dense."""
+    return [{"step": r["step"], "representation": r["kind"], "|V|": r["codebook"], "states": r["states"],
+             "entries": r["entries"], "density": r["density"], "longest segment": r["max_segment"],
+             "bytes": r["bytes"], "as sparse": r["sparse_bytes"], "as dense": r["dense_bytes"]}
+            for r in report["steps"]]
+
+
+def build_rows(builder: str, build: Mapping) -> list[dict]:
+    """Long rows ``builder, phase, ms`` of one build's timings (``StepIndex.build``), phases as
+    :func:`zerogr_core.index.builders.build_phases` splits them."""
+    from ..index.builders import build_phases
+
+    return [dict(builder=builder, phase=phase, ms=seconds * 1e3) for phase, seconds in build_phases(build).items()]
+
+
+def breakdown_figure(rows: Sequence[Mapping], title: str):
+    """Stacked build time per builder and phase (rows of :func:`build_rows`)."""
+    import pandas as pd
+    import plotly.express as px
+
+    from ..index.builders import H2D_PHASE
+
+    df = pd.DataFrame(rows)
+    fig = px.bar(df, x="builder", y="ms", color="phase", title=title, text=df["ms"].map(lambda v: f"{v:,.2f}"),
+                 category_orders={"phase": ["layout pass", "fill", H2D_PHASE, "assemble"]})
+    fig.update_layout(height=360, margin=dict(t=60, b=40), legend_title_text="")
+    return fig
+
+
 def bytes_comparison_figure(report: Mapping, fmt_bytes=None):
     """Total bytes of the index against the int16 SID table and the STATIC-style index (log scale)."""
     import pandas as pd
@@ -109,6 +140,33 @@ def bytes_comparison_figure(report: Mapping, fmt_bytes=None):
 
 
 # ---------------------------------------------------------------------------- decode
+def top_k_columns(catalog: Catalog, titles, runs: Mapping, request: int, k: int, target=None) -> dict:
+    """The top-``k`` lists of one request in every order, best first, as table columns.
+
+    Items are named by ``titles`` (catalog row → title, may be ``None``) or by item id; the
+    held-out ``target`` row is marked ★; ``—`` is an unfilled beam.
+
+    Returns
+    -------
+    dict
+        ``rank`` and, per order, ``<order>`` (names) and ``<order> log-prob``.
+    """
+    data = {"rank": np.arange(1, k + 1)}
+    for order, run in runs.items():
+        rows = run.result.item_rows[request, :k].cpu().numpy()
+        scores = run.result.scores[request, :k].float().cpu().numpy()
+        names = []
+        for r in rows:
+            if r < 0:
+                names.append("—")
+                continue
+            label = str(titles[r]) if titles is not None and titles[r] else f"item {catalog.item_ids[r]}"
+            names.append(("★ " if target is not None and r == target else "") + label)
+        data[order] = names
+        data[f"{order} log-prob"] = scores
+    return data
+
+
 def metrics_rows(metrics: Mapping, ks: Sequence[int]) -> list[dict]:
     """Long rows ``K, measure, value`` of :func:`profile.comparison`'s overlap@K (and Recall@K
     of each order when it was given targets)."""
