@@ -21,10 +21,20 @@ Per decoding step (docs/design.md §4), op (module):
    token prefixes (:func:`extend_prefixes` is the unfused form).
 
 Modules are not named after their ops, so ``kernels.filter_slots`` is always the function.
+
+Numeric contract (every path of every op a plan can choose): heads and hidden states share
+one dtype, float16, bfloat16 or float32. Projections accumulate in float32 and store float32
+logits (:func:`full_proj` through cuBLAS with a float32 output, :func:`selective_proj`
+in-kernel, the references on upcast inputs); normalisation and beam scores are float32.
+The naive ablation :func:`naive_selective_proj`, never planned, rounds its products to the
+input dtype. :func:`topk_gather` orders candidates by higher score, then lower
+flat candidate index (parent beam, then slot, which follows token order), on every path.
+Options differ only in float32 summation order, so a decode returns the same tokens under
+any plan, with scores within about 1e-5.
 """
 from .filtering import (TASK_WIDTH, FilterOut, filter_slots, filter_slots_reference,
                            filter_slots_triton, num_tasks)
-from .full_projection import full_proj
+from .full_projection import full_proj, full_proj_reference
 from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
 from .naive_selective import naive_selective_proj
 from .selective import selective_proj, selective_proj_reference, selective_proj_triton
@@ -34,7 +44,7 @@ from .selection import (PATHS as TOPK_PATHS, SMALL_AUTO_MAX, SMALL_MAX, SPLIT_CH
 
 __all__ = [
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
-    "num_tasks", "full_proj", "log_softmax_slots", "log_softmax_slots_reference",
+    "num_tasks", "full_proj", "full_proj_reference", "log_softmax_slots", "log_softmax_slots_reference",
     "log_softmax_slots_triton", "naive_selective_proj", "selective_proj",
     "selective_proj_reference", "selective_proj_triton", "SMALL_AUTO_MAX", "SMALL_MAX",
     "SPLIT_CHUNK_MAX", "SPLIT_CHUNK_MIN", "TOPK_PATHS", "TopkOut", "extend_prefixes", "small_tile",

@@ -87,7 +87,7 @@ def row_tiling(n_rows: int, K: int) -> tuple[int, int, int]:
     return rows, block_k, cdiv(K, block_k)
 
 
-def _prepare(slot_logits, beam_scores, out) -> torch.Tensor:
+def _check(slot_logits, beam_scores, out) -> None:
     check_tensor("slot_logits", slot_logits, dtypes=FLOAT_DTYPES, ndim=2, contiguous=True)
     n_rows, K = slot_logits.shape
     if K < 1:
@@ -95,10 +95,15 @@ def _prepare(slot_logits, beam_scores, out) -> torch.Tensor:
     device = slot_logits.device
     check_tensor("beam_scores", beam_scores, dtypes=(torch.float32,), ndim=1, device=device,
                  shape=(n_rows,), contiguous=True)
+    if out is not None:
+        check_tensor("out", out, dtypes=(torch.float32,), ndim=2, device=device, shape=(n_rows, K),
+                     contiguous=True)
+
+
+def _prepare(slot_logits, beam_scores, out) -> torch.Tensor:
+    _check(slot_logits, beam_scores, out)
     if out is None:
-        return torch.empty(n_rows, K, dtype=torch.float32, device=device)
-    check_tensor("out", out, dtypes=(torch.float32,), ndim=2, device=device, shape=(n_rows, K),
-                 contiguous=True)
+        return torch.empty(slot_logits.shape, dtype=torch.float32, device=slot_logits.device)
     return out
 
 
@@ -119,15 +124,13 @@ def log_softmax_slots_triton(slot_logits: torch.Tensor, beam_scores: torch.Tenso
 def log_softmax_slots_reference(slot_logits: torch.Tensor, beam_scores: torch.Tensor, *,
                                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Pure-PyTorch reference of :func:`log_softmax_slots` (same signature and output)."""
-    out = _prepare(slot_logits, beam_scores, out)
+    _check(slot_logits, beam_scores, out)
     x = slot_logits.float()
-    valid = x > float("-inf")
-    m = x.amax(dim=1, keepdim=True)
-    ref = torch.where(m == float("-inf"), 0.0, m)
-    s = torch.exp(x - ref).sum(dim=1, keepdim=True)
-    lse = ref + torch.where(s > 0, s, 1.0).log()
-    out.copy_(torch.where(valid, (x - lse) + beam_scores[:, None], float("-inf")))
-    return out
+    invalid = x == float("-inf")
+    # -inf slots add exp(-inf) = 0 to the sum; a row without valid slots gives NaN here,
+    # which the mask turns back into -inf. Few ops: at decode sizes a CPU pays per op.
+    lp = torch.log_softmax(x, dim=1).add_(beam_scores[:, None]).masked_fill_(invalid, float("-inf"))
+    return lp if out is None else out.copy_(lp)
 
 
 def log_softmax_slots(slot_logits: torch.Tensor, beam_scores: torch.Tensor, *,

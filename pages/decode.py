@@ -13,7 +13,9 @@ from zerogr_core.app_support.charts import metrics_figure, stage_figure, top_k_c
 from zerogr_core.app_support.profile import (comparison, invalid_mass, k_values, profiled_decode, steady_cpu_timing,
                                              time_decoder)
 from zerogr_core.app_support.requests import DTYPES
-from zerogr_core.decode.decoder import default_projection
+from zerogr_core.decode.heads import Heads
+from zerogr_core.decode.ops import REFERENCE
+from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, plan_rows
 
 ORDERS = ("filter-first", "score-first")
 BUNDLED = "Bundled MovieLens recommender"
@@ -81,11 +83,18 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn
     out = dict(cfg=cfg, targets=inputs.targets, user_ids=inputs.user_ids, runs={}, timing={}, plan=None,
                graph_error=None, random=inputs.random, invalid=None, graph_differs=[])
+    projection = None
+    if dev.type != "cuda":
+        bar.progress(5, text="CPU: timing full against selective projection per step (once per shape)…")
+        plan = cpu_plan(index, heads, bands, cfg, fn, (index_key(source, overrides(), dev), inputs.model_key))
+        projection = plan_projection(plan)
+        out["plan"] = plan_rows(plan)
     for i, order in enumerate(ORDERS):
         bar.progress(10 + 30 * i, text=f"{order}: decoding {cfg['batch']} request(s) with beam {cfg['beam']}…")
         with steady_cpu_timing(dev):
             out["runs"][order] = profiled_decode(index, heads, cfg["beam"], order, fn, cfg["batch"],
-                                                 band_offsets=bands)
+                                                 band_offsets=bands,
+                                                 projection=projection if order == "filter-first" else None)
     bar.progress(70, text="Invalid mass under scoring first…")
     out["invalid"] = invalid_mass(catalog, index, heads, cfg["beam"], fn, cfg["batch"], band_offsets=bands)
     if dev.type == "cuda":
@@ -99,13 +108,9 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
                 out["graph_differs"].append(order)
         engine = decoders["filter-first"].gpu_engine
         if engine is not None:
-            plans = list(engine.plans.values())
-            out["plan"] = plans[-1].table() if plans else None
-            out["graph_error"] = engine.graph_error
-    else:
-        out["plan"] = [dict(step=s.step + 1, representation=s.kind, projection=p,
-                            **{"top-k path": "reference (stable sort)", "slot width K": s.slot_width})
-                       for s, p in zip(index.steps, default_projection(index))]
+            plan = engine.plans.get(engine.key(cfg["batch"]))  # this shape's (a failed capture is in it)
+            out["plan"] = plan.table() if plan is not None else None
+            out["graph_error"] = plan.graph_error if plan is not None else None
     bar.progress(100, text="Done")
     bar.empty()
     return out
@@ -132,6 +137,17 @@ def show_invalid_mass(res: dict) -> None:
     else:
         st.caption("The less mass a model puts on invalid tokens, the less the two orders can disagree: with "
                    "none at all, renormalising over the valid tokens changes no ranking.")
+
+
+def cpu_plan(index, heads, bands, cfg: dict, fn, key: tuple):
+    """The reference path's per-step plan for this shape: full against selective projection
+    timed once on the CPU (one torch thread, as the profiled decodes run), then kept."""
+    def factory():
+        with steady_cpu_timing(index.device):
+            return make_reference_plan(index, Heads.build(heads, index.codebook_sizes, bands), cfg["beam"],
+                                       fn, cfg["batch"], ops=REFERENCE)
+
+    return slots().get("cpu_plan", key + (cfg["beam"], cfg["batch"], cfg["dtype"], cfg["hidden"]), factory)
 
 
 def titles_for(catalog, source):
@@ -191,8 +207,8 @@ def show_results(catalog, source, res: dict) -> None:
         ", synchronised around each stage (an eager profile; the metrics above time the CUDA-graph replay)"
         if gpu else " with one torch thread; the model's forward pass is the *model* stage. On a CPU the "
         "reference selective projection (a gather per candidate) can cost more than one small GEMM over the "
-        "codebook, so these CPU latencies say little about the GPU engine, which times both per step at warm-up "
-        "and keeps the faster."))
+        "codebook, so filtering first times both per step (the plan below) and keeps the faster, as the GPU "
+        "engine does at warm-up; these CPU latencies still say little about the GPU engine."))
 
     st.subheader("Warm-up plan per step")
     if gpu:
@@ -201,11 +217,15 @@ def show_results(catalog, source, res: dict) -> None:
             st.caption("Timed at warm-up for this shape (batch, beam, dtype, hidden size); the fastest option per "
                        "step is fixed and the whole decode is captured in one CUDA graph.")
         if res.get("graph_error"):
-            st.warning(f"The decode could not be captured in a CUDA graph and runs eagerly: {res['graph_error']}")
+            st.warning(f"The decode could not be captured in a CUDA graph and runs eagerly (this shape is not "
+                       f"captured again): {res['graph_error']}")
     else:
         st.dataframe(pd.DataFrame(res["plan"]), hide_index=True)
-        st.caption("No GPU: there is no warm-up timing. The CPU path uses the reference projection per step — "
-                   "a full GEMM on dense steps, selective projection on sparse ones — and torch's sort for top-k.")
+        st.caption("No GPU: filtering first runs the PyTorch reference ops. Each step's projection — one GEMM "
+                   "over the level's codebook, or selective projection of the valid tokens only — was timed once "
+                   "for this shape (batch, beam, dtype, hidden size) on this CPU and the faster one is used; both "
+                   "give the same float32 logits, so the plan changes the latency, never the beams. Top-k is "
+                   "torch's stable sort.")
 
     show_invalid_mass(res)
 
@@ -232,7 +252,7 @@ def main() -> None:
              "up each beam's valid tokens and scores only those; *scoring first* scores the whole codebook, "
              "normalises, then masks.")
     cpu_banner("Both orders run the PyTorch reference path on the CPU; latencies are CPU latencies and there is "
-               "no CUDA graph or warm-up plan.")
+               "no CUDA graph. Filtering first plans its projection per step on this CPU (see the plan below).")
     if source.is_movielens and not movielens.available():
         st.warning(movielens.MISSING)
     cfg = settings(catalog, source)

@@ -314,6 +314,12 @@ def test_decode_both_orders_on_the_bundled_model():
     assert (top["filter-first log-prob"] >= top["score-first log-prob"] - 1e-4).all()
     plan = at.dataframe[1].value
     assert list(plan["step"]) == list(range(1, len(plan) + 1))
+    # the CPU plan: both projections timed per step, the faster one used by filtering first
+    assert list(plan.columns) == ["step", "representation", "projection", "full (µs)", "selective (µs)"]
+    assert all(row[f"{row['projection']} (µs)"] == min(row["full (µs)"], row["selective (µs)"])
+               for row in plan.to_dict("records"))
+    res = at.session_state["decode_runs"]
+    assert res["runs"]["filter-first"].projection == tuple(plan["projection"])
     assert len(at.get("plotly_chart")) == 2
     res = at.session_state["decode_runs"]
     assert set(res["runs"]) == {"filter-first", "score-first"}

@@ -85,6 +85,8 @@ def test_quick_bench_writes_every_suite_with_metadata(quick_run):
     # the per-step, per-stage and ablation reports cover every step / stage / variant
     steps = {(r["method"], r["step"]) for r in records if r["kind"] == "step"}
     assert {("zerogr", s) for s in range(1, 6)} <= steps and ("band-gemm", 2) in steps
+    # what float32 logits cost the band GEMM: beside it, the GEMM that rounds to the head dtype (fp16 here)
+    assert ("band-gemm-head-dtype-out", 2) in steps
     stages = {r["stage"] for r in records if r["kind"] == "stage"}
     assert {"filtering+projection", "normalisation", "selection+gather", "fused step"} <= stages
     variants = {r["variant"] for r in records if r["kind"] == "ablation"}

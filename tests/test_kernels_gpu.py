@@ -67,9 +67,9 @@ def test_sparse_step(K, vocab, dtype, H):
     assert_kernel_equal(naive, ref, name="naive", dtype=dtype)
     full = full_proj(hidden, head, BAND_START, vocab)
     via_full = filter_slots_triton(states, K, tokens=tokens, offsets=offsets, logits=full).slot_logits
-    # cuBLAS may reduce half-precision GEMMs in reduced precision, then rounds the logits
-    tol = {"atol": 1e-4} if dtype == torch.float32 else {"dtype": dtype, "rtol": 1e-2, "atol": 5e-3}
-    assert_kernel_equal(via_full, ref, name="full+filter", **tol)
+    # one numeric contract: the GEMM accumulates and stores float32 like the selective kernel
+    assert full.dtype == torch.float32
+    assert_kernel_equal(via_full, ref, name="full+filter", atol=1e-4)
 
     beam_scores = -torch.rand(states.shape[0], device=DEV) * 5
     beam_scores[states < 0] = float("-inf")
@@ -99,7 +99,7 @@ def test_dense_step(vocab, density, n_beams, M):
                          names=FilterOut._fields, rtol=0.0, atol=0.0)
     sel = selective_proj_triton(hidden, head, slots.slot_tokens, slots.tasks,
                                 torch.full_like(slots.slot_logits, float("-inf")))
-    assert_kernel_equal(sel, slots.slot_logits, name="selective vs full", rtol=5e-3, atol=5e-3)
+    assert_kernel_equal(sel, slots.slot_logits, name="selective vs full", atol=1e-4)
     scores = log_softmax_slots_triton(slots.slot_logits, torch.zeros(n_beams, device=DEV))
     batch = n_beams
     exp = topk_gather_reference(scores, slots.slot_tokens, slots.slot_succ, batch, M)

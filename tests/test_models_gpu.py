@@ -36,7 +36,7 @@ def test_t5_step_model_replays_in_the_engine_graph():
         mask = torch.ones_like(ids)
         mask[1, 8:] = 0
         got, want = gpu.generate(ids.cuda(), mask.cuda()), cpu.generate(ids, mask)
-        engine = gpu.decoder.engine
+        engine = gpu.decoder.gpu_engine
         assert engine is not None and engine.use_graph and engine.graph_error is None, engine.graph_error
         # GPU and CPU FP32 may swap two beams whose scores tie to ~1e-6; nothing else may differ
         torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)

@@ -307,16 +307,24 @@ def _run_plan(args: argparse.Namespace) -> None:
     index = build_index(catalog, device=device)
     heads, bands = random_heads(catalog, hidden, args.dtype, device, seed)
     engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes, bands), beam, plan_override=override)
-    plan = engine.plan(random_hidden_fn(batch, hidden, catalog.codebook_sizes, args.dtype, device, seed + 1), batch)
+    hidden_fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, args.dtype, device, seed + 1)
+    plan = engine.plan(hidden_fn, batch)
+    if engine.use_graph:  # the capture is part of serving the shape: report whether it held
+        engine.decode(hidden_fn, batch)
+        plan = engine.plans[engine.key(batch)]
     rows = plan.table()
     if args.json:
         print_json(dict(catalog=catalog.name, device=str(device), batch=batch, beam=beam, hidden=hidden,
-                        dtype=args.dtype, total_us=plan.total_us, steps=rows))
+                        dtype=args.dtype, total_us=plan.total_us, graph_error=plan.graph_error, steps=rows))
         return
     print(f"{_describe(catalog)}\nplan for batch {batch}, beam {beam}, {args.dtype}, H {hidden} on {device}"
           + ("" if device.type == "cuda" else " (CPU wall clock of the PyTorch reference ops: a GPU plan differs)"))
     print(format_table(rows, ["step", "mode", "topk", "chosen_us"]))
     print(f"total {plan.total_us:.1f} µs per decode (steps timed alone)")
+    if plan.graph_error:
+        print(f"CUDA graph: capture failed, this shape runs eagerly: {plan.graph_error}")
+    elif engine.use_graph:
+        print("CUDA graph: captured (whole decode replayed)")
     for row in rows:
         others = ", ".join(f"{k[:-5]} {v:.1f}" for k, v in row.items() if k.endswith(" (µs)"))
         print(f"step {row['step']} options (µs): {others}" + (f"; failed: {row['failed']}" if "failed" in row else ""))

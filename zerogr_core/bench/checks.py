@@ -9,6 +9,9 @@ from ..index.layout import StepIndex
 NEG_INF = float("-inf")
 #: Score tolerance (absolute, on accumulated log-probabilities) per head dtype.
 TOLERANCE = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+#: Score tolerance of zerogr under its plan against the filter-first reference, any head
+#: dtype: both keep float32 logits, so only float32 summation order differs.
+CONTRACT_TOLERANCE = 1e-4
 
 
 def check_valid(index: StepIndex, tokens: torch.Tensor, scores: torch.Tensor, states: torch.Tensor, *,

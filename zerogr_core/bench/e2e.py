@@ -364,7 +364,7 @@ class Workbench:
 
         def ours(ids, mask):
             result = run.decode(ids, mask)
-            engine = run.decoder.engine
+            engine = run.decoder.gpu_engine
             loop = "reference (eager)" if engine is None else \
                 ("engine, CUDA graph" if engine.use_graph and engine.graph_error is None else "engine, eager")
 

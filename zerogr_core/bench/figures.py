@@ -22,7 +22,8 @@ from .results import load_results
 
 METHOD_ORDER = ["zerogr", "static", "static-adapted", "unconstrained", "cpu-trie", "naive-selective"]
 COLORS = {"zerogr": "#d62728", "static": "#1f77b4", "static-adapted": "#17becf", "unconstrained": "#7f7f7f",
-          "cpu-trie": "#9467bd", "naive-selective": "#ff7f0e", "band-gemm": "#2ca02c", "head-gemm": "#8c564b"}
+          "cpu-trie": "#9467bd", "naive-selective": "#ff7f0e", "band-gemm": "#2ca02c", "head-gemm": "#8c564b",
+          "band-gemm-head-dtype-out": "#98df8a"}
 STAGE_COLORS = {"filtering+projection": "#1f77b4", "normalisation": "#ff7f0e", "selection+gather": "#2ca02c"}
 STRUCT_COLORS = {"zerogr": "#d62728", "zerogr (all sparse)": "#ff9896", "static-style": "#1f77b4",
                  "sid-table-int16": "#7f7f7f", "host-trie": "#9467bd"}
@@ -215,7 +216,7 @@ def figure_steps(records: list[dict], mode: str | None = None) -> go.Figure:
     fig, cols = _grid([f"{k[0]} · {k[1]} · batch {k[2]}" for k in keys],
                       "Per-step latency (each step timed alone; graph replay where capturable)", "step",
                       "latency (µs)", log_y=True)
-    methods = METHOD_ORDER + ["band-gemm", "head-gemm"]
+    methods = METHOD_ORDER + ["band-gemm", "band-gemm-head-dtype-out", "head-gemm"]
     for i, key in enumerate(keys):
         for m in methods:
             steps = panels[key].get(m)

@@ -148,7 +148,7 @@ class StaticStep:
     def __call__(self, level, states, hidden, scores) -> TopkOut:
         st = self.static
         weight, _ = self.heads.normaliser(level)
-        logits = full_proj(hidden, weight, 0, weight.shape[0])
+        logits = full_proj(hidden, weight, 0, weight.shape[0], out_dtype=hidden.dtype)
         alive = states >= 0
         if level < st.dense_levels:
             width = min(st.vocab, weight.shape[0])
@@ -196,7 +196,7 @@ class UnconstrainedStep:
     def __call__(self, level, states, hidden, scores) -> TopkOut:
         weight, band = self.heads.normaliser(level)
         size = self.heads.bands[level].shape[0]
-        logits = full_proj(hidden, weight, 0, weight.shape[0])
+        logits = full_proj(hidden, weight, 0, weight.shape[0], out_dtype=hidden.dtype)
         cand = torch.log_softmax(logits.float(), dim=1).narrow(1, band, size) + scores[:, None]
         val, parents, tok = _topk_rows(cand, self.batch, self.M)
         return _pad_top(val, parents, tok, torch.full_like(tok, -1), self.M)
@@ -210,7 +210,7 @@ class CpuTrieStep:
 
     def __call__(self, level, states, hidden, scores) -> TopkOut:
         weight, band = self.heads.normaliser(level)
-        lp = torch.log_softmax(full_proj(hidden, weight, 0, weight.shape[0]).float(), dim=1)
+        lp = torch.log_softmax(full_proj(hidden, weight, 0, weight.shape[0], out_dtype=hidden.dtype).float(), dim=1)
         tokens, succ = self.trie.children(level, states)  # host round trip
         valid = tokens >= 0
         slot = torch.where(valid, lp.gather(1, (tokens.to(torch.int64) + band).clamp(min=0)) + scores[:, None],

@@ -5,10 +5,13 @@ from typing import Sequence
 
 import torch
 
+from kernels._common import interpreting
+
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
 from .heads import Heads
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
+from .reference_plan import make_reference_plan, plan_projection
 from .search import DecodeResult, HiddenFn, beam_search
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
@@ -46,8 +49,9 @@ class Decoder:
     band_offsets : sequence of int, optional
         First head row of each level for a shared head (default: cumulative codebooks).
     projection : "full", "selective", or a sequence per step, optional
-        Filter-first projection per step (default: full on dense steps, selective on sparse
-        ones for the reference path; the GPU engine plans its own). Per step the GPU
+        Filter-first projection per step (default: planned per step and shape by timing on
+        the reference path with ``engine="auto"``, else full on dense steps and selective
+        on sparse ones; the GPU engine plans its own). Per step the GPU
         engine also takes a whole option, ``"sparse+selective/small"`` or a
         :class:`~zerogr_core.decode.engine.StepOption`; the reference path keeps its
         projection part.
@@ -88,6 +92,11 @@ class Decoder:
         use_gpu = order == "filter-first" and index.device.type == "cuda" and engine != "reference"
         if engine in ("graph", "eager") and not use_gpu:
             raise ZeroGRError(f"engine {engine!r} needs filter-first decoding on a CUDA index")
+        # the reference path plans its projection per step and shape, as the engine does;
+        # under the Triton interpreter (tests) timing would measure the interpreter
+        self.plan_reference = (order == "filter-first" and not use_gpu and engine == "auto"
+                               and self.projection is None and not interpreting())
+        self.plans = {}
         self.gpu_engine = None
         if use_gpu:
             from .engine import GpuEngine
@@ -95,11 +104,27 @@ class Decoder:
             self.gpu_engine = GpuEngine(index, self.heads, beam_width, plan_override=self.projection,
                                     use_graph=engine != "eager")
 
-    def step_fn(self):
-        """The per-step candidate function of this decoder's order (reference path)."""
+    def plan(self, hidden_fn: HiddenFn, batch: int):
+        """The plan that serves ``batch`` requests: the GPU engine's, or on the reference path
+        the timed choice of projection per step (:mod:`.reference_plan`); ``None`` when the
+        reference path does not plan (a fixed projection, another order, or the interpreter).
+        Timed at the first call per shape, then cached."""
+        if self.gpu_engine is not None:
+            return self.gpu_engine.plan(hidden_fn, batch)
+        if not self.plan_reference:
+            return None
+        key = self.heads.shape_key(batch, self.beam_width)
+        if key not in self.plans:
+            self.plans[key] = make_reference_plan(self.index, self.heads, self.beam_width, hidden_fn, batch)
+        return self.plans[key]
+
+    def step_fn(self, projection: Sequence[str] | None = None):
+        """The per-step candidate function of this decoder's order (reference path);
+        ``projection`` (filter-first) overrides the decoder's."""
         if self.order == "filter-first":
-            projection = [_projection_of(p) for p in self.projection] if self.projection else \
-                default_projection(self.index)
+            if projection is None:
+                projection = [_projection_of(p) for p in self.projection] if self.projection else \
+                    default_projection(self.index)
             return FilterFirst(self.index, self.heads, projection)
         if self.order == "score-first":
             return ScoreFirst(self.source, self.heads)
@@ -123,7 +148,9 @@ class Decoder:
         """
         if self.gpu_engine is not None:
             return self.gpu_engine.decode(hidden_fn, batch_size)
-        result = beam_search(self.step_fn(), hidden_fn, batch_size=batch_size, beam_width=self.beam_width,
+        plan = self.plan(hidden_fn, batch_size) if self.plan_reference else None
+        step_fn = self.step_fn(plan_projection(plan) if plan is not None else None)
+        result = beam_search(step_fn, hidden_fn, batch_size=batch_size, beam_width=self.beam_width,
                              n_levels=self.index.n_levels, hidden_size=self.heads.hidden_size,
                              device=self.index.device)
         if self.order == "unconstrained":

@@ -14,6 +14,7 @@ eagerly (reference ops, or the Triton interpreter in tests).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -106,7 +107,8 @@ class StepRunner:
             torch.empty(n, self.K, dtype=torch.int32, device=dev), torch.empty(n, self.K, dtype=torch.int64, device=dev),
             torch.empty(n, self.K, dtype=torch.float32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
             torch.empty(n * -(-self.K // 64), 3, dtype=torch.int32, device=dev))
-        self.logits = (torch.empty(n, mapping.codebook, dtype=weight.dtype, device=dev)
+        # float32 whatever the head's dtype: every option yields the same logits
+        self.logits = (torch.empty(n, mapping.codebook, dtype=torch.float32, device=dev)
                        if option.projection == "full" else None)
         self.top = TopkOut(torch.empty(batch, beam_width, dtype=torch.float32, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int64, device=dev),
@@ -192,6 +194,8 @@ class ShapeState:
         self.graph = None
         self.graph_fn = None
         self.outputs = None
+        # why the capture failed: the shape then runs eagerly and is never captured again
+        self.graph_error = None
 
     def run(self, hidden_fn: HiddenFn, hidden_size: int, dtype: torch.dtype, record=None):
         """All L steps; returns (tokens, scores, rows) views of static buffers."""
@@ -247,7 +251,7 @@ class GpuEngine:
         return self._sparse[level]
 
     def key(self, batch: int) -> tuple:
-        return (batch, self.beam_width, str(self.heads.dtype).replace("torch.", ""), self.heads.hidden_size)
+        return self.heads.shape_key(batch, self.beam_width)
 
     def options_for(self, batch: int) -> list[list[StepOption]]:
         """Candidate options per step for ``batch`` (the override narrows them)."""
@@ -297,9 +301,9 @@ class GpuEngine:
             raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
         shape = self.shape_state(hidden_fn, batch_size)
         H, dtype = self.heads.hidden_size, self.heads.dtype
-        if self.use_graph:
+        if self.use_graph and shape.graph_error is None:
             if shape.graph is None or shape.graph_fn is not hidden_fn:
-                self._capture(shape, hidden_fn)
+                self._capture(shape, hidden_fn, batch_size)
             if shape.graph is not None:
                 shape.graph.replay()
                 tokens, scores, rows = shape.outputs
@@ -307,8 +311,8 @@ class GpuEngine:
         tokens, scores, rows = shape.run(hidden_fn, H, dtype)
         return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
 
-    def _capture(self, shape: ShapeState, hidden_fn: HiddenFn) -> None:
-        """Warm up (compiles every Triton variant) and capture all steps in one graph."""
+    def _warm_up(self, shape: ShapeState, hidden_fn: HiddenFn) -> None:
+        """Two eager decodes on a side stream: compiles every Triton variant before capture."""
         H, dtype = self.heads.hidden_size, self.heads.dtype
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -316,13 +320,28 @@ class GpuEngine:
             for _ in range(2):
                 shape.run(hidden_fn, H, dtype)
         torch.cuda.current_stream().wait_stream(side)
+
+    def _record_graph(self, shape: ShapeState, hidden_fn: HiddenFn):
+        """Capture all steps in one CUDA graph; returns ``(graph, outputs)``."""
         graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = shape.run(hidden_fn, self.heads.hidden_size, self.heads.dtype)
+        return graph, outputs
+
+    def _capture(self, shape: ShapeState, hidden_fn: HiddenFn, batch: int) -> None:
+        """Warm up and capture; on failure record why in the shape's plan and fall back to
+        eager decoding for this shape for good (no warm-up or capture is tried again)."""
+        self._warm_up(shape, hidden_fn)
         try:
-            with torch.cuda.graph(graph):
-                shape.outputs = shape.run(hidden_fn, H, dtype)
+            graph, outputs = self._record_graph(shape, hidden_fn)
         except Exception as exc:  # a hidden_fn that syncs with the host cannot be captured
-            self.graph_error = f"{type(exc).__name__}: {exc}"
+            reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
+            self.graph_error = shape.graph_error = reason
+            key = self.key(batch)
+            if key in self.plans:
+                self.plans[key] = dataclasses.replace(self.plans[key], graph_error=reason)
             shape.graph, shape.graph_fn = None, None
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             return
-        shape.graph, shape.graph_fn = graph, hidden_fn
+        shape.graph, shape.graph_fn, shape.outputs = graph, hidden_fn, outputs

@@ -88,6 +88,10 @@ class Heads:
             return self.shared, self.band_offsets[level]
         return self.bands[level], 0
 
+    def shape_key(self, batch: int, beam_width: int) -> tuple:
+        """Key of a serving shape, under which plans are kept: (batch, beam, dtype, H)."""
+        return (batch, beam_width, str(self.dtype).replace("torch.", ""), self.hidden_size)
+
     def normaliser(self, level: int) -> tuple[torch.Tensor, int]:
         """What scoring first projects at ``level``: (weight, row of the band's token 0).
 

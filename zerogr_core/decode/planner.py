@@ -36,11 +36,16 @@ class StepChoice:
 
 @dataclass(frozen=True)
 class Plan:
-    """A per-step plan for one serving shape (batch, beam, dtype, hidden size)."""
+    """A per-step plan for one serving shape (batch, beam, dtype, hidden size).
+
+    ``graph_error`` is why the CUDA-graph capture of the shape failed (the shape then
+    runs eagerly and is never captured again); ``None`` while it did not fail.
+    """
 
     key: tuple
     steps: tuple
     device: str
+    graph_error: str | None = None
 
     @property
     def total_us(self) -> float:

@@ -1,0 +1,121 @@
+"""CPU decode time of both orders on the bundled MovieLens recommender.
+
+What the app's Decode page runs on a machine without a GPU: the PyTorch reference path
+with one torch thread, test users of the bundled data as requests. Filtering first runs
+under the per-step CPU plan (:mod:`zerogr_core.decode.reference_plan`) and, for
+comparison, under the fixed default projection (a GEMM on dense steps, selective
+projection on sparse ones); scoring first projects and normalises the whole codebook.
+Each figure is the median over ``--repeats`` decodes (the methods take turns) of the
+stage-timed total (the Decode page's number, model forward included), of the same without
+the model stage (what the order itself costs; its minimum too, the figure least disturbed
+by other work on a shared machine), and of the whole decode's wall clock.
+
+    python bench/cpu_decode_orders.py                  # writes bench/cpu_results/decode-orders__movielens.json
+    python bench/cpu_decode_orders.py --batch 1,8 --beam 32 --repeats 9
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from zerogr_core import build_index  # noqa: E402
+from zerogr_core.app_support import movielens  # noqa: E402
+from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing  # noqa: E402
+from zerogr_core.bench.env import command_line, environment  # noqa: E402
+from zerogr_core.decode.decoder import default_projection  # noqa: E402
+from zerogr_core.decode.heads import Heads  # noqa: E402
+from zerogr_core.decode.ops import REFERENCE  # noqa: E402
+from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, plan_rows  # noqa: E402
+
+OUT = ROOT / "bench" / "cpu_results" / "decode-orders__movielens.json"
+
+
+def measure(index, heads, beam, make_fn, batch, methods: dict, repeats: int) -> dict:
+    """Per method ``name -> (order, projection)``: medians (ms) over ``repeats`` decodes after
+    one warm-up each, the methods taking turns so that a busy machine slows them alike."""
+    samples = {name: ([], [], []) for name in methods}
+    last = {}
+    for i in range(repeats + 1):
+        for name, (order, projection) in methods.items():
+            t0 = time.perf_counter()
+            run = profiled_decode(index, heads, beam, order, make_fn(), batch, projection=projection)
+            wall = (time.perf_counter() - t0) * 1e3
+            last[name] = run
+            if i:
+                total, decode, walls = samples[name]
+                total.append(run.total_ms)
+                decode.append(sum(r["ms"] for r in run.stage_ms if r["stage"] != "model"))
+                walls.append(wall)
+    return {name: dict(median_ms=statistics.median(total), min_ms=min(total),
+                       decode_median_ms=statistics.median(decode), decode_min_ms=min(decode),
+                       wall_median_ms=statistics.median(walls), runs=repeats, projection=list(last[name].projection),
+                       result=last[name].result)
+            for name, (total, decode, walls) in samples.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", default="1,8,32", help="request batches (default 1,8,32)")
+    p.add_argument("--beam", type=int, default=32, help="beam width (default 32, the Decode page's CPU default)")
+    p.add_argument("--repeats", type=int, default=7, help="timed decodes per order (default 7)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled test users")
+    p.add_argument("--out", default=str(OUT), help=f"result file (default {OUT.relative_to(ROOT)})")
+    args = p.parse_args(argv)
+    if not movielens.available():
+        print(f"error: {movielens.MISSING}", file=sys.stderr)
+        return 1
+    dev = torch.device("cpu")
+    study = movielens.bundled_study("cpu")
+    users = movielens.test_users(study)
+    index = build_index(study.catalog)
+    heads = Heads.build(study.model.head_weights(), index.codebook_sizes)
+    records = []
+    with torch.no_grad(), steady_cpu_timing(dev):
+        for batch in (int(b) for b in args.batch.split(",")):
+            histories, _ = users.pick(users.sample(batch, args.seed))
+            make_fn = lambda: study.model.hidden_fn_for(histories, study.sids)  # noqa: E731
+            t0 = time.perf_counter()
+            plan = make_reference_plan(index, heads, args.beam, make_fn(), batch, ops=REFERENCE)
+            plan_ms = (time.perf_counter() - t0) * 1e3
+            runs = measure(index, heads, args.beam, make_fn, batch, {
+                "filter-first (CPU plan)": ("filter-first", plan_projection(plan)),
+                "filter-first (default projection)": ("filter-first", default_projection(index)),
+                "score-first": ("score-first", None)}, args.repeats)
+            planned, fixed = runs["filter-first (CPU plan)"]["result"], runs["filter-first (default projection)"]["result"]
+            same = bool(torch.equal(planned.tokens, fixed.tokens)
+                        and (planned.scores - fixed.scores).abs().nan_to_num(0.0).max() <= 1e-5)
+            for name, r in runs.items():
+                r.pop("result")
+                records.append(dict(kind="cpu-decode", catalog="movielens (bundled)", items=index.n_items,
+                                    levels=index.n_levels, batch=batch, beam=args.beam, method=name, **r))
+            records.append(dict(kind="cpu-plan", batch=batch, beam=args.beam, plan_ms=plan_ms, steps=plan_rows(plan),
+                                planned_equals_default_beams=same))
+            ff, df, sf = (runs[k] for k in ("filter-first (CPU plan)", "filter-first (default projection)",
+                                            "score-first"))
+            fig = lambda r: (f"{r['median_ms']:.1f} ({r['decode_median_ms']:.2f} median, "  # noqa: E731
+                             f"{r['decode_min_ms']:.2f} min)")
+            print(f"batch {batch:>3} beam {args.beam}: total ms (without the model stage): filter-first plan "
+                  f"{'/'.join(plan_projection(plan))} {fig(ff)}, default projection {fig(df)}, "
+                  f"score-first {fig(sf)}; plan took {plan_ms:.0f} ms; same beams as default: {same}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = environment(dev)
+    env["torch_threads"] = 1
+    out.write_text(json.dumps(dict(format="zerogr-cpu-decode/1", env=env,
+                                   run_command=command_line(argv).replace("-m zerogr_core", "bench/cpu_decode_orders.py"),
+                                   records=records), indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

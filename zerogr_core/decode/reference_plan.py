@@ -1,0 +1,107 @@
+"""The per-step plan of the reference (CPU) path: full GEMM or selective projection.
+
+The GPU engine times every option of every step at warm-up (:mod:`.planner`); the
+reference path makes the same kind of choice between its two projections. Which one wins
+depends on the machine and the shape: a gather per candidate (selective) against one GEMM
+over the level's codebook whose valid logits are then copied into the slots (full). A CPU
+with few cores and a small codebook often prefers the GEMM even on sparse steps.
+
+Both options give the same logits (the numeric contract of :mod:`kernels`), so the plan
+changes the latency, never the beams. The plan is a :class:`~.planner.Plan` whose options
+are ``"<kind>+full"`` / ``"<kind>+selective"`` with the ``"reference"`` top-k path
+(``kind`` is the step's representation in the index, which the reference ops read).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..index.layout import StepIndex
+from .engine import StepOption
+from .heads import Heads
+from .ops import DISPATCH, KernelOps
+from .orders import PROJECTIONS, FilterFirst
+from .planner import Plan, StepChoice, time_call
+from .search import HiddenFn, beam_search
+
+REFERENCE_TOPK = "reference"
+"""Top-k path of every reference option: the ops' ``topk`` (a stable sort on a CPU)."""
+REPEATS = 12
+"""Timing repeats per option (the wall-clock timer keeps a quarter of them, at least 3)."""
+
+
+def reference_options(index: StepIndex, step: int) -> list[StepOption]:
+    """The reference path's options at ``step``: its representation with either projection."""
+    kind = index.steps[step].kind
+    return [StepOption(f"{kind}+{p}", REFERENCE_TOPK) for p in PROJECTIONS]
+
+
+def projection_of(option: StepOption) -> str:
+    """``"full"`` or ``"selective"``: the projection of a (reference or engine) option."""
+    return "full" if option.mode.endswith("full") else "selective"
+
+
+@torch.no_grad()
+def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_fn: HiddenFn, batch: int,
+                        ops: KernelOps = DISPATCH, repeats: int = REPEATS) -> Plan:
+    """Time both projections of every step on its real inputs and keep the faster.
+
+    One decode records each step's beam states, hidden
+    states and scores; each option then runs the step's filtering, projection and
+    normalisation on them, timed by :func:`~.planner.time_call` (median wall clock).
+
+    Parameters
+    ----------
+    index : StepIndex
+    heads : Heads
+    beam_width : int
+    hidden_fn : callable(step, prefixes) -> (batch, beams, H)
+    batch : int
+    ops : KernelOps
+        The ops the decode will run (the references on a CPU).
+    repeats : int
+
+    Returns
+    -------
+    Plan
+        One :class:`~.planner.StepChoice` per step with both options' times (µs).
+    """
+    runners = {p: FilterFirst(index, heads, (p,) * index.n_levels, ops) for p in PROJECTIONS}
+    record: list[tuple] = []
+
+    def recorder(step, states, hidden, scores, timer):
+        record.append((states.clone(), hidden.clone(), scores.clone()))
+        return runners["full"](step, states, hidden, scores, timer)
+
+    # any projection sees the same beams (one numeric contract), so any one records them
+    beam_search(recorder, hidden_fn, batch_size=batch, beam_width=beam_width, n_levels=index.n_levels,
+                hidden_size=heads.hidden_size, device=index.device, ops=ops)
+    steps = []
+    for level, (states, hidden, scores) in enumerate(record):
+        times = {}
+        for option in reference_options(index, level):
+            run = runners[projection_of(option)]
+            times[option.label] = time_call(lambda: run(level, states, hidden, scores), index.device, repeats)
+        best = min(reference_options(index, level), key=lambda o: times[o.label])
+        steps.append(StepChoice(level, best, times))
+    return Plan(heads.shape_key(batch, beam_width), tuple(steps), str(index.device))
+
+
+def plan_projection(plan: Plan) -> tuple[str, ...]:
+    """The projection per step that ``plan`` fixes."""
+    return tuple(projection_of(s.option) for s in plan.steps)
+
+
+def plan_rows(plan: Plan) -> list[dict]:
+    """Rows for the app: step, representation, chosen projection, µs of each projection."""
+    rows = []
+    for s in plan.steps:
+        row = {"step": s.step + 1, "representation": s.option.mode.split("+")[0],
+               "projection": projection_of(s.option)}
+        # a label is "<kind>+<projection> / reference"
+        row.update({f"{label.split(' / ')[0].split('+')[1]} (µs)": round(t, 1) for label, t in s.times_us.items()})
+        rows.append(row)
+    return rows
+
+
+__all__ = ["REFERENCE_TOPK", "make_reference_plan", "plan_projection", "plan_rows",
+           "projection_of", "reference_options"]
