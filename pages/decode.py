@@ -1,6 +1,7 @@
 """Decode page: filtering first against scoring first, side by side."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 import torch
@@ -156,6 +157,11 @@ def titles_for(catalog, source):
     return catalog.titles
 
 
+def top_k_table(catalog, titles, runs: dict, request: int, k: int, target) -> pd.DataFrame:
+    data = top_k_columns(catalog, titles, runs, request, k, target)
+    return pd.DataFrame(data)
+
+
 def show_results(catalog, source, res: dict) -> None:
     cfg, runs = res["cfg"], res["runs"]
     # K never exceeds the beam, nor the catalog (a list of 12 items cannot fill a top-20).
@@ -189,7 +195,7 @@ def show_results(catalog, source, res: dict) -> None:
     if target is not None:
         name = titles[target] if titles is not None else target
         st.caption(f"★ marks the held-out test item of this user: **{name}**.")
-    st.dataframe(pd.DataFrame(top_k_columns(catalog, titles, runs, pick, k, target)), hide_index=True, column_config={
+    st.dataframe(top_k_table(catalog, titles, runs, pick, k, target), hide_index=True, column_config={
         "filter-first log-prob": st.column_config.NumberColumn(format="%.4f"),
         "score-first log-prob": st.column_config.NumberColumn(format="%.4f")})
     st.caption("Filtering first normalises over the valid tokens only, so its log-probabilities are higher than "
