@@ -10,6 +10,8 @@
 #   tests     GPU-marked tests and the whole kernel/engine suite on CUDA (pytest), log with GPU + versions
 #   headline  search-like 19,269,255 SIDs (docs/design.md §8 anchor, "2e7"): index memory, then every method, batches 1..32,
 #             FP16/H1024 and FP32/H4096, checks, plans
+#   coldstart search-like 19,269,255: first decode of FP16/H1024 and FP32/H4096 at batches 1 and 32 in fresh
+#             processes, with empty then warm plan store + Triton cache (targets: cold <= 30 s, warm <= 10 s)
 #   detail    search-like 19,269,255: stages, step-2 ablation, per-step latency, index construction, interference
 #   watch     watch-like 2e7: memory + headline
 #   beams     synthetic-7 1e7: beam-width sweep (64,128,256), batches SWEEP_BATCHES
@@ -124,7 +126,7 @@ group_tests() {
                tests/test_kernels_selective.py tests/test_engine.py tests/test_decode.py tests/test_index.py)
   # GPU-marked tests of the modules that import without polars/streamlit (absent on the
   # lent machine's image; tests/test_app_gpu.py needs streamlit wheels carried in)
-  local marked=(tests/test_kernels_gpu.py tests/test_bench.py)
+  local marked=(tests/test_kernels_gpu.py tests/test_bench.py tests/test_plan_store.py)
   [[ "${BENCH_QUICK:-0}" == 1 ]] && suite=(tests/test_bench.py) && marked=(tests/test_bench.py)
   # Triton compiles every specialisation on first use (CPU-bound): spread the tests over
   # pytest-xdist workers when it is installed (they share the Triton cache)
@@ -145,6 +147,9 @@ group_tests() {
 group_headline() {
   bench headline "$(budget headline 200)" --suite memory,headline --catalog search-like --scale 19269255 \
     --suite-budgets memory=40
+}
+group_coldstart() {  # each shape: two fresh processes (cold, warm) with their own cache folder
+  bench coldstart "$(budget coldstart 420)" --suite coldstart --catalog search-like --scale 19269255
 }
 group_detail() {
   bench detail "$(budget detail 180)" --suite stages,ablation,steps,build,interference --catalog search-like \
@@ -167,7 +172,7 @@ group_scale() {
     --batch 1,8,32 --build-repeats 1 --suite-budgets memory=120,build=60
 }
 
-GROUPS_ALL=(tests headline detail watch beams codebooks scale)
+GROUPS_ALL=(tests headline coldstart detail watch beams codebooks scale)
 if (( $# )); then GROUPS_RUN=("$@"); else GROUPS_RUN=("${GROUPS_ALL[@]}"); fi
 header | tee -a "$LOG"
 log "groups: ${GROUPS_RUN[*]} | total budget ${TOTAL}s | results under $WORK, packed into $OUT"

@@ -38,11 +38,8 @@ def recorded_section(live: bool) -> None:
         st.warning("No recorded results in `bench/results/` yet. Run `python -m zerogr_core bench` on a GPU "
                    "machine to produce them.")
         return
-    machines = sorted({f["gpu"] for f in files})
-    gpus = [g for g in machines if not g.lower().startswith("none")] or ["no GPU"]
-    cpu_runs = len(gpus) < len(machines)
-    dates = sorted(d[:10] for f in files for d in (f["updated"] or f["started"],) if d)
-    when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} – {dates[-1]}" if dates else "unknown date")
+    origin = benchview.provenance(files)
+    gpus, cpu_runs, when = origin["gpus"], origin["cpu_runs"], origin["when"]
     if not live:
         st.info(f"**No GPU on this machine — these are recorded results, not measured now.** They were measured on "
                 f"**{', '.join(gpus)}** ({when}){' (plus CPU runs, marked as such)' if cpu_runs else ''} and "

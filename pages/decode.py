@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 import torch
 
@@ -11,8 +10,9 @@ from pages._common import (cached_study, cached_test_users, cpu_banner, decode_i
                            get_index, guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.app_support import movielens
-from zerogr_core.app_support.profile import (STAGES, comparison, invalid_mass, k_values, profiled_decode,
-                                             steady_cpu_timing, time_decoder)
+from zerogr_core.app_support.charts import metrics_figure, stage_figure, top_k_columns
+from zerogr_core.app_support.profile import (comparison, invalid_mass, k_values, profiled_decode, steady_cpu_timing,
+                                             time_decoder)
 from zerogr_core.app_support.requests import DTYPES
 from zerogr_core.decode.constraints import RequestLists
 from zerogr_core.decode.heads import Heads
@@ -114,8 +114,13 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
         bar.progress(85, text="GPU: warm-up plan, CUDA-graph capture and timed replays…")
         decoders = gpu_decoders(index, heads, bands, cfg["beam"],
                                 (index_key(source, overrides(), dev), inputs.model_key, cfg["beam"]))
+
+        def warm_up_progress(fraction, text):  # the engine plans and compiles at its first decode
+            bar.progress(85 + int(10 * fraction), text=f"GPU warm-up: {text}…")
+
         for order in ORDERS:
-            result, timing = time_decoder(decoders[order], fn, cfg["batch"], lists=lists)
+            result, timing = time_decoder(decoders[order], fn, cfg["batch"], progress=warm_up_progress,
+                                          lists=lists)
             out["timing"][order] = timing
             if not torch.equal(result.item_rows.cpu(), out["runs"][order].result.item_rows.cpu()):
                 out["graph_differs"].append(order)
@@ -170,19 +175,7 @@ def titles_for(catalog, source):
 
 
 def top_k_table(catalog, titles, runs: dict, request: int, k: int, target) -> pd.DataFrame:
-    data = {"rank": np.arange(1, k + 1)}
-    for order, run in runs.items():
-        rows = run.result.item_rows[request, :k].cpu().numpy()
-        scores = run.result.scores[request, :k].float().cpu().numpy()
-        names = []
-        for r in rows:
-            if r < 0:
-                names.append("—")
-                continue
-            label = str(titles[r]) if titles is not None and titles[r] else f"item {catalog.item_ids[r]}"
-            names.append(("★ " if target is not None and r == target else "") + label)
-        data[f"{order}"] = names
-        data[f"{order} log-prob"] = scores
+    data = top_k_columns(catalog, titles, runs, request, k, target)
     return pd.DataFrame(data)
 
 
@@ -241,22 +234,9 @@ def show_results(catalog, source, res: dict) -> None:
                "scoring first's; the question is whether the *ranking* changes.")
 
     left, right = st.columns(2)
-    rows = [dict(K=str(kk), measure="overlap@K", value=metrics["overlap"][kk]) for kk in ks]
-    if res["targets"] is not None:
-        rows += [dict(K=str(kk), measure="Recall@K filter-first", value=metrics["recall_a"][kk]) for kk in ks]
-        rows += [dict(K=str(kk), measure="Recall@K score-first", value=metrics["recall_b"][kk]) for kk in ks]
-    fig = px.bar(pd.DataFrame(rows), x="K", y="value", color="measure", barmode="group",
-                 title=f"Overlap@K and Recall@K over the {n} request(s) of this run")
-    fig.update_layout(yaxis=dict(range=[0, 1.05], tickformat=".0%"), xaxis=dict(type="category"), height=380,
-                      legend_title_text="",
-                      margin=dict(t=60, b=40))
+    fig = metrics_figure(metrics, ks, n)
     left.plotly_chart(fig, key="dec_fig_metrics")
-    lat = pd.DataFrame([r for order in ORDERS for r in runs[order].per_step()])
-    fig = px.bar(lat, x="step", y="ms", color="stage", facet_col="order", category_orders={
-        "stage": list(STAGES), "order": list(ORDERS)}, title="Per-step latency by stage (ms)")
-    fig.update_layout(height=380, legend_title_text="", margin=dict(t=60, b=40))
-    fig.update_xaxes(dtick=1)
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    fig = stage_figure(runs)
     right.plotly_chart(fig, key="dec_fig_latency")
     if res.get("graph_differs"):
         st.warning("The timed CUDA-graph decode of " + " and ".join(res["graph_differs"]) + " returned other items "

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
 from pages._common import (cached_segment_lengths, cached_step_stats, cpu_banner, decode_inputs, device, get_catalog,
                            get_index, guarded)
 from zerogr_core.app_support import movielens
-from zerogr_core.app_support.density import beam_weighted_density, histogram_counts, total_waste
+from zerogr_core.app_support.charts import (density_figure, density_rows, histogram_figure, shared_head_rows,
+                                            waste_figure)
+from zerogr_core.app_support.density import beam_weighted_density, total_waste
 from zerogr_core.app_support.profile import profiled_decode
 
 MODEL = "Bundled MovieLens model (random test users)"
@@ -37,42 +37,6 @@ def decode_states(catalog, source, index, beam: int, batch: int, beams_from: str
     runs.clear()
     runs[key] = run.states
     return run.states
-
-
-def density_figure(df: pd.DataFrame) -> go.Figure:
-    long = df.melt(id_vars="step", value_vars=["catalog-level density", "beam-weighted density"],
-                   var_name="measure", value_name="density")
-    fig = px.bar(long, x="step", y="density", color="measure", barmode="group", log_y=True,
-                 title="Share of the codebook that is valid, per step (log scale)")
-    fig.update_layout(xaxis=dict(dtick=1), legend_title_text="", height=380, margin=dict(t=60, b=40))
-    return fig
-
-
-def waste_figure(df: pd.DataFrame) -> go.Figure:
-    fig = px.bar(df, x="step", y="wasted share", text=df["wasted share"].map(lambda v: f"{100 * v:.2f}%"),
-                 title="Logits scoring first computes that no beam can choose")
-    fig.update_layout(xaxis=dict(dtick=1), yaxis=dict(range=[0, 1.05], tickformat=".0%"), height=380,
-                      margin=dict(t=60, b=40))
-    fig.update_traces(marker_color="#d9534f", textposition="inside", insidetextanchor="end",
-                      textfont_color="white")
-    return fig
-
-
-def histogram_figure(lengths: list) -> go.Figure:
-    rows = []
-    for level, seg in enumerate(lengths):
-        values, counts = histogram_counts(np.asarray(seg))
-        rows += [dict(step=f"step {level + 1}", length=int(v), states=int(c)) for v, c in zip(values, counts)]
-    df = pd.DataFrame(rows)
-    wrap = min(len(lengths), 4)
-    fig = px.bar(df, x="length", y="states", facet_col="step", facet_col_wrap=wrap, log_y=True,
-                 title="Segment lengths (branching factors): states per number of valid next tokens")
-    fig.update_xaxes(matches=None, showticklabels=True, title_text="valid next tokens")
-    fig.update_yaxes(title_text="")
-    rows_needed = -(-len(lengths) // wrap)
-    fig.update_layout(height=260 * rows_needed + 80, margin=dict(t=80, b=40))
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
-    return fig
 
 
 def main() -> None:
@@ -106,23 +70,9 @@ def main() -> None:
     with st.spinner("Decoding a few requests to place the beams…"):
         states = decode_states(catalog, source, index, beam, batch, beams_from, hidden, seed=0)
     lengths = cached_segment_lengths(source, catalog)
-    shared_rows = None
-    if catalog.band_offsets is not None and beams_from == RANDOM:
-        rows = max(o + s for o, s in zip(catalog.band_offsets, catalog.codebook_sizes))
-        shared_rows = [rows] * catalog.n_levels
+    shared_rows = shared_head_rows(catalog) if beams_from == RANDOM else None
     weighted = beam_weighted_density(catalog, states, projected_rows=shared_rows, seg_lengths=lengths)
-    df = pd.DataFrame({
-        "step": [s["step"] for s in stats],
-        "|V|": [s["codebook"] for s in stats],
-        "states S": [s["states"] for s in stats],
-        "catalog-level density": [s["density"] for s in stats],
-        "active beams": [w["active_beams"] for w in weighted],
-        "mean valid tokens per beam": [w["mean_valid"] for w in weighted],
-        "beam-weighted density": [w["beam_density"] for w in weighted],
-        "logits scored (score first)": [w["scored_logits"] for w in weighted],
-        "logits that can be chosen": [w["valid_logits"] for w in weighted],
-        "wasted share": [w["wasted_share"] for w in weighted],
-    })
+    df = pd.DataFrame(density_rows(stats, weighted))
     waste = total_waste(weighted)
     m = st.columns(3)
     m[0].metric("Scoring-first logits wasted (all steps)", f"{100 * waste:.2f} %")

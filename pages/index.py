@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.express as px
-import plotly.graph_objects as go
 import streamlit as st
 
 from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, fmt_ratio, get_catalog, get_index, guarded,
                            overrides, slots)
 from zerogr_core.app_support import gpu as gpu_info
+from zerogr_core.app_support.charts import breakdown_figure, build_rows, bytes_comparison_figure, index_step_rows
 from zerogr_core.errors import ZeroGRError
 from zerogr_core.index import BUILDERS, IndexConfig, build_index
-from zerogr_core.index.builders import H2D_PHASE, build_phases, h2d_gbps
+from zerogr_core.index.builders import h2d_gbps
 from zerogr_core.index.layout import dense_bytes, sparse_bytes
 
 AUTO = "auto (memory rule)"
@@ -28,14 +28,6 @@ def planned_kinds(report: dict, chosen: dict) -> list[str]:
         kinds.append(want if want in ("sparse", "dense") else
                      rule.choose(row["step"] - 1, row["codebook"], row["states"], row["entries"]))
     return kinds
-
-
-def breakdown_figure(rows: list[dict], title: str) -> go.Figure:
-    df = pd.DataFrame(rows)
-    fig = px.bar(df, x="builder", y="ms", color="phase", title=title, text=df["ms"].map(lambda v: f"{v:,.2f}"),
-                 category_orders={"phase": ["layout pass", "fill", H2D_PHASE, "assemble"]})
-    fig.update_layout(height=360, margin=dict(t=60, b=40), legend_title_text="")
-    return fig
 
 
 def main() -> None:
@@ -59,24 +51,14 @@ def main() -> None:
                      "steps, then CSR [token, next state] int32 pairs (docs/design.md §3, the index layout).")
     m[2].metric("Raw SID table (int16)", fmt_bytes(report["sid_table_int16_bytes"]))
     m[3].metric("vs STATIC-style", fmt_ratio(report['static_style_bytes'] / max(report['total_bytes'], 1)) + " smaller")
-    steps = pd.DataFrame([dict(step=r["step"], representation=r["kind"], **{"|V|": r["codebook"]},
-                               states=r["states"], entries=r["entries"], density=r["density"],
-                               **{"longest segment": r["max_segment"], "bytes": r["bytes"],
-                                  "as sparse": r["sparse_bytes"], "as dense": r["dense_bytes"]})
-                          for r in report["steps"]])
+    steps = pd.DataFrame(index_step_rows(report))
     st.dataframe(steps, hide_index=True, column_config={"density": st.column_config.NumberColumn(format="%.2e")})
-    comp = pd.DataFrame(dict(structure=["ZeroGR index", "SID table (int16)", "STATIC-style index"],
-                             bytes=[report["total_bytes"], report["sid_table_int16_bytes"],
-                                    report["static_style_bytes"]]))
-    fig = px.bar(comp, x="structure", y="bytes", log_y=True, text=comp["bytes"].map(fmt_bytes),
-                 color="structure", title="Total bytes (log scale)")
-    fig.update_layout(showlegend=False, height=360, margin=dict(t=60, b=40))
+    fig = bytes_comparison_figure(report, fmt_bytes)
     left, right = st.columns(2)
     left.plotly_chart(fig, key="idx_fig_total")
 
     build = report["build"]
-    rows = [dict(builder=f"{build.get('builder', 'layout')} ({build.get('device', dev)})", phase=k, ms=v * 1e3)
-            for k, v in build_phases(build).items()]
+    rows = build_rows(f"{build.get('builder', 'layout')} ({build.get('device', dev)})", build)
     right.plotly_chart(breakdown_figure(rows, "Build time of this index (ms)"), key="idx_fig_build")
     rate = h2d_gbps(build)
     h2d = "n/a (CPU)" if dev.type != "cuda" else f"{rate or 0:,.1f} GB/s"
@@ -88,7 +70,7 @@ def main() -> None:
         bar = st.progress(0, text="Timing builders…")
         for i, name in enumerate(BUILDERS):
             built = build_index(catalog, device=dev, builder=name, config=IndexConfig().with_overrides(applied))
-            timed += [dict(builder=name, phase=k, ms=v * 1e3) for k, v in build_phases(built.build).items()]
+            timed += build_rows(name, built.build)
             del built
             bar.progress((i + 1) / len(BUILDERS), text=f"{name} done")
         bar.empty()

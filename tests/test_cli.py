@@ -186,9 +186,9 @@ def test_synth_round_trip_all_formats(capsys, tmp_path):
 def test_registrars_add_subcommands():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert list(commands) == ["index", "next", "synth", "stats", "plan", "bench", "train-movielens", "quality",
-                              "bench-e2e"]
-    assert len(REGISTRARS) == 8
+    assert list(commands) == ["index", "next", "synth", "stats", "plan", "warmup", "bench", "train-movielens",
+                              "quality", "bench-e2e"]
+    assert len(REGISTRARS) == 9
 
 
 def test_synth_catalogs_work_without_polars():

@@ -80,6 +80,6 @@ def test_load_test_no_failures_no_deleted_items(string_ids, monkeypatch):
     report = run_load_test(store, fn, 2, threads=3, seconds=1.2, change_every_s=0.3, deletes_per_change=20,
                            adds_per_change=20, replace_every=3)
     assert report["failed"] == 0 and report["invalid"] == 0 and report["deleted"] == 0, report["errors"]
-    assert report["changes"] >= 3 and report["idle"]["count"] > 0 and report["churn"]["count"] > 0
+    assert report["changes"] >= 3 and report["idle"]["n"] > 0 and report["churn"]["n"] > 0
     kinds = " ".join(h["change"] for h in report["change_log"])
     assert "deleted" in kinds and "rebuilt" in kinds and "replaced" in kinds

@@ -286,8 +286,54 @@ def register_plan(subparsers) -> None:
     p.add_argument("--override", default=None, metavar="OPT,…",
                    help="one entry per step: full, selective or MODE/TOPK (e.g. sparse+full/prune)")
     p.add_argument("--seed", default="0", help="seed of the random head and requests (default 0)")
+    add_planner_arguments(p)
     p.add_argument("--json", action="store_true", help="print the plan table as JSON")
     p.set_defaults(handler=_run_plan)
+
+
+DTYPE_ALIASES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--plan-dir``, ``--no-plan-store`` and ``--cost-model`` to ``parser``."""
+    parser.add_argument("--plan-dir", default=None, metavar="DIR",
+                        help="plan store folder (default: $ZEROGR_CACHE_DIR/plans, else ~/.cache/zerogr/plans)")
+    parser.add_argument("--no-plan-store", action="store_true",
+                        help="neither read nor write stored plans (time every shape afresh)")
+    parser.add_argument("--cost-model", choices=("default", "off"), default="default",
+                        help="skip options the cost model predicts far slower than the best before timing "
+                             "(default), or time every option (off)")
+
+
+def _planner_kwargs(args: argparse.Namespace) -> dict:
+    from .decode.planner import COST_MODELS
+
+    store = False if args.no_plan_store else (args.plan_dir or "default")
+    return dict(plan_store=store, cost_model=COST_MODELS[args.cost_model])
+
+
+def _dtype_name(text: str) -> str:
+    """``fp16``/``float16`` -> ``float16`` (also bf16, fp32); other names are left to the checks."""
+    return DTYPE_ALIASES.get(text.strip().lower(), text.strip().lower())
+
+
+def _plan_device(name):
+    import torch
+
+    device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: no CUDA device here")
+    return device
+
+
+def _describe_source(engine, plan) -> str:
+    if plan.source == "store":
+        return f"plan from the store: {engine.plan_store.path(engine.plan_key(plan.key[0]))}"
+    if plan.source == "fixed":
+        return "plan fixed by the override (nothing timed)"
+    if engine.plan_store is None:
+        return "plan timed now (plan store off)"
+    return f"plan timed now, saved to {engine.plan_store.path(engine.plan_key(plan.key[0]))}"
 
 
 def _run_plan(args: argparse.Namespace) -> None:
@@ -300,17 +346,17 @@ def _run_plan(args: argparse.Namespace) -> None:
     batch, beam, hidden = (parse_count(getattr(args, k), f"--{k}") for k in ("batch", "beam", "hidden"))
     if min(batch, beam, hidden) < 1:
         raise UsageError("--batch, --beam and --hidden must be ≥ 1")
-    resolve_dtype(args.dtype)
+    dtype = _dtype_name(args.dtype)
+    resolve_dtype(dtype)
     seed = parse_count(args.seed, "--seed")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {args.device}: no CUDA device here")
+    device = _plan_device(args.device)
     override = None if args.override is None else [o.strip() for o in args.override.split(",")]
     catalog = catalog_from_args(args)
     index = build_index(catalog, device=device)
-    heads, bands = random_heads(catalog, hidden, args.dtype, device, seed)
-    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes, bands), beam, plan_override=override)
-    hidden_fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, args.dtype, device, seed + 1)
+    heads, bands = random_heads(catalog, hidden, dtype, device, seed)
+    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes, bands), beam, plan_override=override,
+                       **_planner_kwargs(args))
+    hidden_fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, dtype, device, seed + 1)
     plan = engine.plan(hidden_fn, batch)
     if engine.use_graph:  # the capture is part of serving the shape: report whether it held
         engine.decode(hidden_fn, batch)
@@ -318,10 +364,12 @@ def _run_plan(args: argparse.Namespace) -> None:
     rows = plan.table()
     if args.json:
         print_json(dict(catalog=catalog.name, device=str(device), batch=batch, beam=beam, hidden=hidden,
-                        dtype=args.dtype, total_us=plan.total_us, graph_error=plan.graph_error, steps=rows))
+                        dtype=dtype, total_us=plan.total_us, source=plan.source, graph_error=plan.graph_error,
+                        steps=rows))
         return
-    print(f"{_describe(catalog)}\nplan for batch {batch}, beam {beam}, {args.dtype}, H {hidden} on {device}"
+    print(f"{_describe(catalog)}\nplan for batch {batch}, beam {beam}, {dtype}, H {hidden} on {device}"
           + ("" if device.type == "cuda" else " (CPU wall clock of the PyTorch reference ops: a GPU plan differs)"))
+    print(_describe_source(engine, plan))
     print(format_table(rows, ["step", "mode", "topk", "chosen_us"]))
     print(f"total {plan.total_us:.1f} µs per decode (steps timed alone)")
     if plan.graph_error:
@@ -330,13 +378,101 @@ def _run_plan(args: argparse.Namespace) -> None:
         print("CUDA graph: captured (whole decode replayed)")
     for row in rows:
         others = ", ".join(f"{k[:-5]} {v:.1f}" for k, v in row.items() if k.endswith(" (µs)"))
-        print(f"step {row['step']} options (µs): {others}" + (f"; failed: {row['failed']}" if "failed" in row else ""))
+        print(f"step {row['step']} options (µs): {others}" + (f"; failed: {row['failed']}" if "failed" in row else "")
+              + (f"; skipped by the cost model: {row['skipped by cost model']}" if "skipped by cost model" in row
+                 else ""))
+
+
+# ---------------------------------------------------------------------------- warmup
+def register_warmup(subparsers) -> None:
+    """``warmup CATALOG``: plan and compile a list of serving shapes ahead of serving."""
+    p = subparsers.add_parser("warmup", help="plan and compile serving shapes ahead of serving (fills the plan "
+                                             "store and Triton's cache)",
+                              description="Plan every shape of batch × beam × (dtype, hidden) for CATALOG, compile "
+                                          "its kernels and store the plans, so that a server's first decode of each "
+                                          "shape times nothing and compiles nothing. Plans depend on the catalog's "
+                                          "statistics and the head layout, not on the head's values.")
+    add_catalog_arguments(p)
+    p.add_argument("--batch", default="1,8,32", help="requests per decode, a list (default 1,8,32)")
+    p.add_argument("--beam", default="128", help="beam widths, a list (default 128)")
+    p.add_argument("--dtype", default="fp16", help="head/hidden dtypes, a list of fp16, bf16, fp32 (default fp16)")
+    p.add_argument("--hidden", default="1024",
+                   help="hidden size per dtype, a list as long as --dtype, or one size for all (default 1024)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--seed", default="0", help="seed of the random head and requests (default 0)")
+    add_planner_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON record per shape")
+    p.set_defaults(handler=_run_warmup)
+
+
+def _run_warmup(args: argparse.Namespace) -> None:
+    from .app_support.requests import random_heads, random_hidden_fn, resolve_dtype
+    from .decode.engine import GpuEngine
+    from .decode.heads import Heads
+    from .timing import Stopwatch
+
+    batches = _count_list(args.batch, "--batch")
+    beams = _count_list(args.beam, "--beam")
+    dtypes = [_dtype_name(d) for d in args.dtype.replace(",", " ").split()]
+    if not dtypes:
+        raise UsageError("--dtype: give at least one dtype")
+    for d in dtypes:
+        try:
+            resolve_dtype(d)
+        except ZeroGRError as err:
+            raise UsageError(f"--dtype: {err} (or fp32, bf16, fp16)") from None
+    hiddens = _count_list(args.hidden, "--hidden")
+    if len(hiddens) == 1:
+        hiddens = hiddens * len(dtypes)
+    if len(hiddens) != len(dtypes):
+        raise UsageError(f"--hidden: give one size, or one per dtype ({len(dtypes)}), got {len(hiddens)}")
+    if args.no_plan_store:
+        raise UsageError("warmup writes the plan store: drop --no-plan-store")
+    seed = parse_count(args.seed, "--seed")
+    device = _plan_device(args.device)
+    catalog = catalog_from_args(args)
+    index = build_index(catalog, device=device)
+    if not args.json:
+        print(f"{_describe(catalog)}\nwarming up {len(batches) * len(beams) * len(dtypes)} shapes on {device}")
+    for dtype, hidden in zip(dtypes, hiddens):
+        heads, bands = random_heads(catalog, hidden, dtype, device, seed)
+        heads = Heads.build(heads, index.codebook_sizes, bands)
+        for beam in beams:
+            engine = GpuEngine(index, heads, beam, use_graph=device.type == "cuda", **_planner_kwargs(args))
+            if engine.plan_store is None:
+                raise UsageError("the plan store is off (ZEROGR_PLAN_STORE): warmup has nowhere to write")
+            for batch in batches:
+                fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, dtype, device, seed + 1)
+                with Stopwatch(device) as watch:
+                    engine.decode(fn, batch)  # plans (or loads), compiles and captures like a server's first call
+                plan = engine.plans[engine.key(batch)]
+                path = engine.plan_store.path(engine.plan_key(batch))
+                record = dict(batch=batch, beam=beam, dtype=dtype, hidden=hidden, source=plan.source,
+                              seconds=round(watch.seconds, 3), plan=str(path),
+                              options="/".join(f"{s.option.mode}:{s.option.topk}" for s in plan.steps))
+                if args.json:
+                    print(json.dumps(record))
+                else:
+                    what = {"store": "already stored", "fixed": "fixed", "timed": "planned"}[plan.source]
+                    print(f"batch {batch} beam {beam} {dtype} H {hidden}: {what} in {watch.seconds:.1f} s "
+                          f"({record['options']}) -> {path}")
+            engine.release()
+
+
+def _count_list(text: str, option: str) -> list[int]:
+    try:
+        values = [parse_count(t, option) for t in text.replace(",", " ").split()]
+    except ZeroGRError as err:
+        raise UsageError(str(err)) from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{option}: give one or more values ≥ 1")
+    return values
 
 
 # ---------------------------------------------------------------------------- entry point
 #: Functions ``register(subparsers)`` that contribute subcommands, in help order.
-REGISTRARS = (register_index, register_next, register_synth, register_stats, register_plan, register_bench,
-              register_recsys)
+REGISTRARS = (register_index, register_next, register_synth, register_stats, register_plan, register_warmup,
+              register_bench, register_recsys)
 REGISTRARS += (register_bench_e2e,)
 
 

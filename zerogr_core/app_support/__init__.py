@@ -8,6 +8,7 @@ is unit-tested directly:
 * :mod:`.requests` — random heads and requests for models other than the bundled one;
 * :mod:`.profile` — a stage-timed decode of either order, overlap@K and Recall@K;
 * :mod:`.density` — catalog-level and beam-weighted density, wasted logits;
+* :mod:`.charts` — the tables and Plotly figures of the pages (and of ``docs/analysis.ipynb``);
 * :mod:`.movielens` — the bundled MovieLens recommender and its test users;
 * :mod:`.rebuild` — catalog refresh and rebuild-while-decoding;
 * :mod:`.gpu` — NVML and torch memory readings.

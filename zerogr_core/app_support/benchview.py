@@ -103,3 +103,19 @@ def headline_table(records: list[dict]) -> list[dict]:
         return headline_rows(records)
     except Exception:  # noqa: BLE001
         return []
+
+
+def provenance(files: list[dict]) -> dict:
+    """Where and when the recorded results of :func:`result_files` were measured.
+
+    Returns
+    -------
+    dict
+        ``gpus`` (the GPUs named, or ``["no GPU"]``), ``cpu_runs`` (whether some files were
+        measured without a GPU) and ``when`` (a date, a date range, or ``"unknown date"``).
+    """
+    machines = sorted({f["gpu"] for f in files})
+    gpus = [g for g in machines if not g.lower().startswith("none")] or ["no GPU"]
+    dates = sorted(d[:10] for f in files for d in (f["updated"] or f["started"],) if d)
+    when = dates[0] if dates and dates[0] == dates[-1] else (f"{dates[0]} – {dates[-1]}" if dates else "unknown date")
+    return dict(gpus=gpus, cpu_runs=len(gpus) < len(machines), when=when)

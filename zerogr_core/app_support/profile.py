@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -34,6 +33,7 @@ from ..decode.orders import FilterFirst, ScoreFirst
 from ..decode.search import DecodeResult, HiddenFn, beam_search
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
+from ..timing import Stopwatch
 
 __all__ = ["STAGES", "PROFILED_ORDERS", "DecodeRun", "comparison", "invalid_mass", "k_values", "profiled_decode",
            "steady_cpu_timing", "time_decoder"]
@@ -64,18 +64,14 @@ class _Timer:
     """``timer(step, stage)`` spans, synchronised on CUDA, collected as rows."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device = device
         self.rows: list[dict] = []
 
     @contextlib.contextmanager
     def __call__(self, step: int, stage: str):
-        if self.cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        yield
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.rows.append(dict(step=step + 1, stage=stage, ms=(time.perf_counter() - t0) * 1e3))
+        with Stopwatch(self.device) as watch:
+            yield
+        self.rows.append(dict(step=step + 1, stage=stage, ms=watch.ms))
 
 
 @dataclass
@@ -200,8 +196,11 @@ def invalid_mass(catalog, index: StepIndex, heads, beam_width: int, hidden_fn: H
 
 
 def time_decoder(decoder, hidden_fn: HiddenFn, batch: int, repeats: int = 5,
-                 lists=None) -> tuple[DecodeResult, dict]:
+                 progress=None, lists=None) -> tuple[DecodeResult, dict]:
     """Warm up a :class:`~zerogr_core.Decoder` and time whole decodes (synchronised).
+
+    ``progress(fraction, text)``, if given, hears the GPU engine's warm-up (planning and
+    compiling) during the first call.
 
     Returns
     -------
@@ -211,18 +210,19 @@ def time_decoder(decoder, hidden_fn: HiddenFn, batch: int, repeats: int = 5,
         ``warmup_ms`` (first call: planning and graph capture on a GPU), ``median_ms``,
         ``min_ms``, ``runs``.
     """
-    cuda = decoder.index.device.type == "cuda"
-
     def once():
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = decoder.decode(hidden_fn, batch, lists=lists)
-        if cuda:
-            torch.cuda.synchronize()
-        return out, (time.perf_counter() - t0) * 1e3
+        with Stopwatch(decoder.index.device) as watch:
+            out = decoder.decode(hidden_fn, batch, lists=lists)
+        return out, watch.ms
 
-    result, warm = once()
+    engine = getattr(decoder, "gpu_engine", None)
+    if engine is not None and progress is not None:
+        engine.progress = progress
+    try:
+        result, warm = once()
+    finally:
+        if engine is not None and progress is not None:
+            engine.progress = None
     samples = []
     for _ in range(max(1, repeats)):
         result, ms = once()

@@ -22,6 +22,7 @@ from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
 from ..index.builders import build_index, h2d_gbps as build_h2d_gbps
 from ..index.layout import IndexConfig, StepIndex
+from ..timing import Stopwatch
 
 
 def refresh_catalog(catalog: Catalog, add_share: float, remove_share: float, seed: int = 0) -> tuple[Catalog, dict]:
@@ -166,13 +167,9 @@ def rebuild_while_decoding(catalog: Catalog, decode_once: Callable[[StepIndex | 
     say = progress or (lambda f, t: None)
 
     def timed(index):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        decode_once(index)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) * 1e3
+        with Stopwatch(dev) as watch:
+            decode_once(index)
+        return watch.ms
 
     say(0.0, "decoding on the current index (before)")
     for i in range(before):

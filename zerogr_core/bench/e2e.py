@@ -379,7 +379,7 @@ def _run(cfg, kind, dtype, methods, batches, beams, repeats, hf_repeats, warmup,
          budget, t0):
     import torch
 
-    from .timing import summarize, time_runs
+    from ..timing import summarize, time_runs
 
     t = time.perf_counter()
     wb = Workbench(cfg, kind, dtype, device, seed)

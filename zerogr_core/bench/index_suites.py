@@ -10,9 +10,9 @@ import torch
 
 from ..index import IndexConfig, build_index, build_static_index
 from ..index.layout import static_style_bytes, static_style_step_bytes
+from ..timing import Stopwatch, summarize, synchronize, time_runs
 from .methods import ReplayModel, ZeroGRRunner
 from .session import Session
-from .timing import summarize, synchronize, time_runs
 from .workload import static_step_bytes
 
 
@@ -72,11 +72,9 @@ def _h2d_bandwidth(dev: torch.device, nbytes: int = 256 << 20) -> dict:
         src.fill_(1)
         times = []
         for _ in range(4):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dst.copy_(src, non_blocking=pin)
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            with Stopwatch(dev) as watch:
+                dst.copy_(src, non_blocking=pin)
+            times.append(watch.seconds)
         out[f"h2d_{label}_gbps"] = nbytes / min(times[1:]) / 1e9
     return out
 

@@ -6,11 +6,11 @@ import time
 
 import torch
 
+from ..timing import summarize, time_runs
 from .checks import TOLERANCE, check_valid, compare
 from .crosscheck import References, cross_check
 from .methods import CONSTRAINED, ReplayModel, make_runner
 from .session import Session
-from .timing import summarize, time_runs
 from .workload import Workload, order_batches
 
 

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from ..catalog.catalog import Catalog
+from ..timing import summarize
 from ..catalog.store import DEFAULT_COMPACT_FRACTION, CatalogStore, StoreResult
 
 
@@ -98,8 +99,8 @@ def run_load_test(store: CatalogStore, hidden_fn, batch: int, *, threads: int = 
     -------
     dict
         ``requests``, ``failed``, ``invalid``, ``deleted`` (both phases), ``changes``,
-        ``versions``, ``idle`` and ``churn`` latency stats (``p50_ms``, ``p99_ms``,
-        ``count``), ``errors`` (first messages), ``change_log``.
+        ``versions``, ``idle`` and ``churn`` latency stats (:func:`zerogr_core.timing.summarize`:
+        ``median_ms``, ``p99_ms``, ``n``, …), ``errors`` (first messages), ``change_log``.
     """
     rng = np.random.default_rng(seed)
     lock = threading.Lock()
@@ -172,18 +173,16 @@ def run_load_test(store: CatalogStore, hidden_fn, batch: int, *, threads: int = 
         return store.apply(adds=new_items(v.catalog, adds_per_change, rng))
 
     def stats(samples: list[float]) -> dict:
-        arr = np.asarray(samples) * 1e3
-        if not arr.size:
-            return dict(count=0, p50_ms=float("nan"), p99_ms=float("nan"))
-        return dict(count=int(arr.size), p50_ms=float(np.percentile(arr, 50)), p99_ms=float(np.percentile(arr, 99)))
+        out = summarize([1e3 * t for t in samples])
+        return out if out["n"] else dict(n=0, median_ms=float("nan"), p99_ms=float("nan"))
 
     store.decode(hidden_fn, batch)  # warm-up (plan, capture) outside the timed phases
     v0 = store.version
     idle = stats(phase(False))
     churn = stats(phase(True))
     return dict(totals, changes=store.version - v0, versions=[v0, store.version], idle=idle, churn=churn,
-                p50_ratio=churn["p50_ms"] / idle["p50_ms"] if idle["count"] else float("nan"),
-                p99_ratio=churn["p99_ms"] / idle["p99_ms"] if idle["count"] else float("nan"),
+                p50_ratio=churn["median_ms"] / idle["median_ms"] if idle["n"] else float("nan"),
+                p99_ratio=churn["p99_ms"] / idle["p99_ms"] if idle["n"] else float("nan"),
                 errors=errors, change_log=list(store.history))
 
 
@@ -210,7 +209,7 @@ def suite_constraints(s, suite: str) -> None:
     """Whole-decode latency with per-request lists (graph replay on CUDA) against none."""
     from .checks import check_valid
     from .methods import ReplayModel
-    from .timing import summarize, time_runs
+    from ..timing import time_runs
 
     st = s.settings(suite)
     wl = s.workload(s.spec(st["catalog"]))
@@ -299,6 +298,6 @@ def suite_live(s, suite: str) -> None:
            passed=report["failed"] == 0 and report["invalid"] == 0 and report["deleted"] == 0)
     s.log(f"[{suite}] {wl.spec.label}: {report['requests']} requests, failed {report['failed']}, invalid "
           f"{report['invalid']}, deleted {report['deleted']}, {report['changes']} versions; idle p50/p99 "
-          f"{report['idle']['p50_ms']:.2f}/{report['idle']['p99_ms']:.2f} ms, churn "
-          f"{report['churn']['p50_ms']:.2f}/{report['churn']['p99_ms']:.2f} ms")
+          f"{report['idle']['median_ms']:.2f}/{report['idle']['p99_ms']:.2f} ms, churn "
+          f"{report['churn']['median_ms']:.2f}/{report['churn']['p99_ms']:.2f} ms")
     ctx.release()

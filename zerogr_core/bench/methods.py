@@ -299,7 +299,7 @@ class LoopRunner(Runner):
         return self.loop.run(self.model)
 
     def capture(self) -> None:
-        from .timing import capture
+        from ..timing import capture
 
         if not self.capturable or self.heads_device().type != "cuda":
             if self.graph_error is None:
@@ -362,9 +362,7 @@ class ZeroGRRunner(Runner):
         return lambda states, hidden, scores: runner(states, hidden, scores)
 
     def record(self) -> list[tuple]:
-        from ..decode.planner import record_inputs
-
-        return record_inputs(self.engine, self.model, self.batch, [r.option for r in self.shape.runners])
+        return self.engine.record_inputs(self.model, self.batch, [r.option for r in self.shape.runners])
 
     def release(self) -> None:
         super().release()

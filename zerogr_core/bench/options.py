@@ -62,6 +62,8 @@ def suite_defaults(suite: str, quick: bool) -> dict:
         d.update(batches=small)
     elif suite == "interference":
         d.update(batches=[2] if quick else [8], configs=both[:1])
+    elif suite == "coldstart":
+        d.update(batches=[2] if quick else [1, 32], configs=both[:1] if quick else both)
     elif suite in ("constraints", "live"):
         d.update(batches=[2] if quick else ([1, 8, 32] if suite == "constraints" else [8]), configs=both[:1])
     return d

@@ -56,6 +56,10 @@ SUITES = (
           "STATIC-style; H2D bandwidth for 60 s / 90 s windows"),
     Suite("interference", "index_suites:suite_interference",
           "decode p50/p99 while a streaming (or full-host) rebuild runs beside it"),
+    # Fresh processes with empty caches would compete with the app's own GPU work.
+    Suite("coldstart", "coldstart:suite_coldstart",
+          "seconds to the first decode of a shape in a fresh process, with empty then warm plan and Triton caches",
+          in_app=False),
     Suite("constraints", "live:suite_constraints",
           "decode latency with per-request deny lists (0, 100, 10,000 rows) and a 1 % allow list against none"),
     # Threads decode while the catalog is rebuilt beside them: not for the app's shared GPU.

@@ -7,10 +7,10 @@ import torch
 from kernels import filter_slots, full_proj, naive_selective_proj, topk_gather
 
 from ..decode.engine import StepOption, StepRunner, step_options
+from ..timing import time_step
 from .checks import CONTRACT_TOLERANCE, TOLERANCE
 from .methods import CAPTURABLE, ReplayModel, ZeroGRRunner, make_runner
 from .session import Session
-from .timing import time_step
 from .workload import Workload
 
 

@@ -195,6 +195,18 @@ def interference_tables(records: list[dict]) -> list[str]:
             _table(table, ["catalog", "config", "batch", "condition", "p50", "p99", "n", "rebuilds"])]
 
 
+def coldstart_tables(records: list[dict]) -> list[str]:
+    rows = [r for r in records if r.get("kind") == "first-decode"]
+    if not rows:
+        return []
+    table = [[str(r.get("catalog_label")), f"{r['dtype']}/H{r['hidden']}", str(r["beam"]), str(r["batch"]),
+              r["phase"], f"{r['first_decode_s']:.2f}", f"{r['target_s']:.0f}", str(r.get("plan_source")),
+              str(r.get("options_timed")), str(r.get("options_skipped"))] for r in rows]
+    return ["[coldstart] first decode of a shape in a fresh process (s; cold = empty plan and Triton caches)\n" +
+            _table(table, ["catalog", "config", "beam", "batch", "caches", "first s", "target s", "plan",
+                           "timed", "skipped"])]
+
+
 def check_lines(records: list[dict]) -> list[str]:
     checks = [r for r in records if r.get("kind") == "check"]
     errors = [r for r in records if r.get("kind") == "error"]
@@ -215,5 +227,5 @@ def check_lines(records: list[dict]) -> list[str]:
 def summary_text(records: list[dict]) -> str:
     parts = (latency_tables(records) + plan_tables(records) + step_tables(records) + stage_tables(records)
              + ablation_tables(records) + memory_tables(records) + build_tables(records)
-             + interference_tables(records) + check_lines(records))
+             + interference_tables(records) + coldstart_tables(records) + check_lines(records))
     return "\n\n".join(parts)

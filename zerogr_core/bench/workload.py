@@ -157,7 +157,7 @@ class Context:
         self.dtype = DTYPES[dtype_name]
         self.heads = workload.heads(dtype_name, hidden)
         self.engine = GpuEngine(workload.index, self.heads, beam, use_graph=workload.device.type == "cuda",
-                                topk_paths=workload.topk_paths)
+                                topk_paths=workload.topk_paths, plan_store=False)  # plans timed afresh
         dev = workload.device
         gen = torch.Generator(device=dev).manual_seed(workload.seed * 7919 + hidden * 31 + beam * 1009 + batch)
         levels = workload.catalog.n_levels

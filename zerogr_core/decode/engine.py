@@ -2,10 +2,13 @@
 
 For a serving shape (batch, beam width, dtype, hidden size) the engine
 
-1. runs the decode once eagerly to see real beam states at every step,
-2. times every option per step (:mod:`zerogr_core.decode.planner`) and fixes the fastest,
-3. compiles every Triton variant, then captures all L steps — model call included — in
-   one CUDA graph whose replays serve later calls of that shape.
+1. loads the shape's plan from the plan store (:mod:`zerogr_core.decode.plan_store`), or
+   else runs the decode once eagerly to see real beam states at every step, times the
+   options per step that the cost model keeps (:mod:`zerogr_core.decode.planner`), fixes
+   the fastest and stores the plan,
+2. compiles the plan's Triton variants together (:mod:`zerogr_core.decode.precompile`),
+   then captures all L steps — model call included — in one CUDA graph whose replays
+   serve later calls of that shape.
 
 A step is a handful of launches: filter (+ GEMM on full steps), selective projection, and
 the top-k kernels, which also normalise (fused log-softmax) and write the next step's
@@ -15,67 +18,22 @@ eagerly (reference ops, or the Triton interpreter in tests).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 
-from kernels import (SMALL_MAX, TOPK_PATHS, FilterOut, TopkOut, filter_slots, full_proj, log_softmax_slots,
-                     selective_proj, small_tile, topk_gather)
+from kernels import TOPK_PATHS, FilterOut, TopkOut, filter_slots, full_proj, log_softmax_slots, selective_proj, topk_gather
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
+from ..timing import capture, warm_up
 from .heads import Heads
+from .options import MODES, PLANNED_TOPK, StepOption, step_options
+from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
+from .planner import DEFAULT_COST_MODEL, Plan, cost_model_summary, make_plan
+from .precompile import precompile
 from .search import DecodeResult, HiddenFn, check_hidden
 
-MODES = ("dense+full", "sparse+full", "sparse+selective")
-
-
-@dataclass(frozen=True)
-class StepOption:
-    """How one step runs: mapping representation + projection, and top-k path."""
-
-    mode: str
-    topk: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.mode} / {self.topk}"
-
-    @property
-    def projection(self) -> str:
-        """``"full"`` (band GEMM, dense or sparse filter) or ``"selective"``: what the
-        reference decoder takes for this step."""
-        return "full" if self.mode.endswith("full") else "selective"
-
-    @classmethod
-    def parse(cls, text: str) -> "StepOption":
-        """Parse ``"sparse+selective/small"`` (spaces ignored)."""
-        parts = [p.strip() for p in text.split("/")]
-        if len(parts) != 2 or parts[0] not in MODES or parts[1] not in TOPK_PATHS:
-            raise ZeroGRError(f"step option must look like 'MODE/TOPK' with MODE in {MODES} and TOPK in "
-                              f"{TOPK_PATHS}, got {text!r}")
-        return cls(parts[0], parts[1])
-
-
-PLANNED_TOPK = TOPK_PATHS
-"""Top-k paths the warm-up planner times by default: all of them. A narrower set
-(``GpuEngine(topk_paths=...)``, ``bench --topk-paths``) measures what one path adds."""
-
-
-def step_options(mapping: StepMapping, beams_in: int, beam_width: int,
-                 paths: tuple = PLANNED_TOPK) -> list[StepOption]:
-    """Every option among ``paths`` that can serve ``mapping`` with ``beams_in`` beams per request."""
-    modes = (["dense+full"] if mapping.kind == "dense" else []) + ["sparse+full", "sparse+selective"]
-    out = []
-    for mode in modes:
-        width = mapping.codebook if mode == "dense+full" else mapping.max_segment
-        bm, bk, _ = small_tile(beams_in, width, beam_width)
-        # "split" serves every shape; "prune" only pays when a request has at least M beams
-        # (otherwise its threshold is -inf)
-        fits = (["small"] if bm * bk <= SMALL_MAX else []) + ["wide", "split"]
-        fits += ["prune"] if beams_in >= beam_width else []
-        out += [StepOption(mode, p) for p in fits if p in paths]
-    return out
+__all__ = ["GpuEngine", "MODES", "PLANNED_TOPK", "ShapeState", "StepOption", "StepRunner", "step_options"]
 
 
 class StepRunner:
@@ -186,14 +144,9 @@ class ShapeState:
 
     def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption], capacity: int = 0):
         self.batch = batch
-        index, heads, m = engine.index, engine.heads, engine.beam_width
+        index, m = engine.index, engine.beam_width
         dev = index.device
-        self.runners = []
-        for level, option in enumerate(options):
-            mapping = index.steps[level]
-            weight, band_start = heads.band(level)
-            self.runners.append(StepRunner(mapping, engine.sparse_view(level), weight, band_start,
-                                           option, batch, 1 if level == 0 else m, m))
+        self.runners = [engine.step_runner(level, option, batch) for level, option in enumerate(options)]
         self.capacity = capacity
         if capacity:
             from .constraints import attach_lists
@@ -241,10 +194,19 @@ class GpuEngine:
     topk_paths : sequence of str
         Top-k paths the planner times (default :data:`PLANNED_TOPK`; any of
         ``kernels.TOPK_PATHS``).
+    plan_store : "default", PlanStore, path, or False
+        Where plans persist (:mod:`zerogr_core.decode.plan_store`): a known shape loads its
+        plan and times nothing. ``False`` plans in memory only.
+    cost_model : CostModel or None
+        Skips options predicted far slower than the best before timing
+        (:class:`~zerogr_core.decode.planner.CostModel`); ``None`` times every option.
+    progress : callable(fraction, text), optional
+        Told what the warm-up is doing while it plans and compiles (settable later).
     """
 
     def __init__(self, index: StepIndex, heads: Heads, beam_width: int, plan_override=None,
-                 use_graph: bool = True, topk_paths=PLANNED_TOPK):
+                 use_graph: bool = True, topk_paths=PLANNED_TOPK, plan_store="default",
+                 cost_model=DEFAULT_COST_MODEL, progress=None):
         self.topk_paths = tuple(topk_paths)
         if not self.topk_paths or any(p not in TOPK_PATHS for p in self.topk_paths):
             raise ZeroGRError(f"topk paths must be a non-empty subset of {TOPK_PATHS}, got {list(topk_paths)}")
@@ -254,6 +216,11 @@ class GpuEngine:
         if self.plan_override is not None and len(self.plan_override) != index.n_levels:
             raise ZeroGRError(f"plan override lists {len(self.plan_override)} steps, the index has {index.n_levels}")
         self._sparse = {}
+        self.plan_store = resolve_store(plan_store)
+        self.cost_model = cost_model
+        self.progress = progress
+        if index.device.type == "cuda":
+            use_project_triton_cache()
         self.plans = {}
         self._shapes = {}
         self.graph_error = None
@@ -262,6 +229,24 @@ class GpuEngine:
         if level not in self._sparse:
             self._sparse[level] = self.index.steps[level].sparse_view()
         return self._sparse[level]
+
+    def step_runner(self, level: int, option: StepOption, batch: int) -> StepRunner:
+        """A runner of step ``level`` with ``option`` for ``batch`` requests (its own buffers)."""
+        weight, band_start = self.heads.band(level)
+        return StepRunner(self.index.steps[level], self.sparse_view(level), weight, band_start,
+                          option, batch, 1 if level == 0 else self.beam_width, self.beam_width)
+
+    def record_inputs(self, hidden_fn: HiddenFn, batch: int, options, compile_also=()) -> list[tuple]:
+        """Real (states, hidden, scores) of every step, from one eager decode with ``options``.
+
+        Its kernels compile together with those of the calls ``compile_also`` first
+        (:func:`~zerogr_core.decode.precompile.precompile`).
+        """
+        record: list[tuple] = []
+        probe = ShapeState(self, batch, options)
+        precompile(self._shape_calls(probe) + list(compile_also), self.index.device)
+        probe.run(hidden_fn, self.heads.hidden_size, self.heads.dtype, record=record)
+        return record
 
     def key(self, batch: int) -> tuple:
         return self.heads.shape_key(batch, self.beam_width)
@@ -287,20 +272,75 @@ class GpuEngine:
             out.append(opts)
         return out
 
-    def plan(self, hidden_fn: HiddenFn, batch: int):
-        """The plan for ``batch`` (timed at the first call, then cached per shape)."""
-        from .planner import make_plan
+    def plan_key(self, batch: int) -> dict:
+        """What a stored plan of ``batch`` must match: machine, catalog statistics, shape, planner."""
+        batch_, beam, dtype, hidden = self.key(batch)
+        override = None if self.plan_override is None else [
+            o.label if isinstance(o, StepOption) else str(o) for o in self.plan_override]
+        return dict(machine=device_fingerprint(self.index.device), catalog=catalog_fingerprint(self.index, self.heads),
+                    shape=dict(batch=batch_, beam=beam, dtype=dtype, hidden=hidden),
+                    planner=dict(topk_paths=list(self.topk_paths), override=override,
+                                 cost_model=cost_model_summary(self.cost_model)))
 
+    def plan(self, hidden_fn: HiddenFn, batch: int):
+        """The plan for ``batch``: from memory, else from the plan store, else timed (and stored)."""
         key = self.key(batch)
         if key not in self.plans:
-            self.plans[key] = make_plan(self, hidden_fn, batch)
+            self.plans[key] = self._stored_plan(batch) or self._timed_plan(hidden_fn, batch)
         return self.plans[key]
+
+    def _stored_plan(self, batch: int):
+        if self.plan_store is None:
+            return None
+        data = self.plan_store.load(self.plan_key(batch))
+        if data is None:
+            return None
+        try:
+            plan = Plan.from_dict(data, source="store")
+            allowed = self.options_for(batch)
+            if len(plan.steps) != len(allowed) or any(c.option not in a for c, a in zip(plan.steps, allowed)):
+                raise ValueError("its options are not available for this shape")
+        except (ZeroGRError, ValueError, KeyError, TypeError) as exc:
+            import warnings
+
+            warnings.warn(f"plan store: ignoring {self.plan_store.path(self.plan_key(batch))}: {exc}", stacklevel=3)
+            return None
+        return Plan(self.key(batch), plan.steps, str(self.index.device), "store")
+
+    def _timed_plan(self, hidden_fn: HiddenFn, batch: int):
+        plan = make_plan(self, hidden_fn, batch, cost_model=self.cost_model, progress=self.progress)
+        if self.plan_store is not None and plan.source == "timed":
+            self.plan_store.save(self.plan_key(batch), plan.to_dict())
+        return plan
+
+    def zero_inputs(self, level: int, batch: int) -> tuple:
+        """Zero (states, hidden, scores) of step ``level``'s shapes (for compiling ahead of real inputs)."""
+        n, dev = batch * (1 if level == 0 else self.beam_width), self.index.device
+        return (torch.zeros(n, dtype=torch.int64, device=dev),
+                torch.zeros(n, self.heads.hidden_size, dtype=self.heads.dtype, device=dev),
+                torch.zeros(n, dtype=torch.float32, device=dev))
+
+    def zero_prefixes(self, level: int, batch: int) -> tuple:
+        """Zero (previous, next) prefix buffers of step ``level``, as a decode passes them to its runner."""
+        m, dev = self.beam_width, self.index.device
+        return (torch.zeros(batch, 1 if level == 0 else m, level, dtype=torch.int64, device=dev),
+                torch.zeros(batch, m, level + 1, dtype=torch.int64, device=dev))
+
+    def _shape_calls(self, shape: "ShapeState") -> list:
+        """Calls of every runner of ``shape`` on zero inputs, prefixes included (as its decode calls them)."""
+        return [lambda r=r, level=level: r(*self.zero_inputs(level, shape.batch),
+                                          (shape.prefixes[level], shape.prefixes[level + 1]))
+                for level, r in enumerate(shape.runners)]
 
     def shape_state(self, hidden_fn: HiddenFn, batch: int) -> ShapeState:
         key = self.key(batch)
         if key not in self._shapes:
             plan = self.plan(hidden_fn, batch)
-            self._shapes[key] = ShapeState(self, batch, [s.option for s in plan.steps])
+            shape = ShapeState(self, batch, [s.option for s in plan.steps])
+            if self.progress is not None:
+                self.progress(1.0, "compiling the plan's kernels")
+            precompile(self._shape_calls(shape), self.index.device)
+            self._shapes[key] = shape
         return self._shapes[key]
 
     def release(self) -> None:
@@ -343,19 +383,12 @@ class GpuEngine:
     def _warm_up(self, shape: ShapeState, hidden_fn: HiddenFn) -> None:
         """Two eager decodes on a side stream: compiles every Triton variant before capture."""
         H, dtype = self.heads.hidden_size, self.heads.dtype
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                shape.run(hidden_fn, H, dtype)
-        torch.cuda.current_stream().wait_stream(side)
+        warm_up(lambda: shape.run(hidden_fn, H, dtype), 2)
 
     def _record_graph(self, shape: ShapeState, hidden_fn: HiddenFn):
         """Capture all steps in one CUDA graph; returns ``(graph, outputs)``."""
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = shape.run(hidden_fn, self.heads.hidden_size, self.heads.dtype)
-        return graph, outputs
+        H, dtype = self.heads.hidden_size, self.heads.dtype
+        return capture(lambda: shape.run(hidden_fn, H, dtype), warmup=0)
 
     def _capture(self, shape: ShapeState, hidden_fn: HiddenFn, batch: int) -> None:
         """Warm up and capture; on failure record why in the shape's plan and fall back to

@@ -1,37 +1,49 @@
-"""The hybrid planner: time every option of every step at warm-up, keep the fastest.
+"""The hybrid planner: time the options of every step at warm-up, keep the fastest.
 
-Options per step are dense+full (dense steps only), sparse+full and sparse+selective, each
-with the small (one program per request, when the request's candidates fit one tile), wide
-(torch.topk), split (chunked tl.topk tournament) or prune (split behind a per-request score
-threshold, when a request has at least M beams) selection.
-Every option is timed on the step's real inputs, recorded from one eager decode of the
-serving shape: on a GPU as the median of CUDA-event timed replays of a graph holding that
-step alone (so launch overhead counts as it will under whole-decode replay), on a CPU
-with a wall clock. The decode loop then makes no per-request decisions.
+Options per step (:mod:`zerogr_core.decode.options`) are dense+full (dense steps only),
+sparse+full and sparse+selective, each with the small (one program per request, when the
+request's candidates fit one tile), wide (torch.topk), split (chunked tl.topk tournament)
+or prune (threshold, then a small tournament) selection.
+
+1. A cost model (:class:`CostModel`) predicts each option's time from its work and skips
+   the options predicted far slower than the best, before anything compiles.
+2. The kernels of the remaining options compile together (:mod:`.precompile`).
+3. Every remaining option is timed on the step's real inputs, recorded from one eager
+   decode of the serving shape, writing the next prefixes as the decode does (so the
+   kernel variants timed are the ones served): on a GPU as the median of CUDA-event timed replays of a
+   graph holding that step alone (so launch overhead counts as it will under whole-decode
+   replay), on a CPU with a wall clock (:func:`zerogr_core.timing.median_us`).
+
+The decode loop then makes no per-request decisions. Plans persist on disk
+(:mod:`.plan_store`), so a known shape skips all of this.
 """
 from __future__ import annotations
 
-import statistics
-import time
-from dataclasses import dataclass, field
+import functools
+from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import torch
 
 from ..errors import ZeroGRError
-from .engine import ShapeState, StepOption, StepRunner
+from ..timing import median_us
+from .options import StepOption
 
 REPEATS = 20
+PLAN_SOURCES = ("timed", "store", "fixed")
 
 
 @dataclass(frozen=True)
 class StepChoice:
-    """The option fixed for one step, what every option measured (µs), and the options
-    that failed to run (label -> error), which the plan never picks."""
+    """The option fixed for one step, what every option measured (µs), the options that
+    failed to run (label -> error), which the plan never picks, and the options the cost
+    model skipped (label -> predicted µs)."""
 
     step: int
     option: StepOption
     times_us: dict = field(default_factory=dict)
     failed: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -40,11 +52,14 @@ class Plan:
 
     ``graph_error`` is why the CUDA-graph capture of the shape failed (the shape then
     runs eagerly and is never captured again); ``None`` while it did not fail.
+    ``source``: ``"timed"`` (planned in this process), ``"store"`` (loaded from the plan
+    store) or ``"fixed"`` (one option per step: nothing to time).
     """
 
     key: tuple
     steps: tuple
     device: str
+    source: str = "timed"
     graph_error: str | None = None
 
     @property
@@ -60,74 +75,172 @@ class Plan:
             row.update({f"{label} (µs)": round(t, 2) for label, t in s.times_us.items()})
             if s.failed:
                 row["failed"] = "; ".join(f"{label}: {err}" for label, err in s.failed.items())
+            if s.skipped:
+                row["skipped by cost model"] = ", ".join(s.skipped)
             rows.append(row)
         return rows
 
+    def to_dict(self) -> dict:
+        """A JSON-ready form (what the plan store writes)."""
+        return dict(key=list(self.key), device=self.device, source=self.source,
+                    steps=[dict(step=s.step, option=s.option.label, times_us=s.times_us, failed=s.failed,
+                                skipped=s.skipped) for s in self.steps])
 
-def time_call(fn, device: torch.device, repeats: int = REPEATS) -> float:
-    """Median time of ``fn()`` in µs: CUDA-graph replays timed with events, or wall clock."""
-    if device.type != "cuda":
-        fn()
-        samples = []
-        for _ in range(max(3, repeats // 4)):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(samples)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
+    @classmethod
+    def from_dict(cls, data: dict, source: str | None = None) -> "Plan":
+        """Inverse of :meth:`to_dict`; raises ``ZeroGRError``, ``KeyError`` or ``TypeError`` on bad data."""
+        steps = tuple(StepChoice(int(s["step"]), StepOption.parse(s["option"]),
+                                 {str(k): float(v) for k, v in s.get("times_us", {}).items()},
+                                 {str(k): str(v) for k, v in s.get("failed", {}).items()},
+                                 {str(k): float(v) for k, v in s.get("skipped", {}).items()})
+                      for s in data["steps"])
+        return cls(tuple(data["key"]), steps, str(data["device"]), source or str(data.get("source", "timed")))
 
 
-def record_inputs(engine, hidden_fn, batch: int, options) -> list[tuple]:
-    """Real (states, hidden, scores) of every step, from one eager decode with ``options``."""
-    probe = ShapeState(engine, batch, options)
-    record: list[tuple] = []
-    probe.run(hidden_fn, engine.heads.hidden_size, engine.heads.dtype, record=record)
-    return record
+# ---------------------------------------------------------------------------- cost model
+@dataclass(frozen=True)
+class CostModel:
+    """Predicted µs of a step option, to skip options far slower than the best before timing.
+
+    For ``n`` beams entering the step (batch × beams per request), hidden size ``H``,
+    codebook ``V``, ``K`` slots per beam (``V`` for dense+full, the longest segment
+    otherwise) and ``s`` the mean segment length (valid tokens per state):
+
+    * every option pays ``floor_us`` (launches, top-k) plus writing ``n·K`` slots of
+      ``slot_bytes`` at ``slot_gbps``;
+    * a full projection adds a GEMM of ``2·n·V·H`` flops at ``gemm_tflops`` of the head dtype;
+    * a selective projection adds ``2·n·s·H`` flops of gathered dot products at
+      ``gather_tflops``.
+
+    Top-k paths cost the same here (their differences are within the planner's timing).
+    The rule: keep every option predicted at most ``ratio`` × the best prediction of its
+    step, and always at least the ``keep`` best (ties kept together). If every kept
+    option then fails to run, the planner times the skipped ones, so a step's only option
+    that runs is never lost. The defaults are fitted to H200 plans (FP16/H1024 and
+    FP32/H4096, batches 1–32); only their ratios matter.
+    """
+
+    ratio: float = 4.0
+    keep: int = 2
+    floor_us: float = 20.0
+    slot_bytes: int = 16
+    slot_gbps: float = 3000.0
+    gemm_tflops: tuple = (("float16", 300.0), ("bfloat16", 300.0), ("float32", 50.0))
+    gather_tflops: float = 6.0
+
+    def predict_us(self, option: StepOption, mapping, n_beams: int, hidden: int, dtype: str) -> float:
+        """Predicted µs of ``option`` on ``mapping`` for ``n_beams`` beams of hidden size ``hidden``."""
+        width = mapping.codebook if option.mode == "dense+full" else mapping.max_segment
+        t = self.floor_us + n_beams * width * self.slot_bytes / (self.slot_gbps * 1e3)
+        if option.mode.endswith("full"):
+            rate = dict(self.gemm_tflops).get(dtype, min(r for _, r in self.gemm_tflops))
+            t += 2.0 * n_beams * mapping.codebook * hidden / (rate * 1e6)
+        else:
+            mean_segment = mapping.n_entries / max(1, mapping.n_states)
+            t += 2.0 * n_beams * mean_segment * hidden / (self.gather_tflops * 1e6)
+        return t
+
+    def select(self, options: list, predicted: dict) -> tuple[list, list]:
+        """Split ``options`` into (kept, skipped) by ``predicted`` (label -> µs), skipped cheapest first."""
+        if len(options) <= self.keep:
+            return list(options), []
+        order = sorted(options, key=lambda o: predicted[o.label])
+        best = predicted[order[0].label]
+        floor_of_keep = predicted[order[self.keep - 1].label]
+        kept = [o for o in options if predicted[o.label] <= max(self.ratio * best, floor_of_keep)]
+        skipped = [o for o in order if o not in kept]
+        return kept, skipped
 
 
-def make_plan(engine, hidden_fn, batch: int) -> Plan:
-    """Time every available option per step for ``batch`` and fix the fastest."""
+DEFAULT_COST_MODEL = CostModel()
+COST_MODELS = {"default": DEFAULT_COST_MODEL, "off": None}
+"""Named presets: ``off`` times every option."""
+
+
+def cost_model_summary(model: CostModel | None) -> dict | None:
+    """The model's parameters (part of a stored plan's key), or ``None`` when off."""
+    return None if model is None else {k: (list(map(list, v)) if isinstance(v, tuple) else v)
+                                       for k, v in asdict(model).items()}
+
+
+# ---------------------------------------------------------------------------- planning
+def make_plan(engine, hidden_fn, batch: int, *, cost_model: CostModel | None = DEFAULT_COST_MODEL,
+              progress: Callable[[float, str], None] | None = None, repeats: int = REPEATS) -> Plan:
+    """Time the options per step for ``batch`` (after the cost model's cut) and fix the fastest.
+
+    Parameters
+    ----------
+    engine : GpuEngine
+    hidden_fn : callable(step, prefixes) -> (batch, beams, H)
+    batch : int
+    cost_model : CostModel or None
+        ``None`` times every option.
+    progress : callable(fraction, text), optional
+        Told what is being planned (compiling, recording, timing step l).
+    repeats : int
+        Timed replays per option.
+    """
+    say = progress or (lambda fraction, text: None)
     options = engine.options_for(batch)
     dev = engine.index.device
     if all(len(o) == 1 for o in options):
         steps = tuple(StepChoice(level, o[0]) for level, o in enumerate(options))
-        return Plan(engine.key(batch), steps, str(dev))
-    record = record_inputs(engine, hidden_fn, batch, [o[0] for o in options])
-    steps = []
-    heads = engine.heads
+        return Plan(engine.key(batch), steps, str(dev), "fixed")
+    n_levels = len(options)
+    dtype = str(engine.heads.dtype).replace("torch.", "")
+    kept, skipped, predicted = [], [], []
     for level, opts in enumerate(options):
+        n_beams = batch * (1 if level == 0 else engine.beam_width)
+        pred = {o.label: (cost_model or DEFAULT_COST_MODEL).predict_us(o, engine.index.steps[level], n_beams,
+                                                                       engine.heads.hidden_size, dtype)
+                for o in opts}
+        k, s = cost_model.select(opts, pred) if cost_model is not None else (list(opts), [])
+        kept.append(k)
+        skipped.append(s)
+        predicted.append(pred)
+    # the probe decode runs each step's best-predicted option; all kept options compile with it
+    probe = [min(k, key=lambda o, p=p: p[o.label]) for k, p in zip(kept, predicted)]
+    n_kept = sum(len(k) for k in kept)
+    say(0.0, f"compiling the kernels of {n_kept} options over {n_levels} steps"
+        + (f" ({sum(len(s) for s in skipped)} skipped by the cost model)" if cost_model is not None else ""))
+    calls = [functools.partial(_run_on_zeros, engine, level, o, batch) for level, k in enumerate(kept) for o in k]
+    record = engine.record_inputs(hidden_fn, batch, probe, compile_also=calls)
+    steps = []
+    for level, opts in enumerate(kept):
+        say(0.4 + 0.6 * level / n_levels, f"step {level + 1} of {n_levels}: timing {len(opts)} options")
         states, hidden, scores = record[level]
-        weight, band_start = heads.band(level)
-        times, failed = {}, {}
-        for opt in opts:
-            runner = StepRunner(engine.index.steps[level], engine.sparse_view(level), weight,
-                                band_start, opt, batch, 1 if level == 0 else engine.beam_width,
-                                engine.beam_width)
-            try:  # an option that cannot compile or run here is reported, never chosen
-                times[opt.label] = time_call(lambda: runner(states, hidden, scores), dev)
-            except Exception as exc:  # noqa: BLE001
-                failed[opt.label] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        times, failed = _time_options(engine, level, batch, opts, (states, hidden, scores), dev, repeats)
+        rest = skipped[level]
+        if not times and rest:  # every kept option failed: the cost model must not lose the step
+            t2, f2 = _time_options(engine, level, batch, rest, (states, hidden, scores), dev, repeats)
+            times.update(t2)
+            failed.update(f2)
+            rest = []
         if not times:
             raise ZeroGRError(f"step {level + 1}: no option ran ({'; '.join(f'{k}: {v}' for k, v in failed.items())})")
-        best = min((o for o in opts if o.label in times), key=lambda o: times[o.label])
-        steps.append(StepChoice(level, best, times, failed))
+        best = min((o for o in options[level] if o.label in times), key=lambda o: times[o.label])
+        steps.append(StepChoice(level, best, times, failed,
+                                {o.label: round(predicted[level][o.label], 2) for o in rest}))
+    say(1.0, "plan fixed")
     return Plan(engine.key(batch), tuple(steps), str(dev))
+
+
+def _run_on_zeros(engine, level: int, option: StepOption, batch: int) -> None:
+    """One call of a fresh runner on zero inputs (what the compile-only pass makes)."""
+    engine.step_runner(level, option, batch)(*engine.zero_inputs(level, batch), engine.zero_prefixes(level, batch))
+
+
+def _time_options(engine, level: int, batch: int, options, inputs: tuple, dev: torch.device,
+                  repeats: int) -> tuple[dict, dict]:
+    """µs of each option on ``inputs`` (one runner at a time, so their buffers never pile
+    up); an option that cannot compile or run here is reported (label -> error), never chosen."""
+    times, failed = {}, {}
+    # with prefix buffers, as a decode calls the step: the kernels timed are the kernels served
+    prefixes = engine.zero_prefixes(level, batch)
+    for opt in options:
+        try:
+            runner = engine.step_runner(level, opt, batch)
+            times[opt.label] = median_us(lambda r=runner: r(*inputs, prefixes), dev, repeats)
+        except Exception as exc:  # noqa: BLE001
+            failed[opt.label] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return times, failed

@@ -20,7 +20,8 @@ from .engine import StepOption
 from .heads import Heads
 from .ops import DISPATCH, KernelOps
 from .orders import PROJECTIONS, FilterFirst
-from .planner import Plan, StepChoice, time_call
+from ..timing import median_us
+from .planner import Plan, StepChoice
 from .search import HiddenFn, beam_search
 
 REFERENCE_TOPK = "reference"
@@ -47,7 +48,7 @@ def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_
 
     One decode records each step's beam states, hidden
     states and scores; each option then runs the step's filtering, projection and
-    normalisation on them, timed by :func:`~.planner.time_call` (median wall clock).
+    normalisation on them, timed by :func:`zerogr_core.timing.median_us` (median wall clock).
 
     Parameters
     ----------
@@ -80,7 +81,7 @@ def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_
         times = {}
         for option in reference_options(index, level):
             run = runners[projection_of(option)]
-            times[option.label] = time_call(lambda: run(level, states, hidden, scores), index.device, repeats)
+            times[option.label] = median_us(lambda: run(level, states, hidden, scores), index.device, repeats)
         best = min(reference_options(index, level), key=lambda o: times[o.label])
         steps.append(StepChoice(level, best, times))
     return Plan(heads.shape_key(batch, beam_width), tuple(steps), str(index.device))

@@ -1,0 +1,64 @@
+"""What the planner chooses from: the options of one decoding step.
+
+An option is a mapping representation + projection (``MODES``) and a top-k path
+(``kernels.TOPK_PATHS``). The engine runs options and the planner ranks them; both import
+this module, so neither imports the other's internals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels import SMALL_MAX, TOPK_PATHS, small_tile
+
+from ..errors import ZeroGRError
+from ..index.layout import StepMapping
+
+MODES = ("dense+full", "sparse+full", "sparse+selective")
+
+
+@dataclass(frozen=True)
+class StepOption:
+    """How one step runs: mapping representation + projection, and top-k path."""
+
+    mode: str
+    topk: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode} / {self.topk}"
+
+    @property
+    def projection(self) -> str:
+        """``"full"`` (band GEMM, dense or sparse filter) or ``"selective"``: what the
+        reference decoder takes for this step."""
+        return "full" if self.mode.endswith("full") else "selective"
+
+    @classmethod
+    def parse(cls, text: str) -> "StepOption":
+        """Parse ``"sparse+selective/small"`` (spaces ignored)."""
+        parts = [p.strip() for p in text.split("/")]
+        if len(parts) != 2 or parts[0] not in MODES or parts[1] not in TOPK_PATHS:
+            raise ZeroGRError(f"step option must look like 'MODE/TOPK' with MODE in {MODES} and TOPK in "
+                              f"{TOPK_PATHS}, got {text!r}")
+        return cls(parts[0], parts[1])
+
+
+PLANNED_TOPK = TOPK_PATHS
+"""Top-k paths the warm-up planner times by default: all of them. A narrower set
+(``GpuEngine(topk_paths=...)``, ``bench --topk-paths``) measures what one path adds."""
+
+
+def step_options(mapping: StepMapping, beams_in: int, beam_width: int,
+                 paths: tuple = PLANNED_TOPK) -> list[StepOption]:
+    """Every option among ``paths`` that can serve ``mapping`` with ``beams_in`` beams per request."""
+    modes = (["dense+full"] if mapping.kind == "dense" else []) + ["sparse+full", "sparse+selective"]
+    out = []
+    for mode in modes:
+        width = mapping.codebook if mode == "dense+full" else mapping.max_segment
+        bm, bk, _ = small_tile(beams_in, width, beam_width)
+        # "split" serves every shape; "prune" only pays when a request has at least M beams
+        # (otherwise its threshold is -inf)
+        fits = (["small"] if bm * bk <= SMALL_MAX else []) + ["wide", "split"]
+        fits += ["prune"] if beams_in >= beam_width else []
+        out += [StepOption(mode, p) for p in fits if p in paths]
+    return out

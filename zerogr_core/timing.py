@@ -1,0 +1,156 @@
+"""Every measurement of the project: CUDA-graph capture, timed replays, timed eager calls, a stopwatch.
+
+* :func:`capture` records a function in a CUDA graph after warm-up runs on a side stream
+  (which compiles every Triton variant the function launches);
+* :func:`time_runs` times calls of a function (a graph's ``replay`` or eager code) with
+  CUDA events on a GPU and the wall clock on a CPU, each call starting on an idle device;
+* :func:`time_graph` captures a function and times its replays, so launch overhead counts
+  as it will under whole-decode replay;
+* :func:`median_us` is the planner's figure of merit for one option;
+* :class:`Stopwatch` is a synchronised wall clock around a block (first decodes, stage
+  spans, whole decodes seen by a caller).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (no-op on a CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def warm_up(fn: Callable[[], object], runs: int = 2) -> None:
+    """Run ``fn`` ``runs`` times on a side stream, as CUDA-graph capture wants before it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(runs):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture(fn: Callable[[], object], warmup: int = 2):
+    """Capture ``fn`` in a CUDA graph after ``warmup`` runs on a side stream.
+
+    Returns
+    -------
+    (torch.cuda.CUDAGraph, object)
+        The graph and what ``fn`` returned during capture (static outputs that each replay
+        overwrites).
+    """
+    if warmup:
+        warm_up(fn, warmup)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def time_runs(fn: Callable[[], object], device, *, repeats: int, warmup: int,
+              before: Callable[[int], None] | None = None) -> list[float]:
+    """Time ``repeats`` calls of ``fn`` after ``warmup`` untimed ones; milliseconds each.
+
+    Every call starts on an idle device: ``before(i)`` (e.g. copying a fresh set of hidden
+    states into the static inputs) runs first, outside the timed region, then the device
+    is synchronised, so host launch overhead counts in eager runs. On CUDA each call is
+    bracketed by CUDA events; on a CPU by the wall clock.
+    """
+    device = torch.device(device)
+    samples = []
+    for i in range(warmup + repeats):
+        if before is not None:
+            before(i)
+        synchronize(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            elapsed = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            samples.append(elapsed)
+    return samples
+
+
+def time_graph(fn: Callable[[], object], device, *, repeats: int, warmup: int = 3,
+               before: Callable[[int], None] | None = None) -> list[float]:
+    """Capture ``fn`` in a CUDA graph and time ``repeats`` replays (ms each) after ``warmup``."""
+    graph, _ = capture(fn)
+    try:
+        return time_runs(graph.replay, device, repeats=repeats, warmup=warmup, before=before)
+    finally:
+        del graph
+
+
+def median_us(fn: Callable[[], object], device, repeats: int = 20) -> float:
+    """Median time of ``fn()`` in µs: graph replays timed with events on CUDA, else the wall
+    clock over ``max(3, repeats // 4)`` calls after one untimed call."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        samples = time_graph(fn, device, repeats=repeats, warmup=3)
+    else:
+        samples = time_runs(fn, device, repeats=max(3, repeats // 4), warmup=1)
+    return statistics.median(samples) * 1e3
+
+
+def time_step(fn: Callable[[], object], device, repeats: int, *, graph: bool) -> dict:
+    """Median, p10 and p90 µs of one step function: graph replays (CUDA) or eager calls."""
+    device = torch.device(device)
+    if graph and device.type == "cuda":
+        samples = time_graph(fn, device, repeats=repeats, warmup=3)
+    else:
+        samples = time_runs(fn, device, repeats=repeats, warmup=2)
+    stats = summarize(samples)
+    return dict(median_us=stats["median_ms"] * 1e3, p10_us=stats["p10_ms"] * 1e3, p90_us=stats["p90_ms"] * 1e3,
+                n=stats["n"])
+
+
+def summarize(samples_ms) -> dict:
+    """Median, p10, p90, p99, p99.9, mean, min and max (ms) of the samples, and their count."""
+    arr = np.asarray(list(samples_ms), dtype=np.float64)
+    if arr.size == 0:
+        return dict(n=0)
+    q = np.percentile(arr, [10, 50, 90, 99, 99.9])
+    return dict(median_ms=float(q[1]), p10_ms=float(q[0]), p90_ms=float(q[2]), p99_ms=float(q[3]),
+                p999_ms=float(q[4]),
+                mean_ms=float(arr.mean()), min_ms=float(arr.min()), max_ms=float(arr.max()), n=int(arr.size))
+
+
+class Stopwatch:
+    """Wall-clock milliseconds of a ``with`` block, the device synchronised at both ends.
+
+    ``with Stopwatch(device) as sw: ...`` then ``sw.ms`` (also ``sw.seconds``). The
+    synchronisation makes queued GPU work count inside the block and not after it.
+    """
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+        self.ms: float | None = None
+
+    def __enter__(self) -> "Stopwatch":
+        synchronize(self.device)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        synchronize(self.device)
+        self.ms = (time.perf_counter() - self._t0) * 1e3
+        return False
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.ms is None else self.ms / 1e3
