@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ZeroGRError
-from .data import MIN_INTERACTIONS, REPO_ROOT, LeaveOneOut
+from .data import MIN_INTERACTIONS, REPO_ROOT, LeaveOneOut, leave_one_out
 
 #: The bundled Amazon Beauty copy (tiger-cf files, MIT; see its README for the licences).
 BEAUTY_DIR = REPO_ROOT / "sample_catalogs" / "amazon-beauty"
@@ -345,3 +345,15 @@ def sequence_semantic_ids(data: SequenceData, split: LeaveOneOut, config=None):
         codes = np.concatenate([body, extra[:, None]], axis=1)
         sizes.append(int(extra.max()) + 1)
     return semantic_ids_from_codes(data, codes, sizes, None, name=name)
+
+
+def bundled_sid_catalog(name: str = "amazon-beauty"):
+    """The SID catalog of a named data set (its SID file), titles = item ids.
+
+    Returns
+    -------
+    Catalog
+    """
+    data = load_dataset(name)
+    catalog = sequence_semantic_ids(data, leave_one_out(data)).catalog
+    return replace(catalog, name=name)
