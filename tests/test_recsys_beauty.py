@@ -199,3 +199,18 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--sids goes with --data" in capsys.readouterr().err
     assert main(["quality", "--data", str(tmp_path / "bad.txt")]) == 1
     assert "--checkpoint FILE is required" in capsys.readouterr().err
+
+
+def test_density_table_reports_step_stats():
+    from zerogr_core.catalog.samples import open_catalog, tiny_catalog
+    from zerogr_core.recsys.analysis import density_markdown, invalid_mass_markdown
+
+    tiny = tiny_catalog()
+    lines = density_markdown({"tiny": tiny}).splitlines()
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[:3] == ["tiny", "12", "4/4/4"]
+    assert cells[3:] == [f"{s['density']:.4f} ({s['mean_segment']:.1f})" for s in tiny.step_stats()]
+    beauty = open_catalog("amazon-beauty")
+    assert beauty.n_items == 12101 and beauty.codebook_sizes == (256, 256, 256, 256)
+    rows = [dict(step=1, beams=3, mean=0.0, p90=0.0, p99=0.0, beam_density=1.0)]
+    assert "| m | 1 | 3 | 0.0000 |" in invalid_mass_markdown({"m": {"invalid_mass": rows}})

@@ -113,8 +113,8 @@ class SeqPreset:
                                                            eval_every=5, eval_users=4000, eval_beam=20, patience=4))
         if name == "cpu":
             return cls("cpu", T5Config(encoder_layers=2, decoder_layers=2, d_model=64, n_heads=4, d_kv=16, d_ff=256,
-                                       dropout=0.1, max_items=5),
-                       SeqTrainConfig(epochs=4, batch_size=128, lr=3e-3, warmup_steps=200, recent_targets=3,
+                                       dropout=0.1, max_items=4),
+                       SeqTrainConfig(epochs=2, batch_size=256, lr=5e-3, warmup_steps=30, recent_targets=3,
                                       eval_every=1, eval_users=500, eval_beam=20, patience=2, max_minutes=13.0))
         if name == "tiny":
             return cls("tiny", T5Config(encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_kv=8, d_ff=32,
