@@ -31,7 +31,7 @@ from .data import LeaveOneOut, leave_one_out
 from .semantic_ids import SIDConfig
 from .sequences import BEAUTY_DIR, SequenceData, load_dataset, load_sequences, sequence_semantic_ids
 from .t5 import T5Config, T5Recommender
-from .train import StudyModel, fixed_users, resolve_device, rows_of_ids
+from .train import StudyModel, fixed_users, read_checkpoint, resolve_device, rows_of_ids
 
 CHECKPOINT_FORMAT = "zerogr-seqrec-1"
 #: Where a checkpoint for the bundled Beauty data goes by default (shipped when trained).
@@ -354,14 +354,7 @@ def load_sequence_checkpoint(path: str | Path, device=None) -> StudyModel:
         Missing, unreadable or foreign file.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ZeroGRError(f"{path}: checkpoint not found")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for foreign files
-        raise ZeroGRError(f"{path}: not a readable checkpoint ({type(exc).__name__})") from None
-    if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
-        raise ZeroGRError(f"{path}: not a {CHECKPOINT_FORMAT} checkpoint")
+    blob = read_checkpoint(path, CHECKPOINT_FORMAT)
     state, sids, item_ids = blob.pop("state_dict"), blob.pop("sids"), blob.pop("item_ids")
     catalog = Catalog.from_sids(sids.numpy(), blob["codebook_sizes"], item_ids=item_ids.numpy(),
                                 titles=[str(int(i)) for i in item_ids], name=Path(blob["data"]["directory"]).stem,
