@@ -34,6 +34,7 @@ SAMPLE_CHOICES: dict[str, str] = {
     "watch-like-small": "Watch-like, small (20,000 items, 3 levels)",
     "synthetic-7-small": "Synthetic-7, small (20,000 items, 7 levels)",
     "tiny": "Tiny (12 hand-written items, 3 levels)",
+    "amazon-beauty": "Amazon Beauty SID catalog (12,101 real items, content SIDs 4×256 from tiger-cf, MIT)",
 }
 
 #: File types the app accepts.

@@ -27,9 +27,28 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the checkpoint's metadata as JSON at the end")
     p.set_defaults(handler=run_train)
 
+    t = subparsers.add_parser("train", help="train the T5 (TIGER) recommender on a sequence data set")
+    t.add_argument("--data", metavar="PATH", help="interactions: JSON {user: [items]} or a 'user item item ...' "
+                   "sequence file")
+    t.add_argument("--sids", metavar="FILE", help="JSON SID file {item: [t1..tL]} (default: build SIDs by "
+                   "RQ-KMeans on the training interactions)")
+    t.add_argument("--dataset", choices=("amazon-beauty",), help="a bundled data set instead of --data")
+    t.add_argument("--preset", choices=("tiger", "cpu", "tiny"), default="cpu",
+                   help="recipe: tiger (GPU, TIGER's architecture), cpu (<= 15 min on 2 cores), tiny (tests)")
+    t.add_argument("--out", metavar="FILE", required=True, help="checkpoint file to write")
+    t.add_argument("--max-minutes", type=float, metavar="M", help="wall-clock budget of the training loop "
+                   "(overrides the preset's; the best validation weights so far are kept)")
+    t.add_argument("--seed", type=int, help="override the preset's seed")
+    t.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
+    t.set_defaults(handler=run_train_sequences)
+
     q = subparsers.add_parser("quality", help="filtering first vs scoring first on the trained recommender")
-    q.add_argument("--data", metavar="DIR", help="MovieLens directory the checkpoint was trained on "
-                   "(default: the bundled ml-latest-small)")
+    q.add_argument("--data", metavar="PATH", help="MovieLens directory the checkpoint was trained on "
+                   "(default: the bundled ml-latest-small), or the interactions file of a sequence "
+                   "checkpoint (JSON or sequence file)")
+    q.add_argument("--sids", metavar="FILE", help="SID file the sequence checkpoint was trained with")
+    q.add_argument("--dataset", choices=("amazon-beauty",), help="a bundled sequence data set (its default "
+                   "checkpoint: sample_catalogs/<dataset>/model.pt)")
     q.add_argument("--checkpoint", metavar="FILE", help="checkpoint (default: the bundled model)")
     q.add_argument("--beam", type=int, default=128, help="beam width M (default 128)")
     q.add_argument("--users", type=int, metavar="N", help="evaluate N evenly spread users (default: all)")
@@ -67,6 +86,8 @@ def run_quality(args: argparse.Namespace) -> None:
         raise ZeroGRError(f"--users must be ≥ 1, got {args.users}")
     from .data import leave_one_out, load_movielens
 
+    if args.dataset is not None or (args.data is not None and Path(args.data).is_file()):
+        return run_sequence_quality(args)
     start = time.perf_counter()
     study = load_checkpoint(args.checkpoint, device=args.device)
     data = load_movielens(args.data)
@@ -86,6 +107,50 @@ def run_quality(args: argparse.Namespace) -> None:
         return
     print(format_report(report))
     print(f"wrote {results / 'quality.json'} and {results / 'quality.html'}")
+
+
+def run_train_sequences(args: argparse.Namespace) -> None:
+    from .seqrec import load_data, train_sequences
+
+    data = load_data(args.data, args.sids, args.dataset)
+    train_sequences(data, args.out, preset=args.preset, device=args.device, max_minutes=args.max_minutes,
+                    seed=args.seed)
+
+
+def run_sequence_quality(args: argparse.Namespace) -> None:
+    """``quality`` on a sequence data set and a T5 checkpoint (all users unless --users)."""
+    from .data import leave_one_out
+    from .quality import KS, study_report
+    from .seqrec import BEAUTY_CHECKPOINT, load_data, load_sequence_checkpoint, rows_for
+    from .train import fixed_users
+
+    start = time.perf_counter()
+    if args.checkpoint is None and args.dataset is None:
+        from ..errors import ZeroGRError
+        raise ZeroGRError("--checkpoint FILE is required with --data (the bundled model belongs to --dataset)")
+    checkpoint = args.checkpoint if args.checkpoint is not None else BEAUTY_CHECKPOINT
+    data = load_data(args.data, args.sids, args.dataset)
+    study = load_sequence_checkpoint(checkpoint, device=args.device)
+    split = leave_one_out(data)
+    row_of_item = rows_for(study, data, checkpoint)
+    users = fixed_users(split.n_users, args.users if args.users is not None else split.n_users)
+    ks = [k for k in KS if k <= args.beam]
+    report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,
+                          ks=ks, checkpoint=checkpoint)
+    report["preset"] = study.meta["study"]["name"]
+    report["selection"] = study.meta["selection"]
+    report["learning_curve"] = study.meta["history"]
+    report["timing"]["total_s"] = time.perf_counter() - start
+    name = args.dataset or Path(data.directory).stem
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    out = results / f"quality-{name}-{report['preset']}.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(format_report(report))
+    print(f"wrote {out}")
 
 
 def format_report(report: dict) -> str:

@@ -11,8 +11,9 @@ Three layouts are recognised in a directory:
 Every layout becomes one :class:`MovieLens`: the movies as catalog items (ascending movie
 id) and, per user, the rated movies in chronological order. Ties in time keep file order.
 Ratings of movies absent from the movie file are dropped and counted; users with fewer
-than three ratings are dropped and counted. Polars is used here only, so the model and
-decoding path imports with torch and numpy alone.
+than three ratings are dropped and counted. Polars is used here only, and only by the
+MovieLens readers, so the split, the model and the decoding path import with torch and
+numpy alone.
 """
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import polars as pl
+
+try:
+    import polars as pl
+except ImportError:  # the sequence-file loaders, training and decoding run without Polars
+    pl = None
 
 from ..errors import ZeroGRError
 
@@ -238,6 +243,8 @@ def load_movielens(directory: str | Path | None = None) -> MovieLens:
         Unknown layout, unreadable or malformed file (the message names the file), or no
         user left with three ratings.
     """
+    if pl is None:
+        raise ZeroGRError("the MovieLens loaders need Polars (pip install -r requirements.txt)")
     directory = Path(directory) if directory is not None else BUNDLED_DIR
     layout = detect_layout(directory)
     ratings_name, movies_name = LAYOUTS[layout]

@@ -196,15 +196,16 @@ def popularity_lists(train_counts: np.ndarray, row_of_item: np.ndarray, historie
     Returns
     -------
     np.ndarray, shape (U, depth), int64
-        Catalog rows.
+        Catalog rows; -1 fills the tail when fewer than ``depth`` items are left.
     """
     ranked = row_of_item[np.argsort(-train_counts, kind="stable")]
     if not skip_seen:
         return np.tile(ranked[:depth], (len(histories), 1))
-    out = np.empty((len(histories), depth), dtype=np.int64)
+    out = np.full((len(histories), depth), -1, dtype=np.int64)   # -1: catalog smaller than depth
     for u, hist in enumerate(histories):
         head = ranked[:depth + hist.size]
-        out[u] = head[~np.isin(head, hist)][:depth]
+        kept = head[~np.isin(head, hist)][:depth]
+        out[u, :kept.size] = kept
     return out
 
 

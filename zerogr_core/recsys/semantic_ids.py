@@ -105,7 +105,7 @@ class SemanticIds:
             collision_groups=int((counts > 1).sum()),
             largest_collision_group=int(counts.max()),
             steps=self.catalog.step_stats(),
-            config=asdict(self.config))
+            config=asdict(self.config) if self.config is not None else None)
 
 
 # ---------------------------------------------------------------------------- signals
@@ -322,6 +322,25 @@ def build_semantic_ids(data: MovieLens, split: LeaveOneOut, config: SIDConfig,
     extra = collision_level(body, split.train_counts(data.n_items))
     codes = np.concatenate([body, extra[:, None]], axis=1)
     sizes.append(int(extra.max()) + 1)
+    return semantic_ids_from_codes(data, codes, sizes, config, name=name)
+
+
+def semantic_ids_from_codes(data, codes: np.ndarray, sizes: list[int], config: SIDConfig | None,
+                            name: str) -> SemanticIds:
+    """Wrap unique SIDs of every item of ``data`` as :class:`SemanticIds`.
+
+    Parameters
+    ----------
+    data : MovieLens or SequenceData
+        ``item_ids`` ascending, ``titles``.
+    codes : np.ndarray, shape (N, L), int64
+        SID of each item index; rows are unique.
+    sizes : list of int
+        Codebook size per level.
+    config : SIDConfig or None
+        How the codes were made (``None``: given from outside).
+    name : str
+    """
     catalog = Catalog.from_sids(codes, sizes, item_ids=data.item_ids, titles=data.titles, name=name)
     item_of_row = np.searchsorted(data.item_ids, catalog.item_ids).astype(np.int64)
     row_of_item = np.empty_like(item_of_row)

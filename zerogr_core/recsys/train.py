@@ -459,6 +459,25 @@ def _relpath(path: Path, base: Path) -> str:
     return os.path.relpath(path.resolve(), base.resolve())
 
 
+def read_checkpoint(path: Path, fmt: str) -> dict:
+    """The dict saved in checkpoint ``path`` (tensors on the CPU), checked to be of format ``fmt``.
+
+    Raises
+    ------
+    ZeroGRError
+        Missing, unreadable or foreign file.
+    """
+    if not path.is_file():
+        raise ZeroGRError(f"{path}: checkpoint not found")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for foreign files
+        raise ZeroGRError(f"{path}: not a readable checkpoint ({type(exc).__name__})") from None
+    if not isinstance(blob, dict) or blob.get("format") != fmt:
+        raise ZeroGRError(f"{path}: not a {fmt} checkpoint")
+    return blob
+
+
 def load_checkpoint(path: str | Path | None = None, device: str | torch.device | None = "cpu") -> StudyModel:
     """Restore a checkpoint written by :func:`train_movielens` with its SID catalog.
 
@@ -477,14 +496,7 @@ def load_checkpoint(path: str | Path | None = None, device: str | torch.device |
     from ..catalog.io import load_catalog
 
     path = Path(path) if path is not None else BUNDLED_CHECKPOINT
-    if not path.is_file():
-        raise ZeroGRError(f"{path}: checkpoint not found")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for foreign files
-        raise ZeroGRError(f"{path}: not a readable checkpoint ({type(exc).__name__})") from None
-    if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
-        raise ZeroGRError(f"{path}: not a {CHECKPOINT_FORMAT} checkpoint")
+    blob = read_checkpoint(path, CHECKPOINT_FORMAT)
     state = blob.pop("state_dict")
     catalog_file = path.parent / blob["catalog"]["file"]
     if not catalog_file.is_file():

@@ -1,0 +1,216 @@
+"""Sequence data sets (Amazon Beauty format), their SIDs, the T5 recommender and its CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from zerogr_core.cli import main
+from zerogr_core.errors import ZeroGRError
+from zerogr_core.recsys.data import leave_one_out
+from zerogr_core.recsys.semantic_ids import SIDConfig
+from zerogr_core.recsys.sequences import (DATASETS, load_dataset, load_sequences, read_sid_file,
+                                         sequence_semantic_ids)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_sequences(path: Path, n_users: int = 40, n_items: int = 30, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    seqs = {str(u): [int(i) for i in rng.integers(1, n_items + 1, size=int(rng.integers(3, 9)))]
+            for u in range(n_users)}
+    path.write_text("".join(f"{u} {' '.join(map(str, s))}\n" for u, s in seqs.items()))
+    return seqs
+
+
+# ---------------------------------------------------------------------------- loaders
+def test_sequence_file_and_json_load_the_same_sequences(tmp_path):
+    seqs = write_sequences(tmp_path / "seq.txt")
+    (tmp_path / "inter.json").write_text(json.dumps(seqs, indent=2))
+    a = load_sequences(tmp_path / "seq.txt")
+    b = load_sequences(tmp_path / "inter.json")
+    assert (a.layout, b.layout) == ("sequence-file", "json-interactions")
+    assert a.fingerprint() == b.fingerprint()
+    for u, (user, items) in enumerate(seqs.items()):
+        assert a.user_ids[u] == user
+        assert a.item_ids[a.sequence(u)].tolist() == items
+    split = leave_one_out(a)
+    assert split.test_items.tolist() == [a.sequence(u)[-1] for u in range(a.n_users)]
+    assert split.valid_items.tolist() == [a.sequence(u)[-2] for u in range(a.n_users)]
+
+
+def test_short_users_are_dropped_and_counted(tmp_path):
+    (tmp_path / "s.txt").write_text("u1 1 2 3\nu2 1 2\n\nu3 4 5 6 7\n")
+    data = load_sequences(tmp_path / "s.txt")
+    assert data.user_ids.tolist() == ["u1", "u3"] and data.dropped_users == 1
+    assert data.item_ids.tolist() == [1, 2, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("s.txt", "1 1 2 3\n2 4 x 6\n", "s.txt:2: field 3 'x' is not a non-negative integer item id"),
+    ("s.txt", "1 1 2 3\n1 4 5 6\n", "s.txt:2: user '1' already listed on line 1"),
+    ("s.txt", "\n\n", "s.txt: no user lines"),
+    ("i.json", '{\n "a": [1, 2, 3],\n "b": [1, 2,\n', "i.json:4: invalid JSON"),
+    ("i.json", '{\n "a": [1, 2, 3],\n "b": 7\n}', "i.json:3: the items of user 'b' must be a list"),
+    ("i.json", '{\n "a": [1, 2.5, 3]\n}', "i.json:2: the items of 'a' must be integer ids"),
+    ("i.json", '[1, 2]', "i.json:1: expected a non-empty JSON object"),
+])
+def test_malformed_files_name_file_and_line(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ZeroGRError) as err:
+        load_sequences(tmp_path / name)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_sid_file_errors_and_missing_items(tmp_path):
+    (tmp_path / "s.txt").write_text("1 1 2 3\n2 2 3 4\n")
+    (tmp_path / "sids.json").write_text('{\n "1": [0, 1],\n "2": [0, 2, 1]\n}')
+    with pytest.raises(ZeroGRError, match=r"sids.json:3: the SID of item '2' has 3 tokens"):
+        read_sid_file(tmp_path / "sids.json")
+    (tmp_path / "sids.json").write_text('{"1": [0, 1], "2": [0, 2], "3": [1, 0]}')
+    with pytest.raises(ZeroGRError, match=r"sids.json: no SID for item 4 of .*s.txt"):
+        load_sequences(tmp_path / "s.txt", tmp_path / "sids.json")
+
+
+def test_given_sids_keep_their_codes_and_get_a_collision_level_only_when_needed(tmp_path):
+    (tmp_path / "s.txt").write_text("1 1 2 3\n2 2 3 4\n3 1 4 2\n")
+    (tmp_path / "u.json").write_text('{"1": [0, 1], "2": [0, 2], "3": [1, 0], "4": [1, 1], "5": [2, 2]}')
+    data = load_sequences(tmp_path / "s.txt", tmp_path / "u.json")
+    assert data.item_ids.tolist() == [1, 2, 3, 4, 5]   # item 5 has a SID but no interaction: still an item
+    sid = sequence_semantic_ids(data, leave_one_out(data))
+    assert sid.codes.tolist() == [[0, 1], [0, 2], [1, 0], [1, 1], [2, 2]]
+    assert sid.catalog.codebook_sizes == (3, 3)
+    (tmp_path / "d.json").write_text('{"1": [0, 1], "2": [0, 1], "3": [1, 0], "4": [0, 1]}')
+    data = load_sequences(tmp_path / "s.txt", tmp_path / "d.json")
+    sid = sequence_semantic_ids(data, leave_one_out(data))
+    assert sid.codes.shape == (4, 3) and np.unique(sid.codes, axis=0).shape[0] == 4
+    # Training parts are [1], [2], [1]: item 1 leads the group {1, 2, 4}, so it gets token 0.
+    assert sid.codes[0, 2] == 0 and sorted(sid.codes[[0, 1, 3], 2].tolist()) == [0, 1, 2]
+
+
+def test_built_sids_do_not_see_validation_or_test_items(tmp_path):
+    seqs = write_sequences(tmp_path / "a.txt", n_users=60, n_items=25, seed=3)
+    rng = np.random.default_rng(9)
+    changed = {u: s[:-2] + [int(i) for i in rng.integers(1, 26, size=2)] for u, s in seqs.items()}
+    (tmp_path / "b.txt").write_text("".join(f"{u} {' '.join(map(str, s))}\n" for u, s in changed.items()))
+    config = SIDConfig(levels=2, codebook_size=4, collab_dim=8, kmeans_iters=10)
+    a, b = load_sequences(tmp_path / "a.txt"), load_sequences(tmp_path / "b.txt")
+    assume_same_items = np.array_equal(a.item_ids, b.item_ids)
+    assert assume_same_items, "pick seeds whose held-out items do not change the item set"
+    sid_a = sequence_semantic_ids(a, leave_one_out(a), config)
+    sid_b = sequence_semantic_ids(b, leave_one_out(b), config)
+    assert np.array_equal(sid_a.codes, sid_b.codes)
+    assert sid_a.config.content_weight == 0.0
+
+
+def test_bundled_beauty_matches_the_published_counts():
+    data = load_dataset("amazon-beauty")
+    assert (data.n_users, data.n_items, int(data.items.size)) == (22363, 12101, 198502)
+    assert data.sid_codes.shape == (12101, 4)
+    seq = load_sequences(ROOT / "sample_catalogs" / "amazon-beauty" / "Beauty.txt")
+    assert (seq.n_users, seq.n_items, int(seq.items.size)) == (22363, 12101, 198502)
+    for path in DATASETS["amazon-beauty"]:
+        assert path.is_file()
+    for licence in ("LICENCE-tiger-cf.txt", "LICENSE-ICLRec.txt", "README.md"):
+        assert (ROOT / "sample_catalogs" / "amazon-beauty" / licence).is_file()
+
+
+# ---------------------------------------------------------------------------- model
+def test_t5_hidden_fn_equals_the_hugging_face_decoder():
+    pytest.importorskip("transformers")
+    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+
+    torch.manual_seed(0)
+    model = T5Recommender(T5Config(encoder_layers=2, decoder_layers=2, d_model=32, n_heads=3, d_kv=8, d_ff=64,
+                                   max_items=4), [5, 6, 7])
+    sids = torch.stack([torch.randint(0, v, (40,)) for v in (5, 6, 7)], dim=1)
+    histories = [np.array([3]), np.arange(9), np.array([5, 1, 2])]
+    fn = model.hidden_fn_for(histories, sids)
+    ids, mask = model.encoder_inputs(histories, sids)
+    assert ids[0].tolist()[:4] == [*model.tokens(sids[3]).tolist(), 1]   # SID tokens, then EOS
+    assert mask.sum(1).tolist() == [4, 13, 10]
+    enc = model.t5.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+    prefixes = torch.stack([torch.randint(0, v, (3, 4)) for v in (5, 6)], dim=2)
+    for step in range(3):
+        got = fn(step, prefixes[:, :, :step])
+        dec_ids = torch.cat([torch.zeros(3, 4, 1, dtype=torch.long), model.tokens(prefixes[:, :, :step])], 2)
+        ref = model.t5.decoder(input_ids=dec_ids.reshape(12, step + 1), encoder_hidden_states=enc.repeat_interleave(
+            4, 0), encoder_attention_mask=mask.repeat_interleave(4, 0)).last_hidden_state[:, step]
+        torch.testing.assert_close(got.reshape(12, -1), ref, atol=1e-5, rtol=1e-5)
+        logits = model.t5(input_ids=ids.repeat_interleave(4, 0), attention_mask=mask.repeat_interleave(4, 0),
+                          decoder_input_ids=dec_ids.reshape(12, step + 1)).logits[:, step]
+        band = logits[:, model.offsets[step]:model.offsets[step] + model.codebook_sizes[step]]
+        torch.testing.assert_close(got.reshape(12, -1) @ model.head_weights()[step].T, band, atol=1e-5, rtol=1e-5)
+
+
+def test_package_imports_without_transformers():
+    script = ("import sys; sys.modules['transformers'] = None; sys.modules['polars'] = None\n"
+              "import zerogr_core, zerogr_core.recsys.seqrec, zerogr_core.cli\n"
+              "from zerogr_core.recsys.t5 import T5Recommender, T5Config\n"
+              "from zerogr_core.errors import ZeroGRError\n"
+              "try:\n    T5Recommender(T5Config(), [4, 4])\nexcept ZeroGRError as e:\n    print('ERR', e)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "ERR the T5 recommender needs transformers" in done.stdout
+
+
+def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    write_sequences(tmp_path / "seq.txt", n_users=30, n_items=20, seed=1)
+    out = tmp_path / "m.pt"
+    assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--out", str(out)]) == 0
+    blob = torch.load(out, weights_only=True)
+    assert blob["format"] == "zerogr-seqrec-1" and blob["study"]["name"] == "tiny"
+    assert blob["sids"].shape[0] == blob["item_ids"].shape[0] == 20 and blob["sid_source"] == "rq-kmeans"
+    assert blob["selection"]["epoch"] >= 1 and len(blob["history"]) >= 1
+    capsys.readouterr()
+    code = main(["quality", "--data", str(tmp_path / "seq.txt"), "--checkpoint", str(out), "--beam", "20",
+                 "--results", str(tmp_path), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["users"] == 30 and report["k"] == [1, 5, 10, 20]
+    for key in ("overlap", "recall_filter_first", "recall_score_first", "ndcg_filter_first", "ndcg_score_first",
+                "recall_popularity"):
+        assert set(report[key]) == {"1", "5", "10", "20"}
+    # Filtering first only returns catalog items, so its recall is a real hit rate in [0, 1].
+    assert 0.0 <= report["recall_filter_first"]["20"] <= 1.0
+    assert report["overlap"]["20"] > 0 and report["invalid_mass"][0]["step"] == 1
+    assert (tmp_path / "quality-seq-tiny.json").is_file()
+    # Same checkpoint, other data: refused in one line.
+    write_sequences(tmp_path / "other.txt", n_users=30, n_items=20, seed=2)
+    assert main(["quality", "--data", str(tmp_path / "other.txt"), "--checkpoint", str(out),
+                 "--results", str(tmp_path)]) == 1
+    assert "differs from checkpoint" in capsys.readouterr().err
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["train", "--data", str(tmp_path / "none.txt"), "--out", str(tmp_path / "m.pt")]) == 1
+    err = capsys.readouterr().err
+    assert "none.txt: interactions file not found" in err and "Traceback" not in err
+    (tmp_path / "bad.txt").write_text("1 1 2 3\n2 1 two 3\n")
+    assert main(["train", "--data", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "m.pt")]) == 1
+    assert "bad.txt:2: field 3 'two'" in capsys.readouterr().err
+    assert main(["train", "--dataset", "amazon-beauty", "--sids", "x.json", "--out", str(tmp_path / "m.pt")]) == 1
+    assert "--sids goes with --data" in capsys.readouterr().err
+    assert main(["quality", "--data", str(tmp_path / "bad.txt")]) == 1
+    assert "--checkpoint FILE is required" in capsys.readouterr().err
+
+
+def test_density_table_reports_step_stats():
+    from zerogr_core.catalog.samples import open_catalog, tiny_catalog
+    from zerogr_core.recsys.analysis import density_markdown, invalid_mass_markdown
+
+    tiny = tiny_catalog()
+    lines = density_markdown({"tiny": tiny}).splitlines()
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[:3] == ["tiny", "12", "4/4/4"]
+    assert cells[3:] == [f"{s['density']:.4f} ({s['mean_segment']:.1f})" for s in tiny.step_stats()]
+    beauty = open_catalog("amazon-beauty")
+    assert beauty.n_items == 12101 and beauty.codebook_sizes == (256, 256, 256, 256)
+    rows = [dict(step=1, beams=3, mean=0.0, p90=0.0, p99=0.0, beam_density=1.0)]
+    assert "| m | 1 | 3 | 0.0000 |" in invalid_mass_markdown({"m": {"invalid_mass": rows}})
