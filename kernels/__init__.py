@@ -20,7 +20,7 @@ Per decoding step (docs/design.md §4), op (module):
    ``beam_scores`` it fuses step 3, with ``prefixes`` it also writes the next step's
    token prefixes (:func:`extend_prefixes` is the unfused form).
 
-Modules are not named after their ops, so ``kernels.filter_slots`` is always the function.
+Modules are not named after their ops, so ``zerogr_kernels.filter_slots`` is always the function.
 
 Numeric contract (every path of every op a plan can choose): heads and hidden states share
 one dtype, float16, bfloat16 or float32. Projections accumulate in float32 and store float32

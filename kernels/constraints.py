@@ -186,7 +186,7 @@ def constrain_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_log
     Parameters
     ----------
     slot_tokens : torch.Tensor
-        ``(n_beams, K)`` int32 slot tokens from :func:`kernels.filter_slots` (-1 invalid).
+        ``(n_beams, K)`` int32 slot tokens from :func:`zerogr_kernels.filter_slots` (-1 invalid).
     slot_succ : torch.Tensor
         ``(n_beams, K)`` int64 successor states (-1 invalid).
     slot_logits : torch.Tensor

@@ -17,7 +17,7 @@ skip them.
 - sparse mapping: the valid slots of a task are exactly ``[start, start + count)``.
 - dense mapping: a task is a fixed 64-wide column block and its valid slots need not be
   consecutive; consumers mask slots by ``slot_tokens >= 0`` (which is also correct for
-  sparse rows, and is what :mod:`kernels.selective` does).
+  sparse rows, and is what :mod:`zerogr_kernels.selective` does).
 """
 from __future__ import annotations
 

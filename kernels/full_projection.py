@@ -1,10 +1,10 @@
 """Full projection: one GEMM of the hidden states against the step's band of the head.
 
 Step 2 (*full*) of the filtering-first decoding step (docs/design.md §4). The band is a
-``narrow`` view of the head, never a copy; :func:`kernels.filter_slots` then copies the
+``narrow`` view of the head, never a copy; :func:`zerogr_kernels.filter_slots` then copies the
 valid logits into the slots (sparse) or masks the invalid columns (dense).
 
-Numeric contract (the one of every projection, see :mod:`kernels`): the inputs share one
+Numeric contract (the one of every projection, see :mod:`zerogr_kernels`): the inputs share one
 dtype (float16, bfloat16 or float32), products are accumulated in float32 and the logits
 are stored in float32. On CUDA, cuBLAS does the work: for half-precision inputs through
 ``torch.mm(..., out_dtype=torch.float32)``, which accumulates in float32 and writes the

@@ -1,7 +1,7 @@
 """Naive selective projection: the ablation of the paper's Table 1.
 
 Instead of scoring the candidates where they sit in their slot rows
-(:mod:`kernels.selective`), this baseline packs them into a compact list through a
+(:mod:`zerogr_kernels.selective`), this baseline packs them into a compact list through a
 prefix sum (``torch.nonzero``), gathers a temporary ``(n_valid, H)`` weight matrix and
 the matching hidden rows, runs one batched dot product, and scatters the logits back into
 the slots. The compact list has a data-dependent length, so the op synchronises with the

@@ -6,7 +6,7 @@ its logit is greater than -inf. Row ``b`` becomes
 row without valid slots (dead beam, empty segment) stays all -inf, never NaN.
 
 The ``@triton.jit`` helpers ``lse_update``, ``row_lse_state``, ``lse_finish`` and
-``apply_log_softmax`` are shared with :mod:`kernels.selection`, which fuses this
+``apply_log_softmax`` are shared with :mod:`zerogr_kernels.selection`, which fuses this
 normalisation into selection.
 """
 from __future__ import annotations

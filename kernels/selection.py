@@ -42,7 +42,7 @@ paths give bit-identical outputs:
   engine's planner times it beside the other paths and keeps it where it is fastest.
 
 With ``beam_scores`` the op takes raw slot logits and fuses the normalisation of
-:mod:`kernels.normalize` into the key computation (all paths). With ``prefixes`` it also
+:mod:`zerogr_kernels.normalize` into the key computation (all paths). With ``prefixes`` it also
 writes the next step's token prefixes (:func:`extend_prefixes`) in its gather, which
 spares a decode step the separate gather/copy launches.
 """
@@ -539,11 +539,11 @@ def topk_gather(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torc
     scores : torch.Tensor
         ``(n_beams, K)`` float32 (or float16/bfloat16) contiguous candidate scores, -inf
         on invalid slots, ``n_beams = batch * Mb``. With ``beam_scores``: raw slot
-        logits, normalised first as by :func:`kernels.log_softmax_slots`.
+        logits, normalised first as by :func:`zerogr_kernels.log_softmax_slots`.
     slot_tokens : torch.Tensor
-        ``(n_beams, K)`` int32 slot tokens from :func:`kernels.filter_slots`.
+        ``(n_beams, K)`` int32 slot tokens from :func:`zerogr_kernels.filter_slots`.
     slot_succ : torch.Tensor
-        ``(n_beams, K)`` int64 slot successor states from :func:`kernels.filter_slots`.
+        ``(n_beams, K)`` int64 slot successor states from :func:`zerogr_kernels.filter_slots`.
     batch : int
         Number of requests; must divide ``n_beams``.
     beam_width : int

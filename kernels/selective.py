@@ -1,7 +1,7 @@
 """Selective projection: logits of the valid slots only, computed in place.
 
 Step 2 (*selective*) of the filtering-first decoding step (docs/design.md §4). Each
-task of the work queue built by :mod:`kernels.filtering` loads its beam's hidden
+task of the work queue built by :mod:`zerogr_kernels.filtering` loads its beam's hidden
 vector once and takes its dot product with the head rows of the tokens in its run,
 reading the rows in place (``band_start`` selects a band of a shared head without a
 copy), and writes float32 logits into ``slot_logits``.
@@ -153,10 +153,10 @@ def selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torc
         whole shared head). Row ``band_start + t`` is token ``t``; the caller guarantees
         it exists (the Triton path cannot check token ids).
     slot_tokens : torch.Tensor
-        ``(n_beams, K)`` int32 slot tokens from :func:`kernels.filter_slots`, -1 = invalid.
+        ``(n_beams, K)`` int32 slot tokens from :func:`zerogr_kernels.filter_slots`, -1 = invalid.
     tasks : torch.Tensor
         ``(n_tasks, 3)`` int32 work queue ``(beam, start, count)`` from
-        :func:`kernels.filter_slots`.
+        :func:`zerogr_kernels.filter_slots`.
     slot_logits : torch.Tensor
         ``(n_beams, K)`` float32, contiguous; updated in place.
     band_start : int

@@ -85,7 +85,7 @@ def assert_selection_equivalent(got, expected, cand_scores: torch.Tensor,
     """Assert two top-k selections agree up to the order of candidates within ``tol``.
 
     ``got`` and ``expected`` are ``(scores, parents, tokens, succ)`` tuples as returned
-    by :func:`kernels.topk_gather`; ``cand_scores`` ``(n_beams, K)`` are the reference
+    by :func:`zerogr_kernels.topk_gather`; ``cand_scores`` ``(n_beams, K)`` are the reference
     candidate scores. Checks: scores equal rank by rank within ``tol``; every selected
     item is a real, distinct candidate of its request whose reference score is within
     ``tol`` of the reported one, with the right next state; every expected item clearly

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.constraints import constrain_slots_reference, constrain_slots_triton, search_iterations
+from zerogr_kernels.constraints import constrain_slots_reference, constrain_slots_triton, search_iterations
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.decode.constraints import build_lists, row_starts
 from zerogr_core.index import INDEX_PRESETS, HostTrie, build_static_index

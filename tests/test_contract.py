@@ -16,7 +16,7 @@ from zerogr_core.decode.engine import GpuEngine, step_options
 from zerogr_core.decode.heads import Heads
 from zerogr_core.decode.ops import REFERENCE
 from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, reference_options
-from kernels import TOPK_PATHS
+from zerogr_kernels import TOPK_PATHS
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

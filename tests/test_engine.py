@@ -7,7 +7,7 @@ import torch
 
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.index import INDEX_PRESETS
-from kernels import TOPK_PATHS
+from zerogr_kernels import TOPK_PATHS
 from zerogr_core.decode.engine import GpuEngine, StepOption, StepRunner, step_options
 from zerogr_core.decode.heads import Heads
 from zerogr_core.decode.planner import make_plan

@@ -38,10 +38,10 @@ def _launch_grid():
     """Call every launcher over the shape grid (yields nothing; the recorder collects)."""
     import torch
 
-    from kernels.filtering import filter_slots_triton
-    from kernels.normalize import log_softmax_slots_triton
-    from kernels.selection import PATHS, topk_gather_triton
-    from kernels.selective import selective_proj_triton
+    from zerogr_kernels.filtering import filter_slots_triton
+    from zerogr_kernels.normalize import log_softmax_slots_triton
+    from zerogr_kernels.selection import PATHS, topk_gather_triton
+    from zerogr_kernels.selective import selective_proj_triton
 
     e = torch.empty
     # (beams per request, K, beam width): K = 1 and 3, beam width 1, single beams, dense
@@ -71,7 +71,7 @@ def _launch_grid():
             if logits is None or logits.shape[1] == K:
                 filter_slots_triton(e(n_beams, dtype=torch.int64), K, table=e(4, K, dtype=torch.int32),
                                     logits=logits)
-    from kernels.constraints import constrain_slots_triton
+    from zerogr_kernels.constraints import constrain_slots_triton
 
     for (K, n_beams), dtype, starts in itertools.product(
             [(1, 2), (3, 4), (300, 256), (16384, 2)], (torch.float16, torch.bfloat16, torch.float32),

@@ -5,7 +5,7 @@ import torch
 
 from kernel_asserts import (assert_outputs_equal, kernel_device, random_dense_table,
                             random_sparse_mapping, random_states)
-from kernels import TASK_WIDTH, FilterOut, filter_slots_reference, filter_slots_triton, num_tasks
+from zerogr_kernels import TASK_WIDTH, FilterOut, filter_slots_reference, filter_slots_triton, num_tasks
 
 DEV = kernel_device()
 NAMES = FilterOut._fields

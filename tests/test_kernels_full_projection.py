@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from kernel_asserts import assert_kernel_equal, kernel_device
-from kernels import full_proj
-from kernels.full_projection import _fp32_out_gemm, full_proj_reference
+from zerogr_kernels import full_proj
+from zerogr_kernels.full_projection import _fp32_out_gemm, full_proj_reference
 
 DEV = kernel_device()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

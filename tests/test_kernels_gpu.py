@@ -11,10 +11,10 @@ import torch
 
 from kernel_asserts import (assert_kernel_equal, assert_outputs_equal, assert_selection_equivalent,
                             random_dense_table, random_sparse_mapping, random_states)
-from kernels import (FilterOut, TopkOut, filter_slots, filter_slots_reference, filter_slots_triton,
-                     full_proj, log_softmax_slots_reference, log_softmax_slots_triton,
-                     naive_selective_proj, selective_proj_reference, selective_proj_triton,
-                     topk_gather, topk_gather_reference, topk_gather_triton, selective_proj)
+from zerogr_kernels import (FilterOut, TopkOut, filter_slots, filter_slots_reference, filter_slots_triton,
+                            full_proj, log_softmax_slots_reference, log_softmax_slots_triton,
+                            naive_selective_proj, selective_proj_reference, selective_proj_triton,
+                            topk_gather, topk_gather_reference, topk_gather_triton, selective_proj)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kernel_asserts import assert_kernel_equal, kernel_device
-from kernels import log_softmax_slots_reference, log_softmax_slots_triton
+from zerogr_kernels import log_softmax_slots_reference, log_softmax_slots_triton
 
 DEV = kernel_device()
 

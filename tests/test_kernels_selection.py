@@ -5,9 +5,9 @@ import torch
 
 from kernel_asserts import (assert_outputs_equal, assert_selection_equivalent, kernel_device,
                             random_sparse_mapping, random_states)
-import kernels.selection as selection
-from kernels import (SMALL_MAX, TopkOut, extend_prefixes, filter_slots_reference, log_softmax_slots_reference,
-                     small_tile, split_first_stage, split_plan, topk_gather_reference, topk_gather_triton)
+import zerogr_kernels.selection as selection
+from zerogr_kernels import (SMALL_MAX, TopkOut, extend_prefixes, filter_slots_reference, log_softmax_slots_reference,
+                            small_tile, split_first_stage, split_plan, topk_gather_reference, topk_gather_triton)
 
 DEV = kernel_device()
 NAMES = TopkOut._fields

@@ -5,8 +5,8 @@ import torch
 
 from kernel_asserts import (assert_kernel_equal, kernel_device, random_dense_table,
                             random_sparse_mapping, random_states)
-from kernels import (filter_slots_reference, naive_selective_proj, selective_proj_reference,
-                     selective_proj_triton)
+from zerogr_kernels import (filter_slots_reference, naive_selective_proj, selective_proj_reference,
+                            selective_proj_triton)
 
 DEV = kernel_device()
 

@@ -234,7 +234,7 @@ INTERPRETER = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 @INTERPRETER
 def test_precompile_runs_launchers_without_their_kernels():
-    from kernels import filter_slots
+    from zerogr_kernels import filter_slots
 
     catalog, index, raw, heads, hidden_fn = setup()
     step = index.steps[1]

@@ -18,13 +18,13 @@
     states go to the host, the lookup runs there, the slots come back (not capturable).
 ``naive-selective``
     Filtering first whose projection packs the candidates through a prefix sum and a
-    temporary weight matrix (:func:`kernels.naive_selective_proj`; syncs with the host,
+    temporary weight matrix (:func:`zerogr_kernels.naive_selective_proj`; syncs with the host,
     so it runs eagerly).
 
 Every method decodes through :class:`BeamLoop` (or the engine's equivalent) with the
 same selection kernel where the candidates are slot rows, and ``torch.topk`` where they
 are whole-vocabulary rows. The baselines extend their beams' token prefixes with separate
-PyTorch ops (:func:`kernels.extend_prefixes`, a few µs a step); zerogr writes them in its
+PyTorch ops (:func:`zerogr_kernels.extend_prefixes`, a few µs a step); zerogr writes them in its
 selection kernel's gather. Hidden states come from a :class:`ReplayModel`: fixed static
 tensors per step, refilled from one of several pre-drawn sets between timed runs.
 """
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import (TopkOut, extend_prefixes, filter_slots, full_proj, log_softmax_slots,
-                     naive_selective_proj, topk_gather)
+from zerogr_kernels import (TopkOut, extend_prefixes, filter_slots, full_proj, log_softmax_slots,
+                            naive_selective_proj, topk_gather)
 
 from ..decode.engine import GpuEngine
 from ..decode.heads import Heads

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import filter_slots, full_proj, naive_selective_proj, topk_gather
+from zerogr_kernels import filter_slots, full_proj, naive_selective_proj, topk_gather
 
 from ..decode.engine import StepOption, StepRunner, step_options
 from ..timing import time_step

@@ -2,7 +2,7 @@
 
 Catalog rows are sorted by SID, so every prefix (index state) covers one contiguous range
 of rows. A candidate slot is *alive* for a request when its range holds a row the
-request may return; :func:`kernels.constrain_slots` kills the others right after
+request may return; :func:`zerogr_kernels.constrain_slots` kills the others right after
 filtering, before projection and normalisation. Consequences, for both orders:
 
 - every returned beam is an allowed item, and no beam is spent on a prefix without an
@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from kernels.constraints import constrain_slots, search_iterations
+from zerogr_kernels.constraints import constrain_slots, search_iterations
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
@@ -157,7 +157,7 @@ class RequestLists:
         return cls(offsets, rows.astype(np.int64), mode)
 
     def to_device(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(offsets, rows, mode)`` tensors for :func:`kernels.constrain_slots` (rows padded to ≥ 1)."""
+        """``(offsets, rows, mode)`` tensors for :func:`zerogr_kernels.constrain_slots` (rows padded to ≥ 1)."""
         rows = np.concatenate([self.glob, self.rows, np.zeros(1, dtype=np.int64)]).astype(np.int64)
         return (torch.from_numpy(self.device_offsets()).to(device), torch.from_numpy(rows).to(device),
                 torch.from_numpy(self.mode).to(device))

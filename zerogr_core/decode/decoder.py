@@ -5,7 +5,7 @@ from typing import Sequence
 
 import torch
 
-from kernels._common import interpreting
+from zerogr_kernels._common import interpreting
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex

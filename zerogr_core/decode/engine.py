@@ -21,7 +21,7 @@ import dataclasses
 
 import torch
 
-from kernels import TOPK_PATHS, FilterOut, TopkOut, filter_slots, full_proj, log_softmax_slots, selective_proj, topk_gather
+from zerogr_kernels import TOPK_PATHS, FilterOut, TopkOut, filter_slots, full_proj, log_softmax_slots, selective_proj, topk_gather
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
@@ -193,7 +193,7 @@ class GpuEngine:
         Capture and replay a CUDA graph (CUDA only); ``False`` runs eagerly.
     topk_paths : sequence of str
         Top-k paths the planner times (default :data:`PLANNED_TOPK`; any of
-        ``kernels.TOPK_PATHS``).
+        ``zerogr_kernels.TOPK_PATHS``).
     plan_store : "default", PlanStore, path, or False
         Where plans persist (:mod:`zerogr_core.decode.plan_store`): a known shape loads its
         plan and times nothing. ``False`` plans in memory only.

@@ -1,6 +1,6 @@
 """Which implementation of the kernel ops a reference decode calls, and its stage timer.
 
-:data:`DISPATCH` calls the public ops of :mod:`kernels` (Triton on CUDA tensors or under
+:data:`DISPATCH` calls the public ops of :mod:`zerogr_kernels` (Triton on CUDA tensors or under
 ``TRITON_INTERPRET=1``, PyTorch references otherwise). :data:`REFERENCE` always calls the
 PyTorch references: what the app uses on a CPU, where the Triton interpreter would only
 slow it down.
@@ -15,14 +15,14 @@ import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
-import kernels
+import zerogr_kernels
 
 STAGES = ("model", "filter", "project", "normalise", "select")
 
 
 @dataclass(frozen=True)
 class KernelOps:
-    """The four kernel ops of a decoding step (signatures of :mod:`kernels`)."""
+    """The four kernel ops of a decoding step (signatures of :mod:`zerogr_kernels`)."""
 
     filter: Callable
     selective: Callable
@@ -31,10 +31,10 @@ class KernelOps:
 
 
 DISPATCH = KernelOps(
-    kernels.filter_slots, kernels.selective_proj, kernels.log_softmax_slots, kernels.topk_gather)
+    zerogr_kernels.filter_slots, zerogr_kernels.selective_proj, zerogr_kernels.log_softmax_slots, zerogr_kernels.topk_gather)
 REFERENCE = KernelOps(
-    kernels.filter_slots_reference, kernels.selective_proj_reference, kernels.log_softmax_slots_reference,
-    kernels.topk_gather_reference)
+    zerogr_kernels.filter_slots_reference, zerogr_kernels.selective_proj_reference, zerogr_kernels.log_softmax_slots_reference,
+    zerogr_kernels.topk_gather_reference)
 
 
 def no_timer(step: int, stage: str):

@@ -1,14 +1,14 @@
 """What the planner chooses from: the options of one decoding step.
 
 An option is a mapping representation + projection (``MODES``) and a top-k path
-(``kernels.TOPK_PATHS``). The engine runs options and the planner ranks them; both import
+(``zerogr_kernels.TOPK_PATHS``). The engine runs options and the planner ranks them; both import
 this module, so neither imports the other's internals.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels import SMALL_MAX, TOPK_PATHS, small_tile
+from zerogr_kernels import SMALL_MAX, TOPK_PATHS, small_tile
 
 from ..errors import ZeroGRError
 from ..index.layout import StepMapping

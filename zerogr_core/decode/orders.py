@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from kernels import full_proj
+from zerogr_kernels import full_proj
 
 from ..errors import ZeroGRError
 from ..index.host_trie import HostTrie
@@ -33,7 +33,7 @@ def full_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Logits of every row of ``weight``: (n, H) × (V, H)ᵀ → (n, V), float32.
 
     The hidden states take the head's dtype; products accumulate in float32 and the logits
-    stay float32 (:func:`kernels.full_proj`), as in every other projection.
+    stay float32 (:func:`zerogr_kernels.full_proj`), as in every other projection.
     """
     return full_proj(hidden.to(weight.dtype), weight, 0, weight.shape[0])
 

@@ -6,7 +6,7 @@ depends on the machine and the shape: a gather per candidate (selective) against
 over the level's codebook whose valid logits are then copied into the slots (full). A CPU
 with few cores and a small codebook often prefers the GEMM even on sparse steps.
 
-Both options give the same logits (the numeric contract of :mod:`kernels`), so the plan
+Both options give the same logits (the numeric contract of :mod:`zerogr_kernels`), so the plan
 changes the latency, never the beams. The plan is a :class:`~.planner.Plan` whose options
 are ``"<kind>+full"`` / ``"<kind>+selective"`` with the ``"reference"`` top-k path
 (``kind`` is the step's representation in the index, which the reference ops read).

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import filter_slots_reference
+from zerogr_kernels import filter_slots_reference
 
 from ..catalog.catalog import Catalog
 from .builders import build_index

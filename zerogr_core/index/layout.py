@@ -173,7 +173,7 @@ class StepMapping:
         return [t for t in (self.tokens, self.offsets, self.table) if t is not None]
 
     def filter_args(self) -> dict:
-        """Keyword arguments of :func:`kernels.filter_slots` for this mapping."""
+        """Keyword arguments of :func:`zerogr_kernels.filter_slots` for this mapping."""
         if self.kind == "dense":
             return {"table": self.table}
         return {"tokens": self.tokens, "offsets": self.offsets}

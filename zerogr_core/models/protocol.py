@@ -11,7 +11,7 @@ A :class:`StepModel` serves one batch of requests at a time:
    l-1 tokens just chosen (local ids, -1 for unfilled beams) and ``parents`` (batch, M)
    int64 the flat row, into the previous step's (batch × beams) rows, of each beam's
    parent (-1 for unfilled beams). This is Hugging Face's ``beam_idx`` and what
-   :class:`kernels.TopkOut` calls ``parents``. The model reorders its caches by parent,
+   :class:`zerogr_kernels.TopkOut` calls ``parents``. The model reorders its caches by parent,
    appends the new tokens and returns the hidden states (batch * M, H).
 
 Every step writes into preallocated tensors with in-place ``index_select``/``copy_`` and
