@@ -12,6 +12,8 @@
 #             FP16/H1024 and FP32/H4096, checks, plans
 #   coldstart search-like 19,269,255: first decode of FP16/H1024 and FP32/H4096 at batches 1 and 32 in fresh
 #             processes, with empty then warm plan store + Triton cache (targets: cold <= 30 s, warm <= 10 s)
+#   contract  search-like 19,269,255: step-2 ablation and per-step GEMMs in fp16/bf16/fp32 (the numeric contract)
+#   constraints search-like 2e7: allow/deny lists per request and live catalog versions (constraints, live)
 #   detail    search-like 19,269,255: stages, step-2 ablation, per-step latency, index construction, interference
 #   watch     watch-like 2e7: memory + headline
 #   beams     synthetic-7 1e7: beam-width sweep (64,128,256), batches SWEEP_BATCHES
@@ -153,6 +155,13 @@ group_headline() {
 group_coldstart() {  # each shape: two fresh processes (cold, warm) with their own cache folder
   bench coldstart "$(budget coldstart 420)" --suite coldstart --catalog search-like --scale 19269255
 }
+group_contract() {  # numeric contract at scale: step-2 logits of full vs selective, and the band GEMM's cost
+  bench contract "$(budget contract 150)" --suite ablation,steps --catalog search-like --scale 19269255 \
+    --batch 1,32 --dtype fp16,bf16,fp32 --hidden 1024,1024,4096 --methods zerogr --suite-budgets ablation=60,steps=80
+}
+group_constraints() {  # per-request allow/deny lists and live catalog versions on 2e7 SIDs
+  bench constraints "$(budget constraints 200)" --suite constraints,live --catalog search-like --scale 2e7
+}
 group_detail() {
   bench detail "$(budget detail 180)" --suite stages,ablation,steps,build,interference --catalog search-like \
     --scale 19269255 --build-repeats 1 --suite-budgets stages=30,ablation=25,steps=50,build=45,interference=30
@@ -174,7 +183,7 @@ group_scale() {
     --batch 1,8,32 --build-repeats 1 --suite-budgets memory=120,build=60
 }
 
-GROUPS_ALL=(tests headline coldstart detail watch beams codebooks scale)
+GROUPS_ALL=(tests headline coldstart contract constraints detail watch beams codebooks scale)
 if (( $# )); then GROUPS_RUN=("$@"); else GROUPS_RUN=("${GROUPS_ALL[@]}"); fi
 header | tee -a "$LOG"
 log "groups: ${GROUPS_RUN[*]} | total budget ${TOTAL}s | results under $WORK, packed into $OUT"
