@@ -187,7 +187,7 @@ def test_registrars_add_subcommands():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
     assert list(commands) == ["index", "next", "synth", "stats", "plan", "warmup", "bench", "train-movielens",
-                              "quality", "bench-e2e"]
+                              "train", "quality", "bench-e2e"]
     assert len(REGISTRARS) == 9
 
 

@@ -166,7 +166,8 @@ def test_a_failed_capture_is_remembered_in_the_plan_and_never_retried(monkeypatc
     engine.decode(hidden_fn, 1)  # another shape tries its own capture
     assert calls == {"warm_up": 2, "capture": 2}
 
-    # the plan command reports it
+    # the plan command reports it (its sample catalog loads through Polars, absent on the GPU machine)
+    pytest.importorskip("polars")
     from zerogr_core import cli
 
     real_init = GpuEngine.__init__
