@@ -6,6 +6,7 @@ import torch
 from zerogr_core import Decoder, build_index
 from zerogr_core.errors import ZeroGRError
 from zerogr_core.models import PrefixTracker, parents_from_prefixes, safe_parents
+from zerogr_core.models.tiger import TigerStepModel
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_tiger_kv_cache_equals_recompute(study, beam):
     model, sids = study.model, study.sids
     histories = [np.arange(3, 40), np.array([7]), np.arange(100, 112), np.arange(5, 70, 3)]
     ref = model.hidden_fn_for(histories, sids)
-    step_model = model.step_model()
+    step_model = TigerStepModel(model)
     step_model.prefill_rows(histories, sids, beam_width=beam)
     gen = torch.Generator().manual_seed(1)
     for _ in range(2):                                 # a second decode reuses the buffers
@@ -80,7 +81,7 @@ def test_tiger_kv_cache_decodes_like_hidden_fn(study):
     for order in ("filter-first", "score-first"):
         decoder = Decoder(index, model.head_weights(), 16, order=order)
         want = decoder.decode(model.hidden_fn_for(histories, sids), len(histories))
-        step_model = model.step_model()
+        step_model = TigerStepModel(model)
         step_model.prefill_rows(histories, sids, beam_width=16)
         got = decoder.decode(PrefixTracker(step_model), len(histories))
         assert torch.equal(got.item_rows, want.item_rows)
@@ -88,14 +89,14 @@ def test_tiger_kv_cache_decodes_like_hidden_fn(study):
 
 
 def test_tiger_prefill_errors(study):
-    step_model = study.model.step_model()
+    step_model = TigerStepModel(study.model)
     with pytest.raises(ZeroGRError, match="history: expected shape"):
         step_model.prefill(torch.zeros(2, 3, dtype=torch.int64), beam_width=4)
     with pytest.raises(ZeroGRError, match="right padding"):
         step_model.prefill(torch.zeros(2, 3, 4, dtype=torch.int64), torch.tensor([[0, 1, 1], [1, 1, 0]]),
                            beam_width=4)
     with pytest.raises(ZeroGRError, match="prefill before step"):
-        study.model.step_model().step(0, None, None)
+        TigerStepModel(study.model).step(0, None, None)
 
 
 def decoder_only(dtype=torch.float32):
@@ -195,7 +196,8 @@ def test_prefill_of_the_same_shape_reuses_the_buffers(study):
     (h1, m1), (h2, m2) = left_padded(gen, [2, 5]), left_padded(gen, [5, 3])
     tiger_rows = ([np.arange(3, 9), np.arange(20, 26)], [np.arange(40, 46), np.arange(50, 56)])
     cases = [(model.step_model, lambda s, i: s.prefill(*((h1, m1), (h2, m2))[i], beam_width=3), "history_kv"),
-             (study.model.step_model, lambda s, i: s.prefill_rows(tiger_rows[i], study.sids, beam_width=3), "cross_kv")]
+             (lambda: TigerStepModel(study.model),
+              lambda s, i: s.prefill_rows(tiger_rows[i], study.sids, beam_width=3), "cross_kv")]
     for make, fill, name in cases:
         kept = make()
         fill(kept, 0)

@@ -432,9 +432,3 @@ def _run(cfg, kind, dtype, methods, batches, beams, repeats, hf_repeats, warmup,
                     errors += 0 if same else 1
             writer.add(derived)
     return errors
-
-
-if __name__ == "__main__":  # python -m zerogr_core.bench.e2e …
-    from ..cli import main
-
-    sys.exit(main(["bench-e2e", *sys.argv[1:]]))

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
+from ..recsys.model import pack_histories
 from .protocol import keep_static, reorder_rows, safe_parents
 
 
@@ -98,8 +99,6 @@ class TigerStepModel:
         sids : torch.Tensor, shape (N, L), int64
         beam_width : int
         """
-        from ..recsys.model import pack_histories
-
         items, lengths = pack_histories(histories, self.model.config.max_history)
         mask = torch.arange(items.shape[1])[None, :] < lengths[:, None]
         self.prefill(sids.to(self.model.device)[items.to(self.model.device)], mask, beam_width=beam_width)

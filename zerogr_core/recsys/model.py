@@ -377,12 +377,6 @@ class SIDRecommender(nn.Module):
 
         return hidden_fn
 
-    def step_model(self):
-        """This model with a KV cache, as a step model (:class:`zerogr_core.models.tiger.TigerStepModel`)."""
-        from ..models.tiger import TigerStepModel
-
-        return TigerStepModel(self)
-
     def describe(self) -> dict:
         """Config, codebook sizes and parameter count, for reports."""
         return dict(config=asdict(self.config), codebook_sizes=list(self.codebook_sizes),
