@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -30,7 +31,7 @@ import torch  # noqa: E402
 from zerogr_core import build_index  # noqa: E402
 from zerogr_core.app_support import movielens  # noqa: E402
 from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing  # noqa: E402
-from zerogr_core.bench.env import command_line, environment  # noqa: E402
+from zerogr_core.bench.env import environment  # noqa: E402
 from zerogr_core.decode.decoder import default_projection  # noqa: E402
 from zerogr_core.decode.heads import Heads  # noqa: E402
 from zerogr_core.decode.ops import REFERENCE  # noqa: E402
@@ -111,7 +112,8 @@ def main(argv=None) -> int:
     env = environment(dev)
     env["torch_threads"] = 1
     out.write_text(json.dumps(dict(format="zerogr-cpu-decode/1", env=env,
-                                   run_command=command_line(argv).replace("-m zerogr_core", "bench/cpu_decode_orders.py"),
+                                   run_command=shlex.join(["python", "bench/cpu_decode_orders.py",
+                                                           *(sys.argv[1:] if argv is None else argv)]),
                                    records=records), indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out}")
     return 0

@@ -231,3 +231,18 @@ def test_topk_paths_option_narrows_the_plan(tmp_path):
     assert checks and all(r["passed"] for r in checks)
     bad = run_bench("--quick", "--suite", "headline", "--topk-paths", "small,fast")
     assert bad.returncode != 0 and "--topk-paths: unknown value 'fast'" in bad.stderr
+
+
+def test_cpu_decode_orders_script_writes_its_record(tmp_path):
+    """bench/cpu_decode_orders.py (the README's CPU figures) runs and records its command."""
+    out = tmp_path / "orders.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_decode_orders.py"), "--batch", "1",
+                             "--repeats", "1", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["run_command"].startswith("python bench/cpu_decode_orders.py --batch 1")
+    assert {r["batch"] for r in data["records"]} == {1}
+    assert {r.get("method") for r in data["records"] if r["kind"] == "cpu-decode"} == \
+        {"filter-first (CPU plan)", "filter-first (default projection)", "score-first"}
