@@ -26,7 +26,6 @@ def latency_unit(s: Session, suite: str, wl: Workload, dtype: str, hidden: int, 
     refs = References(wl, ctx.heads, model, beam, batch, static)
 
     results: dict = {}
-    outputs: dict = {}
     for name in methods:
         if s.expired():
             s.skipped(suite, wl, f"{name} {ctx.label} beam {beam} batch {batch}")
@@ -46,7 +45,6 @@ def latency_unit(s: Session, suite: str, wl: Workload, dtype: str, hidden: int, 
             if check:
                 model.load(0)
                 out = runner.outputs(use_graph=True)
-                outputs[name] = out
                 v = check_valid(wl.index, *out, constrained=CONSTRAINED[name])
                 s.emit(suite, "check", wl, narrow, method=name, **shape, check="valid-items", passed=v["passed"],
                        details=v)
@@ -92,7 +90,6 @@ def latency_unit(s: Session, suite: str, wl: Workload, dtype: str, hidden: int, 
     s.log(f"[{suite}] {wl.spec.label} {ctx.label} beam {beam} batch {batch}: {line}")
     ctx.release()
     refs.clear()
-    outputs.clear()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return results
