@@ -256,6 +256,8 @@ def test_constraint_errors_are_one_line():
         dec.decode(fn, 1, allow_items=[[0], [1]])
     with pytest.raises(ZeroGRError, match="'x' is not an integer"):
         dec.decode(fn, 1, allow_items=[["x"]])
+    with pytest.raises(ZeroGRError, match=r"allow_items\[0\] must be a list of item ids \(or None\), got int"):
+        dec.decode(fn, 1, allow_items=[1])
     with pytest.raises(ZeroGRError, match="constrained order"):
         Decoder(index, heads, 2, "unconstrained", catalog=catalog).decode(fn, 1, deny_items=[[0]])
     static = build_static_index(catalog)

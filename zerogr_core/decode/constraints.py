@@ -167,7 +167,10 @@ def _row_list(catalog, items, what: str) -> np.ndarray:
     """Sorted unique rows of ``items``; ids not in the catalog are skipped (nothing to allow or deny)."""
     if items is None:
         return np.zeros(0, dtype=np.int64)
+    given = type(items).__name__
     items = np.asarray(items if not isinstance(items, (set, frozenset)) else list(items))
+    if items.ndim != 1:  # a bare id where a list was meant would silently become a one-item list
+        raise ZeroGRError(f"{what} must be a list of item ids (or None), got {given} of {items.ndim} dimensions")
     return np.unique(catalog.rows_of(items.reshape(-1), missing="drop", what=what))
 
 
