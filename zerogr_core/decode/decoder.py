@@ -1,6 +1,7 @@
 """The public decoder: constrained beam search in either order, or unconstrained."""
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import torch
@@ -69,6 +70,13 @@ class Decoder:
     gpu_engine : GpuEngine or None
         The GPU engine chosen by ``engine`` (its plans, graph error), or None on the
         reference path.
+
+    Notes
+    -----
+    Thread safety: one decoder serves concurrent callers. The GPU engine holds static
+    buffers (and a CUDA graph) per shape, so its decodes take a lock and run one at a
+    time; the reference path keeps all decode state per call and runs concurrently, with
+    only its per-shape planning under a lock (every caller of a shape gets the same plan).
     """
 
     def __init__(self, index: StepIndex, heads, beam_width: int, order: str = "filter-first", *,
@@ -103,6 +111,7 @@ class Decoder:
         self.plan_reference = (order == "filter-first" and not use_gpu and engine == "auto"
                                and self.projection is None and not interpreting())
         self.plans = {}
+        self._plan_lock = threading.Lock()
         self.gpu_engine = None
         if use_gpu:
             from .engine import GpuEngine
@@ -120,9 +129,10 @@ class Decoder:
         if not self.plan_reference:
             return None
         key = self.heads.shape_key(batch, self.beam_width)
-        if key not in self.plans:
-            self.plans[key] = make_reference_plan(self.index, self.heads, self.beam_width, hidden_fn, batch)
-        return self.plans[key]
+        with self._plan_lock:
+            if key not in self.plans:
+                self.plans[key] = make_reference_plan(self.index, self.heads, self.beam_width, hidden_fn, batch)
+            return self.plans[key]
 
     def step_fn(self, projection: Sequence[str] | None = None):
         """The per-step candidate function of this decoder's order (reference path);

@@ -18,6 +18,7 @@ eagerly (reference ops, or the Triton interpreter in tests).
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import torch
 
@@ -224,6 +225,8 @@ class GpuEngine:
         self.plans = {}
         self._shapes = {}
         self.graph_error = None
+        # the static buffers of a shape serve one decode at a time: concurrent callers queue here
+        self._lock = threading.RLock()
 
     def sparse_view(self, level: int):
         if level not in self._sparse:
@@ -364,6 +367,11 @@ class GpuEngine:
         return shape
 
     def decode(self, hidden_fn: HiddenFn, batch_size: int, lists=None) -> DecodeResult:
+        """Decode ``batch_size`` requests; thread-safe (one decode at a time per engine)."""
+        with self._lock:
+            return self._decode(hidden_fn, batch_size, lists)
+
+    def _decode(self, hidden_fn: HiddenFn, batch_size: int, lists=None) -> DecodeResult:
         if batch_size < 1:
             raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
         shape = self.shape_state(hidden_fn, batch_size)
