@@ -15,7 +15,7 @@ SIZES = (16, 8, 6)
 HIDDEN = 32
 BEAM = 8
 THREADS = 8
-CALLS = 6  # per thread
+CALLS = 3  # per thread
 
 
 @pytest.fixture(autouse=True)

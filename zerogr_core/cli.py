@@ -25,6 +25,7 @@ from .catalog.synth import SYNTH_PRESETS, generate
 from .errors import UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
+from .serve.commands import register as register_serve
 
 CATALOG_HELP = ("catalog file (.csv/.tsv/.txt/.parquet), a sample name (" + ", ".join(SAMPLE_NAMES) +
                 "), or synth:KIND:N[:SEED[:V]]")
@@ -474,6 +475,7 @@ def _count_list(text: str, option: str) -> list[int]:
 REGISTRARS = (register_index, register_next, register_synth, register_stats, register_plan, register_warmup,
               register_bench, register_recsys)
 REGISTRARS += (register_bench_e2e,)
+REGISTRARS += (register_serve,)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -133,9 +133,12 @@ class CatalogStore:
     def version(self) -> int:
         return self._current.version
 
-    def decode(self, hidden_fn, batch_size: int, *, allow_items=None, deny_items=None) -> StoreResult:
-        """Decode on the current version (read once); deleted items are denied to every request."""
-        v = self._current
+    def decode(self, hidden_fn, batch_size: int, *, allow_items=None, deny_items=None,
+               snapshot: CatalogVersion | None = None) -> StoreResult:
+        """Decode on the current version (read once), or on ``snapshot`` (a version read
+        earlier, when the requests were prepared against its rows); deleted items are
+        denied to every request."""
+        v = self._current if snapshot is None else snapshot
         lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows)
         if v.decoder.gpu_engine is not None:
             with self._device:

@@ -1,0 +1,189 @@
+"""The serving package without Ray: request validation, padding to planned sizes, catalog
+pushes, the batched recommender on the bundled MovieLens model, and the CLI's errors."""
+import json
+
+import numpy as np
+import pytest
+
+from zerogr_core.cli import main
+from zerogr_core.errors import ZeroGRError
+from zerogr_core.serve.batching import chunks, pad, padded_size
+from zerogr_core.serve.config import ServeConfig
+from zerogr_core.serve.live import CatalogPush
+from zerogr_core.serve.metrics import Histogram, ServeMetrics
+from zerogr_core.serve.schema import Query, RequestError, parse_query
+
+
+# ---------------------------------------------------------------------------- schema
+def test_a_good_body_parses_with_defaults():
+    q = parse_query(b'{"history": [3, 1, 2]}', max_k=32)
+    assert q == Query((3, 1, 2), 10, (), False)
+    q = parse_query('{"history": ["a"], "k": 32, "exclude": ["b"], "keep_history": true}', max_k=32, string_ids=True)
+    assert q == Query(("a",), 32, ("b",), True)
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b'{"history": [1, 2', 400, "not valid JSON"),
+    (b"\xff\xfe", 400, "UTF-8"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b'{"history": [1], "user": 5}', 400, "unknown field 'user'"),
+    (b'{"k": 3}', 400, "history: required"),
+    (b'{"history": []}', 400, "at least one"),
+    (b'{"history": 7}', 400, "expected a list"),
+    (b'{"history": [1, "2"]}', 400, "history[1]"),
+    (b'{"history": [1, true]}', 400, "history[1]"),
+    (b'{"history": [1], "k": 0}', 400, "k: 0 is out of range 1…16"),
+    (b'{"history": [1], "k": 17}', 400, "out of range"),
+    (b'{"history": [1], "k": 2.5}', 400, "k: expected an integer"),
+    (b'{"history": [1], "exclude": [null]}', 400, "exclude[0]"),
+    (b'{"history": [1], "keep_history": 1}', 400, "keep_history"),
+    (json.dumps({"history": list(range(10_001))}).encode(), 413, "at most"),
+])
+def test_bad_bodies_get_a_4xx_naming_the_field(body, status, words):
+    with pytest.raises(RequestError) as err:
+        parse_query(body, max_k=16)
+    assert err.value.status == status and words in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------- batching, config, metrics
+def test_batches_pad_to_the_nearest_planned_size():
+    sizes = (1, 4, 16)
+    assert [padded_size(n, sizes) for n in (1, 2, 4, 5, 16)] == [1, 4, 4, 16, 16]
+    with pytest.raises(ZeroGRError, match="exceed the largest"):
+        padded_size(17, sizes)
+    assert pad(["a", "b"], 4) == ["a", "b", "a", "a"]
+    assert [list(r) for r in chunks(5, 2)] == [[0, 1], [2, 3], [4]]
+
+
+def test_config_presets_and_checks():
+    assert ServeConfig.preset("gpu").beam == 128 and ServeConfig.preset("cpu").max_batch == 16
+    assert ServeConfig(batch_sizes=(8, 1, 8)).batch_sizes == (1, 8)
+    for bad in (dict(beam=0), dict(batch_sizes=()), dict(batch_sizes=(0,)), dict(engine="fast")):
+        with pytest.raises(ZeroGRError):
+            ServeConfig(**bad)
+    cfg = ServeConfig(catalog="x.csv", batch_sizes=(2, 4))
+    assert ServeConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_metrics_count_latency_batches_and_queue():
+    seen = []
+
+    class Exporter:
+        def __getattr__(self, name):
+            return lambda *v: seen.append((name,) + v)
+
+    m = ServeMetrics(Exporter())
+    for _ in range(3):
+        m.enqueue()
+    assert m.snapshot()["queue_length"] == 3
+    m.batch(3, 4)
+    for ms in (3.0, 40.0, 40.0):
+        m.answered(200, ms)
+    m.answered(422)
+    snap = m.snapshot()
+    assert snap["queue_length"] == 0 and snap["batch_sizes"] == {"3": 1} and snap["padded_batch_sizes"] == {"4": 1}
+    assert snap["responses"] == {"200": 3, "422": 1} and snap["latency_ms"]["count"] == 3
+    assert snap["latency_ms"]["p50_bucket"] == 50 and ("batch", 3, 4) in seen and ("latency", 3.0) in seen
+    h = Histogram((1, 10))
+    h.observe(100)
+    assert h.quantile(0.5) == float("inf")
+
+
+def test_catalog_pushes_are_validated():
+    assert CatalogPush.from_config({"version": 2, "deleted": [5]}) == CatalogPush(2, None, (5,))
+    for bad in ({"version": 0}, {"deleted": []}, {"version": 2, "catalog": 3}, {"version": 2, "extra": 1},
+                {"version": 2, "deleted": 5}, [1]):
+        with pytest.raises(ZeroGRError, match="catalog push"):
+            CatalogPush.from_config(bad)
+
+
+# ---------------------------------------------------------------------------- the recommender
+@pytest.fixture(scope="module")
+def rec():
+    import os
+
+    from zerogr_core.app_support import movielens
+    from zerogr_core.serve.recommender import Recommender
+
+    if not movielens.available():
+        pytest.skip("the bundled MovieLens model is not there")
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"  # reference ops (the interpreter would take minutes)
+    yield Recommender(ServeConfig(beam=8, batch_sizes=(1, 4), engine="reference", warmup=False), device="cpu")
+    os.environ["TRITON_INTERPRET"] = old if old is not None else ""
+
+
+def test_a_batch_answers_each_request_and_refuses_unknown_ids_alone(rec):
+    ids = rec.catalog.item_ids
+    history = (int(ids[10]), int(ids[20]), int(ids[30]))
+    queries = [Query(history, 5), Query((987654321,), 3), Query(history, 8, keep_history=True),
+               Query(history, 5, exclude=(12345678,))]
+    out = rec.recommend(queries)
+    assert isinstance(out[1], RequestError) and out[1].status == 422 and "history: item id 987654321" in str(out[1])
+    assert isinstance(out[3], RequestError) and "exclude" in str(out[3])
+    a, kept = out[0], out[2]
+    assert len(a.items) == 5 and a.catalog_version == 1 and a.scores == sorted(a.scores, reverse=True)
+    assert not set(a.items) & set(history)  # history excluded by default
+    alone = rec.recommend([Query(history, 5)])[0]  # padded to 1, not to 4: the same answer
+    assert alone.items == a.items and np.allclose(alone.scores, a.scores, atol=1e-5)
+    excluded = rec.recommend([Query(history, 5, exclude=tuple(a.items[:2]))])[0]
+    assert len(excluded.items) == 5 and not set(excluded.items) & (set(a.items[:2]) | set(history))
+    # keep_history: no list at all, the plain decode's beams
+    v = rec.live.store.current
+    fn = rec.study.model.hidden_fn_for([v.catalog.rows_of(list(history))], rec._sids_of(v.catalog))
+    plain = v.decoder.decode(fn, 1)
+    order = plain.scores[0].argsort(descending=True, stable=True)
+    assert kept.rows.tolist() == plain.item_rows[0][order].tolist()
+
+
+def test_more_requests_than_the_largest_size_run_in_several_padded_batches(rec):
+    ids = rec.catalog.item_ids
+    queries = [Query((int(ids[i]),), 3) for i in range(6)]
+    together = rec.recommend(queries)
+    for q, a in zip(queries, together):
+        assert rec.recommend([q])[0].items == a.items
+
+
+def test_pushes_delete_at_once_undelete_by_rebuild_and_carry_their_label(rec):
+    ids = rec.catalog.item_ids
+    q = Query((int(ids[1]), int(ids[2])), 5)
+    before = rec.recommend([q])[0]
+    assert rec.push(CatalogPush(4, deleted=(before.items[0],))) == 4
+    after = rec.recommend([q])[0]
+    assert after.catalog_version == 4 and before.items[0] not in after.items and after.items[0] == before.items[1]
+    rec.push(CatalogPush(4, deleted=(before.items[0],)))  # the same push again (a restarted replica): no change
+    assert rec.live.store.version == 2
+    rec.push(CatalogPush(5))
+    again = rec.recommend([q])[0]
+    assert again.items == before.items and again.catalog_version == 5
+    with pytest.raises(ZeroGRError, match="older than the served 5"):
+        rec.push(CatalogPush(3))
+    with pytest.raises(ZeroGRError):
+        rec.push(CatalogPush(6, catalog="no/such/catalog.csv"))
+    assert rec.recommend([q])[0].catalog_version == 5
+
+
+# ---------------------------------------------------------------------------- CLI errors
+@pytest.mark.parametrize("argv, words", [
+    (["decode-dataset", "--out", "x.jsonl", "--k", "0"], "--k: 0 is out of range"),
+    (["decode-dataset", "--out", "x.jsonl", "--beam", "many"], "--beam: 'many' is not an integer"),
+    (["decode-dataset", "--out", "x.jsonl", "--batch-sizes", "2,4"], "plans one batch size"),
+    (["decode-dataset", "--out", "x.jsonl", "--checkpoint", "m.pt"], "--input FILE is required"),
+    (["serve", "--port", "70000"], "--port: 70000 is out of range"),
+    (["serve", "--replicas", "0"], "--replicas: 0 is out of range"),
+    (["serve", "--checkpoint", "no/such.pt"], "no/such.pt: no such file"),
+])
+def test_cli_errors_are_one_line(argv, words, capsys):
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_decode_dataset_names_the_bad_input_line(tmp_path, capsys):
+    bad = tmp_path / "users.jsonl"
+    bad.write_text('{"user": 1, "history": [1, 2]}\n{"user": 2, "history": []}\n')
+    assert main(["decode-dataset", "--input", str(bad), "--out", str(tmp_path / "o.jsonl"), "--beam", "4",
+                 "--k", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "line 2" in err and "Traceback" not in err

@@ -1,0 +1,199 @@
+"""The Ray Serve deployment: ``POST /recommend``, ``GET /health``, ``GET /metrics``.
+
+One replica per GPU (``ray_actor_options={"num_gpus": 1}``; one CPU each without GPUs),
+each holding the model, the catalog's index and its decoder (:class:`~.recommender.Recommender`).
+``@serve.batch`` gathers concurrent requests of a replica; the recommender pads each batch
+to a planned size. Catalog versions arrive through ``reconfigure`` (the deployment's
+``user_config``, a :class:`~.live.CatalogPush`), so every replica, including one started
+later, serves the pushed state.
+
+Metrics: Ray Serve's own (request counts and latency per deployment, queued and ongoing
+requests) plus this deployment's ``zerogr_request_latency_ms``, ``zerogr_batch_size``,
+``zerogr_padded_batch_size``, ``zerogr_queue_length`` and ``zerogr_responses``, all through
+``ray.serve.metrics`` on Ray's Prometheus endpoint (every replica together); ``GET /metrics``
+returns the same figures of the replica that answers, as JSON.
+
+This module imports Ray: import it only to start or drive a server.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from .batching import padded_size
+from .config import ServeConfig
+from .live import CatalogPush
+from .metrics import LATENCY_BUCKETS_MS, ServeMetrics
+from .schema import RequestError, parse_query
+
+APP_NAME = "zerogr"
+DEPLOYMENT = "Recommender"
+
+
+class RayMetrics:
+    """Exporter of :class:`ServeMetrics` into ``ray.serve.metrics`` (Prometheus)."""
+
+    def __init__(self, max_batch: int):
+        from ray.serve import metrics
+
+        sizes = [float(2 ** i) for i in range(max(1, max_batch.bit_length()) + 1)]
+        self._latency = metrics.Histogram("zerogr_request_latency_ms", description="arrival at the replica to answer",
+                                          boundaries=[float(b) for b in LATENCY_BUCKETS_MS])
+        self._batch = metrics.Histogram("zerogr_batch_size", description="requests per gathered batch",
+                                        boundaries=sizes)
+        self._padded = metrics.Histogram("zerogr_padded_batch_size", description="planned size each batch ran at",
+                                         boundaries=sizes)
+        self._queue = metrics.Gauge("zerogr_queue_length", description="requests waiting for a batch")
+        self._status = metrics.Counter("zerogr_responses", description="answers per HTTP status",
+                                       tag_keys=("status",))
+
+    def latency(self, ms):
+        self._latency.observe(ms)
+
+    def batch(self, size, padded):
+        self._batch.observe(size)
+        self._padded.observe(padded)
+
+    def queue(self, length):
+        self._queue.set(length)
+
+    def status(self, code):
+        self._status.inc(tags={"status": str(code)})
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
+
+
+@serve.deployment(name=DEPLOYMENT)
+class RecommenderDeployment:
+    """One replica: a :class:`~.recommender.Recommender` behind HTTP, batching requests."""
+
+    def __init__(self, config: dict):
+        from .recommender import Recommender
+
+        self.config = ServeConfig.from_dict(config)
+        self.rec = Recommender(self.config)
+        self.metrics = ServeMetrics(RayMetrics(self.config.max_batch))
+        self.recommend_batch.set_max_batch_size(self.config.max_batch)
+        self.recommend_batch.set_batch_wait_timeout_s(self.config.batch_wait_s)
+        self._decode_pool = ThreadPoolExecutor(1, thread_name_prefix="zerogr-decode")
+        self._push_pool = ThreadPoolExecutor(1, thread_name_prefix="zerogr-push")
+        try:
+            self.replica = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # noqa: BLE001 - only a label
+            self.replica = "local"
+
+    async def reconfigure(self, user_config: dict) -> None:
+        """Serve a pushed catalog state; decoding goes on meanwhile (rebuilds run off to the side)."""
+        push = CatalogPush.from_config(user_config)
+        await asyncio.get_running_loop().run_in_executor(self._push_pool, self.rec.push, push)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    async def recommend_batch(self, queries: list) -> list:
+        self.metrics.batch(len(queries), padded_size(len(queries), self.config.batch_sizes))
+        return await asyncio.get_running_loop().run_in_executor(self._decode_pool, self.rec.recommend, list(queries))
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        start = time.perf_counter()
+        path, method = request.url.path.rstrip("/") or "/", request.method
+        if path == "/recommend":
+            if method != "POST":
+                return self._answer(_error(405, "use POST /recommend"))
+            try:
+                query = parse_query(await request.body(), max_k=self.config.beam,
+                                    string_ids=self.rec.catalog.string_ids)
+                self.metrics.enqueue()
+                answer = await self.recommend_batch(query)
+            except RequestError as err:
+                return self._answer(_error(err.status, err))
+            except Exception as err:  # noqa: BLE001 - one request fails, the server keeps serving
+                return self._answer(_error(500, f"internal error: {type(err).__name__}: {err}"))
+            if isinstance(answer, RequestError):
+                return self._answer(_error(answer.status, answer))
+            return self._answer(JSONResponse(answer.to_json()), (time.perf_counter() - start) * 1e3)
+        if path == "/health" and method == "GET":
+            current = self.rec.live.store.current
+            return JSONResponse(dict(status="ok", catalog_version=self.rec.live.version, items=current.n_live,
+                                     replica=self.replica, device=str(self.rec.device)))
+        if path == "/metrics" and method == "GET":
+            return JSONResponse(dict(self.metrics.snapshot(), replica=self.replica,
+                                     catalog_version=self.rec.live.version))
+        return self._answer(_error(404, f"no route {method} {path} (POST /recommend, GET /health, GET /metrics)"))
+
+    def _answer(self, response: JSONResponse, latency_ms: float | None = None) -> JSONResponse:
+        self.metrics.answered(response.status_code, latency_ms)
+        return response
+
+
+def build_app(config: ServeConfig, *, replicas: int, gpus: bool, push: CatalogPush | None = None):
+    """The application: ``replicas`` replicas of one GPU each (one CPU each when ``gpus`` is
+    False), serving ``push`` (default: the configured catalog as version 1)."""
+    actor = {"num_gpus": 1} if gpus else {"num_cpus": 1}
+    push = push or CatalogPush(1)
+    return RecommenderDeployment.options(
+        num_replicas=replicas, ray_actor_options=actor, user_config=push.to_config(),
+        # a full batch decoding and the next one gathering
+        max_ongoing_requests=2 * config.max_batch,
+        # Serve gives every serve.run a fresh code version, which restarts the replicas; a
+        # version fixed by what the replicas are built from makes a push that only changes
+        # user_config an in-place reconfigure (as `serve deploy` of a config file does)
+        version=code_version(config, gpus), _internal=True,
+    ).bind(config.to_dict())
+
+
+def code_version(config: ServeConfig, gpus: bool) -> str:
+    """What a replica is built from: its config, GPU or CPU, and this package's files."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    digest = hashlib.sha256(json.dumps([config.to_dict(), gpus], sort_keys=True).encode())
+    for file in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cluster_gpus() -> int:
+    """GPUs of the Ray cluster this process is connected to."""
+    import ray
+
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def start(config: ServeConfig, *, replicas: int | None = None, host: str = "127.0.0.1", port: int = 8000,
+          address: str | None = None, push: CatalogPush | None = None, num_cpus: int | None = None):
+    """Connect to (``address``) or start a local Ray cluster, start Serve's HTTP proxy on
+    ``host:port`` and run the application; returns ``(replicas, gpus)``.
+
+    ``replicas`` defaults to the cluster's GPU count (one replica per GPU), else 1.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    gpus = cluster_gpus() > 0
+    if replicas is None:
+        replicas = max(1, cluster_gpus())
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(config, replicas=replicas, gpus=gpus, push=push), name=APP_NAME, route_prefix="/")
+    return replicas, gpus
+
+
+def push_catalog(config: ServeConfig, push: CatalogPush, *, replicas: int, gpus: bool) -> None:
+    """Push a catalog state to every replica of the running application (``reconfigure``;
+    the replicas keep running and answer from the old version until the new one is published)."""
+    serve.run(build_app(config, replicas=replicas, gpus=gpus, push=push), name=APP_NAME, route_prefix="/")
+
+
+def shutdown() -> None:
+    import ray
+
+    serve.shutdown()
+    ray.shutdown()

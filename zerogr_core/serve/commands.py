@@ -1,0 +1,150 @@
+"""CLI commands ``serve`` (a Ray Serve deployment) and ``decode-dataset`` (offline, sharded).
+
+:func:`register` adds both to ``python -m zerogr_core``. Ray is imported by ``serve``'s
+handler only, so the CLI and ``decode-dataset`` work without it.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from ..errors import UsageError, ZeroGRError
+
+RAY_MISSING = ("the serve command needs Ray Serve: pip install 'ray[serve]==2.60.0' (pinned in requirements.txt; "
+               "`make install` installs it)")
+
+
+def register(subparsers) -> None:
+    """Add ``serve`` and ``decode-dataset`` to the CLI's ``subparsers``."""
+    p = subparsers.add_parser("serve", help="serve recommendations over HTTP with Ray Serve (one replica per GPU)",
+                              description="Start (or join, --address) a Ray cluster and serve POST /recommend, "
+                                          "GET /health and GET /metrics until interrupted.")
+    _model_arguments(p)
+    p.add_argument("--replicas", default=None, help="replicas (default: one per GPU of the cluster, else 1)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1; 0.0.0.0 opens it to "
+                                                       "the network)")
+    p.add_argument("--port", default="8000", help="HTTP port (default 8000)")
+    p.add_argument("--batch-wait-ms", default=None, help="how long a batch waits to fill (default 5)")
+    p.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto, or ray://HOST:10001); "
+                                                   "default: start a local one")
+    p.set_defaults(handler=run_serve)
+
+    d = subparsers.add_parser("decode-dataset", help="top-K recommendations for every user, sharded over GPUs "
+                                                     "with torch.distributed (run under torchrun)",
+                              description="Decode every user of --input (default: the bundled MovieLens test "
+                                          "users). Under `torchrun --nproc-per-node G` each rank decodes a block "
+                                          "of users on its GPU (NCCL; gloo on CPUs) and rank 0 writes the "
+                                          "gathered results.")
+    _model_arguments(d)
+    d.add_argument("--input", metavar="FILE", help='JSON lines {"user": ..., "history": [item ids]} (default: the '
+                                                   "bundled MovieLens test users; needs the bundled model)")
+    d.add_argument("--users", default=None, help="only the first N users")
+    d.add_argument("--k", default="10", help="items per user (default 10)")
+    d.add_argument("--keep-history", action="store_true", help="allow the history's items in the results")
+    d.add_argument("--out", required=True, metavar="FILE", help="results, JSON lines (.jsonl); a summary goes "
+                                                                "to FILE.summary.json")
+    d.set_defaults(handler=run_decode_dataset)
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", metavar="FILE", help="recommender checkpoint (default: the bundled MovieLens "
+                                                        "model)")
+    p.add_argument("--catalog", metavar="CATALOG", help="catalog to serve (file or sample name; SIDs within the "
+                                                        "model's codebooks; default: the checkpoint's)")
+    p.add_argument("--preset", choices=("cpu", "gpu"), default=None,
+                   help="beam and batch sizes: gpu (beam 128, batches 1…64) or cpu (beam 32, batches 1…16); "
+                        "default: gpu when CUDA is present")
+    p.add_argument("--beam", default=None, help="beam width M, the largest k (default: the preset's)")
+    p.add_argument("--batch-sizes", default=None, metavar="B1,B2,…",
+                   help="planned batch sizes (default: the preset's); decode-dataset uses the largest")
+    p.add_argument("--engine", choices=("auto", "reference", "graph", "eager"), default="auto",
+                   help="decoder engine (default auto: the GPU engine on CUDA, the reference path on CPU)")
+
+
+def _int(text, option: str, low: int = 1, high: int | None = None) -> int:
+    try:
+        value = int(str(text))
+    except ValueError:
+        raise UsageError(f"{option}: {text!r} is not an integer") from None
+    if value < low or (high is not None and value > high):
+        raise UsageError(f"{option}: {value} is out of range {low}…{high if high is not None else ''}".rstrip("…"))
+    return value
+
+
+def config_from_args(args: argparse.Namespace, **changes):
+    """The :class:`~.config.ServeConfig` of the model arguments."""
+    import torch
+
+    from .config import ServeConfig
+
+    preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
+    if args.beam is not None:
+        changes["beam"] = _int(args.beam, "--beam")
+    if args.batch_sizes is not None:
+        sizes = [t for t in args.batch_sizes.replace(",", " ").split()]
+        if not sizes:
+            raise UsageError("--batch-sizes: give one or more sizes")
+        changes["batch_sizes"] = tuple(_int(s, "--batch-sizes") for s in sizes)
+    for option in ("checkpoint", "catalog"):
+        value = getattr(args, option)
+        if value is not None:
+            changes[option] = value
+    try:
+        return ServeConfig.preset(preset, engine=args.engine, **changes)
+    except ZeroGRError as err:
+        raise UsageError(str(err)) from None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    port = _int(args.port, "--port", 1, 65535)
+    replicas = None if args.replicas is None else _int(args.replicas, "--replicas")
+    changes = {}
+    if args.batch_wait_ms is not None:
+        try:
+            changes["batch_wait_s"] = float(args.batch_wait_ms) / 1e3
+        except ValueError:
+            raise UsageError(f"--batch-wait-ms: {args.batch_wait_ms!r} is not a number") from None
+    config = config_from_args(args, **changes)
+    _check_model(config)
+    try:
+        from . import app
+    except ImportError as err:
+        raise ZeroGRError(f"{RAY_MISSING} ({err})") from None
+    replicas, gpus = app.start(config, replicas=replicas, host=args.host, port=port, address=args.address)
+    where = f"http://{args.host}:{port}"
+    print(f"serving {replicas} replica(s) ({'one GPU each' if gpus else 'CPU'}), beam {config.beam}, batch sizes "
+          f"{'/'.join(map(str, config.batch_sizes))}: POST {where}/recommend, GET {where}/health, GET {where}/metrics "
+          "(Ctrl-C stops)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+    finally:
+        app.shutdown()
+    return 0
+
+
+def _check_model(config) -> None:
+    """Load the model and catalog once here, so that a bad --checkpoint or --catalog is one
+    line on the terminal rather than a replica that fails to start."""
+    from .recommender import catalog_for_model, load_model
+
+    study = load_model(config.checkpoint, "cpu")
+    if config.catalog is not None:
+        catalog_for_model(config.catalog, study)
+
+
+def run_decode_dataset(args: argparse.Namespace) -> int:
+    from .offline import decode_dataset
+
+    config = config_from_args(args)
+    if args.batch_sizes is not None and len(config.batch_sizes) > 1:
+        raise UsageError("--batch-sizes: decode-dataset plans one batch size; give one")
+    config = config.__class__.from_dict(dict(config.to_dict(), batch_sizes=[config.max_batch]))
+    count = None if args.users is None else _int(args.users, "--users")
+    k = _int(args.k, "--k", 1, config.beam)
+    if args.input is None and args.checkpoint is not None:
+        raise UsageError("--input FILE is required with --checkpoint (the default users belong to the bundled model)")
+    decode_dataset(config, args.out, users_file=args.input, count=count, k=k, keep_history=args.keep_history)
+    return 0

@@ -1,0 +1,82 @@
+"""What a replica serves: model, catalog, beam width and planned batch sizes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import ZeroGRError
+from ..decode.decoder import ENGINES
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Settings of a serving replica (and of ``decode-dataset``'s ranks).
+
+    Attributes
+    ----------
+    checkpoint : str or None
+        Recommender checkpoint (``train-movielens`` or ``train`` output); ``None``: the
+        bundled MovieLens model (or ``$ZEROGR_MOVIELENS_CHECKPOINT``).
+    catalog : str or None
+        Catalog of the first version (a file or sample name, SIDs within the model's
+        codebooks); ``None``: the checkpoint's own catalog.
+    beam : int
+        Beam width M; ``k`` of a request is at most M.
+    batch_sizes : tuple of int
+        The planned batch sizes, ascending. A gathered batch of n requests is padded to
+        the smallest planned size ≥ n, so the engine only ever sees these shapes (planned
+        and, on a GPU, captured at warm-up).
+    batch_wait_s : float
+        How long ``@serve.batch`` waits for a batch to fill.
+    engine : str
+        ``Decoder`` engine: auto (GPU engine on CUDA, reference path on CPU), reference,
+        graph or eager.
+    warmup : bool
+        Decode every planned size once before a version is published (plans, compiles and
+        captures off the request path).
+    """
+
+    checkpoint: str | None = None
+    catalog: str | None = None
+    beam: int = 32
+    batch_sizes: tuple = (1, 2, 4, 8, 16)
+    batch_wait_s: float = 0.005
+    engine: str = "auto"
+    warmup: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.beam, int) or self.beam < 1:
+            raise ZeroGRError(f"beam must be a positive integer, got {self.beam!r}")
+        sizes = tuple(self.batch_sizes)
+        if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+            raise ZeroGRError(f"batch sizes must be positive integers, got {list(sizes)}")
+        object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
+        if not 0 <= self.batch_wait_s <= 10:
+            raise ZeroGRError(f"batch wait must be within 0…10 s, got {self.batch_wait_s}")
+        if self.engine not in ENGINES:
+            raise ZeroGRError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch_sizes[-1]
+
+    @classmethod
+    def preset(cls, name: str, **changes) -> "ServeConfig":
+        """``"gpu"`` (beam 128, batches up to 64) or ``"cpu"`` (beam 32, batches up to 16)."""
+        if name not in SERVE_PRESETS:
+            raise ZeroGRError(f"unknown serve preset {name!r} (choose from {', '.join(SERVE_PRESETS)})")
+        return replace(SERVE_PRESETS[name], **changes)
+
+    def to_dict(self) -> dict:
+        return dict(checkpoint=self.checkpoint, catalog=self.catalog, beam=self.beam,
+                    batch_sizes=list(self.batch_sizes), batch_wait_s=self.batch_wait_s, engine=self.engine,
+                    warmup=self.warmup)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ServeConfig":
+        return cls(**dict(d, batch_sizes=tuple(d["batch_sizes"])))
+
+
+SERVE_PRESETS = {
+    "cpu": ServeConfig(beam=32, batch_sizes=(1, 2, 4, 8, 16)),
+    "gpu": ServeConfig(beam=128, batch_sizes=(1, 2, 4, 8, 16, 32, 64)),
+}

@@ -1,0 +1,104 @@
+"""What a replica measures: request latency, batch sizes, queue length.
+
+:class:`ServeMetrics` keeps the figures in the replica (``GET /metrics`` returns them for
+the replica that answers) and mirrors each observation to an optional *exporter*; the
+Ray deployment passes one that records Ray's own metrics (``ray.serve.metrics``), which
+Ray's Prometheus endpoint aggregates over every replica.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+
+#: Upper bounds (ms) of the latency histogram's buckets; the last bucket is open.
+LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+class Histogram:
+    """Counts per bucket of fixed upper bounds, with the sum (Prometheus-style)."""
+
+    def __init__(self, bounds=LATENCY_BUCKETS_MS):
+        self.bounds = tuple(float(b) for b in bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def quantile(self, q: float) -> float | None:
+        """Upper bound of the bucket holding quantile ``q`` (``inf`` for the open bucket)."""
+        if not self.n:
+            return None
+        rank, seen = q * self.n, 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= rank and c:
+                return self.bounds[i] if i < len(self.bounds) else float("inf")
+        return float("inf")
+
+    def to_dict(self) -> dict:
+        buckets = {f"le_{b:g}": c for b, c in zip(self.bounds, self.counts)}
+        buckets["le_inf"] = self.counts[-1]
+        return dict(count=self.n, sum=round(self.total, 3), buckets=buckets,
+                    p50_bucket=self.quantile(0.5), p99_bucket=self.quantile(0.99))
+
+
+class ServeMetrics:
+    """A replica's request latency (ms, arrival to answer), batch sizes (gathered and
+    padded), requests waiting for a batch, and answers per HTTP status.
+
+    Parameters
+    ----------
+    exporter : object, optional
+        Told of every observation: ``latency(ms)``, ``batch(size, padded)``,
+        ``queue(length)``, ``status(code)``.
+    """
+
+    def __init__(self, exporter=None):
+        self.exporter = exporter
+        self._lock = threading.Lock()
+        self.latency = Histogram()
+        self.batch_sizes: Counter = Counter()
+        self.padded_sizes: Counter = Counter()
+        self.statuses: Counter = Counter()
+        self.waiting = 0
+
+    def enqueue(self) -> None:
+        with self._lock:
+            self.waiting += 1
+            waiting = self.waiting
+        self._export("queue", waiting)
+
+    def batch(self, size: int, padded: int) -> None:
+        """A batch of ``size`` waiting requests starts decoding at ``padded`` rows."""
+        with self._lock:
+            self.waiting -= size
+            waiting = self.waiting
+            self.batch_sizes[size] += 1
+            self.padded_sizes[padded] += 1
+        self._export("batch", size, padded)
+        self._export("queue", waiting)
+
+    def answered(self, status: int, latency_ms: float | None = None) -> None:
+        with self._lock:
+            self.statuses[status] += 1
+            if latency_ms is not None:
+                self.latency.observe(latency_ms)
+        self._export("status", status)
+        if latency_ms is not None:
+            self._export("latency", latency_ms)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(latency_ms=self.latency.to_dict(), queue_length=self.waiting,
+                        batch_sizes={str(k): v for k, v in sorted(self.batch_sizes.items())},
+                        padded_batch_sizes={str(k): v for k, v in sorted(self.padded_sizes.items())},
+                        responses={str(k): v for k, v in sorted(self.statuses.items())})
+
+    def _export(self, what: str, *values) -> None:
+        if self.exporter is not None:
+            getattr(self.exporter, what)(*values)

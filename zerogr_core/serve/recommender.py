@@ -1,0 +1,212 @@
+"""A serving replica's work, without Ray: the model, its live catalog, batched decoding.
+
+:class:`Recommender` holds the recommender model and a
+:class:`~zerogr_core.serve.live.LiveCatalog` (index and decoder per catalog version). It
+decodes a list of :class:`~zerogr_core.serve.schema.Query` at once: the batch runs on one
+catalog version read at its start, split into runs of at most the largest planned batch
+size and each run padded to a planned size (:mod:`.batching`). A request whose ids are not
+in that version gets its own :class:`~zerogr_core.serve.schema.RequestError`; the others
+are answered. The Ray deployment (:mod:`.app`) and ``decode-dataset`` (:mod:`.offline`)
+both decode through it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..catalog.store import CatalogStore
+from ..errors import CatalogError, ZeroGRError
+from .batching import chunks, pad, padded_size
+from .config import ServeConfig
+from .live import CatalogPush, LiveCatalog
+from .schema import Query, RequestError
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Top items of one request.
+
+    Attributes
+    ----------
+    items : list of int or str
+        Item ids, best first (at most ``k``; fewer when fewer items are allowed).
+    scores : list of float
+        Their log-probabilities under the model.
+    catalog_version : int
+        The pushed label of the catalog version that decoded the request.
+    rows : np.ndarray, shape (len(items),), int64
+        Their rows in that version's catalog.
+    """
+
+    items: list
+    scores: list
+    catalog_version: int
+    rows: np.ndarray
+
+    def to_json(self) -> dict:
+        return dict(items=self.items, scores=self.scores, catalog_version=self.catalog_version)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(checkpoint: str | None, device):
+    """The recommender of ``checkpoint`` (``train-movielens`` or ``train`` output) on ``device``;
+    ``None``: the bundled MovieLens model.
+
+    Raises
+    ------
+    ZeroGRError
+        Missing or foreign file, or weights of another model version.
+    """
+    if checkpoint is None:
+        from ..app_support.movielens import bundled_study
+
+        return bundled_study(device)
+    from ..recsys.seqrec import load_sequence_checkpoint
+    from ..recsys.train import load_checkpoint
+
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise ZeroGRError(f"--checkpoint {checkpoint}: no such file")
+    errors = []
+    for loader in (load_checkpoint, load_sequence_checkpoint):
+        try:
+            return loader(path, device=device)
+        except ZeroGRError as err:
+            errors.append(str(err))
+    raise ZeroGRError(f"--checkpoint {checkpoint}: not a recommender checkpoint of train-movielens or train "
+                      f"({'; '.join(errors)})")
+
+
+def catalog_for_model(spec: str, study):
+    """Open catalog ``spec`` (file or sample name) with the codebooks of ``study``'s model.
+
+    Raises
+    ------
+    ZeroGRError
+        A catalog that does not open, or whose SIDs do not fit the model's codebooks.
+    """
+    from ..catalog.samples import open_catalog
+
+    sizes = tuple(study.catalog.codebook_sizes)
+    catalog = open_catalog(spec, codebook_sizes=sizes)
+    if tuple(catalog.codebook_sizes) != sizes:
+        raise ZeroGRError(f"catalog {spec}: codebooks {'/'.join(map(str, catalog.codebook_sizes))} differ "
+                          f"from the model's {'/'.join(map(str, sizes))}")
+    return catalog
+
+
+class Recommender:
+    """The model and live catalog of one replica (or one rank of ``decode-dataset``).
+
+    Parameters
+    ----------
+    config : ServeConfig
+    device : str or torch.device, optional
+        Default: CUDA when present, else the CPU.
+
+    Notes
+    -----
+    :meth:`recommend` may be called from several threads: each call reads its catalog
+    version once, and the decoder serialises what must be serialised (the GPU engine's
+    static buffers; see :class:`~zerogr_core.decode.decoder.Decoder`).
+    """
+
+    def __init__(self, config: ServeConfig, device=None):
+        self.config = config
+        self.device = torch.device(device) if device is not None else default_device()
+        self.study = load_model(config.checkpoint, self.device)
+        self.heads = self.study.model.head_weights()
+        # the bundled model's catalog under the name the app gives it
+        self._own_catalog = self.study.catalog if config.checkpoint else \
+            dataclasses.replace(self.study.catalog, name="movielens")
+        self._sids = (None, None)
+        store = CatalogStore(self.open_catalog(None), self._make_decoder, device=self.device,
+                             warmup=self._warmup if config.warmup else None)
+        self.live = LiveCatalog(store, self.open_catalog)
+
+    # ------------------------------------------------------------------ catalogs
+    def open_catalog(self, spec: str | None):
+        """A catalog for the model: ``spec`` (file or sample name), else the configured one,
+        else the checkpoint's (see :func:`catalog_for_model`)."""
+        spec = spec if spec is not None else self.config.catalog
+        return self._own_catalog if spec is None else catalog_for_model(spec, self.study)
+
+    def push(self, push: CatalogPush) -> int:
+        """Serve the pushed catalog state (see :meth:`LiveCatalog.push`)."""
+        return self.live.push(push)
+
+    @property
+    def catalog(self):
+        """The catalog of the version now served."""
+        return self.live.store.current.catalog
+
+    def _make_decoder(self, catalog, index):
+        from ..decode.decoder import Decoder
+
+        return Decoder(index, self.heads, self.config.beam, catalog=catalog, engine=self.config.engine)
+
+    def _sids_of(self, catalog) -> torch.Tensor:
+        held, sids = self._sids
+        if held is not catalog:
+            sids = torch.from_numpy(catalog.sids.astype(np.int64)).to(self.device)
+            self._sids = (catalog, sids)
+        return sids
+
+    def _warmup(self, decoder) -> None:
+        """Decode every planned batch size once, constrained like a request (plans and, on a
+        GPU, compiles and captures each shape before the version serves)."""
+        from ..decode.constraints import RequestLists
+
+        sids = torch.from_numpy(decoder.catalog.sids.astype(np.int64)).to(self.device)
+        for size in self.config.batch_sizes:
+            history = [np.zeros(1, dtype=np.int64)] * size
+            fn = self.study.model.hidden_fn_for(history, sids)
+            decoder.decode(fn, size, lists=RequestLists.from_rows(deny=history))
+
+    # ------------------------------------------------------------------ decoding
+    def recommend(self, queries: list[Query]) -> list:
+        """Answer ``queries`` together on one catalog version.
+
+        Returns
+        -------
+        list of Answer or RequestError
+            One per query, in order; a :class:`RequestError` (422) for ids not in the
+            version's catalog.
+        """
+        store = self.live.store
+        v = store.current
+        out: list = [None] * len(queries)
+        ready = []
+        for i, q in enumerate(queries):
+            try:
+                history = v.catalog.rows_of(list(q.history), what="history")
+                deny = v.catalog.rows_of(list(q.exclude), what="exclude") if q.exclude else np.zeros(0, np.int64)
+            except CatalogError as err:
+                out[i] = RequestError(str(err), status=422)
+                continue
+            if not q.keep_history:
+                deny = np.union1d(deny, history)
+            ready.append((i, history, deny))
+        sids = self._sids_of(v.catalog)
+        for run in chunks(len(ready), self.config.max_batch):
+            part = [ready[j] for j in run]
+            size = padded_size(len(part), self.config.batch_sizes)
+            rows = pad(part, size)
+            fn = self.study.model.hidden_fn_for([r[1] for r in rows], sids)
+            done = store.decode(fn, size, deny_items=[v.catalog.item_ids[r[2]] for r in rows], snapshot=v)
+            label = self.live.label(done.version)
+            scores = done.result.scores.float().cpu()
+            item_rows = done.result.item_rows.cpu()
+            for b, (i, _, _) in enumerate(part):
+                order = torch.argsort(scores[b], descending=True, stable=True)
+                order = order[torch.isfinite(scores[b][order])][:queries[i].k].numpy()
+                out[i] = Answer(done.item_ids[b][order].tolist(), scores[b][order].tolist(), label,
+                                item_rows[b].numpy()[order])
+        return out

@@ -1,0 +1,108 @@
+"""The HTTP request of ``POST /recommend``, validated into a :class:`Query`.
+
+Body: ``{"history": [item ids], "k": 10, "exclude": [item ids], "keep_history": false}``.
+Everything wrong with a body is a :class:`RequestError` whose message names the field
+(and entry) at fault, in one line; the server answers it with its ``status``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import ZeroGRError
+
+FIELDS = ("history", "k", "exclude", "keep_history")
+DEFAULT_K = 10
+#: Longest id list a request may carry (the model reads only the newest ``max_history``).
+MAX_LIST = 10_000
+
+
+class RequestError(ZeroGRError):
+    """A request the server refuses; ``status`` is its HTTP status (4xx)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Query:
+    """One validated request.
+
+    Attributes
+    ----------
+    history : tuple of int or str
+        Item ids, oldest first (non-empty).
+    k : int
+        Items to return, 1 ≤ k ≤ the server's beam width.
+    exclude : tuple of int or str
+        Item ids never to return.
+    keep_history : bool
+        Allow the history's items in the answer (excluded by default).
+    """
+
+    history: tuple
+    k: int = DEFAULT_K
+    exclude: tuple = ()
+    keep_history: bool = False
+
+
+def _id_list(value, field: str, *, string_ids: bool, allow_empty: bool) -> tuple:
+    if not isinstance(value, list):
+        raise RequestError(f"{field}: expected a list of item ids, got {type(value).__name__}")
+    if not value and not allow_empty:
+        raise RequestError(f"{field}: give at least one item id")
+    if len(value) > MAX_LIST:
+        raise RequestError(f"{field}: {len(value)} ids, at most {MAX_LIST}", status=413)
+    for i, item in enumerate(value):
+        ok = isinstance(item, str) if string_ids else (isinstance(item, int) and not isinstance(item, bool))
+        if not ok:
+            kind = "a string" if string_ids else "an integer"
+            raise RequestError(f"{field}[{i}]: item id {item!r} is not {kind} (this catalog has "
+                               f"{'string' if string_ids else 'integer'} ids)")
+    return tuple(value)
+
+
+def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Query:
+    """Validate a request body.
+
+    Parameters
+    ----------
+    body : bytes or str
+        The JSON text.
+    max_k : int
+        Largest ``k`` served (the beam width).
+    string_ids : bool
+        Whether the catalog's item ids are strings (else integers).
+
+    Raises
+    ------
+    RequestError
+        Not JSON, not an object, an unknown field, a field of the wrong type, ``k`` out of
+        range (all 400), or a list longer than :data:`MAX_LIST` (413). Whether the ids are
+        in the catalog is checked against the version that decodes (422).
+    """
+    try:
+        doc = json.loads(body.decode("utf-8") if isinstance(body, bytes) else body)
+    except UnicodeDecodeError:
+        raise RequestError("body is not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise RequestError(f"body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    if not isinstance(doc, dict):
+        raise RequestError(f"body must be a JSON object with fields {', '.join(FIELDS)}, got {type(doc).__name__}")
+    unknown = sorted(set(doc) - set(FIELDS))
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
+    if "history" not in doc:
+        raise RequestError("history: required (a list of item ids, oldest first)")
+    history = _id_list(doc["history"], "history", string_ids=string_ids, allow_empty=False)
+    exclude = _id_list(doc.get("exclude", []), "exclude", string_ids=string_ids, allow_empty=True)
+    k = doc.get("k", DEFAULT_K)
+    if not isinstance(k, int) or isinstance(k, bool):
+        raise RequestError(f"k: expected an integer, got {k!r}")
+    if not 1 <= k <= max_k:
+        raise RequestError(f"k: {k} is out of range 1…{max_k} (the server's beam width)")
+    keep = doc.get("keep_history", False)
+    if not isinstance(keep, bool):
+        raise RequestError(f"keep_history: expected true or false, got {keep!r}")
+    return Query(history, k, exclude, keep)
