@@ -71,12 +71,13 @@ def read_users(path: str | Path) -> Users:
     return Users(labels, histories)
 
 
-def movielens_users(rec) -> Users:
-    """The leave-one-out test users of the bundled MovieLens data (visible histories)."""
+def movielens_users(study) -> Users:
+    """The leave-one-out test users of the bundled MovieLens data (visible histories), for
+    the bundled model ``study``."""
     from ..app_support.movielens import test_users
 
-    users = test_users(rec.study)
-    ids = rec.study.catalog.item_ids
+    users = test_users(study)
+    ids = study.catalog.item_ids
     return Users([int(u) for u in users.user_ids], [tuple(int(i) for i in ids[h]) for h in users.histories])
 
 
@@ -153,7 +154,7 @@ def decode_dataset(config: ServeConfig, out: str | Path, *, users_file: str | No
         start = time.perf_counter()
         users = read_users(users_file) if users_file is not None else None  # a bad file fails before the model loads
         rec = Recommender(config, device=ranks.device)
-        users = users if users is not None else movielens_users(rec)
+        users = users if users is not None else movielens_users(rec.study)
         users = users.head(count)
         mine = shard(len(users), ranks.rank, ranks.world)
         queries = [Query(users.histories[i], k, (), keep_history) for i in mine]
