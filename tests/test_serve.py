@@ -187,3 +187,20 @@ def test_decode_dataset_names_the_bad_input_line(tmp_path, capsys):
                  "--k", "3"]) == 1
     err = capsys.readouterr().err
     assert "line 2" in err and "Traceback" not in err
+
+
+def test_users_come_from_json_lines_or_one_interactions_object(tmp_path):
+    from zerogr_core.serve.offline import read_users, shard
+
+    lines = tmp_path / "u.jsonl"
+    lines.write_text('{"user": "a", "history": [1, 2]}\n\n{"history": [3]}\n')
+    users = read_users(lines)
+    assert users.labels == ["a", 3] and users.histories == [(1, 2), (3,)]
+    whole = tmp_path / "inter.json"
+    whole.write_text(json.dumps({"7": [4, 5], "8": [6]}, indent=2))
+    assert read_users(whole).histories == [(4, 5), (6,)] and read_users(whole).head(1).labels == ["7"]
+    whole.write_text(json.dumps({"7": []}))
+    with pytest.raises(ZeroGRError, match="user '7'"):
+        read_users(whole)
+    assert [list(shard(5, r, 2)) for r in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [len(shard(7, r, 3)) for r in range(3)] == [3, 2, 2]

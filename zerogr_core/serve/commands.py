@@ -36,8 +36,9 @@ def register(subparsers) -> None:
                                           "of users on its GPU (NCCL; gloo on CPUs) and rank 0 writes the "
                                           "gathered results.")
     _model_arguments(d)
-    d.add_argument("--input", metavar="FILE", help='JSON lines {"user": ..., "history": [item ids]} (default: the '
-                                                   "bundled MovieLens test users; needs the bundled model)")
+    d.add_argument("--input", metavar="FILE", help='JSON lines {"user": ..., "history": [item ids]}, or one JSON object '
+                                                   '{user: [item ids]} (default: the bundled MovieLens test users; '
+                                                   "needs the bundled model)")
     d.add_argument("--users", default=None, help="only the first N users")
     d.add_argument("--k", default="10", help="items per user (default 10)")
     d.add_argument("--keep-history", action="store_true", help="allow the history's items in the results")

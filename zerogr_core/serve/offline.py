@@ -38,22 +38,39 @@ class Users:
 
 
 def read_users(path: str | Path) -> Users:
-    """Users of a JSON-lines file, one ``{"user": ..., "history": [item ids]}`` per line.
+    """Users of a JSON-lines file, one ``{"user": ..., "history": [item ids]}`` per line, or
+    of one JSON object ``{user: [item ids], ...}`` (the interactions file ``train`` reads).
 
     Raises
     ------
     ZeroGRError
-        Unreadable file, or a line that is not such an object (named by its number).
+        Unreadable file, or an entry that is not such a user (named by its line or user).
     """
     path = Path(path)
-    labels, histories = [], []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ZeroGRError(f"--input {path}: {err.strerror or err}") from None
     except UnicodeDecodeError:
         raise ZeroGRError(f"--input {path}: not UTF-8 text") from None
-    for number, line in enumerate(lines, 1):
+    whole = None
+    if text.lstrip().startswith("{"):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # JSON lines: one object per line
+    if isinstance(whole, dict) and "history" not in whole:
+        labels, histories = [], []
+        for user, items in whole.items():
+            if not isinstance(items, list) or not items:
+                raise ZeroGRError(f"--input {path}, user {user!r}: expected a non-empty list of item ids")
+            labels.append(user)
+            histories.append(tuple(items))
+        if not labels:
+            raise ZeroGRError(f"--input {path}: no users")
+        return Users(labels, histories)
+    labels, histories = [], []
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -68,20 +68,19 @@ def load_model(checkpoint: str | None, device):
         from ..app_support.movielens import bundled_study
 
         return bundled_study(device)
-    from ..recsys.seqrec import load_sequence_checkpoint
-    from ..recsys.train import load_checkpoint
+    from ..recsys import seqrec, train
 
     path = Path(checkpoint)
     if not path.is_file():
         raise ZeroGRError(f"--checkpoint {checkpoint}: no such file")
-    errors = []
-    for loader in (load_checkpoint, load_sequence_checkpoint):
-        try:
-            return loader(path, device=device)
-        except ZeroGRError as err:
-            errors.append(str(err))
-    raise ZeroGRError(f"--checkpoint {checkpoint}: not a recommender checkpoint of train-movielens or train "
-                      f"({'; '.join(errors)})")
+    try:  # the format decides the loader (a sequence checkpoint loads without Polars)
+        fmt = torch.load(path, map_location="cpu", weights_only=True).get("format")
+    except Exception:  # noqa: BLE001 - torch raises many types for foreign files
+        fmt = None
+    loaders = {train.CHECKPOINT_FORMAT: train.load_checkpoint, seqrec.CHECKPOINT_FORMAT: seqrec.load_sequence_checkpoint}
+    if fmt not in loaders:
+        raise ZeroGRError(f"--checkpoint {checkpoint}: not a recommender checkpoint of train-movielens or train")
+    return loaders[fmt](path, device=device)
 
 
 def catalog_for_model(spec: str, study):
