@@ -140,9 +140,10 @@ def test_a_batch_answers_each_request_and_refuses_unknown_ids_alone(rec):
 def test_more_requests_than_the_largest_size_run_in_several_padded_batches(rec):
     ids = rec.catalog.item_ids
     queries = [Query((int(ids[i]),), 3) for i in range(6)]
-    together = rec.recommend(queries)
-    for q, a in zip(queries, together):
-        assert rec.recommend([q])[0].items == a.items
+    together = rec.recommend(queries)  # runs of 4 and 2, padded to 4
+    assert len(together) == 6 and all(len(a.items) == 3 for a in together)
+    for i in (0, 5):
+        assert rec.recommend([queries[i]])[0].items == together[i].items
 
 
 def test_pushes_delete_at_once_undelete_by_rebuild_and_carry_their_label(rec):
@@ -178,6 +179,18 @@ def test_cli_errors_are_one_line(argv, words, capsys):
     assert main(argv) != 0
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_serve_refuses_a_port_in_use_in_one_line(capsys):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port}: cannot listen there" in err and "Traceback" not in err
 
 
 def test_decode_dataset_names_the_bad_input_line(tmp_path, capsys):

@@ -9,9 +9,10 @@ later, serves the pushed state.
 
 Metrics: Ray Serve's own (request counts and latency per deployment, queued and ongoing
 requests) plus this deployment's ``zerogr_request_latency_ms``, ``zerogr_batch_size``,
-``zerogr_padded_batch_size``, ``zerogr_queue_length`` and ``zerogr_responses``, all through
-``ray.serve.metrics`` on Ray's Prometheus endpoint (every replica together); ``GET /metrics``
-returns the same figures of the replica that answers, as JSON.
+``zerogr_padded_batch_size``, ``zerogr_queue_length`` and ``zerogr_responses``, recorded through
+``ray.serve.metrics`` and exported by Ray with a ``ray_`` prefix on each node's Prometheus
+endpoint (labelled per replica); ``GET /metrics`` returns the same figures of the replica
+that answers, as JSON.
 
 This module imports Ray: import it only to start or drive a server.
 """

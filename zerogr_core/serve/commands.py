@@ -106,12 +106,18 @@ def run_serve(args: argparse.Namespace) -> int:
         except ValueError:
             raise UsageError(f"--batch-wait-ms: {args.batch_wait_ms!r} is not a number") from None
     config = config_from_args(args, **changes)
+    _check_port(args.host, port)
     _check_model(config)
     try:
         from . import app
     except ImportError as err:
         raise ZeroGRError(f"{RAY_MISSING} ({err})") from None
-    replicas, gpus = app.start(config, replicas=replicas, host=args.host, port=port, address=args.address)
+    try:
+        replicas, gpus = app.start(config, replicas=replicas, host=args.host, port=port, address=args.address)
+    except Exception as err:  # Ray's errors span many lines: one line, and nothing left running
+        app.shutdown()
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ZeroGRError(f"Ray Serve did not start: {type(err).__name__}: {first}") from None
     where = f"http://{args.host}:{port}"
     print(f"serving {replicas} replica(s) ({'one GPU each' if gpus else 'CPU'}), beam {config.beam}, batch sizes "
           f"{'/'.join(map(str, config.batch_sizes))}: POST {where}/recommend, GET {where}/health, GET {where}/metrics "
@@ -124,6 +130,17 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         app.shutdown()
     return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    import socket
+
+    try:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as err:
+        raise UsageError(f"--host {host} --port {port}: cannot listen there ({err.strerror or err})") from None
 
 
 def _check_model(config) -> None:
