@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from zerogr_core.cli import main
 from zerogr_core.errors import ZeroGRError
@@ -172,6 +173,8 @@ def test_pushes_delete_at_once_undelete_by_rebuild_and_carry_their_label(rec):
     (["decode-dataset", "--out", "x.jsonl", "--batch-sizes", "2,4"], "plans one batch size"),
     (["decode-dataset", "--out", "x.jsonl", "--checkpoint", "m.pt"], "--input FILE is required"),
     (["serve", "--port", "70000"], "--port: 70000 is out of range"),
+    pytest.param(["decode-dataset", "--out", "x.jsonl", "--preset", "gpu"], "needs a CUDA GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here")),
     (["serve", "--replicas", "0"], "--replicas: 0 is out of range"),
     (["serve", "--checkpoint", "no/such.pt"], "no/such.pt: no such file"),
 ])

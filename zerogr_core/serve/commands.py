@@ -58,8 +58,8 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", default=None, help="beam width M, the largest k (default: the preset's)")
     p.add_argument("--batch-sizes", default=None, metavar="B1,B2,…",
                    help="planned batch sizes (default: the preset's); decode-dataset uses the largest")
-    p.add_argument("--engine", choices=("auto", "reference", "graph", "eager"), default="auto",
-                   help="decoder engine (default auto: the GPU engine on CUDA, the reference path on CPU)")
+    p.add_argument("--engine", choices=("auto", "reference", "graph", "eager"), default=None,
+                   help="decoder engine (default: the preset's; gpu: eager, cpu: auto, the reference path)")
 
 
 def _int(text, option: str, low: int = 1, high: int | None = None) -> int:
@@ -72,8 +72,9 @@ def _int(text, option: str, low: int = 1, high: int | None = None) -> int:
     return value
 
 
-def config_from_args(args: argparse.Namespace, **changes):
-    """The :class:`~.config.ServeConfig` of the model arguments."""
+def config_from_args(args: argparse.Namespace, check_device: bool = True, **changes):
+    """The :class:`~.config.ServeConfig` of the model arguments (``check_device``: the GPU
+    engine needs CUDA on this machine)."""
     import torch
 
     from .config import ServeConfig
@@ -86,14 +87,18 @@ def config_from_args(args: argparse.Namespace, **changes):
         if not sizes:
             raise UsageError("--batch-sizes: give one or more sizes")
         changes["batch_sizes"] = tuple(_int(s, "--batch-sizes") for s in sizes)
-    for option in ("checkpoint", "catalog"):
+    for option in ("checkpoint", "catalog", "engine"):
         value = getattr(args, option)
         if value is not None:
             changes[option] = value
     try:
-        return ServeConfig.preset(preset, engine=args.engine, **changes)
+        config = ServeConfig.preset(preset, **changes)
     except ZeroGRError as err:
         raise UsageError(str(err)) from None
+    if check_device and config.engine in ("graph", "eager") and not torch.cuda.is_available():
+        raise UsageError(f"engine {config.engine} (--engine or --preset gpu) needs a CUDA GPU, and there is none "
+                         "here; use --engine auto or reference")
+    return config
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -105,7 +110,7 @@ def run_serve(args: argparse.Namespace) -> int:
             changes["batch_wait_s"] = float(args.batch_wait_ms) / 1e3
         except ValueError:
             raise UsageError(f"--batch-wait-ms: {args.batch_wait_ms!r} is not a number") from None
-    config = config_from_args(args, **changes)
+    config = config_from_args(args, check_device=args.address is None, **changes)
     _check_port(args.host, port)
     _check_model(config)
     try:

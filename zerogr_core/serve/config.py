@@ -61,7 +61,8 @@ class ServeConfig:
 
     @classmethod
     def preset(cls, name: str, **changes) -> "ServeConfig":
-        """``"gpu"`` (beam 128, batches up to 64) or ``"cpu"`` (beam 32, batches up to 16)."""
+        """``"gpu"`` (beam 128, batches up to 64, the eager GPU engine) or ``"cpu"`` (beam 32,
+        batches up to 16)."""
         if name not in SERVE_PRESETS:
             raise ZeroGRError(f"unknown serve preset {name!r} (choose from {', '.join(SERVE_PRESETS)})")
         return replace(SERVE_PRESETS[name], **changes)
@@ -78,5 +79,7 @@ class ServeConfig:
 
 SERVE_PRESETS = {
     "cpu": ServeConfig(beam=32, batch_sizes=(1, 2, 4, 8, 16)),
-    "gpu": ServeConfig(beam=128, batch_sizes=(1, 2, 4, 8, 16, 32, 64)),
+    # eager: every served batch brings its own hidden_fn, and the graph engine captures a
+    # CUDA graph per hidden_fn, which would cost more than the eager decode it replays
+    "gpu": ServeConfig(beam=128, batch_sizes=(1, 2, 4, 8, 16, 32, 64), engine="eager"),
 }
