@@ -6,6 +6,7 @@ handler only, so the CLI and ``decode-dataset`` work without it.
 from __future__ import annotations
 
 import argparse
+import signal
 import time
 
 from ..errors import UsageError, ZeroGRError
@@ -127,6 +128,8 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"serving {replicas} replica(s) ({'one GPU each' if gpus else 'CPU'}), beam {config.beam}, batch sizes "
           f"{'/'.join(map(str, config.batch_sizes))}: POST {where}/recommend, GET {where}/health, GET {where}/metrics "
           "(Ctrl-C stops)", flush=True)
+    # a service manager stops with SIGTERM: shut Serve down as on Ctrl-C
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             time.sleep(3600)
@@ -135,6 +138,10 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         app.shutdown()
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _check_port(host: str, port: int) -> None:
