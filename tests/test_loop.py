@@ -20,15 +20,15 @@ from zerogr_core.errors import ZeroGRError
 BATCH, BEAM = 2, 6
 
 
-def tiger_case():
+def tiger_case(device="cpu"):
     from zerogr_core.models.tiger import TigerStepModel
     from zerogr_core.recsys.train import load_checkpoint
 
-    study = load_checkpoint()
-    model, sids = study.model, study.sids
+    study = load_checkpoint(device=device)
+    model, sids = study.model, study.sids.to(device)
     histories = [np.arange(3, 30), np.array([11, 12])]
     step_model = TigerStepModel(model)
-    return dict(index=build_index(study.catalog), heads=model.head_weights(), band_offsets=None,
+    return dict(index=build_index(study.catalog, device=device), heads=model.head_weights(), band_offsets=None,
                 step_model=step_model, prefill=lambda: step_model.prefill_rows(histories, sids, beam_width=BEAM),
                 reference=model.hidden_fn_for(histories, sids), counted=model.decoder[0].ff, first_positions=BATCH)
 
@@ -39,29 +39,29 @@ def small_catalog(sizes, n, seed):
     return Catalog.from_sids(sids, sizes)
 
 
-def decoder_only_case():
+def decoder_only_case(device="cpu"):
     from zerogr_core.models.decoder_only import DecoderOnlyConfig, DecoderOnlyRecommender
 
     sizes = (6, 7, 5, 4)
     torch.manual_seed(0)
-    model = DecoderOnlyRecommender(DecoderOnlyConfig.preset("tiny", sizes)).eval()
+    model = DecoderOnlyRecommender(DecoderOnlyConfig.preset("tiny", sizes)).to(device).eval()
     gen = torch.Generator().manual_seed(3)
     lengths, t = [4, 2], 4
     history = torch.stack([torch.randint(0, v, (BATCH, t), generator=gen) for v in sizes], dim=2)
     mask = torch.arange(t)[None, :] >= t - torch.tensor(lengths)[:, None]
-    history = torch.where(mask[..., None], history, 0)
+    history, mask = torch.where(mask[..., None], history, 0).to(device), mask.to(device)
     step_model = model.step_model()
 
     def reference(step, prefixes):
         return model.recompute_hidden(history, mask, prefixes)
 
-    return dict(index=build_index(small_catalog(sizes, 300, 0)), heads=model.head_weight(),
+    return dict(index=build_index(small_catalog(sizes, 300, 0), device=device), heads=model.head_weight(),
                 band_offsets=model.band_offsets, step_model=step_model,
                 prefill=lambda: step_model.prefill(history, mask, beam_width=BEAM), reference=reference,
                 counted=model.blocks[0].ff, first_positions=BATCH * t)
 
 
-def t5_case():
+def t5_case(device="cpu"):
     transformers = pytest.importorskip("transformers")
     from zerogr_core.models.hf import hidden_outputs
     from zerogr_core.models.t5 import T5StepModel
@@ -71,24 +71,24 @@ def t5_case():
     config = transformers.T5Config(vocab_size=20, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2,
                                    num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
                                    dropout_rate=0.0)
-    model = transformers.T5ForConditionalGeneration(config).eval()
-    ids = torch.tensor([[0, 0, 5, 9, 13, 4], [8, 15, 6, 10, 3, 17]])
-    mask = (torch.arange(6)[None, :] >= torch.tensor([[2], [0]])).long()
+    model = transformers.T5ForConditionalGeneration(config).to(device).eval()
+    ids = torch.tensor([[0, 0, 5, 9, 13, 4], [8, 15, 6, 10, 3, 17]], device=device)
+    mask = (torch.arange(6)[None, :] >= torch.tensor([[2], [0]])).long().to(device)
     step_model = T5StepModel(model, offsets)
 
     @torch.no_grad()
     def reference(step, prefixes):
         """Hugging Face's own forward over the whole decoder input, no cache."""
         b, beams = prefixes.shape[:2]
-        dec = prefixes.clamp(min=0) + torch.tensor(offsets[:step], dtype=torch.int64)
-        start = torch.zeros(b, beams, 1, dtype=torch.int64)
+        dec = prefixes.clamp(min=0) + torch.tensor(offsets[:step], dtype=torch.int64, device=device)
+        start = torch.zeros(b, beams, 1, dtype=torch.int64, device=device)
         dec = torch.cat([start, dec], dim=2).reshape(b * beams, step + 1)
         with hidden_outputs(model):
             out = model(input_ids=ids.repeat_interleave(beams, 0), attention_mask=mask.repeat_interleave(beams, 0),
                         decoder_input_ids=dec).logits
         return out[:, -1].reshape(b, beams, -1)
 
-    return dict(index=build_index(small_catalog(sizes, 60, 1)), heads=model.lm_head.weight.detach(),
+    return dict(index=build_index(small_catalog(sizes, 60, 1), device=device), heads=model.lm_head.weight.detach(),
                 band_offsets=offsets, step_model=step_model,
                 prefill=lambda: step_model.prefill(ids, mask, beam_width=BEAM), reference=reference,
                 counted=model.decoder.block[0].layer[2], first_positions=BATCH)
