@@ -390,6 +390,7 @@ class LoopServing:
         self.n_levels, self.beam_width, self.hidden_size = n_levels, beam_width, hidden_size
         self.dtype, self.device = dtype, device
         self.loops: dict = {}
+        self.graph_error = None
         self.loop_name = "ZeroGR beam loop, CUDA graph" if device.type == "cuda" else "ZeroGR beam loop, eager"
 
     def decode(self, ids, mask):
@@ -406,16 +407,23 @@ class LoopServing:
                             self.hidden_size, self.dtype, self.device)
             entry = self.loops[batch] = {"loop": loop, "graph": None, "key": None}
         loop = entry["loop"]
-        if self.device.type != "cuda":
-            out = loop.run(self.step_model)
-        else:
-            key = getattr(self.step_model, "_static_key", None)
-            if entry["graph"] is None or entry["key"] != key:
-                entry["graph"] = None
+        key = getattr(self.step_model, "_static_key", None)
+        if self.device.type == "cuda" and self.graph_error is None and (entry["graph"] is None or entry["key"] != key):
+            entry["graph"] = None
+            try:
                 entry["graph"], entry["outputs"] = capture(lambda: loop.run(self.step_model))
                 entry["key"] = key
+            except Exception as exc:  # noqa: BLE001 - recorded in the loop's name; the decode runs eagerly
+                import torch
+
+                torch.cuda.synchronize()
+                self.graph_error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:200]
+                self.loop_name = f"ZeroGR beam loop, eager (capture failed: {self.graph_error})"
+        if entry["graph"] is not None:
             entry["graph"].replay()
             out = entry["outputs"]
+        else:
+            out = loop.run(self.step_model)
         return tuple(t.clone() for t in out)
 
 
@@ -430,15 +438,15 @@ class FixedBeams:
 
         from zerogr_kernels import TopkOut
 
-        rows = torch.arange(batch, device=device)[:, None]
-        local = torch.arange(beam_width, device=device)[None, :]
-        zeros = torch.zeros(batch, beam_width, device=device)
-        self.tops = [TopkOut(zeros, (rows + 0 * local).contiguous(), torch.zeros_like(local.expand(batch, -1),
-                                                                                     dtype=torch.int32),
-                             torch.zeros(batch, beam_width, dtype=torch.int64, device=device)),
-                     TopkOut(zeros, (rows * beam_width + local).contiguous(),
-                             torch.zeros(batch, beam_width, dtype=torch.int32, device=device),
-                             torch.zeros(batch, beam_width, dtype=torch.int64, device=device))]
+        shape = (batch, beam_width)
+        rows = torch.arange(batch, device=device)[:, None].expand(shape)
+        local = torch.arange(beam_width, device=device)[None, :].expand(shape)
+        scores = torch.zeros(shape, device=device)
+        tokens = torch.zeros(shape, dtype=torch.int32, device=device)
+        states = torch.zeros(shape, dtype=torch.int64, device=device)
+        # step 0 has one beam per request: every beam's parent is its request's row
+        self.tops = [TopkOut(scores, rows.contiguous(), tokens, states),
+                     TopkOut(scores, (rows * beam_width + local).contiguous(), tokens, states)]
 
     def __call__(self, level, states, hidden, scores):
         return self.tops[0 if level == 0 else 1]
@@ -650,6 +658,15 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
                     torch.cuda.empty_cache()
                     writer.add(dict(base, method=method, **shape, error=f"out of memory: {exc}"[:300]))
                     print(f"bench-e2e: {method} batch {batch} beam {beam}: out of memory", flush=True)
+                    continue
+                except Exception as exc:  # noqa: BLE001 - one failing method must not lose the others' records
+                    runners.pop(method, None)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+                    writer.add(dict(base, method=method, **shape, error=reason))
+                    print(f"bench-e2e: {method} batch {batch} beam {beam}: FAILED {reason}", flush=True)
+                    errors += 1
                     continue
                 medians[method] = stats["median_ms"]
                 valid = valid()
