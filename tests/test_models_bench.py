@@ -34,6 +34,14 @@ def test_bench_e2e_quick(tmp_path, capsys):
         assert r["decode_share"] < 1 and r["model_only_ms"] > 0
         assert "constrained_overhead_vs_unconstrained" in r
     assert "constrained decoding" in capsys.readouterr().out
+    try:
+        import plotly  # noqa: F401  (the figures need it; the benchmark does not)
+    except ImportError:
+        return
+    from zerogr_core.bench.figures import figure_e2e, load_results
+
+    fig = figure_e2e(load_results(tmp_path))
+    assert {t.name for t in fig.data} == methods
 
 
 def test_bench_e2e_bad_arguments(capsys):
@@ -42,7 +50,7 @@ def test_bench_e2e_bad_arguments(capsys):
     assert main(["bench-e2e", "--quick", "--methods", "zerogr,magic"]) != 0
     assert "unknown method 'magic'" in capsys.readouterr().err
     assert main(["bench-e2e", "--quick", "--catalog", "tiger,huge"]) != 0
-    assert "--catalog: unknown name 'huge'" in capsys.readouterr().err
+    assert "--catalog: unknown value 'huge'" in capsys.readouterr().err
 
 
 def test_bench_e2e_quick_decoder_only_on_both_catalogs(tmp_path):

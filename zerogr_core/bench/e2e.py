@@ -269,17 +269,9 @@ def _ints(text, option: str, default):
 
 
 def _names(text, option: str, allowed, default) -> list[str]:
-    from ..errors import ZeroGRError
+    from .commands import _list
 
-    if text is None:
-        return list(default)
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    for n in names:
-        if n not in allowed:
-            raise ZeroGRError(f"{option}: unknown name {n!r}; choose from {', '.join(allowed)}")
-    if not names:
-        raise ZeroGRError(f"{option}: give at least one of {', '.join(allowed)}")
-    return names
+    return _list(text, option, allowed) or list(default)
 
 
 def run_e2e(args: argparse.Namespace) -> int:
