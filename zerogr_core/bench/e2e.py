@@ -669,9 +669,14 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
             record, bad = derived_record(dict(base, **shape), medians, rows)
             writer.add(record)
             errors += bad
-            if "decode_share" in record:
-                print(f"bench-e2e: {kind} {catalog_name} beam {beam:4d} batch {batch:3d} constrained decoding "
-                      f"{100 * record['decode_share']:.1f} % of ZeroGR end to end", flush=True)
+            summary = [text.format(record[field]) for field, text in (
+                ("speedup_vs_hf-constrained", "{:.1f}x HF constrained"),
+                ("speedup_vs_static", "{:.2f}x STATIC-style"),
+                ("constrained_overhead_vs_unconstrained", "{:+.1%} over unconstrained"),
+                ("decode_share", "constrained decoding {:.1%} of end to end")) if field in record]
+            if summary:
+                print(f"bench-e2e: {kind} {catalog_name} beam {beam:4d} batch {batch:3d} zerogr: " + ", ".join(summary),
+                      flush=True)
         runners.clear()
         if device.type == "cuda":
             torch.cuda.empty_cache()
