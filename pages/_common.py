@@ -82,15 +82,16 @@ def cached_test_users(device_name: str):
 
 
 def decode_inputs(catalog, dev: torch.device, *, bundled: bool, batch: int, seed: int, hidden: int | None = None,
-                  dtype: str = "float32", user: int | None = None) -> DecodeInputs:
+                  dtype: str = "float32", user: int | None = None, beam: int = 1) -> DecodeInputs:
     """Heads and requests of a page's decode: the bundled recommender on ``batch`` test users
-    sampled with ``seed`` (or the one ``user``), or a random head of ``hidden``/``dtype`` in
-    the catalog's layout with ``batch`` random requests of ``seed``."""
+    sampled with ``seed`` (or the one ``user``), through its KV cache sized for ``beam``
+    beams, or a random head of ``hidden``/``dtype`` in the catalog's layout with ``batch``
+    random requests of ``seed``."""
     if not bundled:
         return random_inputs(catalog, hidden, dtype, dev, batch, seed)
     study, users = cached_study(str(dev)), cached_test_users(str(dev))
     rows = np.flatnonzero(users.user_ids == user) if user is not None else users.sample(batch, seed)
-    return study_inputs(study, users, rows, dev)
+    return study_inputs(study, users, rows, dev, beam)
 
 
 # ---------------------------------------------------------------------------- active catalog

@@ -86,7 +86,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     index = get_index(catalog, source)
     bar = st.progress(0, text="Preparing the model and requests…")
     inputs = decode_inputs(catalog, dev, bundled=cfg["model"] == BUNDLED, batch=cfg["batch"], seed=cfg["seed"],
-                           hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"])
+                           hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"], beam=cfg["beam"])
     heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn
     histories, lists = None, None
     if inputs.user_ids is not None:

@@ -31,7 +31,8 @@ def decode_states(catalog, source, index, beam: int, batch: int, beams_from: str
     if key in runs:
         return runs[key]
     dev = index.device
-    inputs = decode_inputs(catalog, dev, bundled=beams_from == MODEL, batch=batch, seed=seed, hidden=hidden)
+    inputs = decode_inputs(catalog, dev, bundled=beams_from == MODEL, batch=batch, seed=seed, hidden=hidden,
+                           beam=beam)
     run = profiled_decode(index, inputs.heads, beam, "filter-first", inputs.hidden_fn, batch,
                           band_offsets=inputs.band_offsets)
     runs.clear()

@@ -85,7 +85,10 @@ class DecodeInputs:
         As :class:`~zerogr_core.Decoder` takes them.
     band_offsets : tuple of int or None
         For a shared head.
-    hidden_fn : callable(step, prefixes) -> torch.Tensor
+    hidden_fn : callable(step, prefixes) -> torch.Tensor, or StepModel
+        Random requests: a ``hidden_fn``. The bundled recommender: its KV-cache step model
+        (:class:`~zerogr_core.models.tiger.TigerStepModel`), prefilled with the requests,
+        which every decoder takes in place of a ``hidden_fn``.
     model_key : tuple
         Identifies the model (cache key of decoders built on these heads).
     targets, user_ids : np.ndarray or None
@@ -112,9 +115,14 @@ def random_inputs(catalog: Catalog, hidden_size: int, dtype: str, device, batch:
     return DecodeInputs(heads, bands, fn, ("random", hidden_size, dtype, str(device)))
 
 
-def study_inputs(study, users, rows: np.ndarray, device) -> DecodeInputs:
+def study_inputs(study, users, rows: np.ndarray, device, beam_width: int) -> DecodeInputs:
     """The bundled recommender's heads and the test users ``rows`` (of
-    :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests."""
+    :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests, served through the
+    model's KV cache (each position computed once) for decodes of ``beam_width`` beams."""
+    from ..models.tiger import TigerStepModel
+
     histories, targets = users.pick(rows)
-    return DecodeInputs(study.model.head_weights(), None, study.model.hidden_fn_for(histories, study.sids),
-                        ("movielens", str(device)), targets, users.user_ids[rows])
+    step_model = TigerStepModel(study.model)
+    step_model.prefill_rows(histories, study.sids, beam_width=beam_width)
+    return DecodeInputs(study.model.head_weights(), None, step_model, ("movielens", str(device)), targets,
+                        users.user_ids[rows])
