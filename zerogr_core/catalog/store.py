@@ -120,7 +120,7 @@ class CatalogStore:
         self.warmup = warmup
         self.compact_fraction = float(compact_fraction)
         self._write = threading.Lock()
-        self._device = threading.Lock()
+        self._device = threading.RLock()
         self.history: list[dict] = []
         self._current = self._build(catalog, 1, "initial")
 
@@ -132,6 +132,12 @@ class CatalogStore:
     @property
     def version(self) -> int:
         return self._current.version
+
+    @property
+    def device_lock(self) -> threading.RLock:
+        """The lock GPU decodes and warm-ups hold (re-entrant): a caller whose decode input
+        is shared state (a prefilled step model) holds it from the prefill to the result."""
+        return self._device
 
     def decode(self, hidden_fn, batch_size: int, *, allow_items=None, deny_items=None,
                snapshot: CatalogVersion | None = None) -> StoreResult:

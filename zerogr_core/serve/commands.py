@@ -60,7 +60,8 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", default=None, metavar="B1,B2,…",
                    help="planned batch sizes (default: the preset's); decode-dataset uses the largest")
     p.add_argument("--engine", choices=("auto", "reference", "graph", "eager"), default=None,
-                   help="decoder engine (default: the preset's; gpu: eager, cpu: auto, the reference path)")
+                   help="decoder engine (default auto: on CUDA the GPU engine, CUDA graphs when the model has "
+                        "a KV-cache step model; the reference path on CPU)")
 
 
 def _int(text, option: str, low: int = 1, high: int | None = None) -> int:
@@ -97,7 +98,7 @@ def config_from_args(args: argparse.Namespace, check_device: bool = True, **chan
     except ZeroGRError as err:
         raise UsageError(str(err)) from None
     if check_device and config.engine in ("graph", "eager") and not torch.cuda.is_available():
-        raise UsageError(f"engine {config.engine} (--engine or --preset gpu) needs a CUDA GPU, and there is none "
+        raise UsageError(f"--engine {config.engine} needs a CUDA GPU, and there is none "
                          "here; use --engine auto or reference")
     return config
 

@@ -28,8 +28,9 @@ class ServeConfig:
     batch_wait_s : float
         How long ``@serve.batch`` waits for a batch to fill.
     engine : str
-        ``Decoder`` engine: auto (GPU engine on CUDA, reference path on CPU), reference,
-        graph or eager.
+        ``Decoder`` engine: auto (on CUDA the GPU engine, replaying one CUDA graph per
+        planned size when the model has a KV-cache step model, eager otherwise; the
+        reference path on CPU), reference, graph or eager.
     warmup : bool
         Decode every planned size once before a version is published (plans, compiles and
         captures off the request path).
@@ -61,8 +62,7 @@ class ServeConfig:
 
     @classmethod
     def preset(cls, name: str, **changes) -> "ServeConfig":
-        """``"gpu"`` (beam 128, batches up to 64, the eager GPU engine) or ``"cpu"`` (beam 32,
-        batches up to 16)."""
+        """``"gpu"`` (beam 128, batches up to 64) or ``"cpu"`` (beam 32, batches up to 16)."""
         if name not in SERVE_PRESETS:
             raise ZeroGRError(f"unknown serve preset {name!r} (choose from {', '.join(SERVE_PRESETS)})")
         return replace(SERVE_PRESETS[name], **changes)
@@ -79,7 +79,5 @@ class ServeConfig:
 
 SERVE_PRESETS = {
     "cpu": ServeConfig(beam=32, batch_sizes=(1, 2, 4, 8, 16)),
-    # eager: every served batch brings its own hidden_fn, and the graph engine captures a
-    # CUDA graph per hidden_fn, which would cost more than the eager decode it replays
-    "gpu": ServeConfig(beam=128, batch_sizes=(1, 2, 4, 8, 16, 32, 64), engine="eager"),
+    "gpu": ServeConfig(beam=128, batch_sizes=(1, 2, 4, 8, 16, 32, 64)),
 }

@@ -126,6 +126,7 @@ class Recommender:
         self._own_catalog = self.study.catalog if config.checkpoint else \
             dataclasses.replace(self.study.catalog, name="movielens")
         self._sids = (None, None)
+        self._steps = self._step_models()
         store = CatalogStore(self.open_catalog(None), self._make_decoder, device=self.device,
                              warmup=self._warmup if config.warmup else None)
         self.live = LiveCatalog(store, self.open_catalog)
@@ -149,7 +150,42 @@ class Recommender:
     def _make_decoder(self, catalog, index):
         from ..decode.decoder import Decoder
 
-        return Decoder(index, self.heads, self.config.beam, catalog=catalog, engine=self.config.engine)
+        engine = self.config.engine
+        if engine == "auto" and self._steps is None and self.device.type == "cuda":
+            engine = "eager"  # a hidden_fn per batch: the graph engine would capture a graph per batch
+        return Decoder(index, self.heads, self.config.beam, catalog=catalog, engine=engine)
+
+    def _step_models(self) -> dict | None:
+        """One KV-cache step model per planned batch size, for a model that has one (the
+        TIGER-style recommender); ``None``: batches decode through ``hidden_fn_for``.
+
+        Prefilled at a fixed history length, a size's step model keeps the same static
+        tensors from batch to batch, so the GPU engine replays the graph it captured at
+        warm-up instead of capturing one per batch."""
+        from ..recsys.model import SIDRecommender
+
+        if not isinstance(self.study.model, SIDRecommender):
+            return None
+        from ..models.tiger import TigerStepModel
+
+        return {size: TigerStepModel(self.study.model) for size in self.config.batch_sizes}
+
+    def _model_input(self, histories: list, sids: torch.Tensor):
+        """What the decoder reads for a padded batch of history rows: the size's step model,
+        prefilled, or a ``hidden_fn``."""
+        model = self.study.model
+        if self._steps is None:
+            return model.hidden_fn_for(histories, sids)
+        from ..recsys.model import pack_histories
+
+        size, longest = len(histories), model.config.max_history
+        items, lengths = pack_histories(histories, longest)
+        padded = torch.zeros(size, longest, dtype=torch.int64)
+        padded[:, :items.shape[1]] = items  # causal encoder: right padding changes no item's state
+        mask = torch.arange(longest)[None, :] < lengths[:, None]
+        step_model = self._steps[size]
+        step_model.prefill(sids[padded.to(sids.device)], mask, beam_width=self.config.beam)
+        return step_model
 
     def _sids_of(self, catalog) -> torch.Tensor:
         held, sids = self._sids
@@ -166,8 +202,8 @@ class Recommender:
         sids = torch.from_numpy(decoder.catalog.sids.astype(np.int64)).to(self.device)
         for size in self.config.batch_sizes:
             history = [np.zeros(1, dtype=np.int64)] * size
-            fn = self.study.model.hidden_fn_for(history, sids)
-            decoder.decode(fn, size, lists=RequestLists.from_rows(deny=history))
+            # the store runs this under its device lock, as recommend prefills and decodes
+            decoder.decode(self._model_input(history, sids), size, lists=RequestLists.from_rows(deny=history))
 
     # ------------------------------------------------------------------ decoding
     def recommend(self, queries: list[Query]) -> list:
@@ -198,8 +234,9 @@ class Recommender:
             part = [ready[j] for j in run]
             size = padded_size(len(part), self.config.batch_sizes)
             rows = pad(part, size)
-            fn = self.study.model.hidden_fn_for([r[1] for r in rows], sids)
-            done = store.decode(fn, size, deny_items=[v.catalog.item_ids[r[2]] for r in rows], snapshot=v)
+            with store.device_lock:  # a step model holds one batch: prefill and decode together
+                done = store.decode(self._model_input([r[1] for r in rows], sids), size,
+                                    deny_items=[v.catalog.item_ids[r[2]] for r in rows], snapshot=v)
             label = self.live.label(done.version)
             scores = done.result.scores.float().cpu()
             item_rows = done.result.item_rows.cpu()
