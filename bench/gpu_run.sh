@@ -19,6 +19,9 @@
 #   beams     synthetic-7 1e7: beam-width sweep (64,128,256), batches SWEEP_BATCHES
 #   codebooks synthetic-7 1e7: codebook sweep (V 2048..16384), batches CODEBOOK_BATCHES
 #   scale     search-like 1e8 (BENCH_BIG_SCALE): memory, headline at batches 1,8,32, build
+#   e2e       end to end with a model (bench-e2e): TIGER-size T5 and decoder-only, on the 4x256 1e6 and
+#             search-like 2e7 catalogs, batches E2E_BATCHES (1,8,32), beams E2E_BEAMS (32,128,256),
+#             models E2E_MODELS (t5,decoder-only), catalogs E2E_CATALOGS (tiger,search)
 #
 # Environment:
 #   OUT             folder whose files come back (default ./gpu_out). At most 4 files land there:
@@ -183,7 +186,23 @@ group_scale() {
     --batch 1,8,32 --build-repeats 1 --suite-budgets memory=120,build=60
 }
 
-GROUPS_ALL=(tests headline coldstart contract constraints detail watch beams codebooks scale)
+group_e2e() {
+  local b; b=$(budget e2e 300)
+  if (( b < 30 )); then log "skip e2e: time budget spent"; return; fi
+  local dir="e2e${RESULTS_TAG:+-$RESULTS_TAG}" q=()
+  [[ "${BENCH_QUICK:-0}" == 1 ]] && q=(--quick)
+  mkdir -p "$WORK/results/$dir"
+  log "group e2e: budget ${b}s"
+  timeout --signal=INT --kill-after=20 $(( b + 60 )) \
+    $PY -m zerogr_core bench-e2e --out "$WORK/results/$dir" --budget-s "$b" "${q[@]}" \
+      --model "${E2E_MODELS:-t5,decoder-only}" --catalog "${E2E_CATALOGS:-tiger,search}" \
+      --batch "${E2E_BATCHES:-1,8,32}" --beam "${E2E_BEAMS:-32,128,256}" 2>&1 \
+    | tee "$WORK/results/logs/$dir.log" | tee -a "$LOG" | tail -n 40 || true
+  pack
+  log "group e2e done"
+}
+
+GROUPS_ALL=(tests headline coldstart contract constraints detail watch beams codebooks scale e2e)
 if (( $# )); then GROUPS_RUN=("$@"); else GROUPS_RUN=("${GROUPS_ALL[@]}"); fi
 header | tee -a "$LOG"
 log "groups: ${GROUPS_RUN[*]} | total budget ${TOTAL}s | results under $WORK, packed into $OUT"
