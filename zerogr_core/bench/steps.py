@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from zerogr_kernels import filter_slots, full_proj, naive_selective_proj, topk_gather
+from zerogr_kernels import filter_slots, full_proj, naive_selective_proj, selective_proj, topk_gather
+from zerogr_kernels.selective import passes_for_cache
 
 from ..decode.engine import StepOption, StepRunner, step_options
 from ..timing import time_step
@@ -178,9 +179,31 @@ def suite_ablation(s: Session, suite: str) -> None:
         }
         if "dense+full" in step_runners:
             variants["dense full projection"] = engine_variant("dense+full")
+        # the selective kernel over the hidden dimension in slices whose band rows fit in L2
+        passes = passes_for_cache(mapping.codebook, hid.shape[1], weight.element_size())
+        split_label = f"slot-based selective, H in {passes} passes"
+        if passes > 1:
+            sel_runner = step_runners["sparse+selective"]
+            fo = sel_runner.filter_out
+
+            def split_project():
+                return selective_proj(hid, weight, fo.slot_tokens, fo.tasks, fo.slot_logits, band_start=band,
+                                      h_passes=passes)
+
+            def split_filter_project():
+                filter_slots(states, sel_runner.K, **sel_runner.args, out=fo)
+                split_project()
+                return fo
+
+            variants[split_label] = (split_project, split_filter_project,
+                                     lambda: sel_runner.select(split_filter_project(), scores), True)
         # equality of the slot logits (before timing)
         full_logits = step_runners["sparse+full"].project(states, hid).slot_logits.clone()
         sel_logits = step_runners["sparse+selective"].project(states, hid).slot_logits.clone()
+        split_logits = None
+        if passes > 1:
+            variants[split_label][1]()
+            split_logits = step_runners["sparse+selective"].filter_out.slot_logits.clone()
         naive_project()
         naive_top = naive_slots.slot_logits.clone()
         tol = TOLERANCE[ctx.dtype]
@@ -193,6 +216,10 @@ def suite_ablation(s: Session, suite: str) -> None:
         # selective and full keep float32 logits (one contract); the naive ablation rounds to the dtype
         agree["passed"] = agree["same_valid_slots"] and agree["max_diff_selective_vs_full"] <= CONTRACT_TOLERANCE \
             and agree["max_diff_naive_vs_full"] <= tol
+        if split_logits is not None:  # the same float32 sums in the same order: bit-identical
+            agree["selective_h_passes"] = passes
+            agree["h_passes_bit_identical"] = bool(torch.equal(split_logits, sel_logits))
+            agree["passed"] = agree["passed"] and agree["h_passes_bit_identical"]
         s.emit(suite, "check", wl, dict(methods=["zerogr"], **shape), method="ablation", **shape,
                check="step-2 logits agree", passed=agree["passed"], details=agree)
         valid = int(fin.sum())
