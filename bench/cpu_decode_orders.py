@@ -7,8 +7,10 @@ comparison, under the fixed default projection (a GEMM on dense steps, selective
 projection on sparse ones); scoring first projects and normalises the whole codebook.
 Each figure is the median over ``--repeats`` decodes (the methods take turns) of the
 stage-timed total (the Decode page's number, model forward included), of the same without
-the model stage (what the order itself costs; its minimum too, the figure least disturbed
-by other work on a shared machine), and of the whole decode's wall clock.
+the model stage (what the order itself costs; its minimum too), of the whole decode's wall
+clock and of its thread CPU time (model included; what the process itself spent, which other
+processes on a shared machine disturb least), and the median over rounds of each method's
+decode time and thread CPU time over scoring first's in the same round.
 
     python bench/cpu_decode_orders.py                  # writes bench/cpu_results/decode-orders__movielens.json
     python bench/cpu_decode_orders.py --batch 1,8 --beam 32 --repeats 9
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -38,29 +41,40 @@ from zerogr_core.decode.ops import REFERENCE  # noqa: E402
 from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, plan_rows  # noqa: E402
 
 OUT = ROOT / "bench" / "cpu_results" / "decode-orders__movielens.json"
+BASELINE = "score-first"
 
 
 def measure(index, heads, beam, make_fn, batch, methods: dict, repeats: int) -> dict:
     """Per method ``name -> (order, projection)``: medians (ms) over ``repeats`` decodes after
-    one warm-up each, the methods taking turns so that a busy machine slows them alike."""
-    samples = {name: ([], [], []) for name in methods}
+    one warm-up each, the methods taking turns so that a busy machine slows them alike (each
+    round starts with the next method, so that none always runs first)."""
+    samples = {name: ([], [], [], []) for name in methods}
     last = {}
+    names = list(methods)
     for i in range(repeats + 1):
-        for name, (order, projection) in methods.items():
-            t0 = time.perf_counter()
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            order, projection = methods[name]
+            t0, c0 = time.perf_counter(), time.thread_time()
             run = profiled_decode(index, heads, beam, order, make_fn(), batch, projection=projection)
-            wall = (time.perf_counter() - t0) * 1e3
+            wall, cpu = (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3
             last[name] = run
             if i:
-                total, decode, walls = samples[name]
+                total, decode, walls, cpus = samples[name]
                 total.append(run.total_ms)
                 decode.append(sum(r["ms"] for r in run.stage_ms if r["stage"] != "model"))
                 walls.append(wall)
+                cpus.append(cpu)
+    # the methods of one round run back to back: the median of their per-round ratio is the
+    # comparison least disturbed by other work on a shared machine
+    base = samples.get(BASELINE)
+    ratio = lambda xs, k: statistics.median(x / b for x, b in zip(xs, base[k])) if base else None  # noqa: E731
     return {name: dict(median_ms=statistics.median(total), min_ms=min(total),
                        decode_median_ms=statistics.median(decode), decode_min_ms=min(decode),
-                       wall_median_ms=statistics.median(walls), runs=repeats, projection=list(last[name].projection),
-                       result=last[name].result)
-            for name, (total, decode, walls) in samples.items()}
+                       decode_ratio_to_score_first=ratio(decode, 1),
+                       wall_median_ms=statistics.median(walls),
+                       cpu_median_ms=statistics.median(cpus), cpu_ratio_to_score_first=ratio(cpus, 3),
+                       runs=repeats, projection=list(last[name].projection), result=last[name].result)
+            for name, (total, decode, walls, cpus) in samples.items()}
 
 
 def main(argv=None) -> int:
@@ -80,6 +94,7 @@ def main(argv=None) -> int:
     index = build_index(study.catalog)
     heads = Heads.build(study.model.head_weights(), index.codebook_sizes)
     records = []
+    load_before = os.getloadavg()
     with torch.no_grad(), steady_cpu_timing(dev):
         for batch in (int(b) for b in args.batch.split(",")):
             histories, _ = users.pick(users.sample(batch, args.seed))
@@ -103,7 +118,8 @@ def main(argv=None) -> int:
             ff, df, sf = (runs[k] for k in ("filter-first (CPU plan)", "filter-first (default projection)",
                                             "score-first"))
             fig = lambda r: (f"{r['median_ms']:.1f} ({r['decode_median_ms']:.2f} median, "  # noqa: E731
-                             f"{r['decode_min_ms']:.2f} min)")
+                             f"{r['decode_min_ms']:.2f} min, x{r['decode_ratio_to_score_first']:.3f}; "
+                             f"thread CPU x{r['cpu_ratio_to_score_first']:.3f})")
             print(f"batch {batch:>3} beam {args.beam}: total ms (without the model stage): filter-first plan "
                   f"{'/'.join(plan_projection(plan))} {fig(ff)}, default projection {fig(df)}, "
                   f"score-first {fig(sf)}; plan took {plan_ms:.0f} ms; same beams as default: {same}")
@@ -111,6 +127,8 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     env = environment(dev)
     env["torch_threads"] = 1
+    # 1-minute load averages when the run started and ended: above ~1 other work shared the cores
+    env["load_average_1min"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     out.write_text(json.dumps(dict(format="zerogr-cpu-decode/1", env=env,
                                    run_command=shlex.join(["python", "bench/cpu_decode_orders.py",
                                                            *(sys.argv[1:] if argv is None else argv)]),

@@ -125,11 +125,13 @@ def log_softmax_slots_reference(slot_logits: torch.Tensor, beam_scores: torch.Te
                                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Pure-PyTorch reference of :func:`log_softmax_slots` (same signature and output)."""
     _check(slot_logits, beam_scores, out)
-    x = slot_logits.float()
-    invalid = x == float("-inf")
-    # -inf slots add exp(-inf) = 0 to the sum; a row without valid slots gives NaN here,
-    # which the mask turns back into -inf. Few ops: at decode sizes a CPU pays per op.
-    lp = torch.log_softmax(x, dim=1).add_(beam_scores[:, None]).masked_fill_(invalid, float("-inf"))
+    # -inf slots add exp(-inf) = 0 to the sum and stay -inf; a row without valid slots (its
+    # max is -inf) comes out NaN and is turned back to -inf in place. As few passes and ops
+    # as scoring first's plain softmax: at decode sizes a CPU pays per op, and a mask pass
+    # would make filtering first the slower order.
+    x = slot_logits if slot_logits.dtype == torch.float32 else slot_logits.float()
+    inf = float("inf")
+    lp = torch.log_softmax(x, dim=1).add_(beam_scores[:, None]).nan_to_num_(nan=-inf, posinf=inf, neginf=-inf)
     return lp if out is None else out.copy_(lp)
 
 

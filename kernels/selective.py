@@ -24,7 +24,7 @@ from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, use_triton
 from .filtering import TASK_WIDTH
 
 
-def _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program) -> None:
+def _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes=1) -> None:
     check_tensor("slot_tokens", slot_tokens, dtypes=(torch.int32,), ndim=2, contiguous=True)
     n_beams, K = slot_tokens.shape
     device = slot_tokens.device
@@ -39,6 +39,8 @@ def _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_pe
         raise ValueError(f"band_start={band_start} outside the {weight.shape[0]} rows of weight")
     if tasks_per_program < 1:
         raise ValueError(f"tasks_per_program must be >= 1, got {tasks_per_program}")
+    if not isinstance(h_passes, int) or h_passes < 1:
+        raise ValueError(f"h_passes must be an int >= 1, got {h_passes!r}")
 
 
 @triton.jit
@@ -46,7 +48,11 @@ def _selective_proj_kernel(hidden_ptr, weight_ptr, slot_tok_ptr, tasks_ptr, out_
                            n_tasks, K, band_start,
                            stride_hb, stride_hh, stride_wv, stride_wh,
                            H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                           TASKS_PER_PROG: tl.constexpr):
+                           TASKS_PER_PROG: tl.constexpr, H_LO: tl.constexpr, H_HI: tl.constexpr,
+                           RESUME: tl.constexpr):
+    # one pass covers hidden columns [H_LO, H_HI) (multiples of BLOCK_H; 0 and H in one
+    # pass); RESUME continues the sums a previous pass stored, so any split adds the same
+    # chunks in the same order
     offs_t = tl.arange(0, BLOCK_T)
     offs_h = tl.arange(0, BLOCK_H)
     for i in tl.static_range(TASKS_PER_PROG):
@@ -60,9 +66,12 @@ def _selective_proj_kernel(hidden_ptr, weight_ptr, slot_tok_ptr, tasks_ptr, out_
             valid = tok >= 0
             w_rows = weight_ptr + (band_start + tok).to(tl.int64) * stride_wv
             h_row = hidden_ptr + beam * stride_hb
-            acc = tl.zeros([BLOCK_T], tl.float32)
+            if RESUME:
+                acc = tl.load(out_ptr + beam * K + slot, mask=valid, other=0.0)
+            else:
+                acc = tl.zeros([BLOCK_T], tl.float32)
             # H need not be a power of two: the last chunk is masked
-            for h0 in range(0, H, BLOCK_H):
+            for h0 in range(H_LO, H_HI, BLOCK_H):
                 hh = h0 + offs_h
                 h_ok = hh < H
                 x = tl.load(h_row + hh * stride_hh, mask=h_ok, other=0.0).to(tl.float32)
@@ -72,12 +81,26 @@ def _selective_proj_kernel(hidden_ptr, weight_ptr, slot_tok_ptr, tasks_ptr, out_
             tl.store(out_ptr + beam * K + slot, acc, mask=valid)
 
 
+def h_pass_bounds(H: int, block_h: int, h_passes: int) -> list[tuple[int, int]]:
+    """Column ranges ``[(lo, hi), ...]`` of ``h_passes`` passes over ``H``, cut at multiples of
+    ``block_h`` (fewer passes when there are fewer chunks)."""
+    chunks = cdiv(H, block_h)
+    per = cdiv(chunks, min(h_passes, chunks))
+    return [(c * block_h, min((c + per) * block_h, H)) for c in range(0, chunks, per)]
+
+
+def passes_for_cache(band_rows: int, H: int, itemsize: int, cache_bytes: int = 16 << 20) -> int:
+    """Passes over H that keep one pass's slice of a band of ``band_rows`` rows within
+    ``cache_bytes`` (the rows the gathers of one pass share stay cache-resident)."""
+    return max(1, cdiv(band_rows * H * itemsize, cache_bytes))
+
+
 def selective_proj_triton(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torch.Tensor,
                           tasks: torch.Tensor, slot_logits: torch.Tensor, *, band_start: int = 0,
                           tasks_per_program: int = 1, block_h: int | None = None,
-                          num_warps: int | None = None) -> torch.Tensor:
+                          num_warps: int | None = None, h_passes: int = 1) -> torch.Tensor:
     """Triton launcher of :func:`selective_proj` (same signature and output)."""
-    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program)
+    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes)
     n_tasks = tasks.shape[0]
     if n_tasks == 0:
         return slot_logits
@@ -89,11 +112,12 @@ def selective_proj_triton(hidden: torch.Tensor, weight: torch.Tensor, slot_token
     if num_warps is None:
         num_warps = 8 if block_t * block_h >= 8192 else 4
     grid = (cdiv(n_tasks, tasks_per_program),)
-    _selective_proj_kernel[grid](
-        hidden, weight, slot_tokens, tasks, slot_logits, n_tasks, K, band_start,
-        hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
-        H=H, BLOCK_T=block_t, BLOCK_H=block_h, TASKS_PER_PROG=tasks_per_program,
-        num_warps=num_warps)
+    for i, (lo, hi) in enumerate(h_pass_bounds(H, block_h, h_passes)):
+        _selective_proj_kernel[grid](
+            hidden, weight, slot_tokens, tasks, slot_logits, n_tasks, K, band_start,
+            hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
+            H=H, BLOCK_T=block_t, BLOCK_H=block_h, TASKS_PER_PROG=tasks_per_program, H_LO=lo, H_HI=hi,
+            RESUME=i > 0, num_warps=num_warps)
     return slot_logits
 
 
@@ -112,14 +136,14 @@ def covered_slots(tasks: torch.Tensor, n_beams: int, K: int) -> torch.Tensor:
 def selective_proj_reference(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torch.Tensor,
                              tasks: torch.Tensor, slot_logits: torch.Tensor, *, band_start: int = 0,
                              tasks_per_program: int = 1, block_h: int | None = None,
-                             num_warps: int | None = None) -> torch.Tensor:
+                             num_warps: int | None = None, h_passes: int = 1) -> torch.Tensor:
     """Pure-PyTorch reference of :func:`selective_proj` (same signature and output).
 
     The tuning arguments are checked like the Triton path's and otherwise ignored.
     Candidates are processed in chunks whose float32 temporaries stay near 4 MB: cache-sized
     chunks run about four times faster on a CPU than one large pass.
     """
-    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program)
+    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes)
     n_beams, K = slot_tokens.shape
     sel = covered_slots(tasks, n_beams, K) & (slot_tokens >= 0)
     beam, slot = sel.nonzero(as_tuple=True)
@@ -134,7 +158,7 @@ def selective_proj_reference(hidden: torch.Tensor, weight: torch.Tensor, slot_to
 def selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torch.Tensor,
                    tasks: torch.Tensor, slot_logits: torch.Tensor, *, band_start: int = 0,
                    tasks_per_program: int = 1, block_h: int | None = None,
-                   num_warps: int | None = None) -> torch.Tensor:
+                   num_warps: int | None = None, h_passes: int = 1) -> torch.Tensor:
     """Compute the logits of the valid slots of every task, in place in ``slot_logits``.
 
     For every task ``(beam, start, count)`` with ``count > 0`` and every slot ``k`` in
@@ -168,6 +192,13 @@ def selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torc
         when omitted.
     num_warps : int, optional
         Triton tuning: warps per program.
+    h_passes : int
+        Triton tuning: launch the queue this many times, each over one slice of the hidden
+        dimension (cut at ``block_h`` chunks), resuming the float32 sums in ``slot_logits``.
+        Same chunks, same order: the logits are bit-identical to one pass. Each token's head
+        row is gathered once per beam that has it; a pass reads only its slice of the band,
+        which can stay in L2 where the whole band (e.g. 4096 rows × H 4096 in float32, 64 MB)
+        does not (:func:`passes_for_cache`).
 
     Returns
     -------
@@ -176,4 +207,4 @@ def selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torc
     """
     fn = selective_proj_triton if use_triton(slot_tokens) else selective_proj_reference
     return fn(hidden, weight, slot_tokens, tasks, slot_logits, band_start=band_start,
-              tasks_per_program=tasks_per_program, block_h=block_h, num_warps=num_warps)
+              tasks_per_program=tasks_per_program, block_h=block_h, num_warps=num_warps, h_passes=h_passes)

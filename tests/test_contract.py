@@ -115,7 +115,7 @@ def test_the_cpu_plan_chooses_among_equal_options():
     index = catalog_index("cpu")
     heads, hidden_fn = model("ties", torch.float32, "cpu")
     h = Heads.build(heads, index.codebook_sizes)
-    plan = make_reference_plan(index, h, BEAM, hidden_fn, BATCH, ops=REFERENCE, repeats=4)
+    plan = make_reference_plan(index, h, BEAM, hidden_fn, BATCH, ops=REFERENCE, rounds=2)
     for level, choice in enumerate(plan.steps):
         labels = {o.label for o in reference_options(index, level)}
         assert set(choice.times_us) == labels and choice.option.label in labels
@@ -134,7 +134,7 @@ def test_the_cpu_decoder_plans_once_per_shape_and_follows_its_plan(monkeypatch):
     real = decoder_mod.make_reference_plan
 
     def counted(*args, **kwargs):
-        plan = real(*args, **kwargs, repeats=4)
+        plan = real(*args, **kwargs, rounds=2)
         # force a mixed plan: what the decoder runs must follow it
         steps = tuple(type(s)(s.step, reference_options(index, s.step)[s.step % 2], s.times_us) for s in plan.steps)
         calls.append(steps)
@@ -161,3 +161,24 @@ def test_the_cpu_decoder_plans_once_per_shape_and_follows_its_plan(monkeypatch):
     assert len(calls) == 2 and set(dec.plans) == {dec.heads.shape_key(b, BEAM) for b in (1, BATCH)}
     fixed = Decoder(index, heads, BEAM, projection="selective")
     assert not fixed.plan_reference and fixed.plan(hidden_fn, BATCH) is None
+
+
+def test_the_cpu_plan_times_both_projections_in_turns_and_keeps_the_least():
+    import time
+
+    from zerogr_core.timing import fastest_us
+
+    calls = []
+    slow_once = iter([0.0, 0.02])  # the first timed call of full is disturbed by other work
+
+    def full():
+        calls.append("full")
+        time.sleep(next(slow_once, 0.0))
+
+    def selective():
+        calls.append("selective")
+        time.sleep(0.002)
+
+    times = fastest_us({"full": full, "selective": selective}, "cpu", rounds=3)
+    assert calls == ["full", "selective", "full", "selective", "selective", "full", "full", "selective"]
+    assert times["full"] < times["selective"] and times["selective"] >= 2000

@@ -7,6 +7,7 @@ from kernel_asserts import (assert_kernel_equal, kernel_device, random_dense_tab
                             random_sparse_mapping, random_states)
 from zerogr_kernels import (filter_slots_reference, naive_selective_proj, selective_proj_reference,
                             selective_proj_triton)
+from zerogr_kernels.selective import h_pass_bounds, passes_for_cache
 
 DEV = kernel_device()
 
@@ -51,6 +52,35 @@ def test_selective_matches_reference(dtype, n_beams, vocab, max_len, H, band_sta
     assert_kernel_equal(got, exp, name="slot_logits", dtype=torch.float32, atol=1e-4)
     assert torch.isneginf(got[slots.slot_tokens < 0]).all()
     assert torch.isfinite(got[slots.slot_tokens >= 0]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H,block_h,h_passes", [(200, 16, 3), (200, 16, 13), (64, 64, 4), (33, 8, 2)])
+def test_selective_in_hidden_passes_is_bit_identical(dtype, H, block_h, h_passes):
+    # 200 / 16: 13 chunks in passes of 5/5/3, or one chunk per pass; the last chunk is masked
+    slots = _slots(7, 9, 300, 150)
+    weight, hidden = _head(300 + 4, H, dtype, 5), _head(9, H, dtype, 6)
+    one = selective_proj_triton(hidden, weight, slots.slot_tokens, slots.tasks, slots.slot_logits.clone(),
+                                band_start=4, block_h=block_h)
+    split = selective_proj_triton(hidden, weight, slots.slot_tokens, slots.tasks, slots.slot_logits.clone(),
+                                  band_start=4, block_h=block_h, h_passes=h_passes)
+    rows = torch.nonzero(one != split)
+    assert rows.numel() == 0, f"first mismatches at {rows[:4].tolist()}"
+    exp = selective_proj_reference(hidden, weight, slots.slot_tokens, slots.tasks, slots.slot_logits.clone(),
+                                   band_start=4)
+    assert_kernel_equal(split, exp, name="slot_logits", dtype=torch.float32, atol=1e-4)
+
+
+def test_hidden_pass_bounds():
+    assert h_pass_bounds(200, 16, 3) == [(0, 80), (80, 160), (160, 200)]
+    assert h_pass_bounds(64, 64, 4) == [(0, 64)]
+    assert h_pass_bounds(4096, 128, 4) == [(0, 1024), (1024, 2048), (2048, 3072), (3072, 4096)]
+    # search-like step 2 (4096 rows): float32 H 4096 is 64 MB, float16 H 1024 is 8 MB
+    assert passes_for_cache(4096, 4096, 4) == 4 and passes_for_cache(4096, 1024, 2) == 1
+    with pytest.raises(ValueError, match="h_passes"):
+        selective_proj_triton(_head(2, 8, torch.float32, 1), _head(4, 8, torch.float32, 2),
+                              torch.zeros(2, 1, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32),
+                              torch.zeros(2, 1), h_passes=0)
 
 
 def test_selective_skips_tasks_with_zero_count():

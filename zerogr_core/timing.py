@@ -107,6 +107,40 @@ def median_us(fn: Callable[[], object], device, repeats: int = 20) -> float:
     return statistics.median(samples) * 1e3
 
 
+def fastest_us(fns: dict, device, rounds: int = 6) -> dict:
+    """Least time (µs) of each of several alternatives, timed in interleaved rounds.
+
+    Every function runs once untimed, then ``rounds`` times, the alternatives taking turns
+    (each round starting with the next one). On a CPU shared with other work a call can be
+    descheduled mid-way: taking turns exposes the alternatives to the same load, and the
+    least time of each is the one nothing else interrupted. CUDA: the median of graph replays
+    (:func:`median_us`), which other processes do not disturb.
+
+    Parameters
+    ----------
+    fns : dict of str to callable
+    device : torch.device or str
+    rounds : int
+
+    Returns
+    -------
+    dict of str to float
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return {k: median_us(fn, device, 4 * rounds) for k, fn in fns.items()}
+    names = list(fns)
+    best = dict.fromkeys(names, float("inf"))
+    for fn in fns.values():
+        fn()
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            fns[name]()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {k: v * 1e6 for k, v in best.items()}
+
+
 def time_step(fn: Callable[[], object], device, repeats: int, *, graph: bool) -> dict:
     """Median, p10 and p90 µs of one step function: graph replays (CUDA) or eager calls."""
     device = torch.device(device)

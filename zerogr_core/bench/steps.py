@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from zerogr_kernels import filter_slots, full_proj, naive_selective_proj, topk_gather
+from zerogr_kernels import filter_slots, full_proj, naive_selective_proj, selective_proj, topk_gather
+from zerogr_kernels.selective import passes_for_cache
 
 from ..decode.engine import StepOption, StepRunner, step_options
 from ..timing import time_step
@@ -178,9 +179,34 @@ def suite_ablation(s: Session, suite: str) -> None:
         }
         if "dense+full" in step_runners:
             variants["dense full projection"] = engine_variant("dense+full")
+        # the selective kernel over the hidden dimension in slices whose band rows fit in L2
+        # (and half and twice as many passes, to see which the GPU prefers)
+        fit = passes_for_cache(mapping.codebook, hid.shape[1], weight.element_size())
+        split_passes = sorted({p for p in (fit // 2, fit, 2 * fit) if p > 1}) if fit > 1 else []
+        sel_runner = step_runners["sparse+selective"]
+        fo = sel_runner.filter_out
+
+        def split_variant(passes: int) -> tuple:
+            def project():
+                return selective_proj(hid, weight, fo.slot_tokens, fo.tasks, fo.slot_logits, band_start=band,
+                                      h_passes=passes)
+
+            def filter_project():
+                filter_slots(states, sel_runner.K, **sel_runner.args, out=fo)
+                project()
+                return fo
+
+            return project, filter_project, lambda: sel_runner.select(filter_project(), scores), True
+
+        for passes in split_passes:
+            variants[f"slot-based selective, H in {passes} passes"] = split_variant(passes)
         # equality of the slot logits (before timing)
         full_logits = step_runners["sparse+full"].project(states, hid).slot_logits.clone()
         sel_logits = step_runners["sparse+selective"].project(states, hid).slot_logits.clone()
+        split_logits = {}
+        for passes in split_passes:
+            variants[f"slot-based selective, H in {passes} passes"][1]()
+            split_logits[passes] = fo.slot_logits.clone()
         naive_project()
         naive_top = naive_slots.slot_logits.clone()
         tol = TOLERANCE[ctx.dtype]
@@ -193,6 +219,10 @@ def suite_ablation(s: Session, suite: str) -> None:
         # selective and full keep float32 logits (one contract); the naive ablation rounds to the dtype
         agree["passed"] = agree["same_valid_slots"] and agree["max_diff_selective_vs_full"] <= CONTRACT_TOLERANCE \
             and agree["max_diff_naive_vs_full"] <= tol
+        if split_logits:  # the same float32 sums in the same order: bit-identical
+            agree["selective_h_passes"] = split_passes
+            agree["h_passes_bit_identical"] = all(torch.equal(v, sel_logits) for v in split_logits.values())
+            agree["passed"] = agree["passed"] and agree["h_passes_bit_identical"]
         s.emit(suite, "check", wl, dict(methods=["zerogr"], **shape), method="ablation", **shape,
                check="step-2 logits agree", passed=agree["passed"], details=agree)
         valid = int(fin.sum())

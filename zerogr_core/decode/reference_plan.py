@@ -20,14 +20,14 @@ from .engine import StepOption
 from .heads import Heads
 from .ops import DISPATCH, KernelOps
 from .orders import PROJECTIONS, FilterFirst
-from ..timing import median_us
+from ..timing import fastest_us
 from .planner import Plan, StepChoice
 from .search import HiddenFn, beam_search
 
 REFERENCE_TOPK = "reference"
 """Top-k path of every reference option: the ops' ``topk`` (a stable sort on a CPU)."""
-REPEATS = 12
-"""Timing repeats per option (the wall-clock timer keeps a quarter of them, at least 3)."""
+ROUNDS = 6
+"""Timed calls per option, the two projections taking turns (:func:`~zerogr_core.timing.fastest_us`)."""
 
 
 def reference_options(index: StepIndex, step: int) -> list[StepOption]:
@@ -43,12 +43,14 @@ def projection_of(option: StepOption) -> str:
 
 @torch.no_grad()
 def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_fn: HiddenFn, batch: int,
-                        ops: KernelOps = DISPATCH, repeats: int = REPEATS) -> Plan:
+                        ops: KernelOps = DISPATCH, rounds: int = ROUNDS) -> Plan:
     """Time both projections of every step on its real inputs and keep the faster.
 
     One decode records each step's beam states, hidden
     states and scores; each option then runs the step's filtering, projection and
-    normalisation on them, timed by :func:`zerogr_core.timing.median_us` (median wall clock).
+    normalisation on them, the two taking turns for ``rounds`` calls each; the least wall
+    clock of each is compared (:func:`zerogr_core.timing.fastest_us`: a CPU shared with other
+    work slows single calls, never all of them).
 
     Parameters
     ----------
@@ -59,7 +61,7 @@ def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_
     batch : int
     ops : KernelOps
         The ops the decode will run (the references on a CPU).
-    repeats : int
+    rounds : int
 
     Returns
     -------
@@ -78,11 +80,10 @@ def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_
                 hidden_size=heads.hidden_size, device=index.device, ops=ops)
     steps = []
     for level, (states, hidden, scores) in enumerate(record):
-        times = {}
-        for option in reference_options(index, level):
-            run = runners[projection_of(option)]
-            times[option.label] = median_us(lambda: run(level, states, hidden, scores), index.device, repeats)
-        best = min(reference_options(index, level), key=lambda o: times[o.label])
+        options = reference_options(index, level)
+        times = fastest_us({o.label: (lambda run=runners[projection_of(o)]: run(level, states, hidden, scores))
+                            for o in options}, index.device, rounds)
+        best = min(options, key=lambda o: times[o.label])
         steps.append(StepChoice(level, best, times))
     return Plan(heads.shape_key(batch, beam_width), tuple(steps), str(index.device))
 
