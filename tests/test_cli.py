@@ -220,3 +220,13 @@ def test_plan_on_a_missing_gpu_is_one_line(capsys):
         pytest.skip("this machine has a CUDA device")
     code, out, err = run_main(capsys, "plan", "tiny", "--device", "cuda")
     assert code != 0 and err.count("\n") == 1 and "no CUDA device here" in err
+
+
+def test_a_missing_optional_package_is_one_line():
+    # A file catalog needs Polars; without it the CLI names the package instead of a traceback.
+    code = ("import sys; sys.modules['polars'] = None; from zerogr_core.cli import main; "
+            "sys.exit(main(['stats', 'sample_catalogs/tiny.csv']))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert "'polars'" in result.stderr

@@ -500,6 +500,11 @@ def main(argv=None) -> int:
     except (ZeroGRError, OSError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as err:
+        # an optional library this command needs (e.g. polars on a GPU image without it)
+        print(f"error: this command needs the Python package {err.name!r}, which is not installed "
+              f"(pip install -r requirements.txt)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
