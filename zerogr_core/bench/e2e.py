@@ -9,8 +9,11 @@ Methods
 zerogr
     Filtering first in ZeroGR's engine with the model's KV-cache step model
     (:class:`~zerogr_core.models.t5.T5StepModel`: one encoder memory per request, static
-    caches; or the decoder-only recommender's): the prefill runs outside, and one CUDA
-    graph replay runs every model step and the constrained decode on a GPU.
+    caches; or the decoder-only recommender's). On a GPU one CUDA graph replay runs the
+    constrained decode and every model step, and for T5 the prefill too (encoder and
+    cross-attention keys/values, :meth:`~zerogr_core.models.t5.T5StepModel.stage`); the
+    decoder-only model prefills outside. ``--prefill outside`` runs T5's prefill eagerly
+    before the graph instead, for every loop method alike.
 zerogr-hf-cache
     Filtering first with the model's own Hugging Face caches
     (:class:`~zerogr_core.hf.HFStepModel`, eager engine; T5 only): a cross-check of the items.
@@ -24,7 +27,7 @@ unconstrained
     level's band, no mask), in one CUDA graph.
 model-only
     The same loop whose steps select nothing (fixed beams): the model's prefill and its
-    L steps alone. ``1 - model-only / zerogr`` is constrained decoding's share of ZeroGR's
+    L steps alone (prefill handled as ``zerogr`` handles it). ``1 - model-only / zerogr`` is constrained decoding's share of ZeroGR's
     end-to-end time.
 hf-constrained
     Hugging Face ``generate(num_beams=M, num_return_sequences=M,
@@ -239,6 +242,9 @@ def register(subparsers) -> None:
                         "(default: both; quick: tiger)")
     p.add_argument("--preset", default=None, help="tiger (default) or quick")
     p.add_argument("--dtype", default="fp32", choices=tuple(DTYPES), help="model dtype (default fp32)")
+    p.add_argument("--prefill", default="inside", choices=("inside", "outside"),
+                   help="T5 on a GPU: run the prefill inside each loop method's CUDA graph (default) or eagerly "
+                        "before it")
     p.add_argument("--quick", action="store_true", help="CPU/CI mode: the quick preset, batches 1,2, beam 4, 2 repeats")
     p.add_argument("--methods", default=None, help=f"comma list of {', '.join(METHODS)} (default: all)")
     p.add_argument("--batch", default=None, help="batch sizes (default 1,8,32)")
@@ -324,7 +330,8 @@ def run_e2e(args: argparse.Namespace) -> int:
         parts = ["python", "-m", "zerogr_core", "bench-e2e", "--model", kind, "--catalog", name, "--dtype",
                  args.dtype, "--preset", preset, "--methods", ",".join(methods), "--batch",
                  ",".join(map(str, batches)), "--beam", ",".join(map(str, beams)), "--repeats", str(repeats),
-                 "--hf-repeats", str(hf_repeats), "--warmup", str(warmup), "--seed", str(seed)]
+                 "--hf-repeats", str(hf_repeats), "--warmup", str(warmup), "--seed", str(seed),
+                 "--prefill", args.prefill]
         parts += ["--items", str(items)] if items is not None else []
         parts += ["--quick"] if quick else []
         parts += ["--device", str(device)] if device.type != "cuda" else []
@@ -349,7 +356,7 @@ def run_e2e(args: argparse.Namespace) -> int:
               flush=True)
         try:
             errors += _run(cfg, kind, name, catalog, dtype, methods, batches, beams, repeats, hf_repeats, warmup,
-                           seed, device, writer, env, command, block_end)
+                           seed, device, writer, env, command, block_end, args.prefill)
         finally:
             writer.close()
             written += len(writer.records)
@@ -364,8 +371,9 @@ class LoopServing:
 
     Per batch size, one :class:`~zerogr_core.decode.loop.BeamLoop` whose steps are
     ``make_step(batch)`` (``fn(level, states, hidden, scores) -> TopkOut``); on a GPU its
-    whole decode, model steps included, is captured in one CUDA graph after the prefill
-    and captured again when the prefill's static buffers change (a new input shape).
+    whole decode, model steps included (and the prefill, for a model that stages it), is
+    captured in one CUDA graph and captured again when the model's static buffers change
+    (a new input shape).
 
     Parameters
     ----------
@@ -375,23 +383,31 @@ class LoopServing:
     dtype : torch.dtype
         The heads' dtype (what the steps read).
     device : torch.device
+    stage : bool
+        Stage the requests (:func:`~zerogr_core.models.protocol.load_requests`): a model
+        with ``stage`` runs its prefill at step 0, inside the graph, as ``zerogr`` does.
     """
 
-    def __init__(self, step_model, make_step, n_levels: int, beam_width: int, hidden_size: int, dtype, device):
+    def __init__(self, step_model, make_step, n_levels: int, beam_width: int, hidden_size: int, dtype, device,
+                 stage: bool = True):
         self.step_model, self.make_step = step_model, make_step
+        self.stage = stage
         self.n_levels, self.beam_width, self.hidden_size = n_levels, beam_width, hidden_size
         self.dtype, self.device = dtype, device
         self.loops: dict = {}
         self.graph_error = None
         self.loop_name = "ZeroGR beam loop, CUDA graph" if device.type == "cuda" else "ZeroGR beam loop, eager"
+        if device.type == "cuda" and stage and callable(getattr(step_model, "stage", None)):
+            self.loop_name += ", prefill inside"
 
     def decode(self, ids, mask):
-        """Prefill (outside the graph) and decode; returns (tokens, scores, states), cloned."""
+        """Prefill (inside the graph when staged) and decode; returns (tokens, scores, states), cloned."""
         from ..decode.loop import BeamLoop, PrefixStep
+        from ..models.protocol import load_requests
         from ..timing import capture
 
         batch = int(ids.shape[0])
-        self.step_model.prefill(ids, mask, beam_width=self.beam_width)
+        load_requests(self.step_model, ids, mask, beam_width=self.beam_width, stage=self.stage)
         entry = self.loops.get(batch)
         if entry is None:
             step = self.make_step(batch)
@@ -447,13 +463,16 @@ class FixedBeams:
 class Workbench:
     """Model, index, requests and the decoders of every method, for one model and catalog."""
 
-    def __init__(self, cfg: E2EConfig, kind: str, catalog, dtype, device, seed: int):
+    def __init__(self, cfg: E2EConfig, kind: str, catalog, dtype, device, seed: int, prefill: str = "inside"):
         import torch
 
         from ..decode.heads import Heads
         from ..index import build_index
 
         self.cfg, self.kind, self.dtype, self.device, self.seed = cfg, kind, dtype, device, seed
+        # every loop method stages its requests alike (T5 on a GPU), so shares compare like with like
+        self.stage = prefill == "inside" and device.type == "cuda" and kind == "t5"
+        self.prefill_where = "inside the graph" if self.stage else "outside the graph"
         self.catalog = catalog
         self.index = build_index(catalog, device=device)
         sizes = [int(s) for s in catalog.codebook_sizes]
@@ -541,7 +560,7 @@ class Workbench:
                       "unconstrained": lambda b: UnconstrainedStep(self.heads, b, beam),
                       "model-only": lambda b: FixedBeams(b, beam, self.device)}
             serving = LoopServing(self.step_model(), makers[method], L, beam, self.heads.hidden_size,
-                                  self.heads.dtype, self.device)
+                                  self.heads.dtype, self.device, stage=self.stage)
 
             def loop(ids, mask):
                 with torch.no_grad():
@@ -558,7 +577,7 @@ class Workbench:
         if self.kind == "t5":
             step_model = None if method == "zerogr-hf-cache" else self.step_model()
             run = HFGenerator(self.model, self.index, beam_width=beam, token_offsets=self.offsets,
-                              step_model=step_model).serving
+                              step_model=step_model, prefill="auto" if self.stage else "outside").serving
         else:
             run = StepDecoder(self.step_model(), self.index, self.head, beam_width=beam, band_offsets=self.offsets)
 
@@ -566,8 +585,9 @@ class Workbench:
             result = run.decode(ids, mask)
             engine = run.decoder.gpu_engine
             loop = "reference (eager)" if engine is None else \
-                ("engine, CUDA graph, model inside" if engine.use_graph and engine.graph_error is None
-                 else "engine, eager")
+                ("engine, CUDA graph, model inside" + (", prefill inside" if run.prefill_in_graph else "")
+                 if engine.use_graph and engine.graph_error is None
+                 else "engine, eager" + (f" (capture failed: {engine.graph_error})" if engine.graph_error else ""))
 
             def valid():
                 finite = result.scores > float("-inf")
@@ -608,19 +628,19 @@ def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
 
 
 def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repeats, hf_repeats, warmup, seed, device,
-         writer, env, command, deadline):
+         writer, env, command, deadline, prefill="inside"):
     import torch
 
     from ..timing import summarize, time_runs
 
     t = time.perf_counter()
-    wb = Workbench(cfg, kind, catalog, dtype, device, seed)
+    wb = Workbench(cfg, kind, catalog, dtype, device, seed, prefill)
     print(f"bench-e2e: {kind} model {wb.parameters:,} parameters on {catalog_name}, set up in "
           f"{time.perf_counter() - t:.1f} s", flush=True)
     base = dict(suite="e2e", env=env, run_command=command, seed=seed, catalog=f"{catalog_name}-{catalog_label(catalog)}",
                 n_items=catalog.n_items, codebooks="/".join(map(str, catalog.codebook_sizes)),
                 parameters=wb.parameters, history_items=wb.history, dtype=str(dtype).replace("torch.", ""),
-                device=str(device), model_kind=kind, **wb.fields)
+                device=str(device), model_kind=kind, prefill=wb.prefill_where, **wb.fields)
     errors = 0
     for beam in beams:
         runners = {}

@@ -226,10 +226,13 @@ class HFGenerator:
         What computes the hidden states (default :class:`HFStepModel` of ``model``), e.g.
         :class:`zerogr_core.models.t5.T5StepModel`.
     decoder_start_token_id : int, optional
+    prefill : {"auto", "inside", "outside"}
+        Where the step model's prefill runs (:class:`~zerogr_core.models.protocol.StepDecoder`).
     """
 
     def __init__(self, model, index, *, beam_width: int, token_offsets: Sequence[int],
-                 order: str = "filter-first", step_model=None, decoder_start_token_id: int | None = None):
+                 order: str = "filter-first", step_model=None, decoder_start_token_id: int | None = None,
+                 prefill: str = "auto"):
         if order not in ORDERS:
             raise ZeroGRError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         _, _, weight = output_head(model)
@@ -239,7 +242,7 @@ class HFGenerator:
         self.step_model = step_model if step_model is not None else \
             HFStepModel(model, offsets, decoder_start_token_id)
         self.serving = StepDecoder(self.step_model, index, weight.detach(), beam_width=beam_width, order=order,
-                                   band_offsets=offsets)
+                                   band_offsets=offsets, prefill=prefill)
         self.decoder = self.serving.decoder
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):

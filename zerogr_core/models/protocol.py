@@ -14,6 +14,11 @@ A :class:`StepModel` serves one batch of requests at a time:
    :class:`zerogr_kernels.TopkOut` calls ``parents``. The model reorders its caches by parent,
    appends the new tokens and returns the hidden states (batch * M, H).
 
+A model may also offer ``stage(history, attention_mask, beam_width=M)``: the prefill's
+device work moved into ``step(0, …)`` (the inputs copied into static, length-bucketed
+buffers; the encoder and the cross-attention keys/values computed there), so one CUDA
+graph replay runs prefill and decode together (:func:`load_requests`).
+
 Every step writes into preallocated tensors with in-place ``index_select``/``copy_`` and
 slices whose shapes depend on the step number only, so the L steps of a decode, model
 included, can be captured in one CUDA graph and replayed for later batches of the same
@@ -221,6 +226,10 @@ class StepDecoder:
     band_offsets : sequence of int, optional
         First head row of each level for a shared head.
 
+    prefill : {"auto", "inside", "outside"}
+        Where the model's prefill runs (:data:`PREFILLS`); ``inside`` needs a model with
+        ``stage`` (:class:`~zerogr_core.models.t5.T5StepModel`).
+
     Notes
     -----
     On a CUDA index, filtering first runs in the GPU engine: the model's steps are
@@ -230,19 +239,66 @@ class StepDecoder:
     """
 
     def __init__(self, step_model: StepModel, index, heads, *, beam_width: int, order: str = "filter-first",
-                 band_offsets=None):
+                 band_offsets=None, prefill: str = "auto"):
         from ..decode.decoder import Decoder
 
+        if prefill not in PREFILLS:
+            raise ZeroGRError(f"prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
         self.step_model = step_model
         engine = "reference"
         if order == "filter-first" and index.device.type == "cuda":
             engine = "auto" if getattr(step_model, "graph_safe", False) else "eager"
         self.decoder = Decoder(index, heads, beam_width, order=order, band_offsets=band_offsets, engine=engine)
+        gpu = self.decoder.gpu_engine
+        self.stage = prefill == "inside" or (prefill == "auto" and gpu is not None and gpu.use_graph)
+        if self.stage and not can_stage(step_model):
+            if prefill == "inside":
+                raise ZeroGRError(f"prefill='inside': {type(step_model).__name__} has no stage() (capturable "
+                                  "prefill); use prefill='outside'")
+            self.stage = False
+
+    @property
+    def prefill_in_graph(self) -> bool:
+        """Whether the last decode ran the prefill inside the engine's CUDA graph."""
+        gpu = self.decoder.gpu_engine
+        return self.stage and gpu is not None and gpu.use_graph and gpu.graph_error is None
 
     @torch.no_grad()
     def decode(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        """Prefill ``history`` (outside any graph) and decode; returns a :class:`~zerogr_core.DecodeResult`."""
+        """Prefill ``history`` and decode; returns a :class:`~zerogr_core.DecodeResult`.
+
+        With ``stage`` the inputs go to the model's static buffers and its encoder runs at
+        step 0, inside the engine's graph (a failed capture is recorded in the engine's
+        ``graph_error`` and the same decode runs eagerly); otherwise the prefill runs
+        eagerly before the decode.
+        """
         if not isinstance(history, torch.Tensor):
             raise ZeroGRError(f"history: expected a torch.Tensor, got {type(history).__name__}")
-        self.step_model.prefill(history, attention_mask, beam_width=self.decoder.beam_width)
+        load_requests(self.step_model, history, attention_mask, beam_width=self.decoder.beam_width, stage=self.stage)
         return self.decoder.decode(self.step_model, int(history.shape[0]))
+
+
+#: Where a :class:`StepDecoder` runs the prefill: ``inside`` the decode (captured with it),
+#: ``outside`` before it, or ``auto`` (inside when the engine captures graphs and the model can stage).
+PREFILLS = ("auto", "inside", "outside")
+
+
+def can_stage(step_model) -> bool:
+    """Whether ``step_model`` offers a capturable prefill (``stage``, run by its step 0)."""
+    return callable(getattr(step_model, "stage", None))
+
+
+def load_requests(step_model, history: torch.Tensor, attention_mask: torch.Tensor | None, *, beam_width: int,
+                  stage: bool) -> bool:
+    """Give a step model its requests: ``stage`` them (device work at step 0) or ``prefill`` now.
+
+    Returns
+    -------
+    bool
+        Whether they were staged (``stage`` asked for and the model offers it).
+    """
+    if stage and can_stage(step_model):
+        step_model.stage(history, attention_mask, beam_width=beam_width)
+        return True
+    step_model.prefill(history, attention_mask, beam_width=beam_width)
+    return False

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ZeroGRError
-from .protocol import keep_static, reorder_rows, safe_parents
+from .protocol import _copy_into, keep_static, reorder_rows, safe_parents
 
 
 class T5StepModel:
@@ -35,9 +35,18 @@ class T5StepModel:
         Vocabulary id of token 0 of each SID level (L = its length).
     decoder_start_token_id : int, optional
         Default: ``model.config.decoder_start_token_id``.
+    history_bucket : int
+        :meth:`stage` pads the input length up to a multiple of it, so histories of
+        nearby lengths share static buffers (and one captured graph).
+
+    Notes
+    -----
+    Two prefills: :meth:`prefill` runs Hugging Face's encoder eagerly (outside any graph);
+    :meth:`stage` only copies the inputs into static buffers, and step 0 runs the encoder
+    (:meth:`encode`) inside the decode, so a CUDA graph of the decode includes it.
     """
 
-    def __init__(self, model, token_offsets, decoder_start_token_id: int | None = None):
+    def __init__(self, model, token_offsets, decoder_start_token_id: int | None = None, history_bucket: int = 16):
         self.model = model.eval()
         config = model.config
         self.token_offsets = tuple(int(o) for o in token_offsets)
@@ -56,7 +65,11 @@ class T5StepModel:
             # (1, heads, L, L): row l is the bias of query position l over key positions
             self.position_bias = first.compute_bias(self.n_levels, self.n_levels,
                                                     device=model.decoder.embed_tokens.weight.device)
+        self.history_bucket = int(history_bucket)
+        if self.history_bucket < 1:
+            raise ZeroGRError(f"history_bucket: expected an integer ≥ 1, got {history_bucket!r}")
         self.batch = 0
+        self.encode_in_step = False
         self.graph_safe = True   # static buffers only: the whole decode may be captured in a CUDA graph
 
     @property
@@ -72,10 +85,41 @@ class T5StepModel:
         b, n, _ = x.shape
         return x.view(b, n, self.heads, self.d_kv).transpose(1, 2)
 
+    def _inputs(self, history: torch.Tensor, attention_mask: torch.Tensor | None):
+        """Checked (ids, mask) on the model's device."""
+        if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[1] < 1:
+            shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
+            raise ZeroGRError(f"input_ids: expected shape (batch, T ≥ 1), got {shape}")
+        history = history.to(self.device)
+        mask = torch.ones_like(history) if attention_mask is None else attention_mask.to(self.device)
+        if mask.shape != history.shape:
+            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids "
+                              f"{tuple(history.shape)}")
+        return history, mask
+
+    def _cross(self, memory: torch.Tensor, mask: torch.Tensor):
+        """Every decoder layer's cross-attention (keys, values) and the padding bias, per request."""
+        cross_kv = []
+        for block in self.blocks:
+            attn = block.layer[1].EncDecAttention
+            cross_kv.append((self._split(attn.k(memory)), self._split(attn.v(memory))))
+        dtype = memory.dtype
+        cross_bias = torch.zeros(mask.shape[0], 1, 1, mask.shape[1], dtype=dtype, device=self.device).masked_fill(
+            mask[:, None, None, :] == 0, torch.finfo(dtype).min)
+        return cross_kv, cross_bias
+
+    def _allocate(self, b: int, beam_width: int, dtype: torch.dtype) -> None:
+        """The per-beam self-attention caches, (b · M, heads, L, d_kv) per layer."""
+        n = b * beam_width
+        self.cache = [tuple(torch.zeros(n, self.heads, self.n_levels, self.d_kv, dtype=dtype, device=self.device)
+                            for _ in range(2)) for _ in self.blocks]
+        self.batch, self.beam_width = b, beam_width
+
     @torch.no_grad()
     def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 beam_width: int) -> None:
-        """Encode the requests and compute every layer's cross-attention keys/values once.
+        """Encode the requests (Hugging Face's encoder, eagerly) and compute every layer's
+        cross-attention keys/values once.
 
         Parameters
         ----------
@@ -84,29 +128,91 @@ class T5StepModel:
         attention_mask : torch.Tensor, shape (B, T), optional
             1 on tokens, 0 on padding.
         beam_width : int
+
+        See Also
+        --------
+        stage : the same with the encoder run inside the decode (capturable in a CUDA graph).
         """
-        if history.dim() != 2:
-            raise ZeroGRError(f"input_ids: expected shape (batch, T), got {tuple(history.shape)}")
-        history = history.to(self.device)
+        history, mask = self._inputs(history, attention_mask)
         b, t = history.shape
-        mask = torch.ones_like(history) if attention_mask is None else attention_mask.to(self.device)
-        if mask.shape != history.shape:
-            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids "
-                              f"{tuple(history.shape)}")
         memory = self.model.encoder(input_ids=history, attention_mask=mask).last_hidden_state
-        cross_kv = []
-        for block in self.blocks:
-            attn = block.layer[1].EncDecAttention
-            cross_kv.append((self._split(attn.k(memory)), self._split(attn.v(memory))))
-        dtype = memory.dtype
-        cross_bias = torch.zeros(b, 1, 1, t, dtype=dtype, device=self.device).masked_fill(
-            mask[:, None, None, :] == 0, torch.finfo(dtype).min)
-        if keep_static(self, (b, t, beam_width, dtype), cross_kv=cross_kv, cross_bias=cross_bias):
+        cross_kv, cross_bias = self._cross(memory, mask)
+        self.encode_in_step = False
+        if keep_static(self, (b, t, beam_width, memory.dtype), cross_kv=cross_kv, cross_bias=cross_bias):
             return
-        n = b * beam_width
-        self.cache = [tuple(torch.zeros(n, self.heads, self.n_levels, self.d_kv, dtype=dtype, device=self.device)
-                            for _ in range(2)) for _ in self.blocks]
-        self.batch, self.beam_width = b, beam_width
+        self._allocate(b, beam_width, memory.dtype)
+
+    def bucket(self, t: int) -> int:
+        """The padded history length of a ``t``-token input: the next multiple of ``history_bucket``."""
+        return -(-t // self.history_bucket) * self.history_bucket
+
+    @torch.no_grad()
+    def stage(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+              beam_width: int) -> None:
+        """A prefill whose device work runs at step 0, so one CUDA graph holds encoder and decode.
+
+        Copies the requests into static (B, T_b) input buffers (right padding up to the
+        bucket ``T_b = bucket(T)``, masked out) and nothing else; ``step(0, …)`` then runs
+        :meth:`encode`. Inputs of one batch size and bucket reuse the same buffers (and a
+        graph captured on them replays); a new bucket allocates new ones (captured again).
+
+        Parameters
+        ----------
+        history : torch.Tensor, shape (B, T), int64
+        attention_mask : torch.Tensor, shape (B, T), optional
+            1 on tokens, 0 on padding (any padding side).
+        beam_width : int
+        """
+        history, mask = self._inputs(history, attention_mask)
+        b, t = history.shape
+        tb, dtype = self.bucket(t), self.dtype
+        key = (b, tb, beam_width, dtype, "staged")
+        if getattr(self, "_static_key", None) != key:
+            d = self.model.config.d_model
+            self.ids = torch.zeros(b, tb, dtype=torch.int64, device=self.device)
+            self.ids_mask = torch.zeros(b, tb, dtype=torch.int64, device=self.device)
+            self.memory = torch.zeros(b, tb, d, dtype=dtype, device=self.device)
+            self.cross_kv = [tuple(torch.zeros(b, self.heads, tb, self.d_kv, dtype=dtype, device=self.device)
+                                   for _ in range(2)) for _ in self.blocks]
+            self.cross_bias = torch.zeros(b, 1, 1, tb, dtype=dtype, device=self.device)
+            first = self.model.encoder.block[0].layer[0].SelfAttention
+            # (1, heads, T_b, T_b), the encoder's bidirectional relative position bias: fixed per bucket
+            self.encoder_bias = first.compute_bias(tb, tb, device=self.device).to(dtype)
+            self._allocate(b, beam_width, dtype)
+            self._static_key = key
+        self.ids[:, :t].copy_(history)
+        self.ids[:, t:].zero_()
+        self.ids_mask[:, :t].copy_(mask)
+        self.ids_mask[:, t:].zero_()
+        self.encode_in_step = True
+
+    @torch.no_grad()
+    def encode(self) -> None:
+        """The encoder and the cross-attention keys/values of the staged inputs, into static buffers.
+
+        Reads the weights of the Hugging Face encoder with its own arithmetic (RMS layer
+        norms, unscaled attention with the shared relative position bias, feed-forward
+        modules) but no host synchronisation, data-dependent shape or Python branch on
+        tensor values, so it can be captured.
+        """
+        encoder = self.model.encoder
+        dtype = self.dtype
+        pad = (self.ids_mask == 0)[:, None, None, :]
+        bias = self.encoder_bias.masked_fill(pad, torch.finfo(dtype).min)          # (B, heads, T_b, T_b)
+        x = encoder.embed_tokens(self.ids)
+        b, t, _ = x.shape
+        for block in encoder.block:
+            sa = block.layer[0]
+            attn = sa.SelfAttention
+            h = sa.layer_norm(x)
+            y = F.scaled_dot_product_attention(self._split(attn.q(h)), self._split(attn.k(h)),
+                                               self._split(attn.v(h)), attn_mask=bias, scale=1.0)
+            x = _clamp_fp16(x + attn.o(y.transpose(1, 2).reshape(b, t, -1)))
+            x = _clamp_fp16(block.layer[-1](x))
+        self.memory.copy_(encoder.final_layer_norm(x))
+        cross_kv, cross_bias = self._cross(self.memory, self.ids_mask)
+        _copy_into(self.cross_kv, cross_kv)
+        self.cross_bias.copy_(cross_bias)
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
@@ -115,6 +221,8 @@ class T5StepModel:
             raise ZeroGRError("step model: call prefill before step")
         b = self.batch
         if step == 0:
+            if self.encode_in_step:
+                self.encode()
             beams = 1
             ids = torch.full((b,), self.start, dtype=torch.int64, device=self.device)
         else:
@@ -147,3 +255,12 @@ class T5StepModel:
         if self.out_scale is not None:
             x = x * self.out_scale
         return x.view(n, -1)
+
+
+def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face T5's clamp of FP16 activations (device-side: no host synchronisation)."""
+    if x.dtype != torch.float16:
+        return x
+    top = torch.finfo(torch.float16).max
+    limit = torch.where(torch.isinf(x).any(), top - 1000, top).to(x.dtype)
+    return torch.clamp(x, min=-limit, max=limit)
