@@ -8,27 +8,73 @@ transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def test_t5_step_model_replays_in_the_engine_graph():
-    """The whole decode, T5 step model included, is captured once and replayed on new requests
-    of the same shape with the results of the eager reference."""
-    from zerogr_core import Catalog, build_index
-    from zerogr_core.hf import HFGenerator
-    from zerogr_core.models.t5 import T5StepModel
+def t5_setup():
+    """A tiny catalog and T5 on the GPU, and the same model on the CPU."""
+    from zerogr_core import Catalog
 
-    torch.backends.cuda.matmul.allow_tf32 = False
     rng = np.random.default_rng(0)
     sizes = (32, 32, 8)
     sids = np.unique(np.stack([rng.integers(0, v, 3000) for v in sizes], axis=1), axis=0)
     catalog = Catalog.from_sids(sids, sizes)
-    offsets = (3, 35, 67)
     torch.manual_seed(0)
     config = transformers.T5Config(vocab_size=75, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                                    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, dropout_rate=0.0)
     model = transformers.T5ForConditionalGeneration(config).cuda().eval()
-    gpu = HFGenerator(model, build_index(catalog, device="cuda"), beam_width=16, token_offsets=offsets,
-                      step_model=T5StepModel(model, offsets))
     cpu_model = transformers.T5ForConditionalGeneration(config).eval()
     cpu_model.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+    return catalog, (3, 35, 67), model, cpu_model
+
+
+def test_t5_prefill_inside_the_engine_graph_equals_the_reference():
+    """One graph replay runs encoder, cross-attention keys/values and every decode step: the
+    CPU reference's beams (Hugging Face's encoder, prefill outside) on new requests of the
+    same bucket (replayed, not captured again), padded histories of different lengths."""
+    from zerogr_core import build_index
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    catalog, offsets, model, cpu_model = t5_setup()
+    gpu = HFGenerator(model, build_index(catalog, device="cuda"), beam_width=16, token_offsets=offsets,
+                      step_model=T5StepModel(model, offsets))
+    cpu = HFGenerator(cpu_model, build_index(catalog), beam_width=16, token_offsets=offsets,
+                      step_model=T5StepModel(cpu_model, offsets), prefill="outside")
+    assert gpu.serving.stage
+    graph = None
+    for seed, t in ((0, 12), (1, 12), (2, 7), (3, 16)):          # one bucket of 16
+        ids = torch.from_numpy(np.random.default_rng(seed).integers(3, 75, (4, t)))
+        mask = torch.ones_like(ids)
+        mask[1, t // 2:] = 0
+        mask[3, 1:] = 0
+        got, want = gpu.generate(ids.cuda(), mask.cuda()), cpu.generate(ids, mask)
+        engine = gpu.decoder.gpu_engine
+        assert engine.graph_error is None and gpu.serving.prefill_in_graph, engine.graph_error
+        torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
+        assert (got.item_rows.cpu() == want.item_rows).float().mean() >= 0.95
+        assert (got.item_rows >= 0).all()
+        shape = next(iter(engine._shapes.values()))
+        assert shape.graph is not None and shape.graph_fn is gpu.step_model
+        if graph is not None:
+            assert shape.graph is graph                                # replayed, prefill included
+        graph = shape.graph
+    # a longer history: the next bucket, new static buffers, captured again
+    ids = torch.from_numpy(np.random.default_rng(9).integers(3, 75, (4, 20)))
+    got, want = gpu.generate(ids.cuda()), cpu.generate(ids)
+    assert shape.graph is not graph and gpu.step_model.ids.shape == (4, 32)
+    torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
+
+
+def test_t5_step_model_replays_in_the_engine_graph():
+    """The prefill outside the graph: the decode, T5 step model included, is captured once and
+    replayed on new requests of the same shape with the results of the eager reference."""
+    from zerogr_core import build_index
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    catalog, offsets, model, cpu_model = t5_setup()
+    gpu = HFGenerator(model, build_index(catalog, device="cuda"), beam_width=16, token_offsets=offsets,
+                      step_model=T5StepModel(model, offsets), prefill="outside")
     cpu = HFGenerator(cpu_model, build_index(catalog), beam_width=16, token_offsets=offsets,
                       step_model=T5StepModel(cpu_model, offsets))
     for seed in range(3):
@@ -93,7 +139,8 @@ def test_bench_e2e_runs_in_cuda_graphs(tmp_path):
     assert len(docs) == 4
     for doc in docs:
         timed = {r["method"]: r for r in doc["records"] if r["method"] != "derived"}
-        assert timed["zerogr"]["loop"] == "engine, CUDA graph, model inside"
-        assert all(timed[m]["loop"] == "ZeroGR beam loop, CUDA graph" for m in ("static", "unconstrained",
-                                                                                 "model-only"))
+        t5 = doc["records"][0]["model_kind"] == "t5"          # T5 stages its prefill into the graph
+        assert timed["zerogr"]["loop"] == "engine, CUDA graph, model inside" + (", prefill inside" if t5 else "")
+        assert all(timed[m]["loop"] == "ZeroGR beam loop, CUDA graph" + (", prefill inside" if t5 else "")
+                   for m in ("static", "unconstrained", "model-only"))
         assert all(timed[m]["valid_fraction"] == 1.0 for m in ("zerogr", "static"))

@@ -12,7 +12,8 @@ For a serving shape (batch, beam width, dtype, hidden size) the engine
 
 The steps run in the one beam loop (:class:`~zerogr_core.decode.loop.BeamLoop`). Its model
 is a ``hidden_fn(step, prefixes)`` or a prefilled step model
-(:class:`zerogr_core.models.StepModel`): the caller prefills outside the graph, and the
+(:class:`zerogr_core.models.StepModel`): the caller prefills outside the graph (or stages
+the requests, and the model's step 0 runs the prefill inside it), and the
 model's ``step(l, tokens, parents)`` (KV-cache reorder by parent included) is captured with
 the decode, reading the tokens and parents the previous step wrote into its static buffers.
 

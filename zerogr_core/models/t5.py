@@ -9,7 +9,10 @@ beams of one request share one memory, so :class:`T5StepModel`
   attention per request and head, never a per-beam copy);
 * reorders by parent only the self-attention cache, which holds at most L positions, in
   preallocated (batch · M, heads, L, d_kv) buffers;
-* precomputes the decoder's relative position bias for all L positions.
+* precomputes the decoder's relative position bias for all L positions;
+* can run its prefill inside the decode (:meth:`T5StepModel.stage`): the inputs go to
+  static, length-bucketed buffers and step 0 runs the encoder and the cross-attention
+  keys/values there, so a CUDA graph of the decode holds the whole model.
 
 It reads the weights of a ``T5ForConditionalGeneration`` (any size, ReLU or gated-GELU
 feed-forward) and reproduces its decoder's output (what ``lm_head`` reads) within
