@@ -130,3 +130,23 @@ def test_prefill_option_errors():
         T5StepModel(m, OFFSETS, history_bucket=0)
     with pytest.raises(ZeroGRError, match="attention_mask: shape"):
         T5StepModel(m, OFFSETS).stage(torch.ones(2, 4, dtype=torch.long), torch.ones(2, 5), beam_width=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_staged_decode_reads_no_tensor_value_on_the_host(dtype):
+    """On the meta device (shapes only, no values) every op that would synchronise with the
+    host (``.item()``, ``bool(tensor)``, data-dependent shapes) fails: the staged prefill and
+    the steps run there, so they can be captured; Hugging Face's own encoder cannot."""
+    config = model().config
+    with torch.device("meta"):
+        meta = transformers.T5ForConditionalGeneration(config).eval().to(dtype)
+    step_model = T5StepModel(meta, OFFSETS)
+    ids = torch.zeros(2, 9, dtype=torch.int64, device="meta")
+    step_model.stage(ids, torch.ones_like(ids), beam_width=4)
+    assert step_model.step(0, None, None).shape == (2, 32)
+    tokens = torch.zeros(2, 4, dtype=torch.int32, device="meta")
+    parents = torch.zeros(2, 4, dtype=torch.int64, device="meta")
+    for level in (1, 2):
+        assert step_model.step(level, tokens, parents).shape == (8, 32)
+    with pytest.raises(RuntimeError, match="meta"):
+        step_model.prefill(ids, torch.ones_like(ids), beam_width=4)
