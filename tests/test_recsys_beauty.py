@@ -168,6 +168,10 @@ def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
     assert blob["format"] == "zerogr-seqrec-1" and blob["study"]["name"] == "tiny"
     assert blob["sids"].shape[0] == blob["item_ids"].shape[0] == 20 and blob["sid_source"] == "rq-kmeans"
     assert blob["selection"]["epoch"] >= 1 and len(blob["history"]) >= 1
+    from zerogr_core.recsys.curves import curves_document
+    text, _ = curves_document([out])
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(blob["history"]) and f"| {blob['selection']['epoch']} (kept) |" in text
     capsys.readouterr()
     code = main(["quality", "--data", str(tmp_path / "seq.txt"), "--checkpoint", str(out), "--beam", "20",
                  "--results", str(tmp_path), "--json"])
@@ -214,3 +218,17 @@ def test_density_table_reports_step_stats():
     assert beauty.n_items == 12101 and beauty.codebook_sizes == (256, 256, 256, 256)
     rows = [dict(step=1, beams=3, mean=0.0, p90=0.0, p99=0.0, beam_density=1.0)]
     assert "| m | 1 | 3 | 0.0000 |" in invalid_mass_markdown({"m": {"invalid_mass": rows}})
+
+
+def test_shipped_beauty_checkpoints_and_their_learning_curves():
+    """The default Beauty checkpoint is the GPU recipe's; the committed curves are its history's."""
+    from zerogr_core.recsys.curves import DEFAULT_CHECKPOINTS, DEFAULT_OUT, curves_document
+    from zerogr_core.recsys.seqrec import BEAUTY_CHECKPOINT
+
+    assert DEFAULT_CHECKPOINTS[0] == BEAUTY_CHECKPOINT
+    text, runs = curves_document(DEFAULT_CHECKPOINTS)
+    assert [r["preset"] for r in runs] == ["tiger", "cpu"]
+    assert runs[0]["train"]["seed"] == 0 and 1 <= runs[0]["selection"]["epoch"] <= len(runs[0]["history"])
+    assert DEFAULT_OUT.read_text() == text, "rerun python -m zerogr_core.recsys.curves"
+    with pytest.raises(ZeroGRError, match="not a zerogr-seqrec-1 checkpoint"):
+        curves_document([ROOT / "sample_catalogs" / "movielens" / "model.pt"])
