@@ -148,6 +148,31 @@ def test_t5_hidden_fn_equals_the_hugging_face_decoder():
         torch.testing.assert_close(got.reshape(12, -1) @ model.head_weights()[step].T, band, atol=1e-5, rtol=1e-5)
 
 
+def test_t5_step_model_decodes_the_same_beams_as_hidden_fn_for():
+    pytest.importorskip("transformers")
+    from zerogr_core import Catalog, Decoder, build_index
+    from zerogr_core.models import StepDecoder
+    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+
+    torch.manual_seed(0)
+    sizes = (5, 6, 7)
+    model = T5Recommender(T5Config(encoder_layers=1, decoder_layers=2, d_model=32, n_heads=3, d_kv=8, d_ff=64,
+                                   max_items=4), sizes)
+    rng = np.random.default_rng(0)
+    catalog = Catalog.from_sids(np.unique(np.stack([rng.integers(0, v, 80) for v in sizes], 1), axis=0), sizes)
+    sids = torch.from_numpy(catalog.sids.astype(np.int64))
+    histories = [np.array([3]), np.arange(9), np.array([5, 1, 2])]
+    index = build_index(catalog)
+    for beam in (4, 40):   # 40 > |V_0| = 5: unfilled beams after step 0
+        for order in ("filter-first", "score-first"):
+            ref = Decoder(index, model.head_weights(), beam, order=order).decode(
+                model.hidden_fn_for(histories, sids), len(histories))
+            got = StepDecoder(model.step_model(), index, model.head_weights(), beam_width=beam, order=order
+                              ).decode(*model.encoder_inputs(histories, sids))
+            assert torch.equal(got.item_rows, ref.item_rows), (beam, order)
+            torch.testing.assert_close(got.scores, ref.scores, atol=1e-5, rtol=1e-5)
+
+
 def test_package_imports_without_transformers():
     script = ("import sys; sys.modules['transformers'] = None; sys.modules['polars'] = None\n"
               "import zerogr_core, zerogr_core.recsys.seqrec, zerogr_core.cli\n"
@@ -232,3 +257,34 @@ def test_shipped_beauty_checkpoints_and_their_learning_curves():
     assert DEFAULT_OUT.read_text() == text, "rerun python -m zerogr_core.recsys.curves"
     with pytest.raises(ZeroGRError, match="not a zerogr-seqrec-1 checkpoint"):
         curves_document([ROOT / "sample_catalogs" / "movielens" / "model.pt"])
+
+
+def test_top1_disagreements_are_classified_and_consistent():
+    """On an untrained T5 (much invalid mass) the two orders' top-1 items differ; every
+    disagreement gets one class, the beam scores equal the teacher-forced ones, and the
+    shrink sweep ends at scoring first's own rule (s = 0) and filtering first's (s = 1)."""
+    pytest.importorskip("transformers")
+    from zerogr_core import Catalog
+    from zerogr_core.recsys.analysis import teacher_forced, top1_disagreements, top1_markdown
+    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+    from zerogr_core.recsys.train import StudyModel
+
+    torch.manual_seed(1)
+    sizes = (4, 6, 6)
+    model = T5Recommender(T5Config(encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_kv=8, d_ff=32,
+                                   max_items=3, dropout=0.0), sizes)
+    rng = np.random.default_rng(2)
+    catalog = Catalog.from_sids(np.unique(np.stack([rng.integers(0, v, 40) for v in sizes], 1), axis=0), sizes)
+    study = StudyModel(model, catalog, torch.from_numpy(catalog.sids.astype(np.int64)), {})
+    histories = [rng.integers(0, catalog.n_items, int(rng.integers(1, 5))) for _ in range(24)]
+    full, valid = teacher_forced(study, histories[0], np.arange(catalog.n_items))
+    assert np.all(valid >= full - 1e-6) and np.allclose(valid[:, 0], full[:, 0])
+    # filtering first's per-step log-probabilities sum to one over the valid tokens: over all items, 1 in total
+    assert abs(np.exp(valid.sum(1)).sum() - 1) < 1e-4
+    diag = top1_disagreements(study, histories, beam=8, candidates=8, shrink=(1.0, 0.0))
+    assert diag["differ"] > 0 and sum(diag["classes"].values()) == diag["differ"]
+    assert diag["max_score_error"] < 1e-4
+    assert diag["shrink"][0.0] >= 1 - diag["classes"]["search_score_first"] / len(histories) - 1e-9
+    if diag["classes"]["search_filter_first"] == 0:
+        assert diag["shrink"][1.0] == pytest.approx(1 - diag["differ"] / len(histories))
+    assert f"the top-1 items differ for {diag['differ']}" in top1_markdown(diag)

@@ -112,9 +112,25 @@ def random_inputs(catalog: Catalog, hidden_size: int, dtype: str, device, batch:
     return DecodeInputs(heads, bands, fn, ("random", hidden_size, dtype, str(device)))
 
 
-def study_inputs(study, users, rows: np.ndarray, device) -> DecodeInputs:
-    """The bundled recommender's heads and the test users ``rows`` (of
-    :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests."""
+def study_inputs(study, users, rows: np.ndarray, device, name: str = "movielens",
+                 beam_width: int | None = None) -> DecodeInputs:
+    """A bundled recommender's heads and the test users ``rows`` (of
+    :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests.
+
+    A model that offers ``step_model()`` (the T5 recommender) is served through the step
+    protocol when ``beam_width`` is given: prefilled once for these requests (encoder and
+    cross-attention keys/values per request) and read through a
+    :class:`~zerogr_core.models.PrefixTracker`, which keeps a KV cache across the steps.
+    Other models recompute their decoder context from the prefixes at every step.
+    """
     histories, targets = users.pick(rows)
-    return DecodeInputs(study.model.head_weights(), None, study.model.hidden_fn_for(histories, study.sids),
-                        ("movielens", str(device)), targets, users.user_ids[rows])
+    model = study.model
+    if beam_width is not None and hasattr(model, "step_model"):
+        from ..models import PrefixTracker
+
+        step_model = model.step_model()
+        step_model.prefill(*model.encoder_inputs(histories, study.sids), beam_width=beam_width)
+        hidden_fn = PrefixTracker(step_model)
+    else:
+        hidden_fn = model.hidden_fn_for(histories, study.sids)
+    return DecodeInputs(model.head_weights(), None, hidden_fn, (name, str(device)), targets, users.user_ids[rows])

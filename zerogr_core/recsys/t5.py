@@ -173,6 +173,21 @@ class T5Recommender(nn.Module):
         w = self.t5.lm_head.weight.detach()
         return [w[o:o + v] for o, v in zip(self.offsets, self.codebook_sizes)]
 
+    def step_model(self):
+        """This model as a :class:`~zerogr_core.models.protocol.StepModel` (KV cache, one encoder
+        memory per request): prefill it with :meth:`encoder_inputs`; its hidden states equal
+        :meth:`hidden_fn_for`'s.
+
+        Returns
+        -------
+        zerogr_core.models.t5.T5StepModel
+            Reads this model's weights in place (eval mode).
+        """
+        from ..models.t5 import T5StepModel
+
+        self.eval()
+        return T5StepModel(self.t5, self.offsets, decoder_start_token_id=PAD)
+
     def _scale(self) -> float:
         return self.config.d_model ** -0.5 if getattr(self.t5.config, "scale_decoder_outputs", False) else 1.0
 
