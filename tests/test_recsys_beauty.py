@@ -288,3 +288,29 @@ def test_top1_disagreements_are_classified_and_consistent():
     if diag["classes"]["search_filter_first"] == 0:
         assert diag["shrink"][1.0] == pytest.approx(1 - diag["differ"] / len(histories))
     assert f"the top-1 items differ for {diag['differ']}" in top1_markdown(diag)
+
+
+def test_validity_term_ablation_trains_and_is_recorded(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+    from zerogr_core.recsys.train import ValidityTables
+
+    torch.manual_seed(0)
+    model = T5Recommender(T5Config(encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_kv=8, d_ff=32,
+                                   max_items=3, dropout=0.0), [3, 4, 5])
+    sids = torch.tensor([[0, 0, 0], [0, 1, 4], [1, 3, 2], [2, 0, 1]])
+    ids, mask = model.encoder_inputs([np.array([0, 1]), np.array([2])], sids)
+    loss, bands = model.level_logits(ids, mask, sids[[1, 3]], sids[[0, 2]])
+    torch.testing.assert_close(loss, model.loss(ids, mask, sids[[1, 3]]))
+    assert [tuple(b.shape) for b in bands[1]] == [(2, 3), (2, 4), (2, 5)]
+    from zerogr_core import Catalog
+    tables = ValidityTables(Catalog.from_sids(sids.numpy(), [3, 4, 5]), torch.device("cpu"))
+    assert float(tables.invalid_loss(bands[0], torch.tensor([1, 3])).detach()) > 0
+    write_sequences(tmp_path / "seq.txt", n_users=30, n_items=20, seed=1)
+    out = tmp_path / "v.pt"
+    assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--validity-weight", "0.625",
+                 "--out", str(out)]) == 0
+    assert torch.load(out, weights_only=True)["study"]["train"]["validity_weight"] == 0.625
+    assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--validity-weight", "-1",
+                 "--out", str(out)]) == 1
+    assert "--validity-weight must be ≥ 0, got -1.0" in capsys.readouterr().err
