@@ -116,7 +116,6 @@ def test_other_catalogs_table_quotes_the_results(medians):
 QUALITY_TABLES = {
     "### Quality: filtering first vs scoring first on MovieLens": "bench/results/quality.json",
     "**`cpu` preset, trained here**": "bench/cpu_results/quality-amazon-beauty-cpu.json",
-    "**`tiger` preset, trained on the H200**": "bench/results/quality-amazon-beauty-tiger.json",
 }
 
 
