@@ -203,6 +203,8 @@ def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["users"] == 30 and report["k"] == [1, 5, 10, 20]
+    import hashlib
+    assert report["checkpoint_sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
     for key in ("overlap", "recall_filter_first", "recall_score_first", "ndcg_filter_first", "ndcg_score_first",
                 "recall_popularity"):
         assert set(report[key]) == {"1", "5", "10", "20"}

@@ -6,12 +6,11 @@ clear message, and the leave-one-out test requests as :class:`.movielens.TestUse
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import ZeroGRError
+from . import bundled
 from .movielens import TestUsers
 
 #: The bundled data set (and the name of its app sample).
@@ -25,20 +24,14 @@ CHECKPOINT_ENV = "ZEROGR_BEAUTY_CHECKPOINT"
 
 def checkpoint_path() -> Path:
     """The bundled checkpoint, or the file named by ``$ZEROGR_BEAUTY_CHECKPOINT``."""
-    override = os.environ.get(CHECKPOINT_ENV)
-    if override:
-        return Path(override)
     from ..recsys.seqrec import BEAUTY_CHECKPOINT
 
-    return BEAUTY_CHECKPOINT
+    return bundled.checkpoint_path(CHECKPOINT_ENV, BEAUTY_CHECKPOINT)
 
 
 def available() -> bool:
     """Whether the checkpoint exists."""
-    try:
-        return checkpoint_path().is_file()
-    except OSError:
-        return False
+    return bundled.is_file(checkpoint_path())
 
 
 def bundled_study(device="cpu"):
@@ -49,19 +42,10 @@ def bundled_study(device="cpu"):
     ZeroGRError
         Missing, unreadable or foreign checkpoint.
     """
-    if not available():
-        raise ZeroGRError(MISSING)
     from ..recsys.seqrec import load_sequence_checkpoint
 
-    path = checkpoint_path()
-    try:
-        return load_sequence_checkpoint(path, device=device)
-    except ZeroGRError:
-        raise
-    except (RuntimeError, KeyError, TypeError) as err:  # weights of another model version
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ZeroGRError(f"{path}: the checkpoint does not fit this version of the recommender ({first}); "
-                          "retrain it with `python -m zerogr_core train --dataset amazon-beauty`") from None
+    return bundled.load_study(checkpoint_path(), load_sequence_checkpoint, MISSING,
+                              "python -m zerogr_core train --dataset amazon-beauty --preset tiger", device=device)
 
 
 def test_users(study) -> TestUsers:

@@ -139,6 +139,9 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
     ks = [k for k in KS if k <= args.beam]
     report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,
                           ks=ks, checkpoint=checkpoint)
+    from .train import file_sha256
+
+    report["checkpoint_sha256"] = file_sha256(Path(checkpoint))
     report["preset"] = study.meta["study"]["name"]
     report["selection"] = study.meta["selection"]
     report["learning_curve"] = study.meta["history"]
