@@ -98,17 +98,17 @@ def cached_test_users(device_name: str, dataset: str = "movielens"):
 
 
 def decode_inputs(catalog, dev: torch.device, *, bundled: bool, batch: int, seed: int, hidden: int | None = None,
-                  dtype: str = "float32", user: int | None = None, dataset: str = "movielens",
-                  beam: int | None = None) -> DecodeInputs:
+                  dtype: str = "float32", user: int | None = None, beam: int = 1,
+                  dataset: str = "movielens") -> DecodeInputs:
     """Heads and requests of a page's decode: the recommender bundled with ``dataset`` on
-    ``batch`` test users sampled with ``seed`` (or the one ``user``; a model with a step model
-    is prefilled for ``beam`` beams), or a random head of ``hidden``/``dtype`` in the catalog's
+    ``batch`` test users sampled with ``seed`` (or the one ``user``), through its KV cache
+    sized for ``beam`` beams, or a random head of ``hidden``/``dtype`` in the catalog's
     layout with ``batch`` random requests of ``seed``."""
     if not bundled:
         return random_inputs(catalog, hidden, dtype, dev, batch, seed)
     study, users = cached_study(str(dev), dataset), cached_test_users(str(dev), dataset)
     rows = np.flatnonzero(users.user_ids == user) if user is not None else users.sample(batch, seed)
-    return study_inputs(study, users, rows, dev, name=dataset, beam_width=beam)
+    return study_inputs(study, users, rows, dev, beam, name=dataset)
 
 
 # ---------------------------------------------------------------------------- active catalog

@@ -184,12 +184,12 @@ def test_beauty_model_decodes_the_app_catalog_through_its_step_model():
     rows = users.sample(3, seed=1)
     index = build_index(catalog)
     beam = 8
-    cached = study_inputs(study, users, rows, "cpu", name="amazon-beauty", beam_width=beam)
-    plain = study_inputs(study, users, rows, "cpu", name="amazon-beauty")
+    cached = study_inputs(study, users, rows, "cpu", beam, name="amazon-beauty")
+    plain = study.model.hidden_fn_for(users.pick(rows)[0], study.sids)
     assert cached.model_key == ("amazon-beauty", "cpu") and cached.targets.tolist() == users.targets[rows].tolist()
     for order in ("filter-first", "score-first"):
         decoder = Decoder(index, cached.heads, beam, order=order)
-        a, b = decoder.decode(cached.hidden_fn, 3), decoder.decode(plain.hidden_fn, 3)
+        a, b = decoder.decode(cached.hidden_fn, 3), decoder.decode(plain, 3)
         assert torch.equal(a.item_rows, b.item_rows), order
         torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-5)
 
@@ -371,3 +371,33 @@ def test_movielens_incompatible_checkpoint_is_one_clear_message(monkeypatch, tmp
     with pytest.raises(ZeroGRError, match="does not fit this version") as info:
         movielens.bundled_study()
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(not movielens.available(), reason="the bundled MovieLens checkpoint is missing")
+def test_study_inputs_serve_the_bundled_model_through_its_kv_cache():
+    """The Decode page's requests of the bundled model: a prefilled KV-cache step model that
+    every decode of the page takes (profiled orders, invalid mass, the decoder) with the
+    beams of the model's full recompute."""
+    from zerogr_core.app_support.profile import invalid_mass
+    from zerogr_core.app_support.requests import study_inputs
+    from zerogr_core.models.tiger import TigerStepModel
+
+    study = movielens.bundled_study()
+    users = movielens.test_users(study)
+    rows = users.sample(2, 0)
+    inputs = study_inputs(study, users, rows, torch.device("cpu"), beam_width=5)
+    assert isinstance(inputs.hidden_fn, TigerStepModel)
+    recompute = study.model.hidden_fn_for(users.pick(rows)[0], study.sids)
+    index = build_index(study.catalog)
+    want = {}
+    for order in ("filter-first", "score-first"):
+        got = profiled_decode(index, inputs.heads, 5, order, inputs.hidden_fn, 2).result
+        want[order] = profiled_decode(index, inputs.heads, 5, order, recompute, 2).result
+        assert torch.equal(got.item_rows, want[order].item_rows), order
+        torch.testing.assert_close(got.scores, want[order].scores, rtol=1e-5, atol=1e-5)
+    got = Decoder(index, inputs.heads, 5, engine="reference").decode(inputs.hidden_fn, 2)
+    assert torch.equal(got.item_rows, want["filter-first"].item_rows)
+    mass = invalid_mass(study.catalog, index, inputs.heads, 5, inputs.hidden_fn, 2)
+    for a, b in zip(mass, invalid_mass(study.catalog, index, inputs.heads, 5, recompute, 2), strict=True):
+        assert a["beams"] == b["beams"] and a["beam_density"] == b["beam_density"]
+        assert a["mean"] == pytest.approx(b["mean"], rel=1e-4) and a["max"] == pytest.approx(b["max"], rel=1e-4)

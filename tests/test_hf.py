@@ -248,3 +248,30 @@ def test_t5_step_model_bf16():
     tokens, parents = torch.tensor([[0, 3, 1], [2, 2, 0]]), torch.tensor([[0, 0, 0], [1, 1, 1]])
     torch.testing.assert_close(ours.step(1, tokens, parents).float(), theirs.step(1, tokens, parents).float(),
                                rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("name", ["t5", "gpt2", "llama"])
+def test_padded_requests_get_the_beams_they_get_alone(name):
+    """Histories of different lengths in one batch: the attention mask hides the padding."""
+    model, catalog = MODELS[name](), tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    batched = generate(model, ids, index, beam_width=5, token_offsets=OFFSETS, attention_mask=mask)
+    for r in range(ids.shape[0]):
+        keep = mask[r].bool()
+        alone = generate(model, ids[r:r + 1, keep], index, beam_width=5, token_offsets=OFFSETS)
+        assert torch.equal(batched.item_rows[r], alone.item_rows[0]), r
+        torch.testing.assert_close(batched.scores[r], alone.scores[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["t5", "llama"])
+@pytest.mark.parametrize("order", ["filter-first", "score-first"])
+def test_generate_in_bf16(name, order):
+    model, catalog = MODELS[name]().to(torch.bfloat16), tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    result = generate(model, ids, index, beam_width=6, token_offsets=OFFSETS, order=order, attention_mask=mask)
+    assert result.scores.dtype == torch.float32 and torch.isfinite(result.scores).all()
+    assert (result.scores[:, :-1] >= result.scores[:, 1:]).all()
+    assert (result.item_rows >= 0).all()
+    assert np.array_equal(catalog.sids[result.item_rows.numpy()].astype(np.int64), result.tokens.numpy())

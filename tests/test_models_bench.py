@@ -12,19 +12,37 @@ def test_bench_e2e_quick(tmp_path, capsys):
     assert main(["bench-e2e", "--quick", "--batch", "1,2", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "e2e-t5-fp32-4x16-2000__quick.json").read_text())
     assert doc["finished"] and doc["format"] == "zerogr-bench/1"
-    assert doc["run_command"].startswith("python -m zerogr_core bench-e2e --model t5 --dtype fp32 --preset quick")
+    assert doc["run_command"].startswith("python -m zerogr_core bench-e2e --model t5 --catalog tiger --dtype fp32 "
+                                         "--preset quick")
     assert "--quick" in doc["run_command"]
     timed = [r for r in doc["records"] if r["method"] != "derived"]
-    methods = {"zerogr", "zerogr-hf-cache", "score-first", "unconstrained", "hf-constrained", "hf-unconstrained"}
+    methods = {"zerogr", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
+               "hf-unconstrained"}
     assert {r["method"] for r in timed} == methods
     assert {(r["batch"], r["beam"]) for r in timed} == {(1, 4), (2, 4)}
     for r in timed:
         assert r["median_ms"] > 0 and r["env"]["torch"] and r["n_items"] == 2000
-        if r["method"] not in ("unconstrained", "hf-unconstrained"):
+        if r["method"] in ("zerogr", "zerogr-hf-cache", "static", "hf-constrained"):
             assert r["valid_fraction"] == 1.0, r
+        if r["method"] in ("static", "unconstrained", "model-only"):
+            assert r["loop"] == "ZeroGR beam loop, eager"
+    assert all(r["valid_fraction"] is None for r in timed if r["method"] == "model-only")
     derived = [r for r in doc["records"] if r["method"] == "derived"]
     assert len(derived) == 2 and all(r["check_same_items_as_hf_cache"] for r in derived)
-    assert all(r["speedup_vs_hf-constrained"] > 0 for r in derived)
+    for r in derived:
+        assert r["speedup_vs_hf-constrained"] > 0 and r["speedup_vs_static"] > 0
+        assert r["decode_share"] < 1 and r["model_only_ms"] > 0
+        assert "constrained_overhead_vs_unconstrained" in r
+    printed = capsys.readouterr().out
+    assert "x HF constrained" in printed and "constrained decoding" in printed
+    try:
+        import plotly  # noqa: F401  (the figures need it; the benchmark does not)
+    except ImportError:
+        return
+    from zerogr_core.bench.figures import figure_e2e, load_results
+
+    fig = figure_e2e(load_results(tmp_path))
+    assert {t.name for t in fig.data} == methods
 
 
 def test_bench_e2e_bad_arguments(capsys):
@@ -32,16 +50,19 @@ def test_bench_e2e_bad_arguments(capsys):
 
     assert main(["bench-e2e", "--quick", "--methods", "zerogr,magic"]) != 0
     assert "unknown method 'magic'" in capsys.readouterr().err
+    assert main(["bench-e2e", "--quick", "--catalog", "tiger,huge"]) != 0
+    assert "--catalog: unknown value 'huge'" in capsys.readouterr().err
 
 
-def test_bench_e2e_quick_decoder_only(tmp_path):
+def test_bench_e2e_quick_decoder_only_on_both_catalogs(tmp_path):
     from zerogr_core.cli import main
 
-    assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--dtype", "bf16", "--batch", "2",
-                 "--out", str(tmp_path)]) == 0
-    doc = json.loads((tmp_path / "e2e-decoder-only-bf16-4x16-2000__quick.json").read_text())
-    timed = [r for r in doc["records"] if r["method"] != "derived"]
-    assert {r["method"] for r in timed} == {"zerogr", "score-first", "unconstrained"}
-    assert all(r["dtype"] == "bfloat16" and r["history_items"] == 16 for r in timed)
-    assert [r["valid_fraction"] for r in timed if r["method"] != "unconstrained"] == [1.0, 1.0]
+    assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--catalog", "tiger,search", "--dtype", "bf16",
+                 "--batch", "2", "--methods", "zerogr,static,unconstrained", "--out", str(tmp_path)]) == 0
+    for name in ("e2e-decoder-only-bf16-4x16-2000__quick.json", "e2e-decoder-only-bf16-5x32-3000__quick.json"):
+        doc = json.loads((tmp_path / name).read_text())
+        timed = [r for r in doc["records"] if r["method"] != "derived"]
+        assert [r["method"] for r in timed] == ["zerogr", "static", "unconstrained"]
+        assert all(r["dtype"] == "bfloat16" and r["history_items"] == 16 for r in timed)
+        assert [r["valid_fraction"] for r in timed if r["method"] != "unconstrained"] == [1.0, 1.0]
     assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--methods", "hf-constrained"]) != 0

@@ -43,4 +43,57 @@ def test_t5_step_model_replays_in_the_engine_graph():
         assert (got.item_rows.cpu() == want.item_rows).float().mean() >= 0.95
         assert (got.item_rows >= 0).all()
     shape = next(iter(engine._shapes.values()))
-    assert shape.graph is not None and shape.graph_fn is gpu.serving._tracker     # one capture, replayed
+    graph = shape.graph
+    assert graph is not None and shape.graph_fn is gpu.step_model                 # the model inside the graph
+    assert shape.graph_key == gpu.step_model._static_key
+    # a history of another length: new static buffers, so the shape is captured again
+    ids = torch.from_numpy(np.random.default_rng(9).integers(3, 75, (4, 7)))
+    got, want = gpu.generate(ids.cuda()), cpu.generate(ids)
+    assert shape.graph is not graph and shape.graph_key == gpu.step_model._static_key
+    torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
+    assert (got.item_rows >= 0).all()
+
+
+@pytest.mark.parametrize("name", ["tiger", "decoder-only", "t5"])
+def test_kv_cache_models_in_the_engine_graph_equal_the_reference(name):
+    """Graph replays (model steps inside) give the reference's beams (every position
+    recomputed), on new requests of the same shape too."""
+    from test_loop import BATCH, BEAM, CASES
+
+    from zerogr_core import Decoder
+    from zerogr_core.decode.engine import GpuEngine
+    from zerogr_core.decode.heads import Heads
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    case = CASES[name]("cuda")
+    heads = Heads.build(case["heads"], case["index"].codebook_sizes, case["band_offsets"])
+    engine = GpuEngine(case["index"], heads, BEAM, plan_store=False)
+    reference = Decoder(case["index"], case["heads"], BEAM, band_offsets=case["band_offsets"], engine="reference")
+    for _ in range(2):
+        case["prefill"]()
+        got = engine.decode(case["step_model"], BATCH)
+        assert engine.graph_error is None, engine.graph_error
+        want = reference.decode(case["reference"], BATCH)
+        torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
+        assert (got.item_rows == want.item_rows).float().mean() >= 0.95
+        assert (got.item_rows >= 0).all()
+    shape = engine.shape_state(case["step_model"], BATCH)
+    assert shape.graph is not None and shape.graph_fn is case["step_model"]
+
+
+def test_bench_e2e_runs_in_cuda_graphs(tmp_path):
+    """The end-to-end benchmark on the GPU at tiny sizes: every loop method in a CUDA graph."""
+    import json
+
+    from zerogr_core.cli import main
+
+    assert main(["bench-e2e", "--quick", "--device", "cuda", "--model", "t5,decoder-only", "--catalog",
+                 "tiger,search", "--batch", "2", "--out", str(tmp_path)]) == 0
+    docs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
+    assert len(docs) == 4
+    for doc in docs:
+        timed = {r["method"]: r for r in doc["records"] if r["method"] != "derived"}
+        assert timed["zerogr"]["loop"] == "engine, CUDA graph, model inside"
+        assert all(timed[m]["loop"] == "ZeroGR beam loop, CUDA graph" for m in ("static", "unconstrained",
+                                                                                 "model-only"))
+        assert all(timed[m]["valid_fraction"] == 1.0 for m in ("zerogr", "static"))

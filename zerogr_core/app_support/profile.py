@@ -124,7 +124,7 @@ def profiled_decode(index: StepIndex, heads, beam_width: int, order: str, hidden
     heads : Heads, torch.Tensor (shared head) or list of torch.Tensor (per level)
     beam_width : int
     order : {"filter-first", "score-first"}
-    hidden_fn : callable(step, prefixes) -> (batch, beams, H)
+    hidden_fn : callable(step, prefixes) -> (batch, beams, H), or a prefilled StepModel
     batch : int
     band_offsets : sequence of int, optional
         For a shared head.
@@ -183,10 +183,14 @@ def invalid_mass(catalog, index: StepIndex, heads, beam_width: int, hidden_fn: H
         mass, ``beam_density`` (mean share of the level's codebook that is valid).
     """
     from ..decode.decoder import Decoder
+    from ..decode.loop import is_step_model
+    from ..models.protocol import PrefixTracker
     from ..recsys.quality import InvalidMass
     from ..recsys.validity import PrefixValidity
 
     h = heads if isinstance(heads, Heads) else Heads.build(heads, index.codebook_sizes, band_offsets)
+    if is_step_model(hidden_fn):  # the recorder reads prefixes: the tracker recovers the parents from them
+        hidden_fn = PrefixTracker(hidden_fn)
     record = InvalidMass()
     fn = record.wrap(hidden_fn, h, PrefixValidity(catalog))
     shared = h.shared is not None

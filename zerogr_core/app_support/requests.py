@@ -85,7 +85,11 @@ class DecodeInputs:
         As :class:`~zerogr_core.Decoder` takes them.
     band_offsets : tuple of int or None
         For a shared head.
-    hidden_fn : callable(step, prefixes) -> torch.Tensor
+    hidden_fn : callable(step, prefixes) -> torch.Tensor, or StepModel
+        Random requests: a ``hidden_fn``. A bundled recommender: its KV-cache step model
+        (:class:`~zerogr_core.models.tiger.TigerStepModel` or, for the T5,
+        :class:`~zerogr_core.models.t5.T5StepModel`), prefilled with the requests, which
+        every decoder takes in place of a ``hidden_fn``.
     model_key : tuple
         Identifies the model (cache key of decoders built on these heads).
     targets, user_ids : np.ndarray or None
@@ -112,25 +116,21 @@ def random_inputs(catalog: Catalog, hidden_size: int, dtype: str, device, batch:
     return DecodeInputs(heads, bands, fn, ("random", hidden_size, dtype, str(device)))
 
 
-def study_inputs(study, users, rows: np.ndarray, device, name: str = "movielens",
-                 beam_width: int | None = None) -> DecodeInputs:
+def study_inputs(study, users, rows: np.ndarray, device, beam_width: int, name: str = "movielens") -> DecodeInputs:
     """A bundled recommender's heads and the test users ``rows`` (of
-    :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests.
+    :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests, served through the
+    model's KV cache (each position computed once) for decodes of ``beam_width`` beams:
+    a :class:`~zerogr_core.models.t5.T5StepModel` for the T5 recommender (it offers
+    ``step_model()``), a :class:`~zerogr_core.models.tiger.TigerStepModel` otherwise.
+    ``name`` (the bundled data set) keys the decoders built on these heads."""
+    from ..models.tiger import TigerStepModel
 
-    A model that offers ``step_model()`` (the T5 recommender) is served through the step
-    protocol when ``beam_width`` is given: prefilled once for these requests (encoder and
-    cross-attention keys/values per request) and read through a
-    :class:`~zerogr_core.models.PrefixTracker`, which keeps a KV cache across the steps.
-    Other models recompute their decoder context from the prefixes at every step.
-    """
     histories, targets = users.pick(rows)
     model = study.model
-    if beam_width is not None and hasattr(model, "step_model"):
-        from ..models import PrefixTracker
-
+    if hasattr(model, "step_model"):
         step_model = model.step_model()
         step_model.prefill(*model.encoder_inputs(histories, study.sids), beam_width=beam_width)
-        hidden_fn = PrefixTracker(step_model)
     else:
-        hidden_fn = model.hidden_fn_for(histories, study.sids)
-    return DecodeInputs(model.head_weights(), None, hidden_fn, (name, str(device)), targets, users.user_ids[rows])
+        step_model = TigerStepModel(model)
+        step_model.prefill_rows(histories, study.sids, beam_width=beam_width)
+    return DecodeInputs(model.head_weights(), None, step_model, (name, str(device)), targets, users.user_ids[rows])

@@ -1,37 +1,50 @@
-"""``python -m zerogr_core bench-e2e``: end-to-end recommendation latency with a TIGER-size T5.
+"""``python -m zerogr_core bench-e2e``: end-to-end recommendation latency, model included.
 
-Every method decodes the same requests with the same ``T5ForConditionalGeneration``
-(random weights) over the same catalog and returns ``beam`` items per request; the time
-covers everything from input ids on the device to the returned beams (encoder included).
+Every method decodes the same requests with the same model (random weights) over the same
+catalog and returns ``beam`` items per request; the time covers everything from input ids
+on the device to the returned beams (encoder or history prefill included).
 
 Methods
 -------
+zerogr
+    Filtering first in ZeroGR's engine with the model's KV-cache step model
+    (:class:`~zerogr_core.models.t5.T5StepModel`: one encoder memory per request, static
+    caches; or the decoder-only recommender's): the prefill runs outside, and one CUDA
+    graph replay runs every model step and the constrained decode on a GPU.
+zerogr-hf-cache
+    Filtering first with the model's own Hugging Face caches
+    (:class:`~zerogr_core.hf.HFStepModel`, eager engine; T5 only): a cross-check of the items.
+static
+    STATIC-style masking in ZeroGR's beam loop with the same step model: logits over the
+    whole vocabulary, log-softmax over all of it, then the STATIC index's dense tables
+    and CSR rows keep the valid tokens (:class:`~zerogr_core.bench.methods.StaticStep`, as
+    published); the whole decode, model included, in one CUDA graph.
+unconstrained
+    Unconstrained beam search in the same loop with the same step model (top-M over each
+    level's band, no mask), in one CUDA graph.
+model-only
+    The same loop whose steps select nothing (fixed beams): the model's prefill and its
+    L steps alone. ``1 - model-only / zerogr`` is constrained decoding's share of ZeroGR's
+    end-to-end time.
 hf-constrained
     Hugging Face ``generate(num_beams=M, num_return_sequences=M,
     prefix_allowed_tokens_fn=...)``, as the open TIGER and GENRE ports call it (the prefix
-    function answers from the sorted SID table, memoised per prefix).
+    function answers from the sorted SID table, memoised per prefix; T5 only).
 hf-unconstrained
-    The same ``generate`` with no constraint.
-zerogr
-    Filtering first in ZeroGR's engine, the model as :class:`~zerogr_core.models.t5.T5StepModel`
-    (one encoder memory per request, static caches; whole decode in one CUDA graph on a GPU).
-zerogr-hf-cache
-    Filtering first with the model's own Hugging Face caches (:class:`~zerogr_core.hf.HFStepModel`).
-score-first
-    STATIC-style masking (full-vocabulary softmax, then the mask) in ZeroGR's reference
-    loop with the T5 step model.
-unconstrained
-    Unconstrained beam search in ZeroGR's reference loop with the T5 step model.
+    The same ``generate`` with no constraint (T5 only).
 
-``--model decoder-only`` runs the ZeroGR methods with the deployable decoder-only
-recommender (:mod:`zerogr_core.models.decoder_only`: 12 layers, d 1024, 256 history items,
-random weights) over the same catalog; Hugging Face has no such model to compare.
+Models: ``t5`` (a TIGER-size ``T5ForConditionalGeneration``: 4+4 layers, d_model 128,
+6 heads, d_ff 1024, 20-item histories) and ``decoder-only``
+(:mod:`zerogr_core.models.decoder_only`: 12 layers, d 1024, 256 history items).
+Catalogs: ``tiger`` (10^6 SIDs of 4 × 256 tokens) and ``search`` (the search-like
+catalog of 2·10^7 SIDs, 5 levels 8192/4096/2048/2048/2048). One result file per model
+and catalog; ``--budget-s`` is shared out between them.
 
 Examples::
 
-    python -m zerogr_core bench-e2e --quick --out /tmp/e2e            # CPU smoke run
-    python -m zerogr_core bench-e2e --batch 1,8,32 --beam 32,128,256  # the H200 run
-    python -m zerogr_core bench-e2e --model decoder-only --dtype bf16
+    python -m zerogr_core bench-e2e --quick --out /tmp/e2e                       # CPU smoke run
+    python -m zerogr_core bench-e2e --batch 1,8,32 --beam 32,128,256 --budget-s 500 --out out/e2e
+    python -m zerogr_core bench-e2e --model decoder-only --catalog tiger --dtype bf16
 """
 from __future__ import annotations
 
@@ -43,28 +56,36 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-METHODS = ("zerogr", "zerogr-hf-cache", "score-first", "unconstrained", "hf-constrained", "hf-unconstrained")
+METHODS = ("zerogr", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
+           "hf-unconstrained")
 T5_ONLY = ("zerogr-hf-cache", "hf-constrained", "hf-unconstrained")
+#: Methods of ZeroGR's beam loop with bench step types (captured with the model on a GPU).
+LOOP_METHODS = ("static", "unconstrained", "model-only")
 MODELS = ("t5", "decoder-only")
+CATALOGS = ("tiger", "search")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SPECIAL_TOKENS = 3          # pad 0, eos 1, unk 2; SID level l starts at 3 + sum(|V_<l|)
 
 
 @dataclass(frozen=True)
 class E2EConfig:
-    """Model and catalog of the end-to-end benchmark.
+    """Model shapes and catalog sizes of the end-to-end benchmark.
 
     Attributes
     ----------
     d_model, d_kv, num_heads, d_ff, layers : int
         T5 shape (``layers`` encoder and ``layers`` decoder layers).
-    codebook, levels : int
-        Catalog of ``levels`` levels of ``codebook`` tokens.
-    n_items : int
-        SIDs in the catalog.
     history : int
-        Most history items per request (each is ``levels`` encoder tokens); requests
-        carry between half of it and all of it (right padding).
+        Most history items per T5 request (each is L encoder tokens); requests carry
+        between half of it and all of it (right padding).
+    decoder_only : str
+        :class:`~zerogr_core.models.decoder_only.DecoderOnlyConfig` preset.
+    tiger_codebook, tiger_items : int
+        The ``tiger`` catalog: 4 levels of ``tiger_codebook`` tokens, ``tiger_items`` SIDs.
+    search_codebook : int or None
+        Every level's codebook of the ``search`` catalog (``None``: the search-like
+        preset's 8192/4096/2048/2048/2048).
+    search_items : int
     """
 
     d_model: int = 128
@@ -72,62 +93,78 @@ class E2EConfig:
     num_heads: int = 6
     d_ff: int = 1024
     layers: int = 4
-    codebook: int = 256
-    levels: int = 4
-    n_items: int = 1_000_000
     history: int = 20
+    decoder_only: str = "deployable"
+    tiger_codebook: int = 256
+    tiger_items: int = 1_000_000
+    search_codebook: int | None = None
+    search_items: int = 20_000_000
 
     @classmethod
     def preset(cls, name: str) -> "E2EConfig":
-        """``"tiger"`` (TIGER-size T5, 4 × 256 catalog of 10^6 SIDs) or ``"quick"`` (CPU/CI)."""
+        """``"tiger"`` (the sizes above) or ``"quick"`` (CPU/CI)."""
         presets = {"tiger": cls(),
-                   "quick": cls(d_model=32, d_kv=8, num_heads=2, d_ff=64, layers=1, codebook=16, n_items=2000,
-                                history=6)}
+                   "quick": cls(d_model=32, d_kv=8, num_heads=2, d_ff=64, layers=1, history=6, decoder_only="tiny",
+                                tiger_codebook=16, tiger_items=2000, search_codebook=32, search_items=3000)}
         if name not in presets:
             from ..errors import ZeroGRError
 
             raise ZeroGRError(f"unknown bench-e2e preset {name!r} (choose from {', '.join(presets)})")
         return presets[name]
 
-    @property
-    def token_offsets(self) -> tuple[int, ...]:
-        return tuple(SPECIAL_TOKENS + level * self.codebook for level in range(self.levels))
 
-
-def build_catalog(cfg: E2EConfig, seed: int):
-    """A synthetic ``levels`` × ``codebook`` catalog of ``n_items`` SIDs (TIGER-like fan-outs)."""
+def build_catalog(cfg: E2EConfig, name: str, seed: int, n_items: int | None = None):
+    """The ``tiger`` (4 × codebook, TIGER-like fan-outs) or ``search`` (search-like) catalog."""
     from ..catalog.synth import SynthConfig, generate
 
-    fanouts = tuple(min(float(cfg.codebook), f) for f in (40.0, 40.0, 2.5, 1.5, 1.5)[:cfg.levels - 1])
-    synth = SynthConfig(name=f"tiger-{cfg.levels}x{cfg.codebook}", codebook_sizes=(cfg.codebook,) * cfg.levels,
-                        fanouts=fanouts, dispersion=(None,) * (cfg.levels - 1))
-    return generate(synth, cfg.n_items, seed=seed)
+    if name == "search":
+        return generate("search-like", n_items or cfg.search_items, seed=seed, codebook=cfg.search_codebook)
+    v = cfg.tiger_codebook
+    synth = SynthConfig(name=f"tiger-4x{v}", codebook_sizes=(v,) * 4, fanouts=tuple(min(float(v), f) for f in
+                                                                                     (40.0, 40.0, 2.5)),
+                        dispersion=(None,) * 3)
+    return generate(synth, n_items or cfg.tiger_items, seed=seed)
 
 
-def build_model(cfg: E2EConfig, device, seed: int):
+def catalog_label(catalog) -> str:
+    """``4x256`` for equal codebooks, else the sizes joined by ``-``."""
+    sizes = [int(s) for s in catalog.codebook_sizes]
+    return f"{len(sizes)}x{sizes[0]}" if len(set(sizes)) == 1 else "-".join(map(str, sizes))
+
+
+def token_offsets(codebook_sizes) -> tuple[int, ...]:
+    """Vocabulary id of token 0 of every level: the special tokens, then one band per level."""
+    out, start = [], SPECIAL_TOKENS
+    for size in codebook_sizes:
+        out.append(start)
+        start += int(size)
+    return tuple(out)
+
+
+def build_model(cfg: E2EConfig, vocab: int, device, seed: int):
     """A T5 with random weights; vocabulary = special tokens + every level's band."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
-    config = transformers.T5Config(vocab_size=SPECIAL_TOKENS + cfg.levels * cfg.codebook, d_model=cfg.d_model,
-                                   d_kv=cfg.d_kv, d_ff=cfg.d_ff, num_layers=cfg.layers, num_decoder_layers=cfg.layers,
-                                   num_heads=cfg.num_heads, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-                                   dropout_rate=0.0)
+    config = transformers.T5Config(vocab_size=vocab, d_model=cfg.d_model, d_kv=cfg.d_kv, d_ff=cfg.d_ff,
+                                   num_layers=cfg.layers, num_decoder_layers=cfg.layers, num_heads=cfg.num_heads,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, dropout_rate=0.0)
     return transformers.T5ForConditionalGeneration(config).to(device).eval()
 
 
-def requests(catalog, cfg: E2EConfig, batch: int, device, seed: int):
-    """Input ids (batch, history · levels) of random catalog items, right-padded, and their mask."""
+def requests(catalog, history: int, offsets, batch: int, device, seed: int):
+    """Input ids (batch, history · L) of random catalog items, right-padded, and their mask."""
     import numpy as np
     import torch
 
+    levels = len(offsets)
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(max(1, cfg.history // 2), cfg.history + 1, batch)
-    rows = rng.integers(0, catalog.n_items, (batch, cfg.history))
-    ids = catalog.sids[rows].astype(np.int64) + np.array(cfg.token_offsets)
-    ids = ids.reshape(batch, cfg.history * cfg.levels)
-    mask = np.arange(cfg.history * cfg.levels)[None, :] < (lengths * cfg.levels)[:, None]
+    lengths = rng.integers(max(1, history // 2), history + 1, batch)
+    rows = rng.integers(0, catalog.n_items, (batch, history))
+    ids = catalog.sids[rows].astype(np.int64) + np.array(offsets)
+    ids = ids.reshape(batch, history * levels)
+    mask = np.arange(history * levels)[None, :] < (lengths * levels)[:, None]
     ids = np.where(mask, ids, 0)
     return torch.from_numpy(ids).to(device), torch.from_numpy(mask.astype(np.int64)).to(device)
 
@@ -187,24 +224,31 @@ class CatalogPrefixes:
 def register(subparsers) -> None:
     """Add the ``bench-e2e`` subcommand."""
     p = subparsers.add_parser(
-        "bench-e2e", help="end-to-end latency with a TIGER-size T5: ZeroGR vs Hugging Face generate",
-        description="Decode the same requests with one T5 (random weights) over one catalog: ZeroGR filtering first "
-                    "(T5 step model, and HF caches), score-first and unconstrained in ZeroGR's loop, and Hugging Face "
-                    "generate with prefix_allowed_tokens_fn and unconstrained. Results go to JSON and CSV.")
-    p.add_argument("--model", default="t5", choices=MODELS,
-                   help="t5: TIGER-size T5ForConditionalGeneration, all methods (default); decoder-only: the "
-                        "deployable decoder-only recommender (12 layers, d 1024, 256 history items), ZeroGR methods")
+        "bench-e2e", help="end-to-end latency with the model included: ZeroGR vs STATIC-style masking, "
+                          "unconstrained search and Hugging Face generate",
+        description="Decode the same requests with one model (random weights) over one catalog: ZeroGR filtering "
+                    "first with the model's KV cache inside its CUDA graph, STATIC-style masking, unconstrained "
+                    "search and the model alone in the same loop, and Hugging Face generate with "
+                    "prefix_allowed_tokens_fn and unconstrained. Results go to JSON and CSV, one pair per model and "
+                    "catalog.")
+    p.add_argument("--model", default=None,
+                   help="comma list of t5 (TIGER-size T5ForConditionalGeneration, every method) and decoder-only "
+                        "(12 layers, d 1024, 256 history items; ZeroGR's methods) (default: both; quick: t5)")
+    p.add_argument("--catalog", default=None,
+                   help="comma list of tiger (1e6 SIDs, 4x256) and search (search-like, 2e7 SIDs) "
+                        "(default: both; quick: tiger)")
     p.add_argument("--preset", default=None, help="tiger (default) or quick")
     p.add_argument("--dtype", default="fp32", choices=tuple(DTYPES), help="model dtype (default fp32)")
     p.add_argument("--quick", action="store_true", help="CPU/CI mode: the quick preset, batches 1,2, beam 4, 2 repeats")
     p.add_argument("--methods", default=None, help=f"comma list of {', '.join(METHODS)} (default: all)")
     p.add_argument("--batch", default=None, help="batch sizes (default 1,8,32)")
     p.add_argument("--beam", default=None, help="beam widths (default 32,128,256)")
-    p.add_argument("--items", default=None, metavar="N", help="catalog SIDs (default: the preset's, 1e6)")
+    p.add_argument("--items", default=None, metavar="N", help="SIDs of every catalog (default: 1e6 tiger, 2e7 search)")
     p.add_argument("--repeats", default=None, help="timed runs per measurement (default 20; quick 2)")
     p.add_argument("--hf-repeats", default=None, help="timed runs of the HF methods (default 3; quick 1)")
     p.add_argument("--warmup", default=None, help="untimed runs first (default 2; quick 1)")
-    p.add_argument("--budget-s", default=None, metavar="S", help="start no new measurement after S seconds")
+    p.add_argument("--budget-s", default=None, metavar="S",
+                   help="start no new measurement after S seconds (shared out between models and catalogs)")
     p.add_argument("--seed", default="0")
     p.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
     p.add_argument("--out", default="bench/results/e2e", metavar="DIR",
@@ -224,6 +268,12 @@ def _ints(text, option: str, default):
     return values
 
 
+def _names(text, option: str, allowed, default) -> list[str]:
+    from .commands import _list
+
+    return _list(text, option, allowed) or list(default)
+
+
 def run_e2e(args: argparse.Namespace) -> int:
     import torch
 
@@ -236,15 +286,17 @@ def run_e2e(args: argparse.Namespace) -> int:
     except ImportError:
         raise ZeroGRError("bench-e2e needs transformers (pip install -r requirements.txt)") from None
     quick = args.quick
-    cfg = E2EConfig.preset(args.preset or ("quick" if quick else "tiger"))
-    if args.items is not None:
-        cfg = replace(cfg, n_items=_ints(args.items, "--items", None)[0])
-    allowed = METHODS if args.model == "t5" else tuple(m for m in METHODS if m not in T5_ONLY)
-    methods = list(allowed) if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in allowed:
-            raise ZeroGRError(f"--methods: unknown method {m!r} for --model {args.model}; choose from "
-                              f"{', '.join(allowed)}")
+    preset = args.preset or ("quick" if quick else "tiger")
+    cfg = E2EConfig.preset(preset)
+    models = _names(args.model, "--model", MODELS, ["t5"] if quick else MODELS)
+    catalogs = _names(args.catalog, "--catalog", CATALOGS, ["tiger"] if quick else CATALOGS)
+    items = None if args.items is None else _ints(args.items, "--items", None)[0]
+    wanted = list(METHODS) if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in wanted:
+        if m not in METHODS:
+            raise ZeroGRError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
+        if m in T5_ONLY and "t5" not in models:
+            raise ZeroGRError(f"--methods: {m} needs --model t5 (Hugging Face has no decoder-only recommender here)")
     dtype = getattr(torch, DTYPES[args.dtype])
     batches = _ints(args.batch, "--batch", [1, 2] if quick else [1, 8, 32])
     beams = _ints(args.beam, "--beam", [4] if quick else [32, 128, 256])
@@ -261,60 +313,184 @@ def run_e2e(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)
 
     env = environment(device)
-    parts = ["python", "-m", "zerogr_core", "bench-e2e", "--model", args.model, "--dtype", args.dtype,
-             "--preset", args.preset or ("quick" if quick else "tiger"),
-             "--methods", ",".join(methods), "--batch", ",".join(map(str, batches)), "--beam",
-             ",".join(map(str, beams)), "--items", str(cfg.n_items), "--repeats", str(repeats), "--hf-repeats",
-             str(hf_repeats), "--warmup", str(warmup), "--seed", str(seed)]
-    parts += ["--quick"] if quick else []
-    parts += ["--device", str(device)] if device.type != "cuda" else []
-    command = shlex.join(parts)
     env["argv"] = shlex.join(sys.argv)
     out = Path(args.out)
-    stem = f"e2e-{args.model}-{args.dtype}-{cfg.levels}x{cfg.codebook}-{cfg.n_items}" + ("__quick" if quick else "")
-    writer = ResultWriter(out / f"{stem}.json", out / f"{stem}.csv", env, command)
-    print(f"bench-e2e: {command}\nbench-e2e: {env['gpu']} | torch {env['torch']} | writing {out / stem}.json",
-          flush=True)
     t0 = time.perf_counter()
-    try:
-        errors = _run(cfg, args.model, dtype, methods, batches, beams, repeats, hf_repeats, warmup, seed, device,
-                      writer, env, command, budget, t0)
-    finally:
-        writer.close()
-    print(f"bench-e2e: {len(writer.records)} records in {time.perf_counter() - t0:.1f} s", flush=True)
+    blocks = [(kind, name) for name in catalogs for kind in models]
+    built: dict = {}
+    errors, written = 0, 0
+    for i, (kind, name) in enumerate(blocks):
+        methods = [m for m in wanted if kind == "t5" or m not in T5_ONLY]
+        parts = ["python", "-m", "zerogr_core", "bench-e2e", "--model", kind, "--catalog", name, "--dtype",
+                 args.dtype, "--preset", preset, "--methods", ",".join(methods), "--batch",
+                 ",".join(map(str, batches)), "--beam", ",".join(map(str, beams)), "--repeats", str(repeats),
+                 "--hf-repeats", str(hf_repeats), "--warmup", str(warmup), "--seed", str(seed)]
+        parts += ["--items", str(items)] if items is not None else []
+        parts += ["--quick"] if quick else []
+        parts += ["--device", str(device)] if device.type != "cuda" else []
+        command = shlex.join(parts)
+        block_end = None
+        if budget is not None:
+            left = budget - (time.perf_counter() - t0)
+            if left <= 0:
+                print(f"bench-e2e: time budget spent; {kind} on {name} not run", flush=True)
+                continue
+            block_end = time.perf_counter() + left / (len(blocks) - i)
+        if name not in built:
+            t = time.perf_counter()
+            built.clear()                      # one catalog in memory at a time
+            built[name] = build_catalog(cfg, name, seed, items)
+            print(f"bench-e2e: catalog {name}: {built[name].n_items:,} SIDs {catalog_label(built[name])}, built in "
+                  f"{time.perf_counter() - t:.1f} s", flush=True)
+        catalog = built[name]
+        stem = f"e2e-{kind}-{args.dtype}-{catalog_label(catalog)}-{catalog.n_items}" + ("__quick" if quick else "")
+        writer = ResultWriter(out / f"{stem}.json", out / f"{stem}.csv", env, command)
+        print(f"bench-e2e: {command}\nbench-e2e: {env['gpu']} | torch {env['torch']} | writing {out / stem}.json",
+              flush=True)
+        try:
+            errors += _run(cfg, kind, name, catalog, dtype, methods, batches, beams, repeats, hf_repeats, warmup,
+                           seed, device, writer, env, command, block_end)
+        finally:
+            writer.close()
+            written += len(writer.records)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(f"bench-e2e: {written} records in {time.perf_counter() - t0:.1f} s", flush=True)
     return 1 if errors else 0
 
 
-class Workbench:
-    """Catalog, model, requests and the decoders of every method, for one run."""
+class LoopServing:
+    """A step model decoding in ZeroGR's beam loop with bench step types.
 
-    def __init__(self, cfg: E2EConfig, kind: str, dtype, device, seed: int):
+    Per batch size, one :class:`~zerogr_core.decode.loop.BeamLoop` whose steps are
+    ``make_step(batch)`` (``fn(level, states, hidden, scores) -> TopkOut``); on a GPU its
+    whole decode, model steps included, is captured in one CUDA graph after the prefill
+    and captured again when the prefill's static buffers change (a new input shape).
+
+    Parameters
+    ----------
+    step_model : StepModel
+    make_step : callable(batch) -> step function
+    n_levels, beam_width, hidden_size : int
+    dtype : torch.dtype
+        The heads' dtype (what the steps read).
+    device : torch.device
+    """
+
+    def __init__(self, step_model, make_step, n_levels: int, beam_width: int, hidden_size: int, dtype, device):
+        self.step_model, self.make_step = step_model, make_step
+        self.n_levels, self.beam_width, self.hidden_size = n_levels, beam_width, hidden_size
+        self.dtype, self.device = dtype, device
+        self.loops: dict = {}
+        self.graph_error = None
+        self.loop_name = "ZeroGR beam loop, CUDA graph" if device.type == "cuda" else "ZeroGR beam loop, eager"
+
+    def decode(self, ids, mask):
+        """Prefill (outside the graph) and decode; returns (tokens, scores, states), cloned."""
+        from ..decode.loop import BeamLoop, PrefixStep
+        from ..timing import capture
+
+        batch = int(ids.shape[0])
+        self.step_model.prefill(ids, mask, beam_width=self.beam_width)
+        entry = self.loops.get(batch)
+        if entry is None:
+            step = self.make_step(batch)
+            loop = BeamLoop([PrefixStep(step, level) for level in range(self.n_levels)], batch, self.beam_width,
+                            self.hidden_size, self.dtype, self.device)
+            entry = self.loops[batch] = {"loop": loop, "graph": None, "key": None}
+        loop = entry["loop"]
+        key = getattr(self.step_model, "_static_key", None)
+        if self.device.type == "cuda" and self.graph_error is None and (entry["graph"] is None or entry["key"] != key):
+            entry["graph"] = None
+            try:
+                entry["graph"], entry["outputs"] = capture(lambda: loop.run(self.step_model))
+                entry["key"] = key
+            except Exception as exc:  # noqa: BLE001 - recorded in the loop's name; the decode runs eagerly
+                import torch
+
+                torch.cuda.synchronize()
+                self.graph_error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:200]
+                self.loop_name = f"ZeroGR beam loop, eager (capture failed: {self.graph_error})"
+        if entry["graph"] is not None:
+            entry["graph"].replay()
+            out = entry["outputs"]
+        else:
+            out = loop.run(self.step_model)
+        return tuple(t.clone() for t in out)
+
+
+class FixedBeams:
+    """A step function that selects nothing: every beam continues its own row with token 0.
+
+    What the ``model-only`` method runs, so that the loop times the model's steps alone.
+    """
+
+    def __init__(self, batch: int, beam_width: int, device):
         import torch
 
+        from zerogr_kernels import TopkOut
+
+        shape = (batch, beam_width)
+        rows = torch.arange(batch, device=device)[:, None].expand(shape)
+        local = torch.arange(beam_width, device=device)[None, :].expand(shape)
+        scores = torch.zeros(shape, device=device)
+        tokens = torch.zeros(shape, dtype=torch.int32, device=device)
+        states = torch.zeros(shape, dtype=torch.int64, device=device)
+        # step 0 has one beam per request: every beam's parent is its request's row
+        self.tops = [TopkOut(scores, rows.contiguous(), tokens, states),
+                     TopkOut(scores, (rows * beam_width + local).contiguous(), tokens, states)]
+
+    def __call__(self, level, states, hidden, scores):
+        return self.tops[0 if level == 0 else 1]
+
+
+class Workbench:
+    """Model, index, requests and the decoders of every method, for one model and catalog."""
+
+    def __init__(self, cfg: E2EConfig, kind: str, catalog, dtype, device, seed: int):
+        import torch
+
+        from ..decode.heads import Heads
         from ..index import build_index
 
         self.cfg, self.kind, self.dtype, self.device, self.seed = cfg, kind, dtype, device, seed
-        self.catalog = build_catalog(cfg, seed)
-        self.index = build_index(self.catalog, device=device)
+        self.catalog = catalog
+        self.index = build_index(catalog, device=device)
+        sizes = [int(s) for s in catalog.codebook_sizes]
         if kind == "t5":
-            self.model = build_model(cfg, device, seed).to(dtype)
-            self.prefix_fn = CatalogPrefixes(self.catalog, cfg.token_offsets, start=1)
+            self.offsets = token_offsets(sizes)
+            self.model = build_model(cfg, SPECIAL_TOKENS + sum(sizes), device, seed).to(dtype)
+            self.prefix_fn = CatalogPrefixes(catalog, self.offsets, start=1)
+            self.head = self.model.lm_head.weight.detach()
             self.fields = dict(model="T5ForConditionalGeneration", d_model=cfg.d_model, d_kv=cfg.d_kv,
                                heads=cfg.num_heads, d_ff=cfg.d_ff, layers=f"{cfg.layers}+{cfg.layers}")
         else:
             from ..models.decoder_only import DecoderOnlyConfig, DecoderOnlyRecommender
 
-            mcfg = DecoderOnlyConfig.preset("tiny" if cfg.codebook < 64 else "deployable", self.catalog.codebook_sizes)
+            mcfg = DecoderOnlyConfig.preset(cfg.decoder_only, sizes)
             torch.manual_seed(seed)
             self.model = DecoderOnlyRecommender(mcfg).to(device, dtype).eval()
+            self.offsets = tuple(self.model.band_offsets)
+            self.head = self.model.head_weight()
             self.fields = dict(model="decoder-only (zerogr_core.models.decoder_only)", d_model=mcfg.d_model,
                                heads=mcfg.n_heads, d_ff=mcfg.ff_mult * mcfg.d_model, layers=str(mcfg.n_layers))
+        self.heads = Heads.build(self.head, catalog.codebook_sizes, self.offsets)
         self.parameters = sum(p.numel() for p in self.model.parameters())
+        self._static = None
 
     @property
     def history(self) -> int:
         """History items per request (at most)."""
         return self.cfg.history if self.kind == "t5" else self.model.config.max_history
+
+    @property
+    def static_index(self):
+        """The STATIC-style index, its bands where the model's head has them (built on first use)."""
+        if self._static is None:
+            from ..index.static_style import build_static_index
+
+            self._static = build_static_index(self.catalog, self.device, band_offsets=self.offsets)
+        return self._static
 
     def inputs(self, batch: int):
         """(input, mask) of ``batch`` requests: T5 input ids (right padding) or SID histories (left padding)."""
@@ -322,7 +498,7 @@ class Workbench:
         import torch
 
         if self.kind == "t5":
-            return requests(self.catalog, self.cfg, batch, self.device, self.seed + batch)
+            return requests(self.catalog, self.cfg.history, self.offsets, batch, self.device, self.seed + batch)
         rng = np.random.default_rng(self.seed + batch)
         t = self.history
         lengths = rng.integers(max(1, t // 2), t + 1, batch)
@@ -331,16 +507,22 @@ class Workbench:
         history = np.where(mask[..., None], self.catalog.sids[rows].astype(np.int64), 0)
         return torch.from_numpy(history).to(self.device), torch.from_numpy(mask).to(self.device)
 
+    def step_model(self):
+        """A fresh KV-cache step model of the model (its own static buffers)."""
+        from ..models.t5 import T5StepModel
+
+        return T5StepModel(self.model, self.offsets) if self.kind == "t5" else self.model.step_model()
+
     def serving(self, method: str, beam: int):
         """What ``method`` calls per batch: ``fn(inputs, mask) -> (result, valid_fraction, loop)``."""
         import torch
 
+        from ..decode.orders import resolve_rows
         from ..hf import HFGenerator
         from ..models.protocol import StepDecoder
-        from ..models.t5 import T5StepModel
+        from .methods import StaticStep, UnconstrainedStep
 
-        order = {"score-first": "score-first", "unconstrained": "unconstrained"}.get(method, "filter-first")
-        L = self.cfg.levels
+        L = self.index.n_levels
         if method.startswith("hf-"):
             constrained = method == "hf-constrained"
 
@@ -354,19 +536,38 @@ class Workbench:
                     out = self.model.generate(**kwargs)
                 return out, lambda: self.prefix_fn.valid(out[:, 1:1 + L]), "huggingface generate"
             return hf
+        if method in LOOP_METHODS:
+            makers = {"static": lambda b: StaticStep(self.static_index, self.heads, b, beam, "full"),
+                      "unconstrained": lambda b: UnconstrainedStep(self.heads, b, beam),
+                      "model-only": lambda b: FixedBeams(b, beam, self.device)}
+            serving = LoopServing(self.step_model(), makers[method], L, beam, self.heads.hidden_size,
+                                  self.heads.dtype, self.device)
+
+            def loop(ids, mask):
+                with torch.no_grad():
+                    tokens, scores, _ = serving.decode(ids, mask)
+
+                def valid():
+                    if method == "model-only":
+                        return None
+                    rows = resolve_rows(self.index, tokens.reshape(-1, L)).view(scores.shape)
+                    finite = scores > float("-inf")
+                    return float(((rows >= 0) & finite).sum() / finite.sum().clamp(min=1))
+                return tokens, valid, serving.loop_name
+            return loop
         if self.kind == "t5":
-            step_model = None if method == "zerogr-hf-cache" else T5StepModel(self.model, self.cfg.token_offsets)
-            run = HFGenerator(self.model, self.index, beam_width=beam, token_offsets=self.cfg.token_offsets,
-                              order=order, step_model=step_model).serving
+            step_model = None if method == "zerogr-hf-cache" else self.step_model()
+            run = HFGenerator(self.model, self.index, beam_width=beam, token_offsets=self.offsets,
+                              step_model=step_model).serving
         else:
-            run = StepDecoder(self.model.step_model(), self.index, self.model.head_weight(), beam_width=beam,
-                              order=order, band_offsets=self.model.band_offsets)
+            run = StepDecoder(self.step_model(), self.index, self.head, beam_width=beam, band_offsets=self.offsets)
 
         def ours(ids, mask):
             result = run.decode(ids, mask)
             engine = run.decoder.gpu_engine
             loop = "reference (eager)" if engine is None else \
-                ("engine, CUDA graph" if engine.use_graph and engine.graph_error is None else "engine, eager")
+                ("engine, CUDA graph, model inside" if engine.use_graph and engine.graph_error is None
+                 else "engine, eager")
 
             def valid():
                 finite = result.scores > float("-inf")
@@ -375,60 +576,108 @@ class Workbench:
         return ours
 
 
-def _run(cfg, kind, dtype, methods, batches, beams, repeats, hf_repeats, warmup, seed, device, writer, env, command,
-         budget, t0):
+def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
+    """Speed-ups, constrained decoding's overhead and share, and the item cross-check of one shape.
+
+    Returns
+    -------
+    (dict, int)
+        The record and the number of failed checks.
+    """
+    import torch
+
+    derived, errors = dict(base, method="derived"), 0
+    if "zerogr" not in medians:
+        return derived, errors
+    z = medians["zerogr"]
+    for other in ("hf-constrained", "hf-unconstrained", "zerogr-hf-cache", "static", "unconstrained"):
+        if other in medians:
+            derived[f"speedup_vs_{other}"] = medians[other] / z
+    if "unconstrained" in medians:
+        derived["constrained_overhead_vs_unconstrained"] = z / medians["unconstrained"] - 1
+    if "model-only" in medians:
+        derived["model_only_ms"] = medians["model-only"]
+        derived["decode_share"] = 1 - medians["model-only"] / z
+        if "static" in medians:
+            derived["static_decode_share"] = 1 - medians["model-only"] / medians["static"]
+    if "zerogr-hf-cache" in rows and "zerogr" in rows:
+        same = bool(torch.equal(rows["zerogr"], rows["zerogr-hf-cache"]))
+        derived["check_same_items_as_hf_cache"] = same
+        errors += 0 if same else 1
+    return derived, errors
+
+
+def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repeats, hf_repeats, warmup, seed, device,
+         writer, env, command, deadline):
     import torch
 
     from ..timing import summarize, time_runs
 
     t = time.perf_counter()
-    wb = Workbench(cfg, kind, dtype, device, seed)
-    print(f"bench-e2e: catalog {wb.catalog.n_items:,} SIDs {cfg.levels}x{cfg.codebook}, {kind} model "
-          f"{wb.parameters:,} parameters, set up in {time.perf_counter() - t:.1f} s", flush=True)
-    base = dict(suite="e2e", env=env, run_command=command, seed=seed, catalog=f"tiger-{cfg.levels}x{cfg.codebook}",
-                n_items=wb.catalog.n_items, codebooks="/".join(map(str, wb.catalog.codebook_sizes)),
+    wb = Workbench(cfg, kind, catalog, dtype, device, seed)
+    print(f"bench-e2e: {kind} model {wb.parameters:,} parameters on {catalog_name}, set up in "
+          f"{time.perf_counter() - t:.1f} s", flush=True)
+    base = dict(suite="e2e", env=env, run_command=command, seed=seed, catalog=f"{catalog_name}-{catalog_label(catalog)}",
+                n_items=catalog.n_items, codebooks="/".join(map(str, catalog.codebook_sizes)),
                 parameters=wb.parameters, history_items=wb.history, dtype=str(dtype).replace("torch.", ""),
-                device=str(device), **wb.fields)
+                device=str(device), model_kind=kind, **wb.fields)
     errors = 0
     for beam in beams:
         runners = {}
         for batch in batches:
-            if budget is not None and time.perf_counter() - t0 > budget:
-                print("bench-e2e: time budget spent; stopping", flush=True)
-                return errors
             ids, mask = wb.inputs(batch)
             shape = dict(batch=batch, beam=beam)
             medians, rows = {}, {}
             for method in methods:
+                if deadline is not None and time.perf_counter() > deadline:
+                    print(f"bench-e2e: time budget of {kind} on {catalog_name} spent; stopping", flush=True)
+                    if medians:
+                        record, bad = derived_record(dict(base, **shape), medians, rows)
+                        writer.add(record)
+                        errors += bad
+                    return errors
                 try:
                     if method not in runners:
                         runners[method] = wb.serving(method, beam)
                     run = runners[method]
                     result, valid, loop = run(ids, mask)
-                    if not method.startswith("hf-"):
+                    if method in ("zerogr", "zerogr-hf-cache"):
                         rows[method] = result.item_rows.clone()
                     stats = summarize(time_runs(lambda: run(ids, mask), device, warmup=warmup,
                                                 repeats=hf_repeats if method.startswith("hf-") else repeats))
                 except torch.cuda.OutOfMemoryError as exc:
+                    runners.pop(method, None)
                     torch.cuda.empty_cache()
                     writer.add(dict(base, method=method, **shape, error=f"out of memory: {exc}"[:300]))
                     print(f"bench-e2e: {method} batch {batch} beam {beam}: out of memory", flush=True)
                     continue
+                except Exception as exc:  # noqa: BLE001 - one failing method must not lose the others' records
+                    runners.pop(method, None)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+                    writer.add(dict(base, method=method, **shape, error=reason))
+                    print(f"bench-e2e: {method} batch {batch} beam {beam}: FAILED {reason}", flush=True)
+                    errors += 1
+                    continue
                 medians[method] = stats["median_ms"]
                 valid = valid()
                 writer.add(dict(base, method=method, loop=loop, **shape, valid_fraction=valid, **stats))
-                print(f"bench-e2e: beam {beam:4d} batch {batch:3d} {method:17s} {stats['median_ms']:10.3f} ms "
-                      f"valid {valid:.3f} ({loop})", flush=True)
-            derived = dict(base, method="derived", **shape)
-            if "zerogr" in medians:
-                for other in ("hf-constrained", "hf-unconstrained", "zerogr-hf-cache", "score-first"):
-                    if other in medians:
-                        derived[f"speedup_vs_{other}"] = medians[other] / medians["zerogr"]
-                if "unconstrained" in medians:
-                    derived["constrained_overhead_vs_unconstrained"] = medians["zerogr"] / medians["unconstrained"] - 1
-                if "zerogr-hf-cache" in rows:
-                    same = bool(torch.equal(rows["zerogr"], rows["zerogr-hf-cache"]))
-                    derived["check_same_items_as_hf_cache"] = same
-                    errors += 0 if same else 1
-            writer.add(derived)
+                shown = "   -  " if valid is None else f"{valid:.3f}"
+                print(f"bench-e2e: {kind} {catalog_name} beam {beam:4d} batch {batch:3d} {method:17s} "
+                      f"{stats['median_ms']:10.3f} ms valid {shown} ({loop})", flush=True)
+            record, bad = derived_record(dict(base, **shape), medians, rows)
+            writer.add(record)
+            errors += bad
+            summary = [text.format(record[field]) for field, text in (
+                ("speedup_vs_hf-constrained", "{:.1f}x HF constrained"),
+                ("speedup_vs_static", "{:.2f}x STATIC-style"),
+                ("constrained_overhead_vs_unconstrained", "{:+.1%} over unconstrained"),
+                ("decode_share", "constrained decoding {:.1%} of end to end")) if field in record]
+            if summary:
+                print(f"bench-e2e: {kind} {catalog_name} beam {beam:4d} batch {batch:3d} zerogr: " + ", ".join(summary),
+                      flush=True)
+        runners.clear()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return errors

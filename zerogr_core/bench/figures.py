@@ -24,13 +24,16 @@ METHOD_ORDER = ["zerogr", "static", "static-adapted", "unconstrained", "cpu-trie
 COLORS = {"zerogr": "#d62728", "static": "#1f77b4", "static-adapted": "#17becf", "unconstrained": "#7f7f7f",
           "cpu-trie": "#9467bd", "naive-selective": "#ff7f0e", "band-gemm": "#2ca02c", "head-gemm": "#8c564b",
           "band-gemm-head-dtype-out": "#98df8a"}
+#: End-to-end methods (``bench-e2e``), in legend order, and their colours.
+E2E_COLORS = {"zerogr": "#d62728", "zerogr-hf-cache": "#ff9896", "static": "#1f77b4", "unconstrained": "#7f7f7f",
+              "model-only": "#2ca02c", "hf-constrained": "#9467bd", "hf-unconstrained": "#c5b0d5"}
 STAGE_COLORS = {"filtering+projection": "#1f77b4", "normalisation": "#ff7f0e", "selection+gather": "#2ca02c"}
 STRUCT_COLORS = {"zerogr": "#d62728", "zerogr (all sparse)": "#ff9896", "static-style": "#1f77b4",
                  "sid-table-int16": "#7f7f7f", "host-trie": "#9467bd"}
 
 __all__ = ["load_results", "latency_table", "headline_rows", "figure_speedup", "figure_latency",
            "figure_beam_sweep", "figure_codebook_sweep", "figure_steps", "figure_stages", "figure_ablation",
-           "figure_memory", "figure_build", "figure_interference", "all_figures", "save_figures"]
+           "figure_memory", "figure_build", "figure_interference", "figure_e2e", "all_figures", "save_figures"]
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -359,13 +362,40 @@ def figure_interference(records: list[dict]) -> go.Figure:
 
 
 # ---------------------------------------------------------------------------- all together
+def figure_e2e(records: list[dict]) -> go.Figure:
+    """End-to-end latency (model included) of every ``bench-e2e`` method against batch size,
+    one panel per model, catalog, dtype and beam width (log-log; later records win)."""
+    panels = defaultdict(dict)
+    for r in records:
+        if r.get("suite") != "e2e" or r.get("method") not in E2E_COLORS or not r.get("median_ms"):
+            continue
+        key = (r.get("model_kind") or r.get("model"), r.get("catalog"), r.get("dtype"), r.get("beam"))
+        panels[key].setdefault(r["method"], {})[int(r["batch"])] = r["median_ms"]
+    if not panels:
+        return _empty("End-to-end latency, model included")
+    keys = sorted(panels, key=str)
+    fig, cols = _grid([f"{k[0]} · {k[1]} · {k[2]} · beam {k[3]}" for k in keys],
+                      "End-to-end latency, model included (median)", "batch size", "latency (ms)", log_y=True,
+                      log_x=True)
+    batches = set()
+    for i, key in enumerate(keys):
+        for m, color in E2E_COLORS.items():
+            pts = sorted(panels[key].get(m, {}).items())
+            batches.update(b for b, _ in pts)
+            if pts:
+                fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=m,
+                                         legendgroup=m, showlegend=i == 0, line=dict(color=color)), **_pos(i, cols))
+    _ticks(fig, batches)
+    return fig
+
+
 def all_figures(records: list[dict]) -> dict:
     """Every figure, by file stem."""
     return {"speedup": figure_speedup(records), "latency": figure_latency(records),
             "beam_sweep": figure_beam_sweep(records), "codebook_sweep": figure_codebook_sweep(records),
             "steps": figure_steps(records), "stages": figure_stages(records), "ablation": figure_ablation(records),
             "memory": figure_memory(records), "build": figure_build(records),
-            "interference": figure_interference(records)}
+            "interference": figure_interference(records), "e2e": figure_e2e(records)}
 
 
 def save_figures(records: list[dict], out_dir, png: bool = True) -> dict:

@@ -21,10 +21,12 @@
     temporary weight matrix (:func:`zerogr_kernels.naive_selective_proj`; syncs with the host,
     so it runs eagerly).
 
-Every method decodes through :class:`BeamLoop` (or the engine's equivalent) with the
-same selection kernel where the candidates are slot rows, and ``torch.topk`` where they
-are whole-vocabulary rows. The baselines extend their beams' token prefixes with separate
-PyTorch ops (:func:`zerogr_kernels.extend_prefixes`, a few µs a step); zerogr writes them in its
+Every method decodes through the one beam loop (:class:`~zerogr_core.decode.loop.BeamLoop`):
+the engine's steps, or a baseline's step function as a
+:class:`~zerogr_core.decode.loop.PrefixStep`; the same selection kernel where the
+candidates are slot rows, ``torch.topk`` where they are whole-vocabulary rows. The
+baselines extend their beams' token prefixes with separate PyTorch ops
+(:func:`zerogr_kernels.extend_prefixes`, a few µs a step); zerogr writes them in its
 selection kernel's gather. Hidden states come from a :class:`ReplayModel`: fixed static
 tensors per step, refilled from one of several pre-drawn sets between timed runs.
 """
@@ -32,11 +34,11 @@ from __future__ import annotations
 
 import torch
 
-from zerogr_kernels import (TopkOut, extend_prefixes, filter_slots, full_proj, log_softmax_slots,
-                            naive_selective_proj, topk_gather)
+from zerogr_kernels import TopkOut, filter_slots, full_proj, log_softmax_slots, naive_selective_proj, topk_gather
 
 from ..decode.engine import GpuEngine
 from ..decode.heads import Heads
+from ..decode.loop import BeamLoop, PrefixStep
 from ..index.host_trie import HostTrie
 from ..index.layout import StepIndex
 from ..index.static_style import StaticIndex
@@ -96,39 +98,6 @@ def _topk_rows(cand: torch.Tensor, batch: int, beam_width: int):
     val, idx = torch.topk(cand.view(batch, mb * width), k, dim=1)
     parents = idx // width + torch.arange(batch, device=cand.device)[:, None] * mb
     return val, parents, idx % width
-
-
-class BeamLoop:
-    """The beam-search loop of the baselines, with static prefix buffers like the engine's.
-
-    Parameters
-    ----------
-    step_fn : callable(level, states, hidden, scores) -> TopkOut
-    n_levels, batch, beam_width, hidden_size : int
-    dtype : torch.dtype
-    device : torch.device
-    """
-
-    def __init__(self, step_fn, n_levels: int, batch: int, beam_width: int, hidden_size: int,
-                 dtype: torch.dtype, device: torch.device):
-        self.step_fn, self.batch, self.H, self.dtype = step_fn, batch, hidden_size, dtype
-        self.states0 = torch.zeros(batch, dtype=torch.int64, device=device)
-        self.scores0 = torch.zeros(batch, dtype=torch.float32, device=device)
-        self.prefixes = [torch.empty(batch, 1 if l == 0 else beam_width, l, dtype=torch.int64, device=device)
-                         for l in range(n_levels + 1)]
-
-    def run(self, hidden_fn, record: list | None = None):
-        """All L steps; returns (tokens (B, M, L), scores (B, M), final states (B, M))."""
-        states, scores = self.states0, self.scores0
-        for level in range(len(self.prefixes) - 1):
-            prev = self.prefixes[level]
-            hidden = hidden_fn(level, prev).reshape(-1, self.H).to(self.dtype)
-            if record is not None:
-                record.append((states.clone(), hidden.clone(), scores.clone()))
-            top = self.step_fn(level, states, hidden, scores)
-            extend_prefixes(prev, self.prefixes[level + 1], top)
-            states, scores = top.succ.view(-1), top.scores.view(-1)
-        return self.prefixes[-1], scores.view(self.batch, -1), states.view(self.batch, -1)
 
 
 # ---------------------------------------------------------------------------- step functions
@@ -285,13 +254,14 @@ class Runner:
 
 
 class LoopRunner(Runner):
-    """A baseline: a step function driven by :class:`BeamLoop`."""
+    """A baseline: a step function (``fn(level, states, hidden, scores) -> TopkOut``) in the beam loop."""
 
     def __init__(self, name: str, step, model: ReplayModel, n_levels: int, batch: int, beam_width: int,
                  heads: Heads, capturable: bool):
         super().__init__()
         self.name, self.step, self.model, self.capturable = name, step, model, capturable
-        self.loop = BeamLoop(step, n_levels, batch, beam_width, heads.hidden_size, heads.dtype, heads.device)
+        self.loop = BeamLoop([PrefixStep(step, level) for level in range(n_levels)], batch, beam_width,
+                             heads.hidden_size, heads.dtype, heads.device)
         if not capturable:
             self.graph_error = "not capturable: the decode synchronises with the host"
 
@@ -340,8 +310,7 @@ class ZeroGRRunner(Runner):
         return self.engine.plan(self.model, self.batch)
 
     def eager(self):
-        heads = self.engine.heads
-        return self.shape.run(self.model, heads.hidden_size, heads.dtype)
+        return self.shape.run(self.model)
 
     def capture(self) -> None:
         if self.engine.index.device.type != "cuda" or not self.engine.use_graph:

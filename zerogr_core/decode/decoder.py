@@ -151,10 +151,12 @@ class Decoder:
 
         Parameters
         ----------
-        hidden_fn : callable(step, prefixes) -> torch.Tensor
+        hidden_fn : callable(step, prefixes) -> torch.Tensor, or StepModel
             ``prefixes``: int64 (batch, beams_at_step, step), -1 for unfilled beams;
             ``beams_at_step`` is 1 at step 0 and ``beam_width`` afterwards. Returns the
-            hidden states (batch, beams_at_step, H).
+            hidden states (batch, beams_at_step, H). Or a step model
+            (:class:`zerogr_core.models.StepModel`) prefilled with the ``batch_size``
+            requests: the loop calls its ``step(l, tokens, parents)``.
         batch_size : int
         allow_items, deny_items : sequence of ``batch_size`` item-id arrays (or None), optional
             Per request, only the allowed items / none of the denied items are returned
@@ -174,6 +176,11 @@ class Decoder:
             lists = self.request_lists(batch_size, allow_items, deny_items)
         if lists is not None:
             self._check_constrainable(lists, batch_size)
+        from .loop import is_step_model
+
+        if is_step_model(hidden_fn) and getattr(hidden_fn, "batch", batch_size) != batch_size:
+            raise ZeroGRError(f"step model: prefilled with {getattr(hidden_fn, 'batch')} requests, "
+                              f"batch_size is {batch_size}")
         if self.gpu_engine is not None:
             return self.gpu_engine.decode(hidden_fn, batch_size, lists=lists)
         plan = self.plan(hidden_fn, batch_size) if self.plan_reference else None

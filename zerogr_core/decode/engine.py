@@ -10,6 +10,12 @@ For a serving shape (batch, beam width, dtype, hidden size) the engine
    then captures all L steps — model call included — in one CUDA graph whose replays
    serve later calls of that shape.
 
+The steps run in the one beam loop (:class:`~zerogr_core.decode.loop.BeamLoop`). Its model
+is a ``hidden_fn(step, prefixes)`` or a prefilled step model
+(:class:`zerogr_core.models.StepModel`): the caller prefills outside the graph, and the
+model's ``step(l, tokens, parents)`` (KV-cache reorder by parent included) is captured with
+the decode, reading the tokens and parents the previous step wrote into its static buffers.
+
 A step is a handful of launches: filter (+ GEMM on full steps), selective projection, and
 the top-k kernels, which also normalise (fused log-softmax) and write the next step's
 prefixes in their gather. On a CPU the same code runs
@@ -30,8 +36,10 @@ from .heads import Heads
 from .options import MODES, PLANNED_TOPK, StepOption, step_options
 from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
 from .planner import DEFAULT_COST_MODEL, Plan, cost_model_summary, make_plan
+from .loop import BeamLoop
+from .ops import no_timer
 from .precompile import precompile
-from .search import DecodeResult, HiddenFn, check_hidden
+from .search import DecodeResult, HiddenFn
 
 __all__ = ["GpuEngine", "MODES", "PLANNED_TOPK", "ShapeState", "StepOption", "StepRunner", "step_options"]
 
@@ -49,11 +57,18 @@ class StepRunner:
     band_start : int
     option : StepOption
     batch, beams_in, beam_width : int
+    level : int
+        The step (what a timer is told).
+
+    Notes
+    -----
+    A :class:`~zerogr_core.decode.loop.Step` of the beam loop: its selection writes the next
+    prefixes, and its ``top`` buffers (tokens, parents) are what a step model reads next.
     """
 
     def __init__(self, mapping: StepMapping, sparse, weight: torch.Tensor, band_start: int,
-                 option: StepOption, batch: int, beams_in: int, beam_width: int):
-        self.mapping, self.option = mapping, option
+                 option: StepOption, batch: int, beams_in: int, beam_width: int, level: int = 0):
+        self.mapping, self.option, self.level = mapping, option, level
         self.weight, self.band_start = weight, band_start
         self.batch, self.beam_width = batch, beam_width
         dense = option.mode == "dense+full"
@@ -76,19 +91,23 @@ class StepRunner:
                            torch.empty(batch, beam_width, dtype=torch.int32, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int64, device=dev))
 
-    def project(self, states: torch.Tensor, hidden: torch.Tensor) -> FilterOut:
+    def project(self, states: torch.Tensor, hidden: torch.Tensor, timer=no_timer) -> FilterOut:
         """Filter + projection: slot logits of every beam (raw, not normalised)."""
         if self.logits is not None:
-            full_proj(hidden, self.weight, self.band_start, self.mapping.codebook, out=self.logits)
-            slots = filter_slots(states, self.K, **self.args, logits=self.logits, out=self.filter_out)
+            with timer(self.level, "project"):
+                full_proj(hidden, self.weight, self.band_start, self.mapping.codebook, out=self.logits)
+            with timer(self.level, "filter"):
+                slots = filter_slots(states, self.K, **self.args, logits=self.logits, out=self.filter_out)
+                if self.constraint is not None:
+                    self.constraint(slots)
+            return slots
+        with timer(self.level, "filter"):
+            slots = filter_slots(states, self.K, **self.args, out=self.filter_out)
             if self.constraint is not None:
                 self.constraint(slots)
-            return slots
-        slots = filter_slots(states, self.K, **self.args, out=self.filter_out)
-        if self.constraint is not None:
-            self.constraint(slots)
-        selective_proj(hidden, self.weight, slots.slot_tokens, slots.tasks, slots.slot_logits,
-                       band_start=self.band_start)
+        with timer(self.level, "project"):
+            selective_proj(hidden, self.weight, slots.slot_tokens, slots.tasks, slots.slot_logits,
+                           band_start=self.band_start)
         return slots
 
     def select(self, slots: FilterOut, scores: torch.Tensor, prefixes=None) -> TopkOut:
@@ -98,8 +117,10 @@ class StepRunner:
                            beam_scores=scores, path=self.option.topk, out=self.top, prefixes=prefixes)
 
     def __call__(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor,
-                 prefixes=None) -> TopkOut:
-        return self.select(self.project(states, hidden), scores, prefixes)
+                 prefixes=None, timer=no_timer) -> TopkOut:
+        slots = self.project(states, hidden, timer)
+        with timer(self.level, "select"):
+            return self.select(slots, scores, prefixes)
 
     def stages(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor) -> dict:
         """The step cut into separately callable parts, for per-stage timing.
@@ -140,42 +161,32 @@ class StepRunner:
 
 
 class ShapeState:
-    """Static buffers and runners of one (batch, beam, dtype, H) shape."""
+    """Static buffers, runners and beam loop of one (batch, beam, dtype, H) shape."""
 
     def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption], capacity: int = 0):
         self.batch = batch
-        index, m = engine.index, engine.beam_width
-        dev = index.device
+        index = engine.index
         self.runners = [engine.step_runner(level, option, batch) for level, option in enumerate(options)]
         self.capacity = capacity
         if capacity:
             from .constraints import attach_lists
 
             self.lists = attach_lists(self.runners, index, batch, capacity)
-        self.states0 = torch.zeros(batch, dtype=torch.int64, device=dev)
-        self.scores0 = torch.zeros(batch, dtype=torch.float32, device=dev)
-        # prefixes[l]: (batch, beams_at_step, l), what hidden_fn sees at step l.
-        self.prefixes = [torch.empty(batch, 1 if l == 0 else m, l, dtype=torch.int64, device=dev)
-                         for l in range(index.n_levels + 1)]
+        self.loop = BeamLoop(self.runners, batch, engine.beam_width, engine.heads.hidden_size, engine.heads.dtype,
+                             index.device)
+        self.prefixes = self.loop.prefixes
         self.graph = None
+        # what the graph was captured with: the model, and its static key (a step model's
+        # prefill of another shape allocates new buffers, which the graph does not read)
         self.graph_fn = None
+        self.graph_key = None
         self.outputs = None
         # why the capture failed: the shape then runs eagerly and is never captured again
         self.graph_error = None
 
-    def run(self, hidden_fn: HiddenFn, hidden_size: int, dtype: torch.dtype, record=None):
-        """All L steps; returns (tokens, scores, rows) views of static buffers."""
-        states, scores = self.states0, self.scores0
-        for level, runner in enumerate(self.runners):
-            prev = self.prefixes[level]
-            hidden = hidden_fn(level, prev)
-            check_hidden(hidden, self.batch, prev.shape[1], hidden_size, level)
-            hidden = hidden.reshape(-1, hidden_size).to(dtype)
-            if record is not None:
-                record.append((states.clone(), hidden.clone(), scores.clone()))
-            top = runner(states, hidden, scores, (prev, self.prefixes[level + 1]))
-            states, scores = top.succ.view(-1), top.scores.view(-1)
-        return self.prefixes[-1], scores.view(self.batch, -1), states.view(self.batch, -1)
+    def run(self, model, record=None, timer=no_timer):
+        """All L steps (:meth:`BeamLoop.run`); returns (tokens, scores, rows) views of static buffers."""
+        return self.loop.run(model, record, timer)
 
 
 class GpuEngine:
@@ -234,7 +245,7 @@ class GpuEngine:
         """A runner of step ``level`` with ``option`` for ``batch`` requests (its own buffers)."""
         weight, band_start = self.heads.band(level)
         return StepRunner(self.index.steps[level], self.sparse_view(level), weight, band_start,
-                          option, batch, 1 if level == 0 else self.beam_width, self.beam_width)
+                          option, batch, 1 if level == 0 else self.beam_width, self.beam_width, level)
 
     def record_inputs(self, hidden_fn: HiddenFn, batch: int, options, compile_also=()) -> list[tuple]:
         """Real (states, hidden, scores) of every step, from one eager decode with ``options``.
@@ -245,7 +256,7 @@ class GpuEngine:
         record: list[tuple] = []
         probe = ShapeState(self, batch, options)
         precompile(self._shape_calls(probe) + list(compile_also), self.index.device)
-        probe.run(hidden_fn, self.heads.hidden_size, self.heads.dtype, record=record)
+        probe.run(hidden_fn, record=record)
         return record
 
     def key(self, batch: int) -> tuple:
@@ -364,31 +375,43 @@ class GpuEngine:
         return shape
 
     def decode(self, hidden_fn: HiddenFn, batch_size: int, lists=None) -> DecodeResult:
+        """Decode ``batch_size`` requests.
+
+        Parameters
+        ----------
+        hidden_fn : callable(step, prefixes) -> (batch, beams, H), or StepModel
+            A step model must already hold the batch (``prefill``); its steps run inside
+            the captured graph, which replays as long as its static buffers stay the same.
+        batch_size : int
+        lists : RequestLists, optional
+
+        Returns
+        -------
+        DecodeResult
+        """
         if batch_size < 1:
             raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
         shape = self.shape_state(hidden_fn, batch_size)
         if lists is not None:
             shape = self.constrained_shape(hidden_fn, batch_size, lists)
-        H, dtype = self.heads.hidden_size, self.heads.dtype
         if self.use_graph and shape.graph_error is None:
-            if shape.graph is None or shape.graph_fn is not hidden_fn:
+            key = getattr(hidden_fn, "_static_key", None)
+            if shape.graph is None or shape.graph_fn is not hidden_fn or shape.graph_key != key:
                 self._capture(shape, hidden_fn, batch_size)
             if shape.graph is not None:
                 shape.graph.replay()
                 tokens, scores, rows = shape.outputs
                 return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
-        tokens, scores, rows = shape.run(hidden_fn, H, dtype)
+        tokens, scores, rows = shape.run(hidden_fn)
         return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
 
     def _warm_up(self, shape: ShapeState, hidden_fn: HiddenFn) -> None:
         """Two eager decodes on a side stream: compiles every Triton variant before capture."""
-        H, dtype = self.heads.hidden_size, self.heads.dtype
-        warm_up(lambda: shape.run(hidden_fn, H, dtype), 2)
+        warm_up(lambda: shape.run(hidden_fn), 2)
 
     def _record_graph(self, shape: ShapeState, hidden_fn: HiddenFn):
         """Capture all steps in one CUDA graph; returns ``(graph, outputs)``."""
-        H, dtype = self.heads.hidden_size, self.heads.dtype
-        return capture(lambda: shape.run(hidden_fn, H, dtype), warmup=0)
+        return capture(lambda: shape.run(hidden_fn), warmup=0)
 
     def _capture(self, shape: ShapeState, hidden_fn: HiddenFn, batch: int) -> None:
         """Warm up and capture; on failure record why in the shape's plan and fall back to
@@ -407,3 +430,4 @@ class GpuEngine:
                 torch.cuda.synchronize()
             return
         shape.graph, shape.graph_fn, shape.outputs = graph, hidden_fn, outputs
+        shape.graph_key = getattr(hidden_fn, "_static_key", None)

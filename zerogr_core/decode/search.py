@@ -1,9 +1,7 @@
-"""The beam-search loop shared by every decode order.
+"""What every decode returns and takes: :class:`DecodeResult`, ``hidden_fn``, candidate functions.
 
-A decode order supplies one function per step that turns the beams' states, hidden states
-and accumulated scores into fixed-width candidate slots; the loop selects the top-M
-candidates per request, gathers parents, tokens and successor states, and calls the model
-again. Nothing here depends on how the candidates were scored.
+The loop itself is :class:`zerogr_core.decode.loop.BeamLoop`; :func:`beam_search` runs it
+eagerly with one candidate function per step (the reference path's entry point).
 """
 from __future__ import annotations
 
@@ -71,48 +69,42 @@ class StepFn(Protocol):
         """
 
 
-def check_hidden(hidden: torch.Tensor, batch: int, beams: int, hidden_size: int, step: int) -> None:
+def check_hidden(hidden: torch.Tensor, batch: int, beams: int, hidden_size: int, step: int,
+                 what: str = "hidden_fn") -> None:
     if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape) != (batch, beams, hidden_size):
         got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
-        raise ZeroGRError(f"hidden_fn(step={step}) returned {got}, expected ({batch}, {beams}, {hidden_size})")
+        raise ZeroGRError(f"{what}(step={step}) returned {got}, expected ({batch}, {beams}, {hidden_size})")
 
 
 def beam_search(step_fn: StepFn, hidden_fn: HiddenFn, *, batch_size: int, beam_width: int, n_levels: int,
                 hidden_size: int, device: torch.device, ops: KernelOps = DISPATCH,
                 timer=no_timer) -> DecodeResult:
-    """Run L steps of beam search (reference loop, eager).
+    """Run L steps of beam search eagerly with a candidate function per step.
+
+    A thin wrapper: each level's ``step_fn`` becomes a
+    :class:`~zerogr_core.decode.loop.SelectStep` of :class:`~zerogr_core.decode.loop.BeamLoop`.
 
     Parameters
     ----------
     step_fn : StepFn
-    hidden_fn : callable(step, prefixes) -> (batch, beams_at_step, H)
+    hidden_fn : callable(step, prefixes) -> (batch, beams_at_step, H), or a prefilled step model
         ``prefixes`` is int64 (batch, beams_at_step, step); unfilled beams carry -1.
     batch_size, beam_width, n_levels, hidden_size : int
     device : torch.device
     ops : KernelOps
         Whose ``topk`` selects the beams (and writes the next prefixes).
     timer : callable(step, stage) -> context manager
-        Wraps the ``model`` and ``select`` stages here and is passed on to ``step_fn``.
+        Wraps the ``model`` and ``select`` stages and is passed on to ``step_fn``.
 
     Returns
     -------
     DecodeResult
     """
+    from .loop import BeamLoop, SelectStep
+
     if batch_size < 1:
         raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
-    states = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)
-    scores = torch.zeros(batch_size, 1, dtype=torch.float32, device=device)
-    prefixes = torch.empty(batch_size, 1, 0, dtype=torch.int64, device=device)
-    for step in range(n_levels):
-        beams = states.shape[1]
-        with timer(step, "model"):
-            hidden = hidden_fn(step, prefixes)
-        check_hidden(hidden, batch_size, beams, hidden_size, step)
-        slot_scores, slot_tokens, slot_succ = step_fn(
-            step, states.reshape(-1), hidden.reshape(batch_size * beams, hidden_size), scores.reshape(-1), timer)
-        nxt = torch.empty(batch_size, beam_width, step + 1, dtype=torch.int64, device=device)
-        with timer(step, "select"):
-            top = ops.topk(slot_scores.contiguous(), slot_tokens.to(torch.int32), slot_succ, batch_size,
-                           beam_width, prefixes=(prefixes, nxt))
-        prefixes, scores, states = nxt, top.scores, top.succ
-    return DecodeResult(prefixes, scores, states)
+    steps = [SelectStep(step_fn, level, batch_size, beam_width, ops) for level in range(n_levels)]
+    loop = BeamLoop(steps, batch_size, beam_width, hidden_size, None, device)
+    tokens, scores, rows = loop.run(hidden_fn, timer=timer)
+    return DecodeResult(tokens, scores, rows)

@@ -1,7 +1,9 @@
 """Models served through the step protocol (:mod:`.protocol`): KV caches reordered by parent.
 
-* :mod:`.protocol` - the :class:`StepModel` protocol and :class:`PrefixTracker`, which
-  serves a step model as today's ``hidden_fn(step, prefixes)``;
+* :mod:`.protocol` - the :class:`StepModel` protocol (what :class:`~zerogr_core.Decoder`
+  and the GPU engine take in place of a ``hidden_fn``: the beam loop hands it tokens and
+  parents), :class:`StepDecoder`, and :class:`PrefixTracker` (a step model as a
+  ``hidden_fn(step, prefixes)``);
 * :mod:`.tiger` - the bundled TIGER-style recommender with a KV cache;
 * :mod:`.decoder_only` - a decoder-only generative recommender (history, then SID tokens);
 * :mod:`.t5` - a Hugging Face T5 decoder with per-request cross-attention memory;

@@ -17,11 +17,14 @@ A :class:`StepModel` serves one batch of requests at a time:
 Every step writes into preallocated tensors with in-place ``index_select``/``copy_`` and
 slices whose shapes depend on the step number only, so the L steps of a decode, model
 included, can be captured in one CUDA graph and replayed for later batches of the same
-shape (the prefill writes new requests into the same buffers).
+shape (the prefill writes new requests into the same buffers; :func:`keep_static` records
+the shape in ``_static_key``, and the engine captures again when that key changes).
 
-:class:`PrefixTracker` turns such a model into today's ``hidden_fn(step, prefixes)``
-(:data:`zerogr_core.decode.search.HiddenFn`) by recovering each beam's parent from two
-consecutive prefix tensors, so a step model decodes with :class:`zerogr_core.Decoder` now.
+:class:`zerogr_core.Decoder` takes a prefilled step model wherever it takes a
+``hidden_fn``: the beam loop (:class:`zerogr_core.decode.loop.BeamLoop`) passes it the
+tokens and parents its previous step selected, from that step's static output buffers.
+:class:`PrefixTracker` goes the other way, for code that wants a ``hidden_fn``: it recovers
+each beam's parent from two consecutive prefix tensors.
 """
 from __future__ import annotations
 
@@ -220,10 +223,10 @@ class StepDecoder:
 
     Notes
     -----
-    On a CUDA index, filtering first runs in the GPU engine: captured with the decode in
-    one CUDA graph when the step model declares ``graph_safe`` (static buffers only),
-    eagerly otherwise. The graph replays for later batches of the same input shape; a new
-    shape gets a new tracker and a new capture.
+    On a CUDA index, filtering first runs in the GPU engine: the model's steps are
+    captured with the decode in one CUDA graph when the step model declares
+    ``graph_safe`` (static buffers only), and run eagerly otherwise. The graph replays for
+    later batches of the same input shape; a new shape is captured again.
     """
 
     def __init__(self, step_model: StepModel, index, heads, *, beam_width: int, order: str = "filter-first",
@@ -235,14 +238,11 @@ class StepDecoder:
         if order == "filter-first" and index.device.type == "cuda":
             engine = "auto" if getattr(step_model, "graph_safe", False) else "eager"
         self.decoder = Decoder(index, heads, beam_width, order=order, band_offsets=band_offsets, engine=engine)
-        self._tracker, self._shape = None, None
 
     @torch.no_grad()
     def decode(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None):
-        """Prefill ``history`` and decode; returns a :class:`~zerogr_core.DecodeResult`."""
+        """Prefill ``history`` (outside any graph) and decode; returns a :class:`~zerogr_core.DecodeResult`."""
         if not isinstance(history, torch.Tensor):
             raise ZeroGRError(f"history: expected a torch.Tensor, got {type(history).__name__}")
         self.step_model.prefill(history, attention_mask, beam_width=self.decoder.beam_width)
-        if tuple(history.shape) != self._shape:
-            self._tracker, self._shape = PrefixTracker(self.step_model), tuple(history.shape)
-        return self.decoder.decode(self._tracker, int(history.shape[0]))
+        return self.decoder.decode(self.step_model, int(history.shape[0]))

@@ -1,0 +1,177 @@
+"""The beam-search loop: the one loop that every decode runs through.
+
+:class:`BeamLoop` owns a decode's static buffers (initial states and scores, the token
+prefixes of every step) and runs the L steps: it asks the model for the hidden states of
+the beams, hands them to the step of that level, which filters, scores and selects the
+next beams (and writes their prefixes), and moves on. The GPU engine captures
+:meth:`BeamLoop.run` in one CUDA graph; the reference path and the benchmark's baselines
+run the same method eagerly.
+
+The model is either
+
+* a ``hidden_fn(step, prefixes) -> (batch, beams, H)``, or
+* a step model (:class:`zerogr_core.models.StepModel`, already prefilled): the loop calls
+  ``model.step(l, tokens, parents)`` with the (batch, M) tokens and flat parent rows the
+  previous step selected, straight from that step's output buffers, so a KV-cache model
+  reorders its caches by parent and runs inside the same captured decode.
+
+A step is any callable with the :class:`Step` signature. The ones provided here:
+
+:class:`SelectStep`
+    A candidate function of :mod:`zerogr_core.decode.orders` (filtering first, scoring
+    first, unconstrained), then the top-M selection of :class:`~zerogr_core.decode.ops.KernelOps`.
+:class:`PrefixStep`
+    A function that already selects (returns a :class:`~zerogr_kernels.TopkOut`), the
+    prefixes written with :func:`zerogr_kernels.extend_prefixes` (the benchmark's baselines).
+
+The engine's :class:`~zerogr_core.decode.engine.StepRunner` is a step too.
+"""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+from zerogr_kernels import TopkOut, extend_prefixes
+
+from .ops import DISPATCH, KernelOps, no_timer
+from .search import check_hidden
+
+__all__ = ["BeamLoop", "PrefixStep", "SelectStep", "Step", "is_step_model"]
+
+
+class Step(Protocol):
+    def __call__(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor,
+                 prefixes: tuple[torch.Tensor, torch.Tensor], timer=no_timer) -> TopkOut:
+        """Select the next beams of one level.
+
+        Parameters
+        ----------
+        states : torch.Tensor, shape (n,), int64
+            Index state of every beam, -1 for unfilled beams (n = batch × beams at this step).
+        hidden : torch.Tensor, shape (n, H)
+        scores : torch.Tensor, shape (n,), float32
+            Accumulated log-probabilities, -inf for unfilled beams.
+        prefixes : (prev, nxt)
+            ``prev`` (batch, beams, l) int64, the beams' tokens so far; ``nxt`` (batch, M,
+            l + 1) int64, to be filled with the selected beams' prefixes.
+        timer : callable(step, stage) -> context manager
+
+        Returns
+        -------
+        TopkOut
+            (batch, M) scores, flat parent rows, tokens and successor states; -inf / -1
+            for padding.
+        """
+
+
+def is_step_model(model) -> bool:
+    """Whether ``model`` is a step model (``prefill`` + ``step``) rather than a ``hidden_fn``."""
+    return callable(getattr(model, "step", None)) and callable(getattr(model, "prefill", None))
+
+
+class SelectStep:
+    """A candidate function of one level followed by the top-M selection.
+
+    Parameters
+    ----------
+    score_fn : callable(step, states, hidden, scores, timer) -> (slot_scores, slot_tokens, slot_succ)
+        :class:`~zerogr_core.decode.orders.FilterFirst`, ``ScoreFirst`` or ``Unconstrained``.
+    level, batch, beam_width : int
+    ops : KernelOps
+        Whose ``topk`` selects the beams and writes their prefixes.
+    """
+
+    def __init__(self, score_fn, level: int, batch: int, beam_width: int, ops: KernelOps = DISPATCH):
+        self.score_fn, self.level, self.batch, self.beam_width, self.ops = score_fn, level, batch, beam_width, ops
+
+    def __call__(self, states, hidden, scores, prefixes, timer=no_timer) -> TopkOut:
+        slot_scores, slot_tokens, slot_succ = self.score_fn(self.level, states, hidden, scores, timer)
+        with timer(self.level, "select"):
+            return self.ops.topk(slot_scores.contiguous(), slot_tokens.to(torch.int32), slot_succ, self.batch,
+                                 self.beam_width, prefixes=prefixes)
+
+
+class PrefixStep:
+    """A selecting function of one level; the loop's prefixes written after it.
+
+    Parameters
+    ----------
+    select_fn : callable(level, states, hidden, scores) -> TopkOut
+    level : int
+    """
+
+    def __init__(self, select_fn: Callable, level: int):
+        self.select_fn, self.level = select_fn, level
+
+    def __call__(self, states, hidden, scores, prefixes, timer=no_timer) -> TopkOut:
+        with timer(self.level, "select"):
+            top = self.select_fn(self.level, states, hidden, scores)
+            extend_prefixes(prefixes[0], prefixes[1], top)
+        return top
+
+
+class BeamLoop:
+    """L steps of beam search over static buffers.
+
+    Parameters
+    ----------
+    steps : sequence of Step
+        One per level.
+    batch, beam_width, hidden_size : int
+    dtype : torch.dtype or None
+        Dtype the hidden states are cast to before a step (``None``: as the model returns them).
+    device : torch.device
+    """
+
+    def __init__(self, steps, batch: int, beam_width: int, hidden_size: int, dtype: torch.dtype | None,
+                 device: torch.device):
+        self.steps = list(steps)
+        self.batch, self.beam_width, self.hidden_size, self.dtype = batch, beam_width, hidden_size, dtype
+        self.states0 = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.scores0 = torch.zeros(batch, dtype=torch.float32, device=device)
+        # prefixes[l]: (batch, beams_at_step, l), what a hidden_fn sees at step l
+        self.prefixes = [torch.empty(batch, 1 if l == 0 else beam_width, l, dtype=torch.int64, device=device)
+                         for l in range(len(self.steps) + 1)]
+
+    def hidden(self, model, level: int, top: TopkOut | None) -> torch.Tensor:
+        """The model's hidden states of step ``level``, checked, as (batch × beams, H)."""
+        prev = self.prefixes[level]
+        batch, beams = prev.shape[:2]
+        if is_step_model(model):
+            hidden = model.step(level, None if top is None else top.tokens, None if top is None else top.parents)
+            if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] == batch * beams:
+                hidden = hidden.view(batch, beams, hidden.shape[1])
+            check_hidden(hidden, batch, beams, self.hidden_size, level, what="model.step")
+        else:
+            hidden = model(level, prev)
+            check_hidden(hidden, batch, beams, self.hidden_size, level)
+        hidden = hidden.reshape(batch * beams, self.hidden_size)
+        return hidden if self.dtype is None else hidden.to(self.dtype)
+
+    def run(self, model, record: list | None = None, timer=no_timer):
+        """Decode once.
+
+        Parameters
+        ----------
+        model : hidden_fn or StepModel
+            See the module docstring; a step model must be prefilled with ``batch`` requests.
+        record : list, optional
+            Gets one ``(states, hidden, scores)`` clone per step (the planner's real inputs).
+        timer : callable(step, stage) -> context manager
+            Wraps the ``model`` stage here, and is passed on to the steps.
+
+        Returns
+        -------
+        tokens (batch, M, L) int64, scores (batch, M) float32, final states (batch, M) int64
+            Views of the loop's buffers and the last step's outputs (clone to keep them).
+        """
+        states, scores, top = self.states0, self.scores0, None
+        for level, step in enumerate(self.steps):
+            with timer(level, "model"):
+                hidden = self.hidden(model, level, top)
+            if record is not None:
+                record.append((states.clone(), hidden.clone(), scores.clone()))
+            top = step(states, hidden, scores, (self.prefixes[level], self.prefixes[level + 1]), timer)
+            states, scores = top.succ.view(-1), top.scores.view(-1)
+        return self.prefixes[-1], scores.view(self.batch, -1), states.view(self.batch, -1)
