@@ -12,7 +12,7 @@ import streamlit as st
 import torch
 
 from zerogr_core.app_support import gpu as gpu_info
-from zerogr_core.app_support import movielens
+from zerogr_core.app_support import beauty, movielens
 from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
 from zerogr_core.app_support.sources import CatalogSource, default_source, load_source, sample_source
@@ -70,28 +70,45 @@ def cached_segment_lengths(source: CatalogSource, _catalog) -> list:
     return [_catalog.segment_lengths(level) for level in range(_catalog.n_levels)]
 
 
-@st.cache_resource(show_spinner=False)
-def cached_study(device_name: str):
-    """The bundled MovieLens recommender on ``device_name`` (cached per device)."""
-    return movielens.bundled_study(device_name)
+#: The recommender bundled with a sample catalog: sample name → its app_support module
+#: (``available``, ``bundled_study``, ``test_users``, ``MISSING``).
+BUNDLED_MODELS = {"movielens": movielens, beauty.DATASET: beauty}
+
+
+def bundled_dataset(source) -> str | None:
+    """Name of the recommender bundled with ``source``'s catalog (when its checkpoint is there).
+
+    Only the sample as shipped qualifies: declared codebook sizes would change the layout the
+    model's heads were trained on.
+    """
+    if source.kind != "sample" or source.codebook_sizes is not None or source.name not in BUNDLED_MODELS:
+        return None
+    return source.name if BUNDLED_MODELS[source.name].available() else None
 
 
 @st.cache_resource(show_spinner=False)
-def cached_test_users(device_name: str):
-    return movielens.test_users(cached_study(device_name))
+def cached_study(device_name: str, dataset: str = "movielens"):
+    """The recommender bundled with ``dataset`` on ``device_name`` (cached per device)."""
+    return BUNDLED_MODELS[dataset].bundled_study(device_name)
+
+
+@st.cache_resource(show_spinner=False)
+def cached_test_users(device_name: str, dataset: str = "movielens"):
+    return BUNDLED_MODELS[dataset].test_users(cached_study(device_name, dataset))
 
 
 def decode_inputs(catalog, dev: torch.device, *, bundled: bool, batch: int, seed: int, hidden: int | None = None,
-                  dtype: str = "float32", user: int | None = None, beam: int = 1) -> DecodeInputs:
-    """Heads and requests of a page's decode: the bundled recommender on ``batch`` test users
-    sampled with ``seed`` (or the one ``user``), through its KV cache sized for ``beam``
-    beams, or a random head of ``hidden``/``dtype`` in the catalog's layout with ``batch``
-    random requests of ``seed``."""
+                  dtype: str = "float32", user: int | None = None, beam: int = 1,
+                  dataset: str = "movielens") -> DecodeInputs:
+    """Heads and requests of a page's decode: the recommender bundled with ``dataset`` on
+    ``batch`` test users sampled with ``seed`` (or the one ``user``), through its KV cache
+    sized for ``beam`` beams, or a random head of ``hidden``/``dtype`` in the catalog's
+    layout with ``batch`` random requests of ``seed``."""
     if not bundled:
         return random_inputs(catalog, hidden, dtype, dev, batch, seed)
-    study, users = cached_study(str(dev)), cached_test_users(str(dev))
+    study, users = cached_study(str(dev), dataset), cached_test_users(str(dev), dataset)
     rows = np.flatnonzero(users.user_ids == user) if user is not None else users.sample(batch, seed)
-    return study_inputs(study, users, rows, dev, beam)
+    return study_inputs(study, users, rows, dev, beam, name=dataset)
 
 
 # ---------------------------------------------------------------------------- active catalog

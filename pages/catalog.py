@@ -10,8 +10,8 @@ import streamlit as st
 from pages._common import (active_source, cached_catalog, cached_step_stats, cpu_banner, fmt_bytes, get_catalog,
                            get_index, guarded, set_active_source)
 from zerogr_core.app_support import movielens
-from zerogr_core.app_support.sources import (HOW_TO_ADD_ROOT, SAMPLE_CHOICES, UPLOAD_TYPES, app_settings,
-                                             catalog_summary, parse_codebook_sizes, roots_line, sample_source,
+from zerogr_core.app_support.sources import (HOW_TO_ADD_ROOT, SAMPLE_CHOICES, SAMPLE_CREDITS, UPLOAD_TYPES,
+                                             app_settings, catalog_summary, parse_codebook_sizes, roots_line, sample_source,
                                              server_file_source, stage_upload)
 from zerogr_core.errors import ZeroGRError
 
@@ -42,6 +42,8 @@ def chosen_source(options: dict):
     if kind == KINDS[0]:
         name = st.selectbox("Bundled catalog", list(SAMPLE_CHOICES), format_func=SAMPLE_CHOICES.get,
                             key="cat_sample")
+        if name in SAMPLE_CREDITS:
+            st.caption(SAMPLE_CREDITS[name])
         if name == "movielens" and not movielens.available():
             st.warning(movielens.MISSING)
             return None

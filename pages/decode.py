@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from pages._common import (cached_study, cached_test_users, cpu_banner, decode_inputs, device, fmt_ms, get_catalog,
-                           get_index, guarded, index_key, overrides, slots)
+from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, cpu_banner,
+                           decode_inputs, device, fmt_ms, get_catalog, get_index, guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.app_support import movielens
 from zerogr_core.app_support.charts import metrics_figure, stage_figure, top_k_columns
@@ -21,6 +21,8 @@ from zerogr_core.decode.reference_plan import make_reference_plan, plan_projecti
 
 ORDERS = ("filter-first", "score-first")
 BUNDLED = "Bundled MovieLens recommender"
+#: The model choice of each catalog that comes with a trained recommender.
+BUNDLED_LABELS = {"movielens": BUNDLED, "amazon-beauty": "Bundled Amazon Beauty recommender (T5, tiger preset)"}
 RANDOM = "Random head"
 USERS = "Random test users"
 ONE_USER = "One test user"
@@ -37,7 +39,8 @@ def gpu_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
 
 def settings(catalog, source) -> dict:
     gpu = device().type == "cuda"
-    models = [BUNDLED, RANDOM] if (source.is_movielens and movielens.available()) else [RANDOM]
+    dataset = bundled_dataset(source)
+    models = [BUNDLED_LABELS[dataset], RANDOM] if dataset else [RANDOM]
     if st.session_state.get("dec_model") not in models:
         st.session_state["dec_model"] = models[0]
     st.session_state.setdefault("dec_hidden", 1024 if gpu else 64)
@@ -48,7 +51,7 @@ def settings(catalog, source) -> dict:
     st.session_state.setdefault("dec_seed", 0)
     c = st.columns([2, 1, 1, 1, 1])
     model = c[0].selectbox("Model", models, key="dec_model")
-    bundled = model == BUNDLED
+    bundled = model != RANDOM
     hidden = int(c[1].number_input("Hidden size", 8, 8192, step=8, key="dec_hidden", disabled=bundled))
     dtype = c[2].selectbox("dtype", list(DTYPES), key="dec_dtype", disabled=bundled)
     beam = int(c[3].number_input("Beam width M", 1, 1024, key="dec_beam"))
@@ -62,18 +65,19 @@ def settings(catalog, source) -> dict:
     batch = int(c[1].number_input("Batch", 1, 1024, key="dec_batch", disabled=one))
     user = None
     if one:
-        users = cached_test_users(str(device()))
+        users = cached_test_users(str(device()), dataset)
         st.session_state.setdefault("dec_user", int(users.user_ids[0]))
         user = int(c[2].selectbox("Test user", users.user_ids.tolist(), key="dec_user"))
         batch = 1
     seed = int(c[3].number_input("Seed", 0, 10**6, key="dec_seed", disabled=one))
     exclude = bundled and st.checkbox(
-        "Exclude each user's history (movies already rated)", key="dec_exclude",
-        help="A per-request deny list enforced during decoding: prefixes with no unrated movie below them are "
-             "never scored or kept, and filtering first normalises over the remaining tokens.")
+        "Exclude each user's history (items already rated or bought)", key="dec_exclude",
+        help="A per-request deny list enforced during decoding: prefixes with no item outside the history below "
+             "them are never scored or kept, and filtering first normalises over the remaining tokens.")
     if bundled:
         hidden, dtype = None, "float32"
-    return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model, hidden=hidden,
+    return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model,
+                dataset=dataset if bundled else None, hidden=hidden,
                 dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed,
                 exclude_history=bool(exclude))
 
@@ -85,12 +89,13 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     dev = device()
     index = get_index(catalog, source)
     bar = st.progress(0, text="Preparing the model and requests…")
-    inputs = decode_inputs(catalog, dev, bundled=cfg["model"] == BUNDLED, batch=cfg["batch"], seed=cfg["seed"],
-                           hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"], beam=cfg["beam"])
+    inputs = decode_inputs(catalog, dev, bundled=cfg["dataset"] is not None, batch=cfg["batch"], seed=cfg["seed"],
+                           hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"], dataset=cfg["dataset"],
+                           beam=cfg["beam"])
     heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn
     histories, lists = None, None
     if inputs.user_ids is not None:
-        users = cached_test_users(str(dev))
+        users = cached_test_users(str(dev), cfg["dataset"])
         histories = [users.histories[int(np.flatnonzero(users.user_ids == u)[0])] for u in inputs.user_ids]
         if cfg.get("exclude_history"):
             lists = RequestLists.from_rows(deny=histories)
@@ -168,9 +173,9 @@ def cpu_plan(index, heads, bands, cfg: dict, fn, key: tuple):
     return slots().get("cpu_plan", key + (cfg["beam"], cfg["batch"], cfg["dtype"], cfg["hidden"]), factory)
 
 
-def titles_for(catalog, source):
-    if source.is_movielens and movielens.available():
-        return cached_test_users(str(device())).titles
+def titles_for(catalog, dataset):
+    if dataset is not None:
+        return cached_test_users(str(device()), dataset).titles
     return catalog.titles
 
 
@@ -180,7 +185,7 @@ def top_k_table(catalog, titles, runs: dict, request: int, k: int, target) -> pd
 
 
 def show_history_hits(res: dict, cfg: dict) -> None:
-    """How many returned beams are movies the user already rated (0 when excluded)."""
+    """How many returned beams are items of the user's history (0 when excluded)."""
     hits, total = {}, 0
     for order, run in res["runs"].items():
         rows = run.result.item_rows.cpu().numpy()
@@ -188,8 +193,8 @@ def show_history_hits(res: dict, cfg: dict) -> None:
         total = int((rows >= 0).sum())
     rated = sum(len(h) for h in res["histories"])
     state = "excluded during decoding" if cfg.get("exclude_history") else "not excluded"
-    st.caption(f"History ({rated:,} rated movies over the requests, {state}): returned beams that are already "
-               "rated: " + ", ".join(f"{o} **{n:,}** of {total:,}" for o, n in hits.items()) + ".")
+    st.caption(f"History ({rated:,} items over the requests, {state}): returned beams that are already in the "
+               "history: " + ", ".join(f"{o} **{n:,}** of {total:,}" for o, n in hits.items()) + ".")
 
 
 def show_results(catalog, source, res: dict) -> None:
@@ -216,7 +221,7 @@ def show_results(catalog, source, res: dict) -> None:
 
     if res.get("histories") is not None:
         show_history_hits(res, cfg)
-    titles = titles_for(catalog, source)
+    titles = titles_for(catalog, cfg.get("dataset"))
     n = cfg["batch"]
     labels = [f"request {i + 1}" + (f" (user {res['user_ids'][i]})" if res["user_ids"] is not None else "")
               for i in range(n)]
@@ -268,7 +273,7 @@ def show_results(catalog, source, res: dict) -> None:
     show_invalid_mass(res)
 
     if res["targets"] is not None:
-        study = cached_study(str(device()))
+        study = cached_study(str(device()), cfg["dataset"])
         recorded = movielens.recorded_metrics(study)
         if recorded:
             st.subheader("Recorded at training time")
@@ -291,8 +296,9 @@ def main() -> None:
              "normalises, then masks.")
     cpu_banner("Both orders run the PyTorch reference path on the CPU; latencies are CPU latencies and there is "
                "no CUDA graph. Filtering first plans its projection per step on this CPU (see the plan below).")
-    if source.is_movielens and not movielens.available():
-        st.warning(movielens.MISSING)
+    module = BUNDLED_MODELS.get(source.name) if source.kind == "sample" else None
+    if module is not None and not module.available():
+        st.warning(module.MISSING)
     cfg = settings(catalog, source)
     if st.session_state.pop(PENDING_KEY, None) is not None:
         # Streamlit stops a page's script when the user leaves it: the run never finished.

@@ -5,22 +5,22 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from pages._common import (cached_segment_lengths, cached_step_stats, cpu_banner, decode_inputs, device, get_catalog,
-                           get_index, guarded)
-from zerogr_core.app_support import movielens
+from pages._common import (bundled_dataset, cached_segment_lengths, cached_step_stats, cpu_banner, decode_inputs, device,
+                           get_catalog, get_index, guarded)
 from zerogr_core.app_support.charts import (density_figure, density_rows, histogram_figure, shared_head_rows,
                                             waste_figure)
 from zerogr_core.app_support.density import beam_weighted_density, total_waste
 from zerogr_core.app_support.profile import profiled_decode
 
 MODEL = "Bundled MovieLens model (random test users)"
+#: The beam source of each catalog that comes with a trained recommender.
+MODELS = {"movielens": MODEL, "amazon-beauty": "Bundled Amazon Beauty model (random test users)"}
 RANDOM = "Random head (seeded Gaussian requests)"
 
 
 def beam_source_options(source) -> list[str]:
-    if source.is_movielens and movielens.available():
-        return [MODEL, RANDOM]
-    return [RANDOM]
+    dataset = bundled_dataset(source)
+    return [MODELS[dataset], RANDOM] if dataset else [RANDOM]
 
 
 def decode_states(catalog, source, index, beam: int, batch: int, beams_from: str, hidden: int, seed: int):
@@ -31,8 +31,9 @@ def decode_states(catalog, source, index, beam: int, batch: int, beams_from: str
     if key in runs:
         return runs[key]
     dev = index.device
-    inputs = decode_inputs(catalog, dev, bundled=beams_from == MODEL, batch=batch, seed=seed, hidden=hidden,
-                           beam=beam)
+    dataset = bundled_dataset(source) if beams_from != RANDOM else None
+    inputs = decode_inputs(catalog, dev, bundled=dataset is not None, batch=batch, seed=seed, hidden=hidden,
+                           dataset=dataset or "movielens", beam=beam)
     run = profiled_decode(index, inputs.heads, beam, "filter-first", inputs.hidden_fn, batch,
                           band_offsets=inputs.band_offsets)
     runs.clear()
@@ -64,7 +65,7 @@ def main() -> None:
     batch = int(c[1].number_input("Requests B", 1, 256, key="den_batch"))
     beams_from = c[2].selectbox("Beams from", options, key="den_from")
     hidden = int(c[3].number_input("Hidden size (random head)", 8, 4096, step=8, key="den_hidden",
-                                   disabled=beams_from == MODEL))
+                                   disabled=beams_from != RANDOM))
 
     stats = cached_step_stats(source, catalog)
     index = get_index(catalog, source)

@@ -326,6 +326,26 @@ def test_decode_both_orders_on_the_bundled_model():
     assert res["targets"] is not None and len(res["targets"]) == 2
 
 
+def test_decode_both_orders_on_the_bundled_beauty_model():
+    from zerogr_core.app_support import beauty
+
+    if not beauty.available():
+        pytest.skip("the bundled Beauty checkpoint is missing")
+    at = new_app(cat_sample="amazon-beauty").run()
+    assert_clean(at)
+    assert any("LICENCE-tiger-cf.txt" in c.value and "LICENSE-ICLRec.txt" in c.value for c in at.caption)
+    open_page(at, "decode", dec_beam=4, dec_batch=2, dec_k=4)
+    assert_clean(at)
+    assert at.selectbox(key="dec_model").value == "Bundled Amazon Beauty recommender (T5, tiger preset)"
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    res = at.session_state["decode_runs"]
+    assert res["cfg"]["dataset"] == "amazon-beauty" and len(res["targets"]) == 2
+    top = at.dataframe[0].value
+    assert len(top) == 4 and (top["filter-first log-prob"] >= top["score-first log-prob"] - 1e-4).all()
+    assert any("held-out test item" in c.value for c in at.caption)
+
+
 @needs_movielens
 def test_decode_one_test_user():
     at = new_app().run()

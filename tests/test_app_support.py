@@ -154,6 +154,46 @@ def test_movielens_missing_checkpoint_is_one_clear_message(monkeypatch, tmp_path
         movielens.bundled_catalog()
 
 
+def test_beauty_missing_checkpoint_is_one_clear_message(monkeypatch, tmp_path):
+    from zerogr_core.app_support import beauty
+
+    monkeypatch.setenv(beauty.CHECKPOINT_ENV, str(tmp_path / "absent.pt"))
+    assert not beauty.available()
+    with pytest.raises(ZeroGRError, match="bundled Amazon Beauty recommender"):
+        beauty.bundled_study()
+    (tmp_path / "other.pt").write_bytes(b"not a checkpoint")
+    monkeypatch.setenv(beauty.CHECKPOINT_ENV, str(tmp_path / "other.pt"))
+    with pytest.raises(ZeroGRError, match="other.pt: not a readable checkpoint"):
+        beauty.bundled_study()
+
+
+def test_beauty_model_decodes_the_app_catalog_through_its_step_model():
+    """The app's Beauty sample catalog is the bundled T5's; its test users decode through the
+    step model (KV cache) to the same beams as the recomputing hidden_fn."""
+    pytest.importorskip("transformers")
+    from zerogr_core.app_support import beauty
+    from zerogr_core.app_support.requests import study_inputs
+
+    if not beauty.available():
+        pytest.skip("the bundled Beauty checkpoint is missing")
+    study = beauty.bundled_study("cpu")
+    catalog = load_source(sample_source("amazon-beauty"))
+    assert np.array_equal(catalog.sids, study.catalog.sids) and catalog.codebook_sizes == study.catalog.codebook_sizes
+    users = beauty.test_users(study)
+    assert users.n_users == 22363 and users.user_ids[0] == 0 and len(users.histories[0]) == 5
+    rows = users.sample(3, seed=1)
+    index = build_index(catalog)
+    beam = 8
+    cached = study_inputs(study, users, rows, "cpu", beam, name="amazon-beauty")
+    plain = study.model.hidden_fn_for(users.pick(rows)[0], study.sids)
+    assert cached.model_key == ("amazon-beauty", "cpu") and cached.targets.tolist() == users.targets[rows].tolist()
+    for order in ("filter-first", "score-first"):
+        decoder = Decoder(index, cached.heads, beam, order=order)
+        a, b = decoder.decode(cached.hidden_fn, 3), decoder.decode(plain, 3)
+        assert torch.equal(a.item_rows, b.item_rows), order
+        torch.testing.assert_close(a.scores, b.scores, atol=1e-4, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------- decoding
 @pytest.fixture(scope="module")
 def small():

@@ -110,3 +110,42 @@ def test_other_catalogs_table_quotes_the_results(medians):
     for row in rows:
         dtype, batch, beam = setting(row[1])
         check_cells(row[2:6], OTHER_METHODS, labels_of(row[0]), dtype, batch, beam, medians)
+
+
+#: README quality tables: the line the table follows → the report it quotes.
+QUALITY_TABLES = {
+    "### Quality: filtering first vs scoring first on MovieLens": "bench/results/quality.json",
+    "**`cpu` preset, trained here**": "bench/cpu_results/quality-amazon-beauty-cpu.json",
+}
+
+
+@pytest.mark.parametrize("heading", list(QUALITY_TABLES))
+def test_quality_tables_quote_the_reports(heading):
+    """Every cell of a README quality table rounds from its committed report."""
+    import json
+
+    from zerogr_core.recsys.quality import TABLE_ROWS
+
+    path = ROOT / QUALITY_TABLES[heading]
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(heading)]
+    assert len(starts) == 1, f"README: expected one line starting with {heading!r}"
+    assert path.is_file(), f"README quotes {path.relative_to(ROOT)}, which is not in the tree"
+    report = json.loads(path.read_text())
+    table = []
+    for line in lines[starts[0] + 1:]:
+        if line.startswith("|"):
+            table.append([c.strip() for c in line.strip("|").split("|")])
+        elif table:
+            break
+    assert table and table[0][0] == "K", f"no K table after {heading!r}"
+    ks = table[0][1:]
+    assert ks == [str(k) for k in report["k"]]
+    keys = dict(TABLE_ROWS)
+    for row in table[2:]:
+        key = keys[row[0]]
+        for k, cell in zip(ks, row[1:]):
+            shown = cell.removesuffix(" %")
+            value = 100 * report[key][k] if key == "overlap" else report[key][k]
+            assert abs(float(shown) - value) <= shown_precision(shown) + 1e-9, \
+                f"README {row[0]} K={k}: {cell}, {path.name} has {value}"

@@ -148,6 +148,31 @@ def test_t5_hidden_fn_equals_the_hugging_face_decoder():
         torch.testing.assert_close(got.reshape(12, -1) @ model.head_weights()[step].T, band, atol=1e-5, rtol=1e-5)
 
 
+def test_t5_step_model_decodes_the_same_beams_as_hidden_fn_for():
+    pytest.importorskip("transformers")
+    from zerogr_core import Catalog, Decoder, build_index
+    from zerogr_core.models import StepDecoder
+    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+
+    torch.manual_seed(0)
+    sizes = (5, 6, 7)
+    model = T5Recommender(T5Config(encoder_layers=1, decoder_layers=2, d_model=32, n_heads=3, d_kv=8, d_ff=64,
+                                   max_items=4), sizes)
+    rng = np.random.default_rng(0)
+    catalog = Catalog.from_sids(np.unique(np.stack([rng.integers(0, v, 80) for v in sizes], 1), axis=0), sizes)
+    sids = torch.from_numpy(catalog.sids.astype(np.int64))
+    histories = [np.array([3]), np.arange(9), np.array([5, 1, 2])]
+    index = build_index(catalog)
+    for beam in (4, 40):   # 40 > |V_0| = 5: unfilled beams after step 0
+        for order in ("filter-first", "score-first"):
+            ref = Decoder(index, model.head_weights(), beam, order=order).decode(
+                model.hidden_fn_for(histories, sids), len(histories))
+            got = StepDecoder(model.step_model(), index, model.head_weights(), beam_width=beam, order=order
+                              ).decode(*model.encoder_inputs(histories, sids))
+            assert torch.equal(got.item_rows, ref.item_rows), (beam, order)
+            torch.testing.assert_close(got.scores, ref.scores, atol=1e-5, rtol=1e-5)
+
+
 def test_package_imports_without_transformers():
     script = ("import sys; sys.modules['transformers'] = None; sys.modules['polars'] = None\n"
               "import zerogr_core, zerogr_core.recsys.seqrec, zerogr_core.cli\n"
@@ -168,12 +193,18 @@ def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
     assert blob["format"] == "zerogr-seqrec-1" and blob["study"]["name"] == "tiny"
     assert blob["sids"].shape[0] == blob["item_ids"].shape[0] == 20 and blob["sid_source"] == "rq-kmeans"
     assert blob["selection"]["epoch"] >= 1 and len(blob["history"]) >= 1
+    from zerogr_core.recsys.curves import curves_document
+    text, _ = curves_document([out])
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(blob["history"]) and f"| {blob['selection']['epoch']} (kept) |" in text
     capsys.readouterr()
     code = main(["quality", "--data", str(tmp_path / "seq.txt"), "--checkpoint", str(out), "--beam", "20",
                  "--results", str(tmp_path), "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["users"] == 30 and report["k"] == [1, 5, 10, 20]
+    import hashlib
+    assert report["checkpoint_sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
     for key in ("overlap", "recall_filter_first", "recall_score_first", "ndcg_filter_first", "ndcg_score_first",
                 "recall_popularity"):
         assert set(report[key]) == {"1", "5", "10", "20"}
@@ -214,3 +245,74 @@ def test_density_table_reports_step_stats():
     assert beauty.n_items == 12101 and beauty.codebook_sizes == (256, 256, 256, 256)
     rows = [dict(step=1, beams=3, mean=0.0, p90=0.0, p99=0.0, beam_density=1.0)]
     assert "| m | 1 | 3 | 0.0000 |" in invalid_mass_markdown({"m": {"invalid_mass": rows}})
+
+
+def test_shipped_beauty_checkpoints_and_their_learning_curves():
+    """The default Beauty checkpoint is the GPU recipe's; the committed curves are its history's."""
+    from zerogr_core.recsys.curves import DEFAULT_CHECKPOINTS, DEFAULT_OUT, curves_document
+    from zerogr_core.recsys.seqrec import BEAUTY_CHECKPOINT
+
+    assert DEFAULT_CHECKPOINTS[0] == BEAUTY_CHECKPOINT
+    text, runs = curves_document(DEFAULT_CHECKPOINTS)
+    assert [r["preset"] for r in runs] == ["tiger", "cpu"]
+    assert runs[0]["train"]["seed"] == 0 and 1 <= runs[0]["selection"]["epoch"] <= len(runs[0]["history"])
+    assert DEFAULT_OUT.read_text() == text, "rerun python -m zerogr_core.recsys.curves"
+    with pytest.raises(ZeroGRError, match="not a zerogr-seqrec-1 checkpoint"):
+        curves_document([ROOT / "sample_catalogs" / "movielens" / "model.pt"])
+
+
+def test_top1_disagreements_are_classified_and_consistent():
+    """On an untrained T5 (much invalid mass) the two orders' top-1 items differ; every
+    disagreement gets one class, the beam scores equal the teacher-forced ones, and the
+    shrink sweep ends at scoring first's own rule (s = 0) and filtering first's (s = 1)."""
+    pytest.importorskip("transformers")
+    from zerogr_core import Catalog
+    from zerogr_core.recsys.analysis import teacher_forced, top1_disagreements, top1_markdown
+    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+    from zerogr_core.recsys.train import StudyModel
+
+    torch.manual_seed(1)
+    sizes = (4, 6, 6)
+    model = T5Recommender(T5Config(encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_kv=8, d_ff=32,
+                                   max_items=3, dropout=0.0), sizes)
+    rng = np.random.default_rng(2)
+    catalog = Catalog.from_sids(np.unique(np.stack([rng.integers(0, v, 40) for v in sizes], 1), axis=0), sizes)
+    study = StudyModel(model, catalog, torch.from_numpy(catalog.sids.astype(np.int64)), {})
+    histories = [rng.integers(0, catalog.n_items, int(rng.integers(1, 5))) for _ in range(24)]
+    full, valid = teacher_forced(study, histories[0], np.arange(catalog.n_items))
+    assert np.all(valid >= full - 1e-6) and np.allclose(valid[:, 0], full[:, 0])
+    # filtering first's per-step log-probabilities sum to one over the valid tokens: over all items, 1 in total
+    assert abs(np.exp(valid.sum(1)).sum() - 1) < 1e-4
+    diag = top1_disagreements(study, histories, beam=8, candidates=8, shrink=(1.0, 0.0))
+    assert diag["differ"] > 0 and sum(diag["classes"].values()) == diag["differ"]
+    assert diag["max_score_error"] < 1e-4
+    assert diag["shrink"][0.0] >= 1 - diag["classes"]["search_score_first"] / len(histories) - 1e-9
+    if diag["classes"]["search_filter_first"] == 0:
+        assert diag["shrink"][1.0] == pytest.approx(1 - diag["differ"] / len(histories))
+    assert f"the top-1 items differ for {diag['differ']}" in top1_markdown(diag)
+
+
+def test_validity_term_ablation_trains_and_is_recorded(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+    from zerogr_core.recsys.train import ValidityTables
+
+    torch.manual_seed(0)
+    model = T5Recommender(T5Config(encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_kv=8, d_ff=32,
+                                   max_items=3, dropout=0.0), [3, 4, 5])
+    sids = torch.tensor([[0, 0, 0], [0, 1, 4], [1, 3, 2], [2, 0, 1]])
+    ids, mask = model.encoder_inputs([np.array([0, 1]), np.array([2])], sids)
+    loss, bands = model.level_logits(ids, mask, sids[[1, 3]], sids[[0, 2]])
+    torch.testing.assert_close(loss, model.loss(ids, mask, sids[[1, 3]]))
+    assert [tuple(b.shape) for b in bands[1]] == [(2, 3), (2, 4), (2, 5)]
+    from zerogr_core import Catalog
+    tables = ValidityTables(Catalog.from_sids(sids.numpy(), [3, 4, 5]), torch.device("cpu"))
+    assert float(tables.invalid_loss(bands[0], torch.tensor([1, 3])).detach()) > 0
+    write_sequences(tmp_path / "seq.txt", n_users=30, n_items=20, seed=1)
+    out = tmp_path / "v.pt"
+    assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--validity-weight", "0.625",
+                 "--out", str(out)]) == 0
+    assert torch.load(out, weights_only=True)["study"]["train"]["validity_weight"] == 0.625
+    assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--validity-weight", "-1",
+                 "--out", str(out)]) == 1
+    assert "--validity-weight must be ≥ 0, got -1.0" in capsys.readouterr().err

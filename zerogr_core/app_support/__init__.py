@@ -10,6 +10,7 @@ is unit-tested directly:
 * :mod:`.density` — catalog-level and beam-weighted density, wasted logits;
 * :mod:`.charts` — the tables and Plotly figures of the pages (and of ``docs/analysis.ipynb``);
 * :mod:`.movielens` — the bundled MovieLens recommender and its test users;
+* :mod:`.beauty` — the bundled Amazon Beauty recommender (T5) and its test users;
 * :mod:`.rebuild` — catalog refresh and rebuild-while-decoding;
 * :mod:`.gpu` — NVML and torch memory readings.
 """

@@ -6,14 +6,13 @@ Thin wrappers over :mod:`zerogr_core.recsys` (``load_checkpoint``, ``load_moviel
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..catalog.catalog import Catalog
-from ..errors import ZeroGRError
+from . import bundled
 
 MISSING = ("the bundled MovieLens recommender (sample_catalogs/movielens/model.pt) is not there; "
            "train it with `python -m zerogr_core train-movielens`, or pick another catalog")
@@ -25,20 +24,14 @@ CHECKPOINT_ENV = "ZEROGR_MOVIELENS_CHECKPOINT"
 
 def checkpoint_path() -> Path:
     """The bundled checkpoint, or the file named by ``$ZEROGR_MOVIELENS_CHECKPOINT``."""
-    override = os.environ.get(CHECKPOINT_ENV)
-    if override:
-        return Path(override)
     from ..recsys.train import BUNDLED_CHECKPOINT
 
-    return BUNDLED_CHECKPOINT
+    return bundled.checkpoint_path(CHECKPOINT_ENV, BUNDLED_CHECKPOINT)
 
 
 def available() -> bool:
     """Whether the bundled checkpoint exists."""
-    try:
-        return checkpoint_path().is_file()
-    except OSError:  # an unreadable path (permissions, a name too long) is as good as missing
-        return False
+    return bundled.is_file(checkpoint_path())
 
 
 def bundled_study(device="cpu"):
@@ -49,19 +42,10 @@ def bundled_study(device="cpu"):
     ZeroGRError
         Missing or unreadable checkpoint.
     """
-    if not available():
-        raise ZeroGRError(MISSING)
     from ..recsys.train import load_checkpoint
 
-    path = checkpoint_path()
-    try:
-        return load_checkpoint(path, device=device)
-    except ZeroGRError:
-        raise
-    except (RuntimeError, KeyError, TypeError) as err:  # weights of another model version
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ZeroGRError(f"{path}: the checkpoint does not fit this version of the recommender ({first}); "
-                          "retrain it with `python -m zerogr_core train-movielens`") from None
+    return bundled.load_study(checkpoint_path(), load_checkpoint, MISSING, "python -m zerogr_core train-movielens",
+                              device=device)
 
 
 def bundled_catalog() -> Catalog:

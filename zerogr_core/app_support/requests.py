@@ -86,9 +86,10 @@ class DecodeInputs:
     band_offsets : tuple of int or None
         For a shared head.
     hidden_fn : callable(step, prefixes) -> torch.Tensor, or StepModel
-        Random requests: a ``hidden_fn``. The bundled recommender: its KV-cache step model
-        (:class:`~zerogr_core.models.tiger.TigerStepModel`), prefilled with the requests,
-        which every decoder takes in place of a ``hidden_fn``.
+        Random requests: a ``hidden_fn``. A bundled recommender: its KV-cache step model
+        (:class:`~zerogr_core.models.tiger.TigerStepModel` or, for the T5,
+        :class:`~zerogr_core.models.t5.T5StepModel`), prefilled with the requests, which
+        every decoder takes in place of a ``hidden_fn``.
     model_key : tuple
         Identifies the model (cache key of decoders built on these heads).
     targets, user_ids : np.ndarray or None
@@ -115,14 +116,21 @@ def random_inputs(catalog: Catalog, hidden_size: int, dtype: str, device, batch:
     return DecodeInputs(heads, bands, fn, ("random", hidden_size, dtype, str(device)))
 
 
-def study_inputs(study, users, rows: np.ndarray, device, beam_width: int) -> DecodeInputs:
-    """The bundled recommender's heads and the test users ``rows`` (of
+def study_inputs(study, users, rows: np.ndarray, device, beam_width: int, name: str = "movielens") -> DecodeInputs:
+    """A bundled recommender's heads and the test users ``rows`` (of
     :class:`~zerogr_core.app_support.movielens.TestUsers`) as requests, served through the
-    model's KV cache (each position computed once) for decodes of ``beam_width`` beams."""
+    model's KV cache (each position computed once) for decodes of ``beam_width`` beams:
+    a :class:`~zerogr_core.models.t5.T5StepModel` for the T5 recommender (it offers
+    ``step_model()``), a :class:`~zerogr_core.models.tiger.TigerStepModel` otherwise.
+    ``name`` (the bundled data set) keys the decoders built on these heads."""
     from ..models.tiger import TigerStepModel
 
     histories, targets = users.pick(rows)
-    step_model = TigerStepModel(study.model)
-    step_model.prefill_rows(histories, study.sids, beam_width=beam_width)
-    return DecodeInputs(study.model.head_weights(), None, step_model, ("movielens", str(device)), targets,
-                        users.user_ids[rows])
+    model = study.model
+    if hasattr(model, "step_model"):
+        step_model = model.step_model()
+        step_model.prefill(*model.encoder_inputs(histories, study.sids), beam_width=beam_width)
+    else:
+        step_model = TigerStepModel(model)
+        step_model.prefill_rows(histories, study.sids, beam_width=beam_width)
+    return DecodeInputs(model.head_weights(), None, step_model, (name, str(device)), targets, users.user_ids[rows])

@@ -30,11 +30,23 @@ MOVIELENS = "movielens"
 #: Bundled choices, in the order the app lists them: name → label.
 SAMPLE_CHOICES: dict[str, str] = {
     MOVIELENS: "MovieLens SID catalog (ml-latest-small, with the bundled recommender)",
+    "amazon-beauty": "Amazon Beauty SID catalog (12,101 real items, content SIDs 4×256 from tiger-cf, with the bundled "
+                     "T5 recommender)",
     "search-like-small": "Search-like, small (50,000 items, 5 levels, shared head)",
     "watch-like-small": "Watch-like, small (20,000 items, 3 levels)",
     "synthetic-7-small": "Synthetic-7, small (20,000 items, 7 levels)",
     "tiny": "Tiny (12 hand-written items, 3 levels)",
-    "amazon-beauty": "Amazon Beauty SID catalog (12,101 real items, content SIDs 4×256 from tiger-cf, MIT)",
+}
+
+#: Where the bundled real data comes from and under which terms (shown beside the choice).
+SAMPLE_CREDITS: dict[str, str] = {
+    MOVIELENS: "Data: MovieLens ml-latest-small © GroupLens, University of Minnesota (Harper & Konstan 2015), "
+               "redistributed under its licence: non-commercial use, no endorsement implied, cite it. Terms and "
+               "the recommender: `sample_catalogs/movielens/` (README.md, ml-latest-small/README.txt).",
+    "amazon-beauty": "Data: Amazon review data, Beauty 5-core (McAuley et al. 2015; He & McAuley 2016), research "
+                     "use, cite both. Interactions and content SIDs from tiger-cf (MIT, `LICENCE-tiger-cf.txt`), "
+                     "the sequence file from ICLRec / S3-Rec (BSD-3, `LICENSE-ICLRec.txt`); with a trained T5 "
+                     "recommender (`model.pt`). All in `sample_catalogs/amazon-beauty/` (README.md).",
 }
 
 #: File types the app accepts.

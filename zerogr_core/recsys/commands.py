@@ -39,6 +39,8 @@ def register(subparsers) -> None:
     t.add_argument("--max-minutes", type=float, metavar="M", help="wall-clock budget of the training loop "
                    "(overrides the preset's; the best validation weights so far are kept)")
     t.add_argument("--seed", type=int, help="override the preset's seed")
+    t.add_argument("--validity-weight", type=float, metavar="W", help="add the catalog-validity term with weight W "
+                   "per token (the ablation; default 0, plain cross-entropy; 0.625 matches the MovieLens recipe)")
     t.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
     t.set_defaults(handler=run_train_sequences)
 
@@ -114,7 +116,7 @@ def run_train_sequences(args: argparse.Namespace) -> None:
 
     data = load_data(args.data, args.sids, args.dataset)
     train_sequences(data, args.out, preset=args.preset, device=args.device, max_minutes=args.max_minutes,
-                    seed=args.seed)
+                    seed=args.seed, validity_weight=args.validity_weight)
 
 
 def run_sequence_quality(args: argparse.Namespace) -> None:
@@ -137,6 +139,9 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
     ks = [k for k in KS if k <= args.beam]
     report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,
                           ks=ks, checkpoint=checkpoint)
+    from .train import file_sha256
+
+    report["checkpoint_sha256"] = file_sha256(Path(checkpoint))
     report["preset"] = study.meta["study"]["name"]
     report["selection"] = study.meta["selection"]
     report["learning_curve"] = study.meta["history"]

@@ -284,6 +284,24 @@ def bars(report: dict) -> dict:
                 > report["recall_popularity"][at10])
 
 
+#: Rows of the README's quality tables: label → report key (overlap in per cent).
+TABLE_ROWS = (("overlap@K (filter-first vs score-first)", "overlap"), ("Recall@K filter-first", "recall_filter_first"),
+              ("Recall@K score-first", "recall_score_first"), ("NDCG@K filter-first", "ndcg_filter_first"),
+              ("NDCG@K score-first", "ndcg_score_first"), ("Recall@K popularity", "recall_popularity"),
+              ("NDCG@K popularity", "ndcg_popularity"))
+
+
+def markdown_table(report: dict, rows=TABLE_ROWS) -> str:
+    """The README's table of a study report: one column per K, overlap in per cent (two
+    decimals), Recall and NDCG with four decimals."""
+    ks = [str(k) for k in report["k"]]
+    lines = ["| K | " + " | ".join(ks) + " |", "|" + " --- |" * (1 + len(ks))]
+    for label, key in rows:
+        cells = [f"{100 * report[key][k]:.2f} %" if key == "overlap" else f"{report[key][k]:.4f}" for k in ks]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray, *, beam: int = 128,
                  batch_size: int = 64, ks: Sequence[int] = KS, checkpoint=None) -> dict:
     """:func:`evaluate` on the test stage, plus what produced it (data, SIDs, model, training).

@@ -167,11 +167,55 @@ class T5Recommender(nn.Module):
         out = self.t5(input_ids=input_ids, attention_mask=attention_mask, labels=self.tokens(target_sids))
         return out.loss
 
+    def level_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *target_sids: torch.Tensor
+                     ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+        """Teacher-forced logits of several target sets under one encoder pass.
+
+        Parameters
+        ----------
+        input_ids, attention_mask : torch.Tensor, shape (B, T), int64
+        *target_sids : torch.Tensor, shape (B, L), int64
+            Each set is decoded teacher-forced against the same encoder output.
+
+        Returns
+        -------
+        loss : torch.Tensor, scalar
+            :meth:`loss` of the first set.
+        bands : list (one per set) of list of torch.Tensor, level l: (B, |V_l|)
+            Each level's logits over its own codebook (what its decoding head scores).
+        """
+        from transformers.modeling_outputs import BaseModelOutput
+
+        memory = self.t5.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        encoded = BaseModelOutput(last_hidden_state=memory)
+        loss, bands = None, []
+        for tgt in target_sids:
+            out = self.t5(encoder_outputs=encoded, attention_mask=attention_mask, labels=self.tokens(tgt))
+            loss = out.loss if loss is None else loss
+            bands.append([out.logits[:, level, o:o + v]
+                          for level, (o, v) in enumerate(zip(self.offsets, self.codebook_sizes))])
+        return loss, bands
+
     # ------------------------------------------------------------------ decoding
     def head_weights(self) -> list[torch.Tensor]:
         """Per-level output projections for the Decoder: L × (|V_l|, d_model), detached."""
         w = self.t5.lm_head.weight.detach()
         return [w[o:o + v] for o, v in zip(self.offsets, self.codebook_sizes)]
+
+    def step_model(self):
+        """This model as a :class:`~zerogr_core.models.protocol.StepModel` (KV cache, one encoder
+        memory per request): prefill it with :meth:`encoder_inputs`; its hidden states equal
+        :meth:`hidden_fn_for`'s.
+
+        Returns
+        -------
+        zerogr_core.models.t5.T5StepModel
+            Reads this model's weights in place (eval mode).
+        """
+        from ..models.t5 import T5StepModel
+
+        self.eval()
+        return T5StepModel(self.t5, self.offsets, decoder_start_token_id=PAD)
 
     def _scale(self) -> float:
         return self.config.d_model ** -0.5 if getattr(self.t5.config, "scale_decoder_outputs", False) else 1.0
