@@ -34,10 +34,17 @@ import torch
 
 from zerogr_kernels import TopkOut, extend_prefixes
 
+from ..errors import ZeroGRError
 from .ops import DISPATCH, KernelOps, no_timer
-from .search import check_hidden
 
 __all__ = ["BeamLoop", "PrefixStep", "SelectStep", "Step", "is_step_model"]
+
+
+def check_hidden(hidden: torch.Tensor, batch: int, beams: int, hidden_size: int, step: int,
+                 what: str = "hidden_fn") -> None:
+    if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape) != (batch, beams, hidden_size):
+        got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+        raise ZeroGRError(f"{what}(step={step}) returned {got}, expected ({batch}, {beams}, {hidden_size})")
 
 
 class Step(Protocol):

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
+from .loop import BeamLoop, SelectStep
 from .ops import DISPATCH, KernelOps, no_timer
 
 HiddenFn = Callable[[int, torch.Tensor], torch.Tensor]
@@ -69,13 +70,6 @@ class StepFn(Protocol):
         """
 
 
-def check_hidden(hidden: torch.Tensor, batch: int, beams: int, hidden_size: int, step: int,
-                 what: str = "hidden_fn") -> None:
-    if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape) != (batch, beams, hidden_size):
-        got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
-        raise ZeroGRError(f"{what}(step={step}) returned {got}, expected ({batch}, {beams}, {hidden_size})")
-
-
 def beam_search(step_fn: StepFn, hidden_fn: HiddenFn, *, batch_size: int, beam_width: int, n_levels: int,
                 hidden_size: int, device: torch.device, ops: KernelOps = DISPATCH,
                 timer=no_timer) -> DecodeResult:
@@ -100,8 +94,6 @@ def beam_search(step_fn: StepFn, hidden_fn: HiddenFn, *, batch_size: int, beam_w
     -------
     DecodeResult
     """
-    from .loop import BeamLoop, SelectStep
-
     if batch_size < 1:
         raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
     steps = [SelectStep(step_fn, level, batch_size, beam_width, ops) for level in range(n_levels)]
