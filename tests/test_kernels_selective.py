@@ -79,8 +79,9 @@ def test_hidden_pass_bounds():
     assert passes_for_cache(4096, 4096, 4) == 4 and passes_for_cache(4096, 1024, 2) == 1
     with pytest.raises(ValueError, match="h_passes"):
         selective_proj_triton(_head(2, 8, torch.float32, 1), _head(4, 8, torch.float32, 2),
-                              torch.zeros(2, 1, dtype=torch.int32), torch.zeros(2, 3, dtype=torch.int32),
-                              torch.zeros(2, 1), h_passes=0)
+                              torch.zeros(2, 1, dtype=torch.int32, device=DEV),
+                              torch.zeros(2, 3, dtype=torch.int32, device=DEV), torch.zeros(2, 1, device=DEV),
+                              h_passes=0)
 
 
 def test_selective_skips_tasks_with_zero_count():

@@ -24,6 +24,7 @@ def tiger_case(device="cpu"):
     from zerogr_core.models.tiger import TigerStepModel
     from zerogr_core.recsys.train import load_checkpoint
 
+    pytest.importorskip("polars", reason="the bundled MovieLens catalog is a CSV read through Polars")
     study = load_checkpoint(device=device)
     model, sids = study.model, study.sids.to(device)
     histories = [np.arange(3, 30), np.array([11, 12])]
