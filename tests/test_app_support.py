@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,6 +105,26 @@ def test_stage_upload_limits_and_types(tmp_path):
     assert src.kind == "upload" and src.name == "ok.csv" and len(src.fingerprint) == 16
     assert load_source(src).n_items == 2
     assert stage_upload("ok.csv", data, max_bytes=100, folder=tmp_path) == src  # same content, same source
+
+
+def test_staged_uploads_live_in_a_private_folder_and_are_bounded(tmp_path, monkeypatch):
+    import stat
+
+    from zerogr_core.app_support import sources
+
+    monkeypatch.setattr(sources, "_staging", None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    src = stage_upload("ok.csv", b"item_id,s1\n1,0\n", max_bytes=100)
+    folder = Path(src.path).parents[1]
+    assert folder.parent == tmp_path and folder.name.startswith("zerogr-uploads-")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700                 # no other user can plant a file
+    Path(src.path).write_bytes(b"item_id,s1\n9,9\n")                  # a changed copy is written again
+    assert stage_upload("ok.csv", b"item_id,s1\n1,0\n", max_bytes=100) == src
+    assert load_source(src).n_items == 1 and Path(src.path).read_bytes() == b"item_id,s1\n1,0\n"
+    kept = [stage_upload(f"f{i}.csv", f"item_id,s1\n{i},0\n".encode(), max_bytes=100)
+            for i in range(sources.MAX_STAGED_UPLOADS + 3)]
+    assert len(list(folder.iterdir())) == sources.MAX_STAGED_UPLOADS
+    assert Path(kept[-1].path).is_file() and not Path(src.path).exists()
 
 
 def test_upload_errors_name_the_uploaded_file_not_the_staged_copy(tmp_path):

@@ -12,8 +12,10 @@ with its user's own rights and uses none of this.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,7 +296,8 @@ def stage_upload(name: str, data: bytes, max_bytes: int, folder: str | Path | No
     max_bytes : int
         The upload limit; larger files are refused with a clear message.
     folder : path, optional
-        Where to stage the copy (default: a ``zerogr-uploads`` folder in the temp dir).
+        Where to stage the copy (default: this process's private ``zerogr-uploads-*`` folder
+        in the temp dir, removed at exit; at most :data:`MAX_STAGED_UPLOADS` uploads are kept).
 
     Raises
     ------
@@ -310,14 +313,45 @@ def stage_upload(name: str, data: bytes, max_bytes: int, folder: str | Path | No
         raise CatalogError("file is empty", source=base)
     check_extension(base)
     digest = hashlib.sha256(data).hexdigest()[:16]
-    folder = Path(folder) if folder is not None else Path(tempfile.gettempdir()) / "zerogr-uploads"
+    folder = Path(folder) if folder is not None else _staging_folder()
     target = folder / digest / base
-    if not target.exists():
+    if not (target.is_file() and target.read_bytes() == data):
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".part")
         tmp.write_bytes(data)
         tmp.replace(target)
+    os.utime(target.parent)
+    _prune_staged(folder, keep=target.parent)
     return CatalogSource("upload", base, str(target), digest, **options)
+
+
+#: Staged uploads kept per process; older ones are deleted (a session that needs one again
+#: stages it again from the uploader's bytes).
+MAX_STAGED_UPLOADS = 16
+_staging: Path | None = None
+
+
+def _staging_folder() -> Path:
+    """This process's private staging folder (mode 0700, removed at exit).
+
+    A fixed, shared folder in the temp dir would let another local user plant or swap the
+    file a session is about to load; a fresh ``mkdtemp`` folder cannot be pre-created.
+    """
+    global _staging
+    if _staging is None or not _staging.is_dir():
+        _staging = Path(tempfile.mkdtemp(prefix="zerogr-uploads-"))
+        atexit.register(shutil.rmtree, _staging, True)
+    return _staging
+
+
+def _prune_staged(folder: Path, keep: Path) -> None:
+    """Delete the oldest staged uploads beyond :data:`MAX_STAGED_UPLOADS` (never ``keep``)."""
+    try:
+        entries = sorted((p for p in folder.iterdir() if p.is_dir() and p != keep), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return
+    for old in entries[:max(0, len(entries) + 1 - MAX_STAGED_UPLOADS)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def server_file_source(path_text: str, roots: Sequence[Path] | None = None, **options) -> CatalogSource:
