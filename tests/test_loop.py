@@ -7,6 +7,8 @@ Hugging Face T5 step model) decodes through that path and must give the referenc
 (recomputing every position from the prefixes), compute each position once, and read the
 tokens and parents from the previous step's static output buffers.
 """
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -40,7 +42,8 @@ def small_catalog(sizes, n, seed):
     return Catalog.from_sids(sids, sizes)
 
 
-def decoder_only_case(device="cpu"):
+def decoder_only_case(device="cpu", staged=False):
+    """``staged``: the requests are staged, so the history pass runs at step 0 (in the loop)."""
     from zerogr_core.models.decoder_only import DecoderOnlyConfig, DecoderOnlyRecommender
 
     sizes = (6, 7, 5, 4)
@@ -58,8 +61,9 @@ def decoder_only_case(device="cpu"):
 
     return dict(index=build_index(small_catalog(sizes, 300, 0), device=device), heads=model.head_weight(),
                 band_offsets=model.band_offsets, step_model=step_model,
-                prefill=lambda: step_model.prefill(history, mask, beam_width=BEAM), reference=reference,
-                counted=model.blocks[0].ff, first_positions=BATCH * t)
+                prefill=lambda: (step_model.stage if staged else step_model.prefill)(history, mask, beam_width=BEAM),
+                reference=reference, counted=model.blocks[0].ff,
+                first_positions=BATCH * (step_model.bucket(t) if staged else t))
 
 
 def t5_case(device="cpu"):
@@ -95,7 +99,8 @@ def t5_case(device="cpu"):
                 counted=model.decoder.block[0].layer[2], first_positions=BATCH)
 
 
-CASES = {"tiger": tiger_case, "decoder-only": decoder_only_case, "t5": t5_case}
+CASES = {"tiger": tiger_case, "decoder-only": decoder_only_case,
+         "decoder-only-staged": functools.partial(decoder_only_case, staged=True), "t5": t5_case}
 
 
 def engine_for(case):

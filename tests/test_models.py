@@ -113,14 +113,17 @@ def left_padded(gen, lengths, levels=(6, 7, 5, 4)):
     return torch.where(mask[..., None], history, 0), mask
 
 
+@pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 6e-2), (torch.float16, 1e-2)])
-def test_decoder_only_kv_cache_equals_recompute(dtype, tol):
+def test_decoder_only_kv_cache_equals_recompute(dtype, tol, staged):
+    """Prefilled, or staged (history pass at step 0, padded to a bucket of 12 positions)."""
     model = decoder_only(dtype)
     gen = torch.Generator().manual_seed(0)
     history, mask = left_padded(gen, [5, 1, 9])
     batch, beam = 3, 4
-    step_model = model.step_model()
-    step_model.prefill(history, mask, beam_width=beam)
+    step_model = model.step_model(history_bucket=4)
+    (step_model.stage if staged else step_model.prefill)(history, mask, beam_width=beam)
+    assert step_model.history_in_step == staged
     prefixes = torch.empty(batch, 1, 0, dtype=torch.int64)
     got = step_model.step(0, None, None)
     torch.testing.assert_close(got.float(), model.recompute_hidden(history, mask, prefixes)[:, 0].float(),

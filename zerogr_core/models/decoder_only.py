@@ -14,6 +14,8 @@ values are computed once per request at prefill and read by all the request's be
 (never repeated per beam); only the SID part of the cache (≤ L positions per beam) is
 reordered by parent. :meth:`DecoderOnlyRecommender.recompute_hidden` is the reference
 that recomputes the whole sequence (``tests/test_models.py`` compares the two).
+:meth:`DecoderOnlyStepModel.stage` moves the history pass into step 0 (static,
+length-bucketed inputs), so a CUDA graph of the decode holds the whole model.
 
 Random weights serve latency studies; the ``deployable`` preset is 12 layers of width
 1024 over 256 history items.
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ZeroGRError
-from .protocol import keep_static, reorder_rows, safe_parents
+from .protocol import _copy_into, keep_static, reorder_rows, safe_parents
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ class DecoderOnlyRecommender(nn.Module):
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Parameter(torch.randn(sum(sizes), d) * d ** -0.5)
+        # on the model's device, so that embedding a history copies nothing from the host
+        # (a host copy cannot be captured in a CUDA graph)
+        self.register_buffer("level_offsets", torch.tensor(self.band_offsets, dtype=torch.int64), persistent=False)
         for emb in (self.token_emb, self.pos_emb):
             nn.init.normal_(emb.weight, std=0.02)
 
@@ -128,8 +133,7 @@ class DecoderOnlyRecommender(nn.Module):
 
     def item_embedding(self, sids: torch.Tensor) -> torch.Tensor:
         """Sum of the item's per-level token embeddings: (…, L) → (…, d)."""
-        offsets = torch.tensor(self.band_offsets, device=sids.device)
-        return self.token_emb(sids.clamp(min=0) + offsets).sum(dim=-2)
+        return self.token_emb(sids.clamp(min=0) + self.level_offsets.to(sids.device)).sum(dim=-2)
 
     def token_embedding(self, tokens: torch.Tensor, level: int) -> torch.Tensor:
         """Embedding of level ``level``'s local tokens (-1 allowed: computed, never used)."""
@@ -149,7 +153,7 @@ class DecoderOnlyRecommender(nn.Module):
             raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from the history's {(b, t)}")
         lengths = mask.sum(dim=1)
         left_padded = torch.arange(t, device=mask.device) >= t - lengths[:, None]
-        if bool((lengths < 1).any()) or bool((mask != left_padded).any()):
+        if bool((lengths < 1).any() | (mask != left_padded).any()):          # one read on the host
             raise ZeroGRError("attention_mask: every row needs ≥ 1 item, padding on the left")
         return mask
 
@@ -192,9 +196,9 @@ class DecoderOnlyRecommender(nn.Module):
             x = block.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
         return self.ln_f(x[:, -1]).view(b, n, -1)
 
-    def step_model(self) -> "DecoderOnlyStepModel":
-        """This model served through the step protocol."""
-        return DecoderOnlyStepModel(self)
+    def step_model(self, history_bucket: int = 16) -> "DecoderOnlyStepModel":
+        """This model served through the step protocol (see :class:`DecoderOnlyStepModel`)."""
+        return DecoderOnlyStepModel(self, history_bucket)
 
 
 class DecoderOnlyStepModel:
@@ -204,14 +208,88 @@ class DecoderOnlyStepModel:
     ----------
     model : DecoderOnlyRecommender
         In any dtype (fp32, bf16, fp16); caches and hidden states follow it.
+    history_bucket : int
+        :meth:`stage` left-pads the history up to a multiple of it (at most
+        ``max_history``), so histories of nearby lengths share static buffers (and one
+        captured graph).
+
+    Notes
+    -----
+    Two prefills: :meth:`prefill` runs the history through the layers now (eagerly,
+    outside any graph); :meth:`stage` only copies the requests into static buffers, and
+    ``step(0, …)`` runs the history pass (:meth:`run_history`) inside the decode, so a CUDA
+    graph of the decode includes it. Both give the same outputs: the extra left padding of
+    the bucket is masked out and positions count real items only.
     """
 
-    def __init__(self, model: DecoderOnlyRecommender):
+    def __init__(self, model: DecoderOnlyRecommender, history_bucket: int = 16):
         self.model = model.eval()
         self.n_levels = model.n_levels
         self.hidden_size = model.config.d_model
+        self.history_bucket = int(history_bucket)
+        if self.history_bucket < 1:
+            raise ZeroGRError(f"history_bucket: expected an integer ≥ 1, got {history_bucket!r}")
         self.batch = 0
-        self.graph_safe = True   # a prefill of the same shape writes into the same tensors
+        self.history_in_step = False
+        self.graph_safe = True   # static buffers only: the whole decode may be captured in a CUDA graph
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.head.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.token_emb.weight.dtype
+
+    def _history_pass(self, history: torch.Tensor, mask: torch.Tensor, kv_out=None):
+        """The history through every layer, as device work only: no host synchronisation,
+        no data-dependent shape, no branch on tensor values (a staged step 0 runs it inside
+        a CUDA graph).
+
+        Parameters
+        ----------
+        history : torch.Tensor, shape (B, T, L), int64
+        mask : torch.Tensor, shape (B, T), bool
+            Left padding, already checked (:meth:`DecoderOnlyRecommender.check_history`).
+        kv_out : list of (torch.Tensor, torch.Tensor), optional
+            Per layer, static (B, heads, T, dh) tensors that receive the keys and values
+            (and that the layer's attention then reads).
+
+        Returns
+        -------
+        history_kv : list of (keys, values), each (B, heads, T, dh)
+        first : torch.Tensor, shape (B, d)
+            The output at the last history position (predicts level 1).
+        bias : torch.Tensor, shape (B, 1, 1, T), float32
+            0 on items, -inf on the padding.
+        lengths : torch.Tensor, shape (B,), int64
+        """
+        m = self.model
+        device = mask.device
+        b, t = mask.shape
+        x = m.item_embedding(history) + m.pos_emb((mask.long().cumsum(1) - 1).clamp(min=0))
+        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        allowed = ((causal[None] & mask[:, None, :]) | torch.eye(t, dtype=torch.bool, device=device))[:, None]
+        history_kv = []
+        for layer, block in enumerate(m.blocks):
+            q, k, v = block.qkv_heads(x)
+            if kv_out is not None:
+                _copy_into(kv_out[layer], (k, v))
+                k, v = kv_out[layer]
+            history_kv.append((k, v))                                                # (B, heads, T, dh)
+            x = block.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+        bias = torch.zeros(b, 1, 1, t, dtype=torch.float32, device=device).masked_fill(
+            ~mask[:, None, None, :], float("-inf"))
+        return history_kv, m.ln_f(x[:, -1]), bias, mask.sum(dim=1)
+
+    def _allocate(self, b: int, beam_width: int, dtype: torch.dtype) -> None:
+        """The per-beam caches of the SID tokens, (b · M, heads, L, dh) per layer."""
+        m = self.model
+        n, heads = b * beam_width, m.config.n_heads
+        dh = m.config.d_model // heads
+        self.cache = [tuple(torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=self.device)
+                            for _ in range(2)) for _ in m.blocks]
+        self.batch, self.beam_width = b, beam_width
 
     @torch.no_grad()
     def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -225,31 +303,77 @@ class DecoderOnlyStepModel:
         attention_mask : torch.Tensor, shape (B, T), optional
             1 on items, 0 on the left padding.
         beam_width : int
+
+        See Also
+        --------
+        stage : the same with the history pass run inside the decode (capturable in a CUDA graph).
+        """
+        history = history.to(self.device)
+        mask = self.model.check_history(history, attention_mask)
+        b, t = mask.shape
+        history_kv, first, bias, lengths = self._history_pass(history, mask)
+        self.history_in_step = False
+        if keep_static(self, (b, t, beam_width, first.dtype), history_kv=history_kv, first=first,
+                       history_bias=bias, lengths=lengths):
+            return
+        self._allocate(b, beam_width, first.dtype)
+
+    def bucket(self, t: int) -> int:
+        """The padded length of a ``t``-item history: the next multiple of ``history_bucket``,
+        at most ``max_history`` (never below ``t``)."""
+        return min(-(-t // self.history_bucket) * self.history_bucket, max(t, self.model.config.max_history))
+
+    @torch.no_grad()
+    def stage(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+              beam_width: int) -> None:
+        """A prefill whose device work runs at step 0, so one CUDA graph holds history pass and decode.
+
+        Checks the requests where they are (on the host for CPU tensors; a check of device
+        tensors reads one flag back, here, outside any graph), then copies them into static
+        (B, T_b) buffers, left-padded up to the bucket ``T_b = bucket(T)`` (masked out), and
+        nothing else; ``step(0, …)`` then runs :meth:`run_history`. Requests of one batch
+        size and bucket reuse the same buffers (and a graph captured on them replays); a
+        new bucket allocates new ones (captured again).
+
+        Parameters
+        ----------
+        history : torch.Tensor, shape (B, T, L), int64
+            SIDs of the history items, oldest first, left-padded.
+        attention_mask : torch.Tensor, shape (B, T), optional
+            1 on items, 0 on the left padding.
+        beam_width : int
         """
         m = self.model
-        device = m.head.device
-        history = history.to(device)
         mask = m.check_history(history, attention_mask)
         b, t = mask.shape
-        x = m.item_embedding(history) + m.pos_emb((mask.long().cumsum(1) - 1).clamp(min=0))
-        causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        allowed = ((causal[None] & mask[:, None, :]) | torch.eye(t, dtype=torch.bool, device=device))[:, None]
-        history_kv = []
-        for block in m.blocks:
-            q, k, v = block.qkv_heads(x)
-            history_kv.append((k, v))                                                # (B, heads, T, dh)
-            x = block.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
-        dtype = x.dtype
-        bias = torch.zeros(b, 1, 1, t, dtype=torch.float32, device=device).masked_fill(
-            ~mask[:, None, None, :], float("-inf"))
-        if keep_static(self, (b, t, beam_width, dtype), history_kv=history_kv, first=m.ln_f(x[:, -1]),
-                       history_bias=bias, lengths=mask.sum(dim=1)):
-            return
-        n, heads = b * beam_width, m.config.n_heads
-        dh = m.config.d_model // heads
-        self.cache = [tuple(torch.zeros(n, heads, self.n_levels, dh, dtype=dtype, device=device)
-                            for _ in range(2)) for _ in m.blocks]
-        self.batch, self.beam_width = b, beam_width
+        tb, dtype = self.bucket(t), self.dtype
+        key = (b, tb, beam_width, dtype, "staged")
+        if getattr(self, "_static_key", None) != key:
+            heads, device = m.config.n_heads, self.device
+            dh = m.config.d_model // heads
+            self.ids = torch.zeros(b, tb, self.n_levels, dtype=torch.int64, device=device)
+            self.ids_mask = torch.zeros(b, tb, dtype=torch.bool, device=device)
+            self.history_kv = [tuple(torch.zeros(b, heads, tb, dh, dtype=dtype, device=device) for _ in range(2))
+                               for _ in m.blocks]
+            self.first = torch.zeros(b, m.config.d_model, dtype=dtype, device=device)
+            self.history_bias = torch.zeros(b, 1, 1, tb, dtype=torch.float32, device=device)
+            self.lengths = torch.zeros(b, dtype=torch.int64, device=device)
+            self._allocate(b, beam_width, dtype)
+            self._static_key = key
+        pad = tb - t
+        self.ids[:, :pad].zero_()
+        self.ids[:, pad:].copy_(history)
+        self.ids_mask[:, :pad].zero_()
+        self.ids_mask[:, pad:].copy_(mask)
+        self.history_in_step = True
+
+    @torch.no_grad()
+    def run_history(self) -> None:
+        """The staged requests' history pass, into the static buffers (what step 0 runs after :meth:`stage`)."""
+        _, first, bias, lengths = self._history_pass(self.ids, self.ids_mask, kv_out=self.history_kv)
+        self.first.copy_(first)
+        self.history_bias.copy_(bias)
+        self.lengths.copy_(lengths)
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
@@ -257,6 +381,8 @@ class DecoderOnlyStepModel:
         if not self.batch:
             raise ZeroGRError("step model: call prefill before step")
         if step == 0:
+            if self.history_in_step:
+                self.run_history()
             return self.first
         m, b = self.model, self.batch
         device = self.first.device
@@ -280,12 +406,17 @@ class DecoderOnlyStepModel:
             qr = q.view(b, beams, heads, dh).transpose(1, 2)                         # (B, heads, M, dh)
             # one softmax over [the request's history, the beam's own SID tokens]
             s_hist = (qr @ hk.transpose(2, 3)).float() * scale + self.history_bias   # (B, heads, M, T)
-            s_own = (q @ k_cache[:n, :, :j + 1].transpose(2, 3)).float() * scale     # (n, heads, 1, j+1)
+            # the beam's own ≤ L tokens: one query per (beam, head), so a matrix product
+            # would be a batched matrix-vector product (slow strided GEMV kernels on a GPU);
+            # multiply and sum instead, accumulating in float32
+            k_own, v_own = k_cache[:n, :, :j + 1], v_cache[:n, :, :j + 1]            # (n, heads, j+1, dh)
+            s_own = (q * k_own).sum(-1, dtype=torch.float32) * scale                 # (n, heads, j+1)
             s_own = s_own.view(b, beams, heads, j + 1).transpose(1, 2)                # (B, heads, M, j+1)
             w = torch.softmax(torch.cat([s_hist, s_own], dim=-1), dim=-1).to(q.dtype)
             t = hk.shape[2]
             y = w[..., :t] @ hv                                                      # (B, heads, M, dh)
-            w_own = w[..., t:].transpose(1, 2).reshape(n, heads, 1, j + 1)
-            y = y.transpose(1, 2).reshape(n, heads, 1, dh) + w_own @ v_cache[:n, :, :j + 1]
+            w_own = w[..., t:].transpose(1, 2).reshape(n, heads, j + 1, 1)
+            y_own = (w_own * v_own).sum(2, dtype=torch.float32)                      # (n, heads, dh)
+            y = y.transpose(1, 2).reshape(n, heads, 1, dh) + y_own.to(q.dtype)[:, :, None]
             x = block.finish(x, y)
         return m.ln_f(x[:, 0])
