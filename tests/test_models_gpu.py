@@ -64,6 +64,45 @@ def test_t5_prefill_inside_the_engine_graph_equals_the_reference():
     torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
 
 
+def test_decoder_only_prefill_inside_the_engine_graph_equals_the_reference():
+    """One graph replay runs the history pass and every decode step: the CPU reference's beams
+    (prefill outside) on new requests of the same bucket (replayed, not captured again),
+    left-padded histories of different lengths; a shorter history takes another bucket."""
+    import copy
+
+    from test_decoder_only_stage import catalog, histories, model
+
+    from zerogr_core import build_index
+    from zerogr_core.models.protocol import StepDecoder
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cpu_model = model()
+    gpu_model = copy.deepcopy(cpu_model).cuda()
+    gpu = StepDecoder(gpu_model.step_model(history_bucket=8), build_index(catalog(), device="cuda"),
+                      gpu_model.head_weight(), beam_width=16, band_offsets=gpu_model.band_offsets)
+    cpu = StepDecoder(cpu_model.step_model(), build_index(catalog()), cpu_model.head_weight(), beam_width=16,
+                      band_offsets=cpu_model.band_offsets, prefill="outside")
+    assert gpu.stage
+    graph = None
+    for seed, t in ((0, 12), (1, 12), (2, 9), (3, 16)):          # one bucket of 16
+        history, mask = histories(4, t, seed)
+        got, want = gpu.decode(history.cuda(), mask.cuda()), cpu.decode(history, mask)
+        engine = gpu.decoder.gpu_engine
+        assert engine.graph_error is None and gpu.prefill_in_graph, engine.graph_error
+        torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
+        assert (got.item_rows.cpu() == want.item_rows).float().mean() >= 0.95
+        assert (got.item_rows >= 0).all()
+        shape = next(iter(engine._shapes.values()))
+        assert shape.graph is not None and shape.graph_fn is gpu.step_model
+        if graph is not None:
+            assert shape.graph is graph                                # replayed, history pass included
+        graph = shape.graph
+    history, mask = histories(4, 5, 9)                                 # the bucket of 8: captured again
+    got, want = gpu.decode(history.cuda(), mask.cuda()), cpu.decode(history, mask)
+    assert shape.graph is not graph and gpu.step_model.ids.shape[1] == 8
+    torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
+
+
 def test_t5_step_model_replays_in_the_engine_graph():
     """The prefill outside the graph: the decode, T5 step model included, is captured once and
     replayed on new requests of the same shape with the results of the eager reference."""
@@ -100,10 +139,10 @@ def test_t5_step_model_replays_in_the_engine_graph():
     assert (got.item_rows >= 0).all()
 
 
-@pytest.mark.parametrize("name", ["tiger", "decoder-only", "t5"])
+@pytest.mark.parametrize("name", ["tiger", "decoder-only", "decoder-only-staged", "t5"])
 def test_kv_cache_models_in_the_engine_graph_equal_the_reference(name):
-    """Graph replays (model steps inside) give the reference's beams (every position
-    recomputed), on new requests of the same shape too."""
+    """Graph replays (model steps inside, and the staged decoder-only history pass) give the
+    reference's beams (every position recomputed), on new requests of the same shape too."""
     from test_loop import BATCH, BEAM, CASES
 
     from zerogr_core import Decoder
@@ -139,8 +178,9 @@ def test_bench_e2e_runs_in_cuda_graphs(tmp_path):
     assert len(docs) == 4
     for doc in docs:
         timed = {r["method"]: r for r in doc["records"] if r["method"] != "derived"}
-        t5 = doc["records"][0]["model_kind"] == "t5"          # T5 stages its prefill into the graph
-        assert timed["zerogr"]["loop"] == "engine, CUDA graph, model inside" + (", prefill inside" if t5 else "")
-        assert all(timed[m]["loop"] == "ZeroGR beam loop, CUDA graph" + (", prefill inside" if t5 else "")
+        # both models stage their prefill into the graph
+        assert doc["records"][0]["prefill"] == "inside the graph"
+        assert timed["zerogr"]["loop"] == "engine, CUDA graph, model inside, prefill inside"
+        assert all(timed[m]["loop"] == "ZeroGR beam loop, CUDA graph, prefill inside"
                    for m in ("static", "unconstrained", "model-only"))
         assert all(timed[m]["valid_fraction"] == 1.0 for m in ("zerogr", "static"))

@@ -10,10 +10,11 @@ zerogr
     Filtering first in ZeroGR's engine with the model's KV-cache step model
     (:class:`~zerogr_core.models.t5.T5StepModel`: one encoder memory per request, static
     caches; or the decoder-only recommender's). On a GPU one CUDA graph replay runs the
-    constrained decode and every model step, and for T5 the prefill too (encoder and
-    cross-attention keys/values, :meth:`~zerogr_core.models.t5.T5StepModel.stage`); the
-    decoder-only model prefills outside. ``--prefill outside`` runs T5's prefill eagerly
-    before the graph instead, for every loop method alike.
+    constrained decode and every model step, and the prefill too (T5's encoder and
+    cross-attention keys/values, :meth:`~zerogr_core.models.t5.T5StepModel.stage`; the
+    decoder-only model's history pass,
+    :meth:`~zerogr_core.models.decoder_only.DecoderOnlyStepModel.stage`). ``--prefill
+    outside`` runs the prefill eagerly before the graph instead, for every loop method alike.
 zerogr-hf-cache
     Filtering first with the model's own Hugging Face caches
     (:class:`~zerogr_core.hf.HFStepModel`, eager engine; T5 only): a cross-check of the items.
@@ -243,7 +244,7 @@ def register(subparsers) -> None:
     p.add_argument("--preset", default=None, help="tiger (default) or quick")
     p.add_argument("--dtype", default="fp32", choices=tuple(DTYPES), help="model dtype (default fp32)")
     p.add_argument("--prefill", default="inside", choices=("inside", "outside"),
-                   help="T5 on a GPU: run the prefill inside each loop method's CUDA graph (default) or eagerly "
+                   help="on a GPU: run the prefill inside each loop method's CUDA graph (default) or eagerly "
                         "before it")
     p.add_argument("--quick", action="store_true", help="CPU/CI mode: the quick preset, batches 1,2, beam 4, 2 repeats")
     p.add_argument("--methods", default=None, help=f"comma list of {', '.join(METHODS)} (default: all)")
@@ -470,8 +471,8 @@ class Workbench:
         from ..index import build_index
 
         self.cfg, self.kind, self.dtype, self.device, self.seed = cfg, kind, dtype, device, seed
-        # every loop method stages its requests alike (T5 on a GPU), so shares compare like with like
-        self.stage = prefill == "inside" and device.type == "cuda" and kind == "t5"
+        # every loop method stages its requests alike (on a GPU), so shares compare like with like
+        self.stage = prefill == "inside" and device.type == "cuda"
         self.prefill_where = "inside the graph" if self.stage else "outside the graph"
         self.catalog = catalog
         self.index = build_index(catalog, device=device)
@@ -579,7 +580,8 @@ class Workbench:
             run = HFGenerator(self.model, self.index, beam_width=beam, token_offsets=self.offsets,
                               step_model=step_model, prefill="auto" if self.stage else "outside").serving
         else:
-            run = StepDecoder(self.step_model(), self.index, self.head, beam_width=beam, band_offsets=self.offsets)
+            run = StepDecoder(self.step_model(), self.index, self.head, beam_width=beam, band_offsets=self.offsets,
+                              prefill="auto" if self.stage else "outside")
 
         def ours(ids, mask):
             result = run.decode(ids, mask)
