@@ -337,11 +337,8 @@ class DecoderOnlyStepModel:
 
         Parameters
         ----------
-        history : torch.Tensor, shape (B, T, L), int64
-            SIDs of the history items, oldest first, left-padded.
-        attention_mask : torch.Tensor, shape (B, T), optional
-            1 on items, 0 on the left padding.
-        beam_width : int
+        history, attention_mask, beam_width
+            As for :meth:`prefill`.
         """
         m = self.model
         mask = m.check_history(history, attention_mask)
