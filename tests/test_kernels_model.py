@@ -1,0 +1,148 @@
+"""The T5 step model's kernels (kernels/rms_norm.py, kernels/beam_attention.py) against their references,
+and the lineage attention against ``scaled_dot_product_attention`` over an explicitly reordered cache."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_asserts import assert_kernel_equal, kernel_device
+from zerogr_kernels import (cached_self_attention_reference, cached_self_attention_triton, rms_layer_norm_reference,
+                            rms_layer_norm_triton)
+
+DEV = kernel_device()
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# The Triton interpreter truncates float32 to bfloat16 where the GPU rounds to nearest, and
+# T5's norm rounds twice (before and after the weight), so bfloat16 may differ by two units
+# in the last place: 2^-6 relative.
+TOL = {torch.bfloat16: {"rtol": 2 ** -6}}
+
+
+def _randn(*shape, seed, dtype=torch.float32, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(dtype).to(DEV)
+
+
+# (rows, width): a single row, odd widths, a non-power-of-two width, T5 d_model sizes
+@pytest.mark.parametrize("n,d", [(1, 1), (5, 7), (33, 100), (17, 128), (3, 1024)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_matches_reference(n, d, dtype):
+    x, w = _randn(n, d, seed=n + d, dtype=dtype, scale=3.0), _randn(d, seed=d, dtype=dtype)
+    assert_kernel_equal(rms_layer_norm_triton(x, w, 1e-6), rms_layer_norm_reference(x, w, 1e-6), name="rms_norm",
+                        **TOL.get(dtype, {}))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_with_residual(dtype):
+    x, r = _randn(9, 48, seed=1, dtype=dtype), _randn(9, 48, seed=2, dtype=dtype)
+    w = _randn(48, seed=3, dtype=dtype)
+    got, got_sum = rms_layer_norm_triton(x, w, 1e-6, residual=r)
+    want, want_sum = rms_layer_norm_reference(x, w, 1e-6, residual=r)
+    exact = {"rtol": 0.0, "atol": 0.0} if dtype != torch.bfloat16 or DEV == "cuda" else TOL[dtype]
+    assert_kernel_equal(got_sum, want_sum, name="x + residual", **exact)
+    assert_kernel_equal(got, want, name="rms_norm", **TOL.get(dtype, {}))
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+                                             (torch.float16, torch.float32)])
+def test_rms_norm_mixed_dtypes_follow_hugging_face(x_dtype, w_dtype):
+    """The output dtype and rounding of ``T5LayerNorm`` with a weight of another dtype."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+    x = _randn(6, 40, seed=4, dtype=x_dtype, scale=5.0)
+    norm = T5LayerNorm(40, eps=1e-6).to(DEV)
+    with torch.no_grad():
+        norm.weight.copy_(_randn(40, seed=5))
+    norm = norm.to(w_dtype)
+    with torch.no_grad():
+        want = norm(x)
+    got = rms_layer_norm_triton(x, norm.weight, norm.variance_epsilon)
+    assert got.dtype == want.dtype
+    half = torch.bfloat16 if torch.bfloat16 in (x_dtype, w_dtype) else torch.float16
+    assert_kernel_equal(got, want, name="rms_norm", dtype=half, **TOL.get(half, {}))
+    assert_kernel_equal(rms_layer_norm_reference(x, norm.weight, norm.variance_epsilon), want, name="reference",
+                        rtol=0.0, atol=0.0)
+
+
+def test_rms_norm_argument_checks():
+    x = torch.zeros(3, 4, device=DEV)
+    with pytest.raises(ValueError, match="weight"):
+        rms_layer_norm_reference(x, torch.ones(5, device=DEV), 1e-6)
+    with pytest.raises(TypeError, match="residual"):
+        rms_layer_norm_reference(x, torch.ones(4, device=DEV), 1e-6, residual=x.half())
+    with pytest.raises(ValueError, match="contiguous"):
+        rms_layer_norm_triton(torch.zeros(4, 3, device=DEV).T, torch.ones(4, device=DEV), 1e-6)
+
+
+def _lineage_cache(L, rows, beams, batch, heads, d, dtype, seed):
+    """A cache of L steps (step 0 one row per request, later steps ``beams`` per request) and the
+    parents each step chose, plus the ancestors of the rows of each step (as the step model keeps them)."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = (torch.randn(L, rows, 3 * heads * d, generator=g) * 2).to(dtype)
+    parents, ancestors = [], torch.zeros(L, rows, dtype=torch.int64)
+    lineages = [ancestors.clone().to(DEV)]
+    prev = 1
+    for step in range(1, L):
+        par = (torch.arange(batch)[:, None] * prev + torch.randint(0, prev, (batch, beams), generator=g)).reshape(-1)
+        n = par.numel()
+        ancestors[:step - 1, :n] = ancestors[:step - 1, :batch * prev][:, par]
+        ancestors[step - 1, :n] = par
+        parents.append(par)
+        lineages.append(ancestors.clone().to(DEV))
+        prev = beams
+    return qkv.to(DEV), lineages, parents
+
+
+@pytest.mark.parametrize("step", [0, 1, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,d", [(3, 8), (2, 5)])
+def test_cached_attention_matches_reference(step, dtype, heads, d):
+    batch, beams, L = 3, 4, 4
+    qkv, lineages, _ = _lineage_cache(L, batch * beams + 2, beams, batch, heads, d, dtype, seed=step + d)
+    anc = lineages[step]
+    bias = _randn(heads, L, seed=9)
+    n = batch * (beams if step else 1)
+    got = cached_self_attention_triton(qkv, anc, bias, step=step, n=n, heads=heads)
+    want = cached_self_attention_reference(qkv, anc, bias, step=step, n=n, heads=heads)
+    assert_kernel_equal(got, want, name="attention")
+    out = torch.full((n, heads * d), 7.0, dtype=dtype, device=DEV)
+    assert cached_self_attention_triton(qkv, anc, bias, step=step, n=n, heads=heads, out=out) is out
+    assert_kernel_equal(out, want, name="attention out=")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_lineage_attention_equals_sdpa_over_a_reordered_cache(dtype, tol):
+    """The reference reads each beam's lineage in place; SDPA over keys and values gathered step
+    by step by parent (a reordered cache, as Hugging Face keeps it) gives the same output."""
+    batch, beams, L, heads, d = 2, 5, 4, 3, 16
+    rows = batch * beams
+    qkv, lineages, parents = _lineage_cache(L, rows, beams, batch, heads, d, dtype, seed=11)
+    bias = _randn(heads, L, seed=12).to(dtype).float()
+    hd = heads * d
+    k_cache = qkv[:1, :batch, hd:2 * hd].float()                                # (positions, n, heads · d)
+    v_cache = qkv[:1, :batch, 2 * hd:].float()
+    for step in range(1, L):
+        n = parents[step - 1].numel()
+        k_cache = torch.cat([k_cache[:, parents[step - 1]], qkv[step:step + 1, :n, hd:2 * hd].float()])
+        v_cache = torch.cat([v_cache[:, parents[step - 1]], qkv[step:step + 1, :n, 2 * hd:].float()])
+        split = lambda t: t.reshape(step + 1, n, heads, d).permute(1, 2, 0, 3)  # noqa: E731
+        q = qkv[step, :n, :hd].float().reshape(n, heads, 1, d)
+        want = F.scaled_dot_product_attention(q, split(k_cache), split(v_cache),
+                                              attn_mask=bias[None, :, None, :step + 1], scale=1.0)
+        got = cached_self_attention_reference(qkv, lineages[step], bias, step=step, n=n, heads=heads)
+        torch.testing.assert_close(got.float(), want.reshape(n, hd), rtol=tol, atol=tol)
+
+
+def test_cached_attention_argument_checks():
+    qkv = torch.zeros(4, 6, 3 * 2 * 8, device=DEV)
+    anc = torch.zeros(4, 6, dtype=torch.int64, device=DEV)
+    bias = torch.zeros(2, 4, device=DEV)
+    with pytest.raises(ValueError, match="3 · heads"):
+        cached_self_attention_reference(qkv, anc, bias, step=1, n=6, heads=5)
+    with pytest.raises(ValueError, match="step 4"):
+        cached_self_attention_reference(qkv, anc, bias, step=4, n=6, heads=2)
+    with pytest.raises(ValueError, match="n 7"):
+        cached_self_attention_reference(qkv, anc, bias, step=1, n=7, heads=2)
+    with pytest.raises(TypeError, match="ancestors"):
+        cached_self_attention_reference(qkv, anc.int(), bias, step=1, n=6, heads=2)
+    with pytest.raises(TypeError, match="out"):
+        cached_self_attention_reference(qkv, anc, bias, step=1, n=6, heads=2, out=torch.zeros(6, 16).half())
