@@ -96,7 +96,7 @@ def t5_case(device="cpu"):
     return dict(index=build_index(small_catalog(sizes, 60, 1), device=device), heads=model.lm_head.weight.detach(),
                 band_offsets=offsets, step_model=step_model,
                 prefill=lambda: step_model.prefill(ids, mask, beam_width=BEAM), reference=reference,
-                counted=model.decoder.block[0].layer[2], first_positions=BATCH)
+                counted=model.decoder.block[0].layer[2].DenseReluDense, first_positions=BATCH)
 
 
 CASES = {"tiger": tiger_case, "decoder-only": decoder_only_case,

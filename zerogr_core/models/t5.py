@@ -7,24 +7,33 @@ beams of one request share one memory, so :class:`T5StepModel`
 * computes each decoder layer's cross-attention keys and values once per request at
   prefill, and lets the ``M`` beams of a request query them together (one (M × T)
   attention per request and head, never a per-beam copy);
-* reorders by parent only the self-attention cache, which holds at most L positions, in
-  preallocated (batch · M, heads, L, d_kv) buffers;
-* precomputes the decoder's relative position bias for all L positions;
+* never reorders the self-attention cache: step ``l`` writes its queries, keys and values
+  (one GEMM per layer) in its own rows of a preallocated (layers, L, batch · M, 3 · heads ·
+  d_kv) buffer, each beam keeps the row of its ancestor at every earlier step (a
+  (L, batch · M) int64 table, updated by parent), and the attention reads each beam's
+  lineage in place (:func:`zerogr_kernels.cached_self_attention`);
+* fuses every residual add with the RMS layer norm after it
+  (:func:`zerogr_kernels.rms_layer_norm`) and precomputes the decoder's relative position
+  bias for all L positions, per dtype;
 * can run its prefill inside the decode (:meth:`T5StepModel.stage`): the inputs go to
   static, length-bucketed buffers and step 0 runs the encoder and the cross-attention
   keys/values there, so a CUDA graph of the decode holds the whole model.
 
-It reads the weights of a ``T5ForConditionalGeneration`` (any size, ReLU or gated-GELU
-feed-forward) and reproduces its decoder's output (what ``lm_head`` reads) within
-floating-point tolerance (``tests/test_hf.py``).
+On CUDA tensors the two Triton kernels run; elsewhere their PyTorch references (the same
+arithmetic). It reads the weights of a ``T5ForConditionalGeneration`` (any size, ReLU or
+gated-GELU feed-forward) and reproduces its decoder's output (what ``lm_head`` reads)
+within floating-point tolerance (``tests/test_hf.py``).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from zerogr_kernels.beam_attention import cached_self_attention_reference, cached_self_attention_triton
+from zerogr_kernels.rms_norm import MAX_WIDTH, rms_layer_norm_reference, rms_layer_norm_triton
+
 from ..errors import ZeroGRError
-from .protocol import _copy_into, keep_static, reorder_rows, safe_parents
+from .protocol import _copy_into, keep_static, safe_parents
 
 
 class T5StepModel:
@@ -112,11 +121,43 @@ class T5StepModel:
         return cross_kv, cross_bias
 
     def _allocate(self, b: int, beam_width: int, dtype: torch.dtype) -> None:
-        """The per-beam self-attention caches, (b · M, heads, L, d_kv) per layer."""
-        n = b * beam_width
-        self.cache = [tuple(torch.zeros(n, self.heads, self.n_levels, self.d_kv, dtype=dtype, device=self.device)
-                            for _ in range(2)) for _ in self.blocks]
+        """The decode's static buffers for ``b`` requests of ``beam_width`` beams.
+
+        ``qkv`` (layers, L, b · M, 3 · heads · d_kv) holds every step's self-attention
+        queries, keys and values in that step's rows; ``ancestors`` (L, b · M) int64 the
+        row of each earlier step a beam descends from; ``w_qkv`` per layer the (3 · heads
+        · d_kv, d_model) concatenated projection weights (read from the model here, once
+        per buffer shape); ``step_bias`` (L, heads, L) float32 the position bias of each
+        query position, rounded to ``dtype`` as Hugging Face adds it.
+        """
+        n, hd = b * beam_width, self.heads * self.d_kv
+        self.qkv = torch.zeros(len(self.blocks), self.n_levels, n, 3 * hd, dtype=dtype, device=self.device)
+        self.ancestors = torch.zeros(self.n_levels, n, dtype=torch.int64, device=self.device)
+        attns = [block.layer[0].SelfAttention for block in self.blocks]
+        self.w_qkv = [torch.cat([a.q.weight, a.k.weight, a.v.weight]).to(dtype) for a in attns]
+        self.step_bias = self.position_bias[0].to(dtype).float().transpose(0, 1).contiguous()
         self.batch, self.beam_width = b, beam_width
+
+    def _norm(self, x: torch.Tensor, layer_norm, residual: torch.Tensor | None = None):
+        """``layer_norm`` (a ``T5LayerNorm``) of the rows of ``x`` (…, d), after adding
+        ``residual`` when given (then returns (normed, x + residual), both shaped like ``x``)."""
+        shape = x.shape
+        rows = x.reshape(-1, shape[-1])
+        res = None if residual is None else residual.reshape(rows.shape)
+        kernel = x.is_cuda and shape[-1] <= MAX_WIDTH
+        out = (rms_layer_norm_triton if kernel else rms_layer_norm_reference)(
+            rows, layer_norm.weight, layer_norm.variance_epsilon, res)
+        if residual is None:
+            return out.view(shape)
+        return out[0].view(shape), out[1].view(shape)
+
+    def _add_norm(self, y: torch.Tensor, x: torch.Tensor, layer_norm, clamp: bool = False):
+        """The residual stream ``x + y`` and its norm; ``clamp`` applies T5's FP16 clamp to the sum
+        first (the encoder's), which the fused kernel cannot."""
+        if clamp and x.dtype == torch.float16:
+            x = _clamp_fp16(x + y)
+            return self._norm(x, layer_norm), x
+        return self._norm(y, layer_norm, residual=x)
 
     @torch.no_grad()
     def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -204,15 +245,17 @@ class T5StepModel:
         bias = self.encoder_bias.masked_fill(pad, torch.finfo(dtype).min)          # (B, heads, T_b, T_b)
         x = encoder.embed_tokens(self.ids)
         b, t, _ = x.shape
-        for block in encoder.block:
-            sa = block.layer[0]
-            attn = sa.SelfAttention
-            h = sa.layer_norm(x)
+        h = self._norm(x, encoder.block[0].layer[0].layer_norm)
+        for i, block in enumerate(encoder.block):
+            attn = block.layer[0].SelfAttention
             y = F.scaled_dot_product_attention(self._split(attn.q(h)), self._split(attn.k(h)),
                                                self._split(attn.v(h)), attn_mask=bias, scale=1.0)
-            x = _clamp_fp16(x + attn.o(y.transpose(1, 2).reshape(b, t, -1)))
-            x = _clamp_fp16(block.layer[-1](x))
-        self.memory.copy_(encoder.final_layer_norm(x))
+            ff = block.layer[-1]
+            h, x = self._add_norm(attn.o(y.transpose(1, 2).reshape(b, t, -1)), x, ff.layer_norm, clamp=True)
+            following = encoder.block[i + 1].layer[0].layer_norm if i + 1 < len(encoder.block) \
+                else encoder.final_layer_norm
+            h, x = self._add_norm(ff.DenseReluDense(h), x, following, clamp=True)
+        self.memory.copy_(h)
         cross_kv, cross_bias = self._cross(self.memory, self.ids_mask)
         _copy_into(self.cross_kv, cross_kv)
         self.cross_bias.copy_(cross_bias)
@@ -232,32 +275,31 @@ class T5StepModel:
             beams = tokens.shape[1]
             prev = 1 if step == 1 else self.beam_width
             rows = safe_parents(parents.to(self.device), prev)
-            reorder_rows([buf for kv in self.cache for buf in kv], rows, b * prev, step)
+            n = rows.numel()
+            if step > 1:
+                self.ancestors[:step - 1, :n].copy_(self.ancestors[:step - 1, :b * prev].index_select(1, rows))
+            self.ancestors[step - 1, :n].copy_(rows)
             ids = tokens.to(self.device, torch.int64).reshape(-1).clamp(min=0) + self.token_offsets[step - 1]
         n = b * beams
-        x = self.model.decoder.embed_tokens(ids)[:, None, :]                       # (n, 1, d)
-        bias = self.position_bias[:, :, step:step + 1, :step + 1]
+        x = self.model.decoder.embed_tokens(ids)                                  # (n, d)
+        attend = cached_self_attention_triton if x.is_cuda else cached_self_attention_reference
+        h = self._norm(x, self.blocks[0].layer[0].layer_norm)
         for layer, block in enumerate(self.blocks):
-            sa = block.layer[0]
-            attn = sa.SelfAttention
-            h = sa.layer_norm(x)
-            k_cache, v_cache = self.cache[layer]
-            k_cache[:n, :, step:step + 1].copy_(self._split(attn.k(h)))
-            v_cache[:n, :, step:step + 1].copy_(self._split(attn.v(h)))
-            y = F.scaled_dot_product_attention(self._split(attn.q(h)), k_cache[:n, :, :step + 1],
-                                               v_cache[:n, :, :step + 1], attn_mask=bias.to(h.dtype), scale=1.0)
-            x = x + attn.o(y.transpose(1, 2).reshape(n, 1, -1))
-            ca = block.layer[1]
+            qkv = self.qkv[layer]
+            torch.mm(h, self.w_qkv[layer].t(), out=qkv[step, :n])
+            y = attend(qkv, self.ancestors, self.step_bias[step], step=step, n=n, heads=self.heads)
+            ca, ff = block.layer[1], block.layer[2]
+            h, x = self._add_norm(block.layer[0].SelfAttention.o(y), x, ca.layer_norm)
             cross = ca.EncDecAttention
-            h = ca.layer_norm(x).view(b, beams, -1)                               # beams of a request together
-            y = F.scaled_dot_product_attention(self._split(cross.q(h)), *self.cross_kv[layer],
-                                               attn_mask=self.cross_bias, scale=1.0)
-            x = x + cross.o(y.transpose(1, 2).reshape(b, beams, -1)).view(n, 1, -1)
-            x = block.layer[2](x)
-        x = self.model.decoder.final_layer_norm(x)
+            q = self._split(cross.q(h.view(b, beams, -1)))                          # beams of a request together
+            y = F.scaled_dot_product_attention(q, *self.cross_kv[layer], attn_mask=self.cross_bias, scale=1.0)
+            h, x = self._add_norm(cross.o(y.transpose(1, 2).reshape(b, beams, -1)).view(n, -1), x, ff.layer_norm)
+            following = self.blocks[layer + 1].layer[0].layer_norm if layer + 1 < len(self.blocks) \
+                else self.model.decoder.final_layer_norm
+            h, x = self._add_norm(ff.DenseReluDense(h), x, following)
         if self.out_scale is not None:
-            x = x * self.out_scale
-        return x.view(n, -1)
+            h = h * self.out_scale
+        return h
 
 
 def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
