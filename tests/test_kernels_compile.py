@@ -90,6 +90,23 @@ def _launch_grid():
                                   e(n_beams, K, dtype=torch.int32), tasks, e(n_beams, K), h_passes=4)
 
 
+    from zerogr_kernels.beam_attention import cached_self_attention_triton
+    from zerogr_kernels.rms_norm import rms_layer_norm_triton
+
+    # T5 widths (d_model 16 … 1024, a non-power of two), one row and a decode's 4,096 rows;
+    # a float32 weight over half-precision rows; with and without the fused residual add
+    for (n, d), dtype, residual in itertools.product([(1, 1), (7, 100), (4096, 128), (4096, 512), (64, 1024)],
+                                                     (torch.float16, torch.bfloat16, torch.float32), (False, True)):
+        x = e(n, d, dtype=dtype)
+        for w_dtype in {dtype, torch.float32}:
+            rms_layer_norm_triton(x, e(d, dtype=w_dtype), 1e-6, residual=e(n, d, dtype=dtype) if residual else None)
+    # every step of an 8-level decode; head widths 64 (T5's), 8 and 5 (not a power of two)
+    for step, (heads, d), dtype in itertools.product(range(8), [(6, 64), (4, 8), (2, 5)],
+                                                     (torch.float16, torch.bfloat16, torch.float32)):
+        cached_self_attention_triton(e(8, 4096, 3 * heads * d, dtype=dtype), e(8, 4096, dtype=torch.int64),
+                                     e(heads, 8), step=step, n=4096, heads=heads)
+
+
 def record_specs() -> list[tuple]:
     """``(module, kernel, signature, constexprs, num_warps)`` of every distinct launch over the grid."""
     from triton.runtime.jit import JITFunction
@@ -158,7 +175,8 @@ def test_every_launched_specialisation_compiles_for_hopper():
     # every kernel of the package was reached by the grid
     for kernel in ("_rows_topk_kernel", "_chunk_topk_kernel", "_row_stats_kernel", "_threshold_kernel",
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
-                   "_filter_dense_kernel", "_selective_proj_kernel", "_constrain_kernel"):
+                   "_filter_dense_kernel", "_selective_proj_kernel", "_constrain_kernel", "_rms_norm_kernel",
+                   "_cached_attention_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"
 
 

@@ -153,3 +153,41 @@ def test_step_has_no_sync_and_replays_from_a_cuda_graph(K, vocab, path):
     fresh_top = TopkOut(*(torch.empty_like(t) for t in out_top))
     expected = _decode_step(states, tokens, offsets, K, hidden, head, beam_scores, fresh, fresh_top, path)
     assert_outputs_equal(replayed, expected, names=TopkOut._fields, rtol=0.0, atol=0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_at_decode_size(dtype, residual):
+    """T5's norm over a decode's 4,096 rows of d_model 128 (and 1,024 rows of 1,024)."""
+    from zerogr_kernels import rms_layer_norm_reference, rms_layer_norm_triton
+
+    g = torch.Generator(device=DEV).manual_seed(1)
+    for n, d in [(BATCH * BEAMS, 128), (1024, 1024)]:
+        x = (torch.randn(n, d, generator=g, device=DEV) * 3).to(dtype)
+        r = torch.randn(n, d, generator=g, device=DEV).to(dtype) if residual else None
+        w = torch.randn(d, generator=g, device=DEV).to(dtype)
+        got, want = rms_layer_norm_triton(x, w, 1e-6, r), rms_layer_norm_reference(x, w, 1e-6, r)
+        if residual:
+            assert_kernel_equal(got[1], want[1], name="x + residual", rtol=0.0, atol=0.0)
+            got, want = got[0], want[0]
+        assert_kernel_equal(got, want, name="rms_norm")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cached_attention_at_decode_size(dtype):
+    """The lineage self-attention of a TIGER-size decoder (6 heads of 64) at batch 32 x beam 128,
+    every step of 4, against the reference."""
+    from zerogr_kernels import cached_self_attention_reference, cached_self_attention_triton
+
+    g = torch.Generator(device=DEV).manual_seed(2)
+    L, heads, d, n = 4, 6, 64, BATCH * BEAMS
+    qkv = torch.randn(L, n, 3 * heads * d, generator=g, device=DEV).to(dtype)
+    bias = torch.randn(heads, L, generator=g, device=DEV)
+    local = torch.randint(0, BEAMS, (L, n), generator=g, device=DEV)
+    ancestors = torch.arange(n, device=DEV)[None] // BEAMS * BEAMS + local
+    ancestors[0] = torch.arange(n, device=DEV) // BEAMS                     # step 0: one row per request
+    for step in range(L):
+        rows = n if step else BATCH
+        got = cached_self_attention_triton(qkv, ancestors, bias, step=step, n=rows, heads=heads)
+        want = cached_self_attention_reference(qkv, ancestors, bias, step=step, n=rows, heads=heads)
+        assert_kernel_equal(got, want, name=f"attention step {step}")

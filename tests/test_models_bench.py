@@ -66,3 +66,16 @@ def test_bench_e2e_quick_decoder_only_on_both_catalogs(tmp_path):
         assert all(r["dtype"] == "bfloat16" and r["history_items"] == 16 for r in timed)
         assert [r["valid_fraction"] for r in timed if r["method"] != "unconstrained"] == [1.0, 1.0]
     assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--methods", "hf-constrained"]) != 0
+
+
+def test_bench_e2e_tf32_is_an_fp32_model_recorded_as_tf32(tmp_path):
+    from zerogr_core.cli import main
+
+    assert main(["bench-e2e", "--quick", "--dtype", "tf32", "--batch", "2", "--methods", "zerogr,model-only",
+                 "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "e2e-t5-tf32-4x16-2000__quick.json").read_text())
+    assert "--dtype tf32" in doc["run_command"]
+    timed = [r for r in doc["records"] if r["method"] != "derived"]
+    assert [r["method"] for r in timed] == ["zerogr", "model-only"]
+    assert all(r["dtype"] == "tf32" for r in timed)
+    assert timed[0]["valid_fraction"] == 1.0

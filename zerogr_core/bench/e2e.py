@@ -67,7 +67,10 @@ T5_ONLY = ("zerogr-hf-cache", "hf-constrained", "hf-unconstrained")
 LOOP_METHODS = ("static", "unconstrained", "model-only")
 MODELS = ("t5", "decoder-only")
 CATALOGS = ("tiger", "search")
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: The ``dtype`` field of the records: the weights' dtype, or ``tf32`` for float32 weights whose
+#: matrix products may use TF32 tensor cores (every other run keeps them in strict FP32).
+DTYPE_FIELDS = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
 SPECIAL_TOKENS = 3          # pad 0, eos 1, unk 2; SID level l starts at 3 + sum(|V_<l|)
 
 
@@ -242,7 +245,9 @@ def register(subparsers) -> None:
                    help="comma list of tiger (1e6 SIDs, 4x256) and search (search-like, 2e7 SIDs) "
                         "(default: both; quick: tiger)")
     p.add_argument("--preset", default=None, help="tiger (default) or quick")
-    p.add_argument("--dtype", default="fp32", choices=tuple(DTYPES), help="model dtype (default fp32)")
+    p.add_argument("--dtype", default="fp32", choices=tuple(DTYPES),
+                   help="model dtype (default fp32, strict: no TF32); tf32 is FP32 weights with TF32 tensor-core "
+                        "matmuls allowed")
     p.add_argument("--prefill", default="inside", choices=("inside", "outside"),
                    help="on a GPU: run the prefill inside each loop method's CUDA graph (default) or eagerly "
                         "before it")
@@ -314,8 +319,9 @@ def run_e2e(args: argparse.Namespace) -> int:
     budget = float(args.budget_s) if args.budget_s is not None else None
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False           # strict FP32, as the other suites
-        torch.backends.cudnn.allow_tf32 = False
+        # strict FP32 as the other suites, unless this run measures TF32
+        torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = args.dtype == "tf32"
     elif quick:
         torch.set_num_threads(1)
 
@@ -357,7 +363,7 @@ def run_e2e(args: argparse.Namespace) -> int:
               flush=True)
         try:
             errors += _run(cfg, kind, name, catalog, dtype, methods, batches, beams, repeats, hf_repeats, warmup,
-                           seed, device, writer, env, command, block_end, args.prefill)
+                           seed, device, writer, env, command, block_end, args.prefill, DTYPE_FIELDS[args.dtype])
         finally:
             writer.close()
             written += len(writer.records)
@@ -630,7 +636,7 @@ def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
 
 
 def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repeats, hf_repeats, warmup, seed, device,
-         writer, env, command, deadline, prefill="inside"):
+         writer, env, command, deadline, prefill="inside", dtype_field=None):
     import torch
 
     from ..timing import summarize, time_runs
@@ -641,7 +647,8 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
           f"{time.perf_counter() - t:.1f} s", flush=True)
     base = dict(suite="e2e", env=env, run_command=command, seed=seed, catalog=f"{catalog_name}-{catalog_label(catalog)}",
                 n_items=catalog.n_items, codebooks="/".join(map(str, catalog.codebook_sizes)),
-                parameters=wb.parameters, history_items=wb.history, dtype=str(dtype).replace("torch.", ""),
+                parameters=wb.parameters, history_items=wb.history,
+                dtype=dtype_field or str(dtype).replace("torch.", ""),
                 device=str(device), model_kind=kind, prefill=wb.prefill_where, **wb.fields)
     errors = 0
     for beam in beams:
