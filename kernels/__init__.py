@@ -20,8 +20,9 @@ Per decoding step (docs/design.md §4), op (module):
    ``beam_scores`` it fuses step 3, with ``prefixes`` it also writes the next step's
    token prefixes (:func:`extend_prefixes` is the unfused form).
 
-Beside the decoding step, two kernels serve the model that feeds it (a T5 decoder step):
-:func:`cached_self_attention` (``beam_attention``) and :func:`rms_layer_norm` (``rms_norm``).
+Beside the decoding step, three kernels serve the model that feeds it (a T5 decoder step):
+:func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
+(``memory_attention``) and :func:`rms_layer_norm` (``rms_norm``).
 
 Modules are not named after their ops, so ``zerogr_kernels.filter_slots`` is always the function.
 
@@ -42,6 +43,7 @@ from .filtering import (TASK_WIDTH, FilterOut, filter_slots, filter_slots_refere
 from .full_projection import full_proj, full_proj_reference
 from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
 from .naive_selective import naive_selective_proj
+from .memory_attention import request_attention, request_attention_reference, request_attention_triton
 from .rms_norm import rms_layer_norm, rms_layer_norm_reference, rms_layer_norm_triton
 from .selective import selective_proj, selective_proj_reference, selective_proj_triton
 from .selection import (PATHS as TOPK_PATHS, SMALL_AUTO_MAX, SMALL_MAX, SPLIT_CHUNK_MAX, SPLIT_CHUNK_MIN,
@@ -50,6 +52,7 @@ from .selection import (PATHS as TOPK_PATHS, SMALL_AUTO_MAX, SMALL_MAX, SPLIT_CH
 
 __all__ = [
     "cached_self_attention", "cached_self_attention_reference", "cached_self_attention_triton",
+    "request_attention", "request_attention_reference", "request_attention_triton",
     "rms_layer_norm", "rms_layer_norm_reference", "rms_layer_norm_triton",
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
     "num_tasks", "full_proj", "full_proj_reference", "log_softmax_slots", "log_softmax_slots_reference",

@@ -105,6 +105,21 @@ def _launch_grid():
                                                      (torch.float16, torch.bfloat16, torch.float32)):
         cached_self_attention_triton(e(8, 4096, 3 * heads * d, dtype=dtype), e(8, 4096, dtype=torch.int64),
                                      e(heads, 8), step=step, n=4096, heads=heads)
+    from zerogr_kernels.memory_attention import request_attention_triton
+
+    # T5 cross-attention: one beam or 4 … 256 per request, history buckets of 1 … 320 keys;
+    # float32 both strict (IEEE) and with TF32 allowed, as the launcher follows PyTorch's switch
+    for (m, t), (heads, d), dtype, tf32 in itertools.product(
+            [(1, 1), (4, 16), (128, 32), (256, 320)], [(6, 64), (4, 8), (2, 5)],
+            (torch.float16, torch.bfloat16, torch.float32), (False, True)):
+        if tf32 and dtype != torch.float32:
+            continue
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            request_attention_triton(e(2, m, heads * d, dtype=dtype), e(2, t, heads * d, dtype=dtype),
+                                     e(2, t, heads * d, dtype=dtype), e(2, t, dtype=dtype), heads=heads)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def record_specs() -> list[tuple]:
@@ -176,7 +191,7 @@ def test_every_launched_specialisation_compiles_for_hopper():
     for kernel in ("_rows_topk_kernel", "_chunk_topk_kernel", "_row_stats_kernel", "_threshold_kernel",
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
                    "_filter_dense_kernel", "_selective_proj_kernel", "_constrain_kernel", "_rms_norm_kernel",
-                   "_cached_attention_kernel"):
+                   "_cached_attention_kernel", "_request_attention_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"
 
 

@@ -191,3 +191,21 @@ def test_cached_attention_at_decode_size(dtype):
         got = cached_self_attention_triton(qkv, ancestors, bias, step=step, n=rows, heads=heads)
         want = cached_self_attention_reference(qkv, ancestors, bias, step=step, n=rows, heads=heads)
         assert_kernel_equal(got, want, name=f"attention step {step}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_request_attention_at_decode_size(dtype):
+    """T5 cross-attention at batch 32 x beam 128 over 32-token padded histories, 6 heads of 64."""
+    from zerogr_kernels import request_attention_reference, request_attention_triton
+
+    g = torch.Generator(device=DEV).manual_seed(3)
+    heads, d, t = 6, 64, 32
+    q = torch.randn(BATCH, BEAMS, heads * d, generator=g, device=DEV).to(dtype)
+    k, v = (torch.randn(BATCH, t, heads * d, generator=g, device=DEV).to(dtype) for _ in range(2))
+    lengths = torch.randint(1, t + 1, (BATCH, 1), generator=g, device=DEV)
+    bias = torch.zeros(BATCH, t, device=DEV).masked_fill(torch.arange(t, device=DEV) >= lengths,
+                                                          torch.finfo(dtype).min).to(dtype)
+    got = request_attention_triton(q, k, v, bias, heads=heads)
+    want = request_attention_reference(q, k, v, bias, heads=heads)
+    # bfloat16: the kernel rounds unnormalised probabilities, the reference normalised ones
+    assert_kernel_equal(got, want, name="request attention", **({"atol": 3e-2} if dtype == torch.bfloat16 else {}))

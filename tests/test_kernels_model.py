@@ -1,12 +1,12 @@
-"""The T5 step model's kernels (kernels/rms_norm.py, kernels/beam_attention.py) against their references,
-and the lineage attention against ``scaled_dot_product_attention`` over an explicitly reordered cache."""
+"""The T5 step model's kernels (kernels/rms_norm.py, kernels/beam_attention.py, kernels/memory_attention.py)
+against their references, and both attentions against ``scaled_dot_product_attention``."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernel_asserts import assert_kernel_equal, kernel_device
-from zerogr_kernels import (cached_self_attention_reference, cached_self_attention_triton, rms_layer_norm_reference,
-                            rms_layer_norm_triton)
+from zerogr_kernels import (cached_self_attention_reference, cached_self_attention_triton, request_attention_reference,
+                            request_attention_triton, rms_layer_norm_reference, rms_layer_norm_triton)
 
 DEV = kernel_device()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -146,3 +146,52 @@ def test_cached_attention_argument_checks():
         cached_self_attention_reference(qkv, anc.int(), bias, step=1, n=6, heads=2)
     with pytest.raises(TypeError, match="out"):
         cached_self_attention_reference(qkv, anc, bias, step=1, n=6, heads=2, out=torch.zeros(6, 16).half())
+
+
+def _request_inputs(b, m, t, heads, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = ((torch.randn(b, n, heads * d, generator=g) * 2).to(dtype).to(DEV) for n in (m, t, t))
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    lengths[0] = t
+    pad = torch.arange(t)[None, :] >= lengths[:, None]
+    bias = torch.zeros(b, t).masked_fill(pad, torch.finfo(dtype).min).to(dtype).to(DEV)
+    return q, k, v, bias
+
+
+# (batch, beams M, keys T, heads, d): one query and one key, T and M above one block, odd d
+@pytest.mark.parametrize("b,m,t,heads,d", [(1, 1, 1, 1, 8), (3, 5, 7, 2, 8), (2, 70, 80, 3, 16), (2, 4, 9, 2, 5)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_request_attention_matches_reference(b, m, t, heads, d, dtype):
+    q, k, v, bias = _request_inputs(b, m, t, heads, d, dtype, seed=m + t)
+    got = request_attention_triton(q, k, v, bias, heads=heads)
+    want = request_attention_reference(q, k, v, bias, heads=heads)
+    # the kernel rounds unnormalised probabilities to half precision, the reference normalised ones
+    tol = {torch.float16: {"rtol": 2e-3, "atol": 2e-3}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
+    assert_kernel_equal(got, want, name="request attention", **tol.get(dtype, {}))
+    out = torch.full_like(q, 7.0)
+    assert request_attention_triton(q, k, v, bias, heads=heads, out=out) is out
+    assert_kernel_equal(out, got, name="request attention out=", rtol=0.0, atol=0.0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_request_attention_equals_sdpa_with_beams_as_queries(dtype, tol):
+    """Hugging Face's layout: every beam's query against its request's keys and values, masked."""
+    b, m, t, heads, d = 3, 6, 11, 4, 8
+    q, k, v, bias = _request_inputs(b, m, t, heads, d, dtype, seed=5)
+    split = lambda x, n: x.view(b, n, heads, d).transpose(1, 2)              # noqa: E731
+    want = F.scaled_dot_product_attention(split(q, m).float(), split(k, t).float(), split(v, t).float(),
+                                          attn_mask=bias.float()[:, None, None, :], scale=1.0)
+    got = request_attention_reference(q, k, v, bias, heads=heads)
+    torch.testing.assert_close(got.float(), want.transpose(1, 2).reshape(b, m, -1), rtol=tol, atol=tol)
+
+
+def test_request_attention_argument_checks():
+    q, k, v, bias = _request_inputs(2, 3, 4, 2, 8, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="heads"):
+        request_attention_reference(q, k, v, bias, heads=3)
+    with pytest.raises(ValueError, match="v must have shape"):
+        request_attention_reference(q, k, v[:, :3].contiguous(), bias, heads=2)
+    with pytest.raises(TypeError, match="k must have dtype"):
+        request_attention_reference(q, k.half(), v, bias, heads=2)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        request_attention_reference(q, k, v, bias[:, :3].contiguous(), heads=2)

@@ -6,7 +6,8 @@ beams of one request share one memory, so :class:`T5StepModel`
 
 * computes each decoder layer's cross-attention keys and values once per request at
   prefill, and lets the ``M`` beams of a request query them together (one (M × T)
-  attention per request and head, never a per-beam copy);
+  attention per request and head, never a per-beam copy:
+  :func:`zerogr_kernels.request_attention`);
 * never reorders the self-attention cache: step ``l`` writes its queries, keys and values
   (one GEMM per layer) in its own rows of a preallocated (layers, L, batch · M, 3 · heads ·
   d_kv) buffer, each beam keeps the row of its ancestor at every earlier step (a
@@ -19,7 +20,7 @@ beams of one request share one memory, so :class:`T5StepModel`
   static, length-bucketed buffers and step 0 runs the encoder and the cross-attention
   keys/values there, so a CUDA graph of the decode holds the whole model.
 
-On CUDA tensors the two Triton kernels run; elsewhere their PyTorch references (the same
+On CUDA tensors these Triton kernels run; elsewhere their PyTorch references (the same
 arithmetic). It reads the weights of a ``T5ForConditionalGeneration`` (any size, ReLU or
 gated-GELU feed-forward) and reproduces its decoder's output (what ``lm_head`` reads)
 within floating-point tolerance (``tests/test_hf.py``).
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from zerogr_kernels.beam_attention import cached_self_attention_reference, cached_self_attention_triton
+from zerogr_kernels.memory_attention import request_attention_reference, request_attention_triton
 from zerogr_kernels.rms_norm import MAX_WIDTH, rms_layer_norm_reference, rms_layer_norm_triton
 
 from ..errors import ZeroGRError
@@ -110,14 +112,15 @@ class T5StepModel:
         return history, mask
 
     def _cross(self, memory: torch.Tensor, mask: torch.Tensor):
-        """Every decoder layer's cross-attention (keys, values) and the padding bias, per request."""
+        """Every decoder layer's cross-attention (keys, values), each (B, T, heads · d_kv), and the
+        (B, T) padding bias, per request."""
         cross_kv = []
         for block in self.blocks:
             attn = block.layer[1].EncDecAttention
-            cross_kv.append((self._split(attn.k(memory)), self._split(attn.v(memory))))
+            cross_kv.append((attn.k(memory), attn.v(memory)))
         dtype = memory.dtype
-        cross_bias = torch.zeros(mask.shape[0], 1, 1, mask.shape[1], dtype=dtype, device=self.device).masked_fill(
-            mask[:, None, None, :] == 0, torch.finfo(dtype).min)
+        cross_bias = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(
+            mask == 0, torch.finfo(dtype).min)
         return cross_kv, cross_bias
 
     def _allocate(self, b: int, beam_width: int, dtype: torch.dtype) -> None:
@@ -216,9 +219,9 @@ class T5StepModel:
             self.ids = torch.zeros(b, tb, dtype=torch.int64, device=self.device)
             self.ids_mask = torch.zeros(b, tb, dtype=torch.int64, device=self.device)
             self.memory = torch.zeros(b, tb, d, dtype=dtype, device=self.device)
-            self.cross_kv = [tuple(torch.zeros(b, self.heads, tb, self.d_kv, dtype=dtype, device=self.device)
+            self.cross_kv = [tuple(torch.zeros(b, tb, self.heads * self.d_kv, dtype=dtype, device=self.device)
                                    for _ in range(2)) for _ in self.blocks]
-            self.cross_bias = torch.zeros(b, 1, 1, tb, dtype=dtype, device=self.device)
+            self.cross_bias = torch.zeros(b, tb, dtype=dtype, device=self.device)
             first = self.model.encoder.block[0].layer[0].SelfAttention
             # (1, heads, T_b, T_b), the encoder's bidirectional relative position bias: fixed per bucket
             self.encoder_bias = first.compute_bias(tb, tb, device=self.device).to(dtype)
@@ -283,6 +286,7 @@ class T5StepModel:
         n = b * beams
         x = self.model.decoder.embed_tokens(ids)                                  # (n, d)
         attend = cached_self_attention_triton if x.is_cuda else cached_self_attention_reference
+        attend_memory = request_attention_triton if x.is_cuda else request_attention_reference
         h = self._norm(x, self.blocks[0].layer[0].layer_norm)
         for layer, block in enumerate(self.blocks):
             qkv = self.qkv[layer]
@@ -291,9 +295,9 @@ class T5StepModel:
             ca, ff = block.layer[1], block.layer[2]
             h, x = self._add_norm(block.layer[0].SelfAttention.o(y), x, ca.layer_norm)
             cross = ca.EncDecAttention
-            q = self._split(cross.q(h.view(b, beams, -1)))                          # beams of a request together
-            y = F.scaled_dot_product_attention(q, *self.cross_kv[layer], attn_mask=self.cross_bias, scale=1.0)
-            h, x = self._add_norm(cross.o(y.transpose(1, 2).reshape(b, beams, -1)).view(n, -1), x, ff.layer_norm)
+            y = attend_memory(cross.q(h.view(b, beams, -1)), *self.cross_kv[layer], self.cross_bias,
+                              heads=self.heads)                                   # beams of a request together
+            h, x = self._add_norm(cross.o(y).view(n, -1), x, ff.layer_norm)
             following = self.blocks[layer + 1].layer[0].layer_norm if layer + 1 < len(self.blocks) \
                 else self.model.decoder.final_layer_norm
             h, x = self._add_norm(ff.DenseReluDense(h), x, following)
