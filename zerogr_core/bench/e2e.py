@@ -53,6 +53,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import shlex
 import sys
@@ -286,6 +287,22 @@ def _names(text, option: str, allowed, default) -> list[str]:
     return _list(text, option, allowed) or list(default)
 
 
+@contextlib.contextmanager
+def _matmul_precision(device, *, tf32: bool):
+    """Strict FP32 matrix products on a GPU, as the other suites, unless ``tf32``; restored on exit."""
+    import torch
+
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def run_e2e(args: argparse.Namespace) -> int:
     import torch
 
@@ -318,59 +335,56 @@ def run_e2e(args: argparse.Namespace) -> int:
     seed = int(args.seed)
     budget = float(args.budget_s) if args.budget_s is not None else None
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        # strict FP32 as the other suites, unless this run measures TF32
-        torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
-        torch.backends.cudnn.allow_tf32 = args.dtype == "tf32"
-    elif quick:
+    if device.type != "cuda" and quick:
         torch.set_num_threads(1)
 
-    env = environment(device)
-    env["argv"] = shlex.join(sys.argv)
-    out = Path(args.out)
-    t0 = time.perf_counter()
-    blocks = [(kind, name) for name in catalogs for kind in models]
-    built: dict = {}
-    errors, written = 0, 0
-    for i, (kind, name) in enumerate(blocks):
-        methods = [m for m in wanted if kind == "t5" or m not in T5_ONLY]
-        parts = ["python", "-m", "zerogr_core", "bench-e2e", "--model", kind, "--catalog", name, "--dtype",
-                 args.dtype, "--preset", preset, "--methods", ",".join(methods), "--batch",
-                 ",".join(map(str, batches)), "--beam", ",".join(map(str, beams)), "--repeats", str(repeats),
-                 "--hf-repeats", str(hf_repeats), "--warmup", str(warmup), "--seed", str(seed),
-                 "--prefill", args.prefill]
-        parts += ["--items", str(items)] if items is not None else []
-        parts += ["--quick"] if quick else []
-        parts += ["--device", str(device)] if device.type != "cuda" else []
-        command = shlex.join(parts)
-        block_end = None
-        if budget is not None:
-            left = budget - (time.perf_counter() - t0)
-            if left <= 0:
-                print(f"bench-e2e: time budget spent; {kind} on {name} not run", flush=True)
-                continue
-            block_end = time.perf_counter() + left / (len(blocks) - i)
-        if name not in built:
-            t = time.perf_counter()
-            built.clear()                      # one catalog in memory at a time
-            built[name] = build_catalog(cfg, name, seed, items)
-            print(f"bench-e2e: catalog {name}: {built[name].n_items:,} SIDs {catalog_label(built[name])}, built in "
-                  f"{time.perf_counter() - t:.1f} s", flush=True)
-        catalog = built[name]
-        stem = f"e2e-{kind}-{args.dtype}-{catalog_label(catalog)}-{catalog.n_items}" + ("__quick" if quick else "")
-        writer = ResultWriter(out / f"{stem}.json", out / f"{stem}.csv", env, command)
-        print(f"bench-e2e: {command}\nbench-e2e: {env['gpu']} | torch {env['torch']} | writing {out / stem}.json",
-              flush=True)
-        try:
-            errors += _run(cfg, kind, name, catalog, dtype, methods, batches, beams, repeats, hf_repeats, warmup,
-                           seed, device, writer, env, command, block_end, args.prefill, DTYPE_FIELDS[args.dtype])
-        finally:
-            writer.close()
-            written += len(writer.records)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    print(f"bench-e2e: {written} records in {time.perf_counter() - t0:.1f} s", flush=True)
-    return 1 if errors else 0
+    with _matmul_precision(device, tf32=args.dtype == "tf32"):
+        env = environment(device)
+        env["argv"] = shlex.join(sys.argv)
+        out = Path(args.out)
+        t0 = time.perf_counter()
+        blocks = [(kind, name) for name in catalogs for kind in models]
+        built: dict = {}
+        errors, written = 0, 0
+        for i, (kind, name) in enumerate(blocks):
+            methods = [m for m in wanted if kind == "t5" or m not in T5_ONLY]
+            parts = ["python", "-m", "zerogr_core", "bench-e2e", "--model", kind, "--catalog", name, "--dtype",
+                     args.dtype, "--preset", preset, "--methods", ",".join(methods), "--batch",
+                     ",".join(map(str, batches)), "--beam", ",".join(map(str, beams)), "--repeats", str(repeats),
+                     "--hf-repeats", str(hf_repeats), "--warmup", str(warmup), "--seed", str(seed),
+                     "--prefill", args.prefill]
+            parts += ["--items", str(items)] if items is not None else []
+            parts += ["--quick"] if quick else []
+            parts += ["--device", str(device)] if device.type != "cuda" else []
+            command = shlex.join(parts)
+            block_end = None
+            if budget is not None:
+                left = budget - (time.perf_counter() - t0)
+                if left <= 0:
+                    print(f"bench-e2e: time budget spent; {kind} on {name} not run", flush=True)
+                    continue
+                block_end = time.perf_counter() + left / (len(blocks) - i)
+            if name not in built:
+                t = time.perf_counter()
+                built.clear()                      # one catalog in memory at a time
+                built[name] = build_catalog(cfg, name, seed, items)
+                print(f"bench-e2e: catalog {name}: {built[name].n_items:,} SIDs {catalog_label(built[name])}, built in "
+                      f"{time.perf_counter() - t:.1f} s", flush=True)
+            catalog = built[name]
+            stem = f"e2e-{kind}-{args.dtype}-{catalog_label(catalog)}-{catalog.n_items}" + ("__quick" if quick else "")
+            writer = ResultWriter(out / f"{stem}.json", out / f"{stem}.csv", env, command)
+            print(f"bench-e2e: {command}\nbench-e2e: {env['gpu']} | torch {env['torch']} | writing {out / stem}.json",
+                  flush=True)
+            try:
+                errors += _run(cfg, kind, name, catalog, dtype, methods, batches, beams, repeats, hf_repeats, warmup,
+                               seed, device, writer, env, command, block_end, args.prefill, DTYPE_FIELDS[args.dtype])
+            finally:
+                writer.close()
+                written += len(writer.records)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        print(f"bench-e2e: {written} records in {time.perf_counter() - t0:.1f} s", flush=True)
+        return 1 if errors else 0
 
 
 class LoopServing:
