@@ -8,8 +8,10 @@ At decode sizes (T of tens of tokens, d 64) this is a few microseconds of memory
 far below the general-purpose attention kernels, which pay for layouts, masks and
 setup sized for long sequences.
 
-The attention is unscaled (T5's) plus an additive bias per request and key position (the
-padding mask: 0 on tokens, a large negative number on padding).
+The attention is unscaled (T5's) plus an additive bias, broadcast over (request, head,
+query, key): the padding mask of the cross-attention (0 on tokens, a large negative number
+on padding), or the encoder's relative position bias with the mask folded in, since the
+same kernel serves T5's encoder self-attention (M = T, queries of one sequence).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ BLOCK_MAX = 64
 
 @triton.jit
 def _request_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, M, T, HD, D,
+                              sq_b, sq_m, sk_b, sk_t, sv_b, sv_t, sb_b, sb_h, sb_m, sb_t,
                               BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                               N_T_BLOCKS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     req = tl.program_id(1).to(tl.int64)
@@ -33,49 +36,66 @@ def _request_attention_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, out_ptr, M, T, HD, 
     dd = tl.arange(0, BLOCK_D)
     cols = head * D + dd
     q_ok = (qi < M)[:, None] & (dd < D)[None, :]
-    q = tl.load(q_ptr + (req * M + qi)[:, None] * HD + cols[None, :], mask=q_ok, other=0.0)
+    q = tl.load(q_ptr + req * sq_b + qi[:, None] * sq_m + cols[None, :], mask=q_ok, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    bias_rows = bias_ptr + req * sb_b + head * sb_h + qi[:, None] * sb_m
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for tb in range(N_T_BLOCKS):
         t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = t < T
-        kv_rows = (req * T + t) * HD
-        k = tl.load(k_ptr + kv_rows[None, :] + cols[:, None], mask=t_ok[None, :] & (dd < D)[:, None], other=0.0)
+        k = tl.load(k_ptr + req * sk_b + t[None, :] * sk_t + cols[:, None], mask=t_ok[None, :] & (dd < D)[:, None],
+                    other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
         score = tl.dot(q, k, input_precision=PRECISION)
-        bias = tl.load(bias_ptr + req * T + t, mask=t_ok, other=float("-inf")).to(tl.float32)
-        score = score + bias[None, :]
+        bias = tl.load(bias_rows + t[None, :] * sb_t, mask=(qi < M)[:, None] & t_ok[None, :], other=float("-inf"))
+        score = score + bias.to(tl.float32)
         m_new = tl.maximum(m, tl.max(score, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(score - m_new[:, None])
+        # rows past M see only -inf; a finite reference keeps them free of NaN
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - ref)
+        p = tl.exp(score - ref[:, None])
         s = s * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_rows[:, None] + cols[None, :], mask=t_ok[:, None] & (dd < D)[None, :], other=0.0)
+        v = tl.load(v_ptr + req * sv_b + t[:, None] * sv_t + cols[None, :], mask=t_ok[:, None] & (dd < D)[None, :],
+                    other=0.0)
         pv = p.to(v.dtype)
         if UPCAST:
             pv, v = pv.to(tl.float32), v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=PRECISION)
         m = m_new
-    out = acc / s[:, None]
+    out = acc / tl.where(s > 0.0, s, 1.0)[:, None]
     tl.store(out_ptr + (req * M + qi)[:, None] * HD + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=q_ok)
 
 
+def _rows(name, x, dtypes, shape, device=None) -> None:
+    check_tensor(name, x, dtypes=dtypes, ndim=len(shape), device=device, shape=shape)
+    if x.stride(-1) != 1:
+        raise ValueError(f"{name} must have unit stride in its last dimension")
+
+
 def _check(q, k, v, bias, heads, out) -> int:
-    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=3, contiguous=True)
-    b, _, hd = q.shape
+    _rows("q", q, FLOAT_DTYPES, (None, None, None))
+    b, m, hd = q.shape
     if heads < 1 or hd % heads:
         raise ValueError(f"q: last dimension {hd} is not heads · d for heads={heads}")
-    check_tensor("k", k, dtypes=(q.dtype,), ndim=3, device=q.device, shape=(b, None, hd), contiguous=True)
+    _rows("k", k, (q.dtype,), (b, None, hd), q.device)
     t = k.shape[1]
     if t < 1:
         raise ValueError("k: needs at least one key position")
-    check_tensor("v", v, dtypes=(q.dtype,), ndim=3, device=q.device, shape=(b, t, hd), contiguous=True)
-    check_tensor("bias", bias, dtypes=FLOAT_DTYPES, ndim=2, device=q.device, shape=(b, t), contiguous=True)
+    _rows("v", v, (q.dtype,), (b, t, hd), q.device)
+    check_tensor("bias", bias, dtypes=FLOAT_DTYPES, ndim=4, device=q.device)
+    try:
+        torch.broadcast_shapes(bias.shape, (b, heads, m, t))
+    except RuntimeError:
+        raise ValueError(f"bias: shape {tuple(bias.shape)} does not broadcast to (batch, heads, M, T) = "
+                         f"{(b, heads, m, t)}") from None
+    if torch.broadcast_shapes(bias.shape, (b, heads, m, t)) != (b, heads, m, t):
+        raise ValueError(f"bias: shape {tuple(bias.shape)} is larger than (batch, heads, M, T) = {(b, heads, m, t)}")
     if out is not None:
-        check_tensor("out", out, dtypes=(q.dtype,), ndim=3, device=q.device, shape=tuple(q.shape), contiguous=True)
+        check_tensor("out", out, dtypes=(q.dtype,), ndim=3, device=q.device, shape=(b, m, hd), contiguous=True)
     return hd // heads
 
 
@@ -85,14 +105,16 @@ def request_attention_triton(q, k, v, bias, *, heads: int, out=None):
     b, m, hd = q.shape
     t = k.shape[1]
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty(b, m, hd, dtype=q.dtype, device=q.device)
     if b and m:
+        bias = bias.expand(b, heads, m, t)
         # tl.dot needs every dimension ≥ 16; masked lanes load zeros
         block_m, block_t = min(BLOCK_MAX, max(16, next_pow2(m))), min(BLOCK_MAX, max(16, next_pow2(t)))
         # float32 products stay IEEE unless PyTorch's own float32 matmuls may use TF32
         tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
         _request_attention_kernel[(cdiv(m, block_m), b, heads)](
-            q, k, v, bias, out, m, t, hd, d, BLOCK_M=block_m, BLOCK_T=block_t, BLOCK_D=max(16, next_pow2(d)),
+            q, k, v, bias, out, m, t, hd, d, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), *bias.stride(), BLOCK_M=block_m, BLOCK_T=block_t, BLOCK_D=max(16, next_pow2(d)),
             N_T_BLOCKS=cdiv(t, block_t), PRECISION="tf32" if tf32 else "ieee",
             # the interpreter's tl.dot garbles bfloat16 operands; their float32 copies give the same products
             UPCAST=interpreting() and q.dtype == torch.bfloat16, num_warps=4)
@@ -104,8 +126,8 @@ def request_attention_reference(q, k, v, bias, *, heads: int, out=None):
     d = _check(q, k, v, bias, heads, out)
     b, m, hd = q.shape
     t = k.shape[1]
-    split = lambda x, n: x.view(b, n, heads, d).transpose(1, 2)              # noqa: E731  (b, heads, n, d)
-    scores = torch.matmul(split(q, m).float(), split(k, t).float().transpose(-1, -2)) + bias.float()[:, None, None, :]
+    split = lambda x, n: x.reshape(b, n, heads, d).transpose(1, 2)           # noqa: E731  (b, heads, n, d)
+    scores = torch.matmul(split(q, m).float(), split(k, t).float().transpose(-1, -2)) + bias.float()
     p = torch.softmax(scores, dim=-1).to(q.dtype)
     y = torch.matmul(p, split(v, t)).transpose(1, 2).reshape(b, m, hd)
     return y if out is None else out.copy_(y)
@@ -119,12 +141,14 @@ def request_attention(q, k, v, bias, *, heads: int, out=None):
 
     Parameters
     ----------
-    q : torch.Tensor, shape (batch, M, heads · d), float16, bfloat16 or float32, contiguous
-        The queries of each request's beams, heads concatenated.
-    k, v : torch.Tensor, shape (batch, T, heads · d), q's dtype, contiguous
+    q : torch.Tensor, shape (batch, M, heads · d), float16, bfloat16 or float32
+        The queries of each request's beams, heads concatenated; any strides but a unit
+        last one (e.g. a slice of a fused QKV projection).
+    k, v : torch.Tensor, shape (batch, T, heads · d), q's dtype, unit last stride
         Each request's keys and values.
-    bias : torch.Tensor, shape (batch, T), float, contiguous
-        Added to every score of a request's key position (its padding mask).
+    bias : torch.Tensor, 4-D float, broadcastable to (batch, heads, M, T)
+        Added to the scores: e.g. (batch, 1, 1, T), a padding mask, or (batch, heads, M,
+        T), a position bias with the mask folded in.
     heads : int
     out : torch.Tensor, shape (batch, M, heads · d), q's dtype, optional
         Written in place when given.

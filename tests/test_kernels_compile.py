@@ -117,7 +117,10 @@ def _launch_grid():
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
             request_attention_triton(e(2, m, heads * d, dtype=dtype), e(2, t, heads * d, dtype=dtype),
-                                     e(2, t, heads * d, dtype=dtype), e(2, t, dtype=dtype), heads=heads)
+                                     e(2, t, heads * d, dtype=dtype), e(2, 1, 1, t, dtype=dtype), heads=heads)
+            if m == t or m == 4:  # the encoder's: slices of a fused projection, a per-head position bias
+                qkv = e(2, t, 3 * heads * d, dtype=dtype)
+                request_attention_triton(*qkv.split(heads * d, dim=-1), e(2, heads, t, t, dtype=dtype), heads=heads)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
 

@@ -204,7 +204,7 @@ def test_request_attention_at_decode_size(dtype):
     k, v = (torch.randn(BATCH, t, heads * d, generator=g, device=DEV).to(dtype) for _ in range(2))
     lengths = torch.randint(1, t + 1, (BATCH, 1), generator=g, device=DEV)
     bias = torch.zeros(BATCH, t, device=DEV).masked_fill(torch.arange(t, device=DEV) >= lengths,
-                                                          torch.finfo(dtype).min).to(dtype)
+                                                          torch.finfo(dtype).min).to(dtype)[:, None, None, :]
     got = request_attention_triton(q, k, v, bias, heads=heads)
     want = request_attention_reference(q, k, v, bias, heads=heads)
     # bfloat16: the kernel rounds unnormalised probabilities, the reference normalised ones

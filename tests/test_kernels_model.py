@@ -155,7 +155,7 @@ def _request_inputs(b, m, t, heads, d, dtype, seed):
     lengths[0] = t
     pad = torch.arange(t)[None, :] >= lengths[:, None]
     bias = torch.zeros(b, t).masked_fill(pad, torch.finfo(dtype).min).to(dtype).to(DEV)
-    return q, k, v, bias
+    return q, k, v, bias[:, None, None, :]
 
 
 # (batch, beams M, keys T, heads, d): one query and one key, T and M above one block, odd d
@@ -180,7 +180,7 @@ def test_request_attention_equals_sdpa_with_beams_as_queries(dtype, tol):
     q, k, v, bias = _request_inputs(b, m, t, heads, d, dtype, seed=5)
     split = lambda x, n: x.view(b, n, heads, d).transpose(1, 2)              # noqa: E731
     want = F.scaled_dot_product_attention(split(q, m).float(), split(k, t).float(), split(v, t).float(),
-                                          attn_mask=bias.float()[:, None, None, :], scale=1.0)
+                                          attn_mask=bias.float(), scale=1.0)
     got = request_attention_reference(q, k, v, bias, heads=heads)
     torch.testing.assert_close(got.float(), want.transpose(1, 2).reshape(b, m, -1), rtol=tol, atol=tol)
 
@@ -193,5 +193,30 @@ def test_request_attention_argument_checks():
         request_attention_reference(q, k, v[:, :3].contiguous(), bias, heads=2)
     with pytest.raises(TypeError, match="k must have dtype"):
         request_attention_reference(q, k.half(), v, bias, heads=2)
-    with pytest.raises(ValueError, match="bias must have shape"):
-        request_attention_reference(q, k, v, bias[:, :3].contiguous(), heads=2)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        request_attention_reference(q, k, v, bias[..., :3], heads=2)
+    with pytest.raises(ValueError, match="larger than"):
+        request_attention_reference(q[:, :1], k, v, bias.expand(2, 2, 3, 4), heads=2)
+    with pytest.raises(ValueError, match="unit stride"):
+        request_attention_reference(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, bias, heads=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_request_attention_as_t5_encoder_self_attention(dtype):
+    """Queries, keys and values as slices of one fused projection, a per-head position bias
+    with the padding folded in: the encoder's self-attention, against SDPA."""
+    b, t, heads, d = 2, 19, 3, 16
+    g = torch.Generator().manual_seed(8)
+    qkv = torch.randn(b, t, 3 * heads * d, generator=g).to(dtype).to(DEV)
+    q, k, v = qkv.split(heads * d, dim=-1)
+    pad = torch.arange(t)[None, :] >= torch.tensor([[t], [5]])
+    bias = (torch.randn(1, heads, t, t, generator=g) * 3).masked_fill(pad[:, None, None, :], torch.finfo(dtype).min)
+    bias = bias.to(dtype).to(DEV)
+    got = request_attention_triton(q, k, v, bias, heads=heads)
+    want = request_attention_reference(q, k, v, bias, heads=heads)
+    tol = {torch.float16: {"rtol": 2e-3, "atol": 2e-3}, torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2}}
+    assert_kernel_equal(got, want, name="encoder attention", **tol.get(dtype, {}))
+    split = lambda x: x.float().reshape(b, t, heads, d).transpose(1, 2)      # noqa: E731
+    sdpa = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=bias.float(), scale=1.0)
+    sdpa_tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(want.float(), sdpa.transpose(1, 2).reshape(b, t, -1), rtol=sdpa_tol, atol=sdpa_tol)

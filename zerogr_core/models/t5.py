@@ -35,7 +35,7 @@ from zerogr_kernels.memory_attention import request_attention_reference, request
 from zerogr_kernels.rms_norm import MAX_WIDTH, rms_layer_norm_reference, rms_layer_norm_triton
 
 from ..errors import ZeroGRError
-from .protocol import _copy_into, keep_static, safe_parents
+from .protocol import keep_static, safe_parents
 
 
 class T5StepModel:
@@ -94,11 +94,6 @@ class T5StepModel:
     def dtype(self) -> torch.dtype:
         return self.model.decoder.embed_tokens.weight.dtype
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, n, heads · d_kv) → (B, heads, n, d_kv)."""
-        b, n, _ = x.shape
-        return x.view(b, n, self.heads, self.d_kv).transpose(1, 2)
-
     def _inputs(self, history: torch.Tensor, attention_mask: torch.Tensor | None):
         """Checked (ids, mask) on the model's device."""
         if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[1] < 1:
@@ -112,34 +107,40 @@ class T5StepModel:
         return history, mask
 
     def _cross(self, memory: torch.Tensor, mask: torch.Tensor):
-        """Every decoder layer's cross-attention (keys, values), each (B, T, heads · d_kv), and the
-        (B, T) padding bias, per request."""
-        cross_kv = []
-        for block in self.blocks:
-            attn = block.layer[1].EncDecAttention
-            cross_kv.append((attn.k(memory), attn.v(memory)))
-        dtype = memory.dtype
-        cross_bias = torch.zeros(mask.shape, dtype=dtype, device=self.device).masked_fill(
-            mask == 0, torch.finfo(dtype).min)
-        return cross_kv, cross_bias
+        """Every decoder layer's cross-attention keys and values, one (B, T, layers · 2 · heads · d_kv)
+        tensor (layer l's keys, then its values, at columns 2l · heads · d_kv on), and the (B, T)
+        padding bias, per request."""
+        return F.linear(memory, self.w_cross), _padding_bias(mask, memory.dtype)
 
     def _allocate(self, b: int, beam_width: int, dtype: torch.dtype) -> None:
         """The decode's static buffers for ``b`` requests of ``beam_width`` beams.
 
         ``qkv`` (layers, L, b · M, 3 · heads · d_kv) holds every step's self-attention
         queries, keys and values in that step's rows; ``ancestors`` (L, b · M) int64 the
-        row of each earlier step a beam descends from; ``w_qkv`` per layer the (3 · heads
-        · d_kv, d_model) concatenated projection weights (read from the model here, once
-        per buffer shape); ``step_bias`` (L, heads, L) float32 the position bias of each
-        query position, rounded to ``dtype`` as Hugging Face adds it.
+        row of each earlier step a beam descends from; ``step_bias`` (L, heads, L) float32
+        the position bias of each query position, rounded to ``dtype`` as Hugging Face adds it.
         """
         n, hd = b * beam_width, self.heads * self.d_kv
         self.qkv = torch.zeros(len(self.blocks), self.n_levels, n, 3 * hd, dtype=dtype, device=self.device)
         self.ancestors = torch.zeros(self.n_levels, n, dtype=torch.int64, device=self.device)
-        attns = [block.layer[0].SelfAttention for block in self.blocks]
-        self.w_qkv = [torch.cat([a.q.weight, a.k.weight, a.v.weight]).to(dtype) for a in attns]
         self.step_bias = self.position_bias[0].to(dtype).float().transpose(0, 1).contiguous()
         self.batch, self.beam_width = b, beam_width
+
+    def _fuse(self, dtype: torch.dtype) -> None:
+        """The attention projections concatenated, so one GEMM computes what three (or 2 · layers)
+        would: ``w_qkv`` and ``w_enc_qkv`` per decoder and encoder layer, (3 · heads · d_kv,
+        d_model) (query, key, value); ``w_cross`` (layers · 2 · heads · d_kv, d_model), every
+        decoder layer's cross-attention key and value. Made once per dtype, so a captured
+        graph keeps reading the same tensors."""
+        if getattr(self, "_fused_dtype", None) == dtype:
+            return
+        qkv = lambda a: torch.cat([a.q.weight, a.k.weight, a.v.weight]).to(dtype)  # noqa: E731
+        self.w_qkv = [qkv(block.layer[0].SelfAttention) for block in self.blocks]
+        self.w_enc_qkv = [qkv(block.layer[0].SelfAttention) for block in self.model.encoder.block]
+        self.w_cross = torch.cat([w for block in self.blocks for w in (block.layer[1].EncDecAttention.k.weight,
+                                                                       block.layer[1].EncDecAttention.v.weight)])
+        self.w_cross = self.w_cross.to(dtype)
+        self._fused_dtype = dtype
 
     def _norm(self, x: torch.Tensor, layer_norm, residual: torch.Tensor | None = None):
         """``layer_norm`` (a ``T5LayerNorm``) of the rows of ``x`` (…, d), after adding
@@ -183,6 +184,7 @@ class T5StepModel:
         history, mask = self._inputs(history, attention_mask)
         b, t = history.shape
         memory = self.model.encoder(input_ids=history, attention_mask=mask).last_hidden_state
+        self._fuse(memory.dtype)
         cross_kv, cross_bias = self._cross(memory, mask)
         self.encode_in_step = False
         if keep_static(self, (b, t, beam_width, memory.dtype), cross_kv=cross_kv, cross_bias=cross_bias):
@@ -213,14 +215,14 @@ class T5StepModel:
         history, mask = self._inputs(history, attention_mask)
         b, t = history.shape
         tb, dtype = self.bucket(t), self.dtype
+        self._fuse(dtype)
         key = (b, tb, beam_width, dtype, "staged")
         if getattr(self, "_static_key", None) != key:
             d = self.model.config.d_model
             self.ids = torch.zeros(b, tb, dtype=torch.int64, device=self.device)
             self.ids_mask = torch.zeros(b, tb, dtype=torch.int64, device=self.device)
             self.memory = torch.zeros(b, tb, d, dtype=dtype, device=self.device)
-            self.cross_kv = [tuple(torch.zeros(b, tb, self.heads * self.d_kv, dtype=dtype, device=self.device)
-                                   for _ in range(2)) for _ in self.blocks]
+            self.cross_kv = torch.zeros(b, tb, self.w_cross.shape[0], dtype=dtype, device=self.device)
             self.cross_bias = torch.zeros(b, tb, dtype=dtype, device=self.device)
             first = self.model.encoder.block[0].layer[0].SelfAttention
             # (1, heads, T_b, T_b), the encoder's bidirectional relative position bias: fixed per bucket
@@ -249,19 +251,19 @@ class T5StepModel:
         x = encoder.embed_tokens(self.ids)
         b, t, _ = x.shape
         h = self._norm(x, encoder.block[0].layer[0].layer_norm)
+        attend = request_attention_triton if x.is_cuda else request_attention_reference
+        hd = self.heads * self.d_kv
         for i, block in enumerate(encoder.block):
-            attn = block.layer[0].SelfAttention
-            y = F.scaled_dot_product_attention(self._split(attn.q(h)), self._split(attn.k(h)),
-                                               self._split(attn.v(h)), attn_mask=bias, scale=1.0)
+            q, k, v = F.linear(h, self.w_enc_qkv[i]).split(hd, dim=-1)
+            y = attend(q, k, v, bias, heads=self.heads)
             ff = block.layer[-1]
-            h, x = self._add_norm(attn.o(y.transpose(1, 2).reshape(b, t, -1)), x, ff.layer_norm, clamp=True)
+            h, x = self._add_norm(block.layer[0].SelfAttention.o(y), x, ff.layer_norm, clamp=True)
             following = encoder.block[i + 1].layer[0].layer_norm if i + 1 < len(encoder.block) \
                 else encoder.final_layer_norm
             h, x = self._add_norm(ff.DenseReluDense(h), x, following, clamp=True)
         self.memory.copy_(h)
-        cross_kv, cross_bias = self._cross(self.memory, self.ids_mask)
-        _copy_into(self.cross_kv, cross_kv)
-        self.cross_bias.copy_(cross_bias)
+        torch.mm(self.memory.view(b * t, -1), self.w_cross.t(), out=self.cross_kv.view(b * t, -1))
+        self.cross_bias.copy_(_padding_bias(self.ids_mask, dtype))
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
@@ -287,6 +289,7 @@ class T5StepModel:
         x = self.model.decoder.embed_tokens(ids)                                  # (n, d)
         attend = cached_self_attention_triton if x.is_cuda else cached_self_attention_reference
         attend_memory = request_attention_triton if x.is_cuda else request_attention_reference
+        hd = self.heads * self.d_kv
         h = self._norm(x, self.blocks[0].layer[0].layer_norm)
         for layer, block in enumerate(self.blocks):
             qkv = self.qkv[layer]
@@ -295,8 +298,10 @@ class T5StepModel:
             ca, ff = block.layer[1], block.layer[2]
             h, x = self._add_norm(block.layer[0].SelfAttention.o(y), x, ca.layer_norm)
             cross = ca.EncDecAttention
-            y = attend_memory(cross.q(h.view(b, beams, -1)), *self.cross_kv[layer], self.cross_bias,
-                              heads=self.heads)                                   # beams of a request together
+            kv = self.cross_kv[..., 2 * layer * hd:2 * (layer + 1) * hd]
+            # the beams of a request query its memory together
+            y = attend_memory(cross.q(h.view(b, beams, -1)), kv[..., :hd], kv[..., hd:],
+                              self.cross_bias[:, None, None, :], heads=self.heads)
             h, x = self._add_norm(cross.o(y).view(n, -1), x, ff.layer_norm)
             following = self.blocks[layer + 1].layer[0].layer_norm if layer + 1 < len(self.blocks) \
                 else self.model.decoder.final_layer_norm
@@ -304,6 +309,11 @@ class T5StepModel:
         if self.out_scale is not None:
             h = h * self.out_scale
         return h
+
+
+def _padding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) additive attention bias of a (B, T) mask: 0 on tokens, the dtype's lowest value on padding."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask == 0, torch.finfo(dtype).min)
 
 
 def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
