@@ -150,3 +150,26 @@ def test_staged_decode_reads_no_tensor_value_on_the_host(dtype):
         assert step_model.step(level, tokens, parents).shape == (8, 32)
     with pytest.raises(RuntimeError, match="meta"):
         step_model.prefill(ids, torch.ones_like(ids), beam_width=4)
+
+
+@pytest.mark.parametrize("feed_forward,dtype", [("relu", torch.float32), ("relu", torch.bfloat16),
+                                                ("gated-gelu", torch.float32)])
+def test_fused_feed_forward_equals_hugging_face(feed_forward, dtype):
+    """The GEMM + ReLU epilogue path (taken on CUDA) forced on the CPU: Hugging Face's feed-forward
+    module's output; a gated one falls back to the module itself."""
+    m = model(feed_forward, dtype)
+    step_model = T5StepModel(m, OFFSETS)
+    step_model.stage(torch.ones(2, 4, dtype=torch.long), beam_width=2)
+    dense = m.decoder.block[0].layer[2].DenseReluDense
+    h = torch.randn(2, 5, 32).to(dtype)
+    with torch.no_grad():
+        want = dense(h)
+        calls = []
+        hook = dense.register_forward_hook(lambda *args: calls.append(1))
+        try:
+            got = step_model._feed_forward(dense, h, fused=True)
+        finally:
+            hook.remove()
+    assert len(calls) == (feed_forward != "relu")
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)

@@ -130,8 +130,8 @@ class T5StepModel:
         """The attention projections concatenated, so one GEMM computes what three (or 2 · layers)
         would: ``w_qkv`` and ``w_enc_qkv`` per decoder and encoder layer, (3 · heads · d_kv,
         d_model) (query, key, value); ``w_cross`` (layers · 2 · heads · d_kv, d_model), every
-        decoder layer's cross-attention key and value. Made once per dtype, so a captured
-        graph keeps reading the same tensors."""
+        decoder layer's cross-attention key and value; ``ff_zero`` (d_ff,) zeros. Made once
+        per dtype, so a captured graph keeps reading the same tensors."""
         if getattr(self, "_fused_dtype", None) == dtype:
             return
         qkv = lambda a: torch.cat([a.q.weight, a.k.weight, a.v.weight]).to(dtype)  # noqa: E731
@@ -140,6 +140,8 @@ class T5StepModel:
         self.w_cross = torch.cat([w for block in self.blocks for w in (block.layer[1].EncDecAttention.k.weight,
                                                                        block.layer[1].EncDecAttention.v.weight)])
         self.w_cross = self.w_cross.to(dtype)
+        # the bias a GEMM with a ReLU epilogue takes (T5's feed-forward has none)
+        self.ff_zero = torch.zeros(self.model.config.d_ff, dtype=dtype, device=self.device)
         self._fused_dtype = dtype
 
     def _norm(self, x: torch.Tensor, layer_norm, residual: torch.Tensor | None = None):
@@ -154,6 +156,21 @@ class T5StepModel:
         if residual is None:
             return out.view(shape)
         return out[0].view(shape), out[1].view(shape)
+
+    def _feed_forward(self, dense, h: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
+        """Hugging Face's feed-forward module ``dense`` on ``h`` (…, d_model).
+
+        With ``fused`` (default: on CUDA) a ReLU module (``T5DenseActDense``) runs its first
+        product and the ReLU as one GEMM with a ReLU epilogue (cuBLASLt on CUDA), so the
+        (…, d_ff) activations are written once, not written, read and written again.
+        """
+        fused = h.is_cuda if fused is None else fused
+        wi = getattr(dense, "wi", None)
+        if not (fused and isinstance(getattr(dense, "act", None), torch.nn.ReLU) and wi is not None
+                and wi.weight.dtype == self.ff_zero.dtype == h.dtype):
+            return dense(h)
+        a = torch._addmm_activation(self.ff_zero, h.reshape(-1, h.shape[-1]), wi.weight.t())
+        return dense.wo(a).view(*h.shape[:-1], -1)
 
     def _add_norm(self, y: torch.Tensor, x: torch.Tensor, layer_norm, clamp: bool = False):
         """The residual stream ``x + y`` and its norm; ``clamp`` applies T5's FP16 clamp to the sum
@@ -260,7 +277,7 @@ class T5StepModel:
             h, x = self._add_norm(block.layer[0].SelfAttention.o(y), x, ff.layer_norm, clamp=True)
             following = encoder.block[i + 1].layer[0].layer_norm if i + 1 < len(encoder.block) \
                 else encoder.final_layer_norm
-            h, x = self._add_norm(ff.DenseReluDense(h), x, following, clamp=True)
+            h, x = self._add_norm(self._feed_forward(ff.DenseReluDense, h), x, following, clamp=True)
         self.memory.copy_(h)
         torch.mm(self.memory.view(b * t, -1), self.w_cross.t(), out=self.cross_kv.view(b * t, -1))
         self.cross_bias.copy_(_padding_bias(self.ids_mask, dtype))
@@ -305,7 +322,7 @@ class T5StepModel:
             h, x = self._add_norm(cross.o(y).view(n, -1), x, ff.layer_norm)
             following = self.blocks[layer + 1].layer[0].layer_norm if layer + 1 < len(self.blocks) \
                 else self.model.decoder.final_layer_norm
-            h, x = self._add_norm(ff.DenseReluDense(h), x, following)
+            h, x = self._add_norm(self._feed_forward(ff.DenseReluDense, h), x, following)
         if self.out_scale is not None:
             h = h * self.out_scale
         return h
