@@ -170,7 +170,10 @@ def test_rms_norm_at_decode_size(dtype, residual):
         if residual:
             assert_kernel_equal(got[1], want[1], name="x + residual", rtol=0.0, atol=0.0)
             got, want = got[0], want[0]
-        assert_kernel_equal(got, want, name="rms_norm")
+        # rsqrt may differ in the last float32 bit, which T5's two roundings (before and after
+        # the weight) can turn into two units in the last place of a half-precision output
+        two_ulps = {torch.float16: {"rtol": 2 ** -9}, torch.bfloat16: {"rtol": 2 ** -6}}
+        assert_kernel_equal(got, want, name="rms_norm", **two_ulps.get(dtype, {}))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
