@@ -44,7 +44,9 @@ class T5StepModel:
     Parameters
     ----------
     model : transformers.T5ForConditionalGeneration
-        Put in eval mode; its weights are used in place (not copied).
+        Put in eval mode. Its weights are used in place, except the attention projections,
+        which are concatenated into one copy per dtype at the first prefill (a model whose
+        weights change afterwards needs a new step model).
     token_offsets : sequence of int
         Vocabulary id of token 0 of each SID level (L = its length).
     decoder_start_token_id : int, optional
