@@ -173,3 +173,33 @@ def test_fused_feed_forward_equals_hugging_face(feed_forward, dtype):
     assert len(calls) == (feed_forward != "relu")
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET") == "1"),
+                    reason="the Triton kernels need a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("feed_forward,dtype,staged", [("relu", torch.float32, True), ("relu", torch.float32, False),
+                                                       ("gated-gelu", torch.float32, True),
+                                                       ("relu", torch.bfloat16, True)])
+def test_kernel_path_equals_hugging_face_cache(feed_forward, dtype, staged):
+    """The path CUDA tensors take (Triton kernels, fused GEMM + ReLU), forced on the CPU through
+    the interpreter: every step's output equals Hugging Face's own decoder with its cache."""
+    from zerogr_core.hf import HFStepModel
+
+    m = model(feed_forward, dtype)
+    ids, mask = padded(3, 11, seed=4)
+    beam = 5
+    ours, theirs = T5StepModel(m, OFFSETS, history_bucket=8), HFStepModel(m, OFFSETS)
+    ours.kernels = True
+    (ours.stage if staged else ours.prefill)(ids, mask, beam_width=beam)
+    theirs.prefill(ids, mask, beam_width=beam)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.step(0, None, None), theirs.step(0, None, None), rtol=tol, atol=tol)
+        prev = 1
+        for step in range(1, len(OFFSETS)):
+            parents = torch.arange(3)[:, None] * prev + torch.randint(0, prev, (3, beam), generator=gen)
+            tokens = torch.randint(0, SIZES[step - 1], (3, beam), generator=gen).int()
+            torch.testing.assert_close(ours.step(step, tokens, parents), theirs.step(step, tokens, parents),
+                                       rtol=tol, atol=tol)
+            prev = beam

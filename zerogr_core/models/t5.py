@@ -55,6 +55,13 @@ class T5StepModel:
         :meth:`stage` pads the input length up to a multiple of it, so histories of
         nearby lengths share static buffers (and one captured graph).
 
+    Attributes
+    ----------
+    kernels : bool or None
+        Whether the Triton kernels run (with the feed-forward's GEMM + ReLU fused); None
+        (default): on CUDA tensors, their PyTorch references elsewhere. True on CPU tensors
+        needs ``TRITON_INTERPRET=1`` (the tests check the GPU path that way).
+
     Notes
     -----
     Two prefills: :meth:`prefill` runs Hugging Face's encoder eagerly (outside any graph);
@@ -85,6 +92,7 @@ class T5StepModel:
         if self.history_bucket < 1:
             raise ZeroGRError(f"history_bucket: expected an integer ≥ 1, got {history_bucket!r}")
         self.batch = 0
+        self.kernels = None
         self.encode_in_step = False
         self.graph_safe = True   # static buffers only: the whole decode may be captured in a CUDA graph
 
@@ -152,21 +160,26 @@ class T5StepModel:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         res = None if residual is None else residual.reshape(rows.shape)
-        kernel = x.is_cuda and shape[-1] <= MAX_WIDTH
+        kernel = self._kernels(x) and shape[-1] <= MAX_WIDTH
         out = (rms_layer_norm_triton if kernel else rms_layer_norm_reference)(
             rows, layer_norm.weight, layer_norm.variance_epsilon, res)
         if residual is None:
             return out.view(shape)
         return out[0].view(shape), out[1].view(shape)
 
+    def _kernels(self, x: torch.Tensor) -> bool:
+        """Whether the Triton kernels (and the fused GEMM + ReLU) serve ``x``: :attr:`kernels`,
+        by default on CUDA tensors only."""
+        return x.is_cuda if self.kernels is None else self.kernels
+
     def _feed_forward(self, dense, h: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
         """Hugging Face's feed-forward module ``dense`` on ``h`` (…, d_model).
 
-        With ``fused`` (default: on CUDA) a ReLU module (``T5DenseActDense``) runs its first
+        With ``fused`` (default: where the kernels run) a ReLU module (``T5DenseActDense``) runs its first
         product and the ReLU as one GEMM with a ReLU epilogue (cuBLASLt on CUDA), so the
         (…, d_ff) activations are written once, not written, read and written again.
         """
-        fused = h.is_cuda if fused is None else fused
+        fused = self._kernels(h) if fused is None else fused
         wi = getattr(dense, "wi", None)
         if not (fused and isinstance(getattr(dense, "act", None), torch.nn.ReLU) and wi is not None
                 and wi.weight.dtype == self.ff_zero.dtype == h.dtype):
@@ -270,7 +283,7 @@ class T5StepModel:
         x = encoder.embed_tokens(self.ids)
         b, t, _ = x.shape
         h = self._norm(x, encoder.block[0].layer[0].layer_norm)
-        attend = request_attention_triton if x.is_cuda else request_attention_reference
+        attend = request_attention_triton if self._kernels(x) else request_attention_reference
         hd = self.heads * self.d_kv
         for i, block in enumerate(encoder.block):
             q, k, v = F.linear(h, self.w_enc_qkv[i]).split(hd, dim=-1)
@@ -306,8 +319,9 @@ class T5StepModel:
             ids = tokens.to(self.device, torch.int64).reshape(-1).clamp(min=0) + self.token_offsets[step - 1]
         n = b * beams
         x = self.model.decoder.embed_tokens(ids)                                  # (n, d)
-        attend = cached_self_attention_triton if x.is_cuda else cached_self_attention_reference
-        attend_memory = request_attention_triton if x.is_cuda else request_attention_reference
+        kernels = self._kernels(x)
+        attend = cached_self_attention_triton if kernels else cached_self_attention_reference
+        attend_memory = request_attention_triton if kernels else request_attention_reference
         hd = self.heads * self.d_kv
         h = self._norm(x, self.blocks[0].layer[0].layer_norm)
         for layer, block in enumerate(self.blocks):
