@@ -24,7 +24,8 @@ DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "beauty-ablation.md"
 SCRIPT = REPO_ROOT / "bench" / "beauty_ablation.sh"
 DEFAULT_REPORTS = (ABLATION_DIR / "quality-amazon-beauty-cpu.json",
                    ABLATION_DIR / "rerun" / "quality-amazon-beauty-cpu.json",
-                   ABLATION_DIR / "quality-amazon-beauty-cpu-validity0.625.json")
+                   ABLATION_DIR / "quality-amazon-beauty-cpu-validity0.625.json",
+                   ABLATION_DIR / "rerun" / "quality-amazon-beauty-cpu-validity0.625.json")
 
 
 def script_commands(script: Path = SCRIPT) -> list[str]:

@@ -20,7 +20,8 @@ from .data import REPO_ROOT
 DEFAULT_CHECKPOINTS = (REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model.pt",
                        REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu.pt",
                        REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-rerun.pt",
-                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-validity.pt")
+                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-validity.pt",
+                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-validity-rerun.pt")
 DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "beauty-learning-curves.md"
 
 
