@@ -149,3 +149,16 @@ def test_quality_tables_quote_the_reports(heading):
             value = 100 * report[key][k] if key == "overlap" else report[key][k]
             assert abs(float(shown) - value) <= shown_precision(shown) + 1e-9, \
                 f"README {row[0]} K={k}: {cell}, {path.name} has {value}"
+
+
+def test_ablation_table_quotes_the_reports():
+    """The README's validity-term ablation table is the one the committed reports give, and the
+    committed ablation document is what ``python -m zerogr_core.recsys.ablation`` writes."""
+    import json
+
+    from zerogr_core.recsys.ablation import DEFAULT_OUT, DEFAULT_REPORTS, ablation_document, summary_table
+
+    table = summary_table([json.loads(p.read_text()) for p in DEFAULT_REPORTS])
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.count(table) == 1, "README's ablation table differs from summary_table of the reports"
+    assert DEFAULT_OUT.read_text() == ablation_document(DEFAULT_REPORTS), "rerun python -m zerogr_core.recsys.ablation"

@@ -254,7 +254,9 @@ def test_shipped_beauty_checkpoints_and_their_learning_curves():
 
     assert DEFAULT_CHECKPOINTS[0] == BEAUTY_CHECKPOINT
     text, runs = curves_document(DEFAULT_CHECKPOINTS)
-    assert [r["preset"] for r in runs] == ["tiger", "cpu"]
+    assert [r["preset"] for r in runs] == ["tiger", "cpu", "cpu", "cpu", "cpu"]
+    assert [r["train"].get("validity_weight", 0.0) for r in runs] == [0.0, 0.0, 0.0, 0.625, 0.625]
+    assert "plus the validity term, W = 0.625" in text.split("### `cpu` preset (model-cpu-validity.pt)")[1]
     assert runs[0]["train"]["seed"] == 0 and 1 <= runs[0]["selection"]["epoch"] <= len(runs[0]["history"])
     assert DEFAULT_OUT.read_text() == text, "rerun python -m zerogr_core.recsys.curves"
     with pytest.raises(ZeroGRError, match="not a zerogr-seqrec-1 checkpoint"):
@@ -316,3 +318,22 @@ def test_validity_term_ablation_trains_and_is_recorded(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--validity-weight", "-1",
                  "--out", str(out)]) == 1
     assert "--validity-weight must be ≥ 0, got -1.0" in capsys.readouterr().err
+    # Quality reports of the plain and the validity checkpoint of one preset live side by side,
+    # and the ablation document compares them.
+    plain = tmp_path / "p.pt"
+    assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--out", str(plain)]) == 0
+    for ckpt in (plain, out):
+        assert main(["quality", "--data", str(tmp_path / "seq.txt"), "--checkpoint", str(ckpt), "--beam", "20",
+                     "--users", "20", "--results", str(tmp_path)]) == 0
+    reports = [tmp_path / "quality-seq-tiny.json", tmp_path / "quality-seq-tiny-validity0.625.json"]
+    from zerogr_core.recsys.ablation import ablation_document, summary_table
+    text = ablation_document(reports)
+    table = summary_table([json.loads(r.read_text()) for r in reports])
+    assert table in text and "| 20 test users, beam 20 | plain (`p.pt`) | validity term W = 0.625 (`v.pt`) |" in table
+    validity = json.loads(reports[1].read_text())
+    assert f"| overlap@1 | {100 * json.loads(reports[0].read_text())['overlap']['1']:.2f} % | " \
+           f"{100 * validity['overlap']['1']:.2f} % |" in table
+    validity["users"] = 19
+    (tmp_path / "other.json").write_text(json.dumps(validity))
+    with pytest.raises(ZeroGRError, match="other.json: field .users. differs"):
+        ablation_document([reports[0], tmp_path / "other.json"])

@@ -57,7 +57,8 @@ def register(subparsers) -> None:
     q.add_argument("--batch-size", type=int, default=64, help="requests per decode call (default 64)")
     q.add_argument("--device", default="cpu", help="torch device (default cpu; 'auto' picks cuda if present)")
     q.add_argument("--results", metavar="DIR", default=str(RESULTS_DIR),
-                   help="where quality.json and quality.html go (default bench/results)")
+                   help="where the report goes (default bench/results): quality.json and quality.html for "
+                   "MovieLens, quality-<data>-<preset>[-validity<W>].json for a sequence checkpoint")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
     q.set_defaults(handler=run_quality)
 
@@ -149,7 +150,10 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
     name = args.dataset or Path(data.directory).stem
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    out = results / f"quality-{name}-{report['preset']}.json"
+    weight = study.meta["study"]["train"].get("validity_weight", 0.0)
+    # A validity-term checkpoint of a preset gets its own file, so the ablation keeps both reports.
+    variant = f"-validity{weight:g}" if weight > 0 else ""
+    out = results / f"quality-{name}-{report['preset']}{variant}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")
     if args.json:
         print(json.dumps(report, indent=2))

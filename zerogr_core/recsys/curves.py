@@ -18,7 +18,10 @@ from ..errors import ZeroGRError
 from .data import REPO_ROOT
 
 DEFAULT_CHECKPOINTS = (REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model.pt",
-                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu.pt")
+                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu.pt",
+                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-rerun.pt",
+                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-validity.pt",
+                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-validity-rerun.pt")
 DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "beauty-learning-curves.md"
 
 
@@ -41,6 +44,19 @@ def read_history(path: str | Path) -> dict:
                 torch=blob.get("torch", "?"), train_seconds=blob.get("train_seconds"))
 
 
+def objective(train: dict) -> str:
+    """The training objective of a recipe, in words."""
+    weight = train.get("validity_weight", 0.0)
+    return (f"cross-entropy plus the validity term, W = {weight:g} (the train loss is the whole objective, the "
+            "valid loss the cross-entropy alone)") if weight > 0 else "plain cross-entropy"
+
+
+def run_name(run: dict) -> str:
+    """Legend name of a run: its preset, marked when trained with the validity term."""
+    weight = run["train"].get("validity_weight", 0.0)
+    return f"{run['preset']} + validity {weight:g}" if weight > 0 else run["preset"]
+
+
 def curve_markdown(run: dict) -> str:
     """One table row per epoch; validation ranking cells are empty on epochs without a decode."""
     tc, sel = run["train"], run["selection"]
@@ -48,7 +64,7 @@ def curve_markdown(run: dict) -> str:
              f"Trained on {run['device']} (torch {run['torch']}), seed {tc['seed']}, batch {tc['batch_size']}, "
              f"peak lr {tc['lr']:g}, budget {tc['max_minutes'] if tc['max_minutes'] is not None else 'none'} min; "
              f"validation decodes of {tc['eval_users']:,} users at beam {tc['eval_beam']} every "
-             f"{tc['eval_every']} epoch(s). Kept epoch {sel['epoch']} (validation NDCG@{sel.get('k', 10)} "
+             f"{tc['eval_every']} epoch(s); {objective(tc)}. Kept epoch {sel['epoch']} (validation NDCG@{sel.get('k', 10)} "
              f"{sel['ndcg']:.4f}, Recall@{sel.get('k', 10)} {sel['recall']:.4f}); stopped by {sel['stopped']}.", "",
              "| epoch | minutes | lr at end | train loss | valid loss | valid Recall@10 | valid NDCG@10 |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -69,7 +85,7 @@ def curves_figure(runs: list[dict]):
     fig = make_subplots(rows=1, cols=3, subplot_titles=("Loss per token", "Validation ranking (beam search)",
                                                          "Learning rate"))
     for run in runs:
-        hist, name = run["history"], run["preset"]
+        hist, name = run["history"], run_name(run)
         minutes = [h["elapsed_s"] / 60 for h in hist]
         fig.add_trace(go.Scatter(x=minutes, y=[h["train_loss"] for h in hist], name=f"{name} train loss"),
                       row=1, col=1)
@@ -107,7 +123,7 @@ def curves_document(checkpoints) -> tuple[str, list[dict]]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("checkpoints", nargs="*", default=[str(p) for p in DEFAULT_CHECKPOINTS],
-                        help="sequence checkpoints (default: the two bundled Amazon Beauty models)")
+                        help="sequence checkpoints (default: the bundled Amazon Beauty models)")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="Markdown tables to write")
     parser.add_argument("--html", help="Plotly figure to write (default: the --out path with .html)")
     args = parser.parse_args(argv)
