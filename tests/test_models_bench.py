@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 def test_bench_e2e_quick(tmp_path, capsys):
     from zerogr_core.cli import main
 
-    assert main(["bench-e2e", "--quick", "--batch", "1,2", "--out", str(tmp_path)]) == 0
+    assert main(["bench-e2e", "--quick", "--batch", "1,2", "--device", "cpu", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "e2e-t5-fp32-4x16-2000__quick.json").read_text())
     assert doc["finished"] and doc["format"] == "zerogr-bench/1"
     assert doc["run_command"].startswith("python -m zerogr_core bench-e2e --model t5 --catalog tiger --dtype fp32 "
