@@ -28,7 +28,7 @@ def test_bench_e2e_quick(tmp_path, capsys):
             assert r["loop"] == "ZeroGR beam loop, eager"
     assert all(r["valid_fraction"] is None for r in timed if r["method"] == "model-only")
     derived = [r for r in doc["records"] if r["method"] == "derived"]
-    assert len(derived) == 2 and all(r["check_same_items_as_hf_cache"] for r in derived)
+    assert len(derived) == 2 and all(r["check_agrees_with_hf_cache"] and r["hf_cache_overlap"] == 1.0 for r in derived)
     for r in derived:
         assert r["speedup_vs_hf-constrained"] > 0 and r["speedup_vs_static"] > 0
         assert r["decode_share"] < 1 and r["model_only_ms"] > 0
@@ -79,3 +79,17 @@ def test_bench_e2e_tf32_is_an_fp32_model_recorded_as_tf32(tmp_path):
     assert [r["method"] for r in timed] == ["zerogr", "model-only"]
     assert all(r["dtype"] == "tf32" for r in timed)
     assert timed[0]["valid_fraction"] == 1.0
+
+
+def test_hf_cache_agreement_counts_shared_beams_and_their_gap():
+    import torch
+
+    from zerogr_core.bench.e2e import hf_cache_agreement
+
+    ninf = float("-inf")
+    ours = (torch.tensor([[1, 2, 3], [4, 5, -1]]), torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, ninf]]))
+    theirs = (torch.tensor([[1, 3, 9], [5, 4, -1]]), torch.tensor([[-1.0, -3.00002, -3.1], [-1.0, -1.5, ninf]]))
+    got = hf_cache_agreement(ours, theirs)
+    assert got["hf_cache_overlap"] == pytest.approx((2 / 3 + 1) / 2)
+    assert got["hf_cache_same_top1"] == 0.5
+    assert got["hf_cache_max_score_gap"] == pytest.approx(1.0)

@@ -618,16 +618,56 @@ class Workbench:
         return ours
 
 
+#: Largest score gap, in float32, between ZeroGR's T5 step model and the same engine fed by
+#: Hugging Face's own cache, on a beam both return: the two compute the same float32
+#: arithmetic in another order (fused kernels against PyTorch modules).
+HF_CACHE_SCORE_TOL = 1e-4
+#: Smallest mean share of a request's beams that both return, in float32: beams may differ
+#: only where a near-tie at the boundary fell the other way.
+HF_CACHE_MIN_OVERLAP = 0.99
+
+
+def hf_cache_agreement(ours: tuple, theirs: tuple) -> dict:
+    """How far ZeroGR's decode and the decode through Hugging Face's own cache agree.
+
+    Parameters
+    ----------
+    ours, theirs : (torch.Tensor, torch.Tensor)
+        ``(item_rows, scores)`` of each, both (B, M); unfilled beams have score -inf.
+
+    Returns
+    -------
+    dict
+        ``hf_cache_overlap`` (mean over requests of the share of beams in both),
+        ``hf_cache_same_top1`` (share of requests with the same best item),
+        ``hf_cache_max_score_gap`` (largest score difference of a beam in both).
+    """
+    overlaps, top1, gap = [], [], 0.0
+    for rows_a, sc_a, rows_b, sc_b in zip(ours[0].tolist(), ours[1].tolist(), theirs[0].tolist(), theirs[1].tolist()):
+        a = {r: s for r, s in zip(rows_a, sc_a) if s != float("-inf")}
+        b = {r: s for r, s in zip(rows_b, sc_b) if s != float("-inf")}
+        common = a.keys() & b.keys()
+        overlaps.append(len(common) / max(len(a), len(b), 1))
+        top1.append(bool(rows_a) and bool(rows_b) and rows_a[0] == rows_b[0])
+        gap = max([gap] + [abs(a[r] - b[r]) for r in common])
+    n = max(len(overlaps), 1)
+    return dict(hf_cache_overlap=sum(overlaps) / n, hf_cache_same_top1=sum(top1) / n, hf_cache_max_score_gap=gap)
+
+
 def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
     """Speed-ups, constrained decoding's overhead and share, and the item cross-check of one shape.
+
+    ``rows`` maps ``zerogr`` and ``zerogr-hf-cache`` to their ``(item_rows, scores)``. In
+    float32 the two must agree (:data:`HF_CACHE_MIN_OVERLAP`, :data:`HF_CACHE_SCORE_TOL`);
+    in TF32, BF16 and FP16 the two step models round differently, so their agreement is
+    recorded, not checked (the kernels are checked against their references per dtype in
+    the test suite).
 
     Returns
     -------
     (dict, int)
         The record and the number of failed checks.
     """
-    import torch
-
     derived, errors = dict(base, method="derived"), 0
     if "zerogr" not in medians:
         return derived, errors
@@ -643,9 +683,13 @@ def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
         if "static" in medians:
             derived["static_decode_share"] = 1 - medians["model-only"] / medians["static"]
     if "zerogr-hf-cache" in rows and "zerogr" in rows:
-        same = bool(torch.equal(rows["zerogr"], rows["zerogr-hf-cache"]))
-        derived["check_same_items_as_hf_cache"] = same
-        errors += 0 if same else 1
+        agree = hf_cache_agreement(rows["zerogr"], rows["zerogr-hf-cache"])
+        derived.update(agree)
+        if base.get("dtype") == "float32":
+            ok = agree["hf_cache_overlap"] >= HF_CACHE_MIN_OVERLAP and \
+                agree["hf_cache_max_score_gap"] <= HF_CACHE_SCORE_TOL
+            derived["check_agrees_with_hf_cache"] = ok
+            errors += 0 if ok else 1
     return derived, errors
 
 
@@ -685,7 +729,7 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
                     run = runners[method]
                     result, valid, loop = run(ids, mask)
                     if method in ("zerogr", "zerogr-hf-cache"):
-                        rows[method] = result.item_rows.clone()
+                        rows[method] = (result.item_rows.clone(), result.scores.clone())
                     stats = summarize(time_runs(lambda: run(ids, mask), device, warmup=warmup,
                                                 repeats=hf_repeats if method.startswith("hf-") else repeats))
                 except torch.cuda.OutOfMemoryError as exc:
