@@ -162,3 +162,27 @@ def test_ablation_table_quotes_the_reports():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert readme.count(table) == 1, "README's ablation table differs from summary_table of the reports"
     assert DEFAULT_OUT.read_text() == ablation_document(DEFAULT_REPORTS), "rerun python -m zerogr_core.recsys.ablation"
+
+
+def test_end_to_end_table_is_what_its_command_prints(capsys):
+    """The README's end-to-end table equals what the command it quotes prints from the results."""
+    import shlex
+
+    from zerogr_core.bench import e2e_table
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### End to end with a model"):]
+    command = re.search(r"`python -m zerogr_core\.bench\.e2e_table ([^`]+)`", section)
+    assert command, "the end-to-end section must quote the command that prints its table"
+    args = shlex.split(command.group(1))
+    args = [str(ROOT / a) if not a.startswith("-") and (ROOT / a).exists() else a for a in args]
+    assert e2e_table.main(args) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    lines = section.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| model, catalog |"))
+    shown = []
+    for line in lines[first:]:
+        if not line.startswith("|"):
+            break
+        shown.append(line)
+    assert shown == printed, "README end-to-end table differs from the results; rerun the quoted command"

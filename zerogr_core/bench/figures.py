@@ -377,14 +377,16 @@ def figure_e2e(records: list[dict]) -> go.Figure:
     fig, cols = _grid([f"{k[0]} · {k[1]} · {k[2]} · beam {k[3]}" for k in keys],
                       "End-to-end latency, model included (median)", "batch size", "latency (ms)", log_y=True,
                       log_x=True)
-    batches = set()
+    batches, named = set(), set()
     for i, key in enumerate(keys):
         for m, color in E2E_COLORS.items():
             pts = sorted(panels[key].get(m, {}).items())
             batches.update(b for b, _ in pts)
             if pts:
                 fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=m,
-                                         legendgroup=m, showlegend=i == 0, line=dict(color=color)), **_pos(i, cols))
+                                         legendgroup=m, showlegend=m not in named, line=dict(color=color)),
+                              **_pos(i, cols))
+                named.add(m)
     _ticks(fig, batches)
     return fig
 
@@ -398,8 +400,8 @@ def all_figures(records: list[dict]) -> dict:
             "interference": figure_interference(records), "e2e": figure_e2e(records)}
 
 
-def save_figures(records: list[dict], out_dir, png: bool = True) -> dict:
-    """Write every figure as HTML, and as PNG when kaleido can render it.
+def save_figures(records: list[dict], out_dir, png: bool = True, only=None) -> dict:
+    """Write every figure (or those named in ``only``) as HTML, and as PNG when kaleido can render it.
 
     Returns
     -------
@@ -410,6 +412,8 @@ def save_figures(records: list[dict], out_dir, png: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     written = {"html": [], "png": [], "png_error": None}
     for stem, fig in all_figures(records).items():
+        if only and stem not in only:
+            continue
         html = out / f"{stem}.html"
         fig.write_html(html, include_plotlyjs="cdn")
         written["html"].append(str(html))
@@ -429,14 +433,23 @@ def main(argv=None) -> int:
     parser.add_argument("results", help="result file or folder (searched recursively)")
     parser.add_argument("--out", default=None, help="output folder (default RESULTS/figures)")
     parser.add_argument("--no-png", action="store_true", help="HTML only")
+    parser.add_argument("--only", default=None, metavar="STEM,…",
+                        help="write only these figures (e.g. e2e); the others are left as they are")
     args = parser.parse_args(argv)
+    only = None
+    if args.only:
+        stems = set(all_figures([]))
+        only = {x.strip() for x in args.only.split(",") if x.strip()}
+        if not only or only - stems:
+            print(f"error: --only: choose from {', '.join(sorted(stems))}")
+            return 2
     records = load_results(args.results)
     if not records:
         print(f"no benchmark results under {args.results}")
         return 1
     src = Path(args.results)
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / "figures"
-    written = save_figures(records, out, png=not args.no_png)
+    written = save_figures(records, out, png=not args.no_png, only=only)
     print(f"{len(records)} records → {len(written['html'])} HTML and {len(written['png'])} PNG figures in {out}")
     if written["png_error"]:
         print(f"PNG export skipped: {written['png_error']}")
