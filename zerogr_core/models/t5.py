@@ -181,7 +181,8 @@ class T5StepModel:
         """
         fused = self._kernels(h) if fused is None else fused
         wi = getattr(dense, "wi", None)
-        if not (fused and isinstance(getattr(dense, "act", None), torch.nn.ReLU) and wi is not None
+        # torch._addmm_activation is private (cuBLASLt's ReLU epilogue): without it, the module runs
+        if not (fused and _ADDMM_RELU and isinstance(getattr(dense, "act", None), torch.nn.ReLU) and wi is not None
                 and wi.weight.dtype == self.ff_zero.dtype == h.dtype):
             return dense(h)
         a = torch._addmm_activation(self.ff_zero, h.reshape(-1, h.shape[-1]), wi.weight.t())
@@ -347,6 +348,9 @@ class T5StepModel:
 def _padding_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, T) additive attention bias of a (B, T) mask: 0 on tokens, the dtype's lowest value on padding."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask == 0, torch.finfo(dtype).min)
+
+
+_ADDMM_RELU = callable(getattr(torch, "_addmm_activation", None))
 
 
 def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
