@@ -144,3 +144,46 @@ def test_amp_is_refused_on_the_cpu(tmp_path, seq, capsys):
     from zerogr_core.recsys.seqrec import check_amp
     with pytest.raises(ZeroGRError, match="--amp: 'fp16' is not supported"):
         check_amp("fp16", torch.device("cuda"))
+
+
+def test_gpu_recipe_script_resumes_across_calls_and_returns_parts(tmp_path, seq):
+    """bench/train_beauty_gpu.sh in its CPU dry run: refuses to start without FRESH=1, stops after an epoch,
+    resumes, runs quality once training has ended, and its parts re-join on a fresh state folder."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "train_beauty_gpu.sh"
+
+    def call(out: str, state: str = "state", **env) -> subprocess.CompletedProcess:
+        full = dict(os.environ, DRY_RUN="1", DRY_DATA=str(seq), PYTHON=sys.executable, OUT=str(tmp_path / out),
+                    STATE_DIR=str(tmp_path / state), CALL_MINUTES="1e-6", PART_SIZE="20K", **env)
+        return subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True, timeout=300)
+
+    first = call("o0")
+    assert first.returncode == 3 and "FRESH=1 starts the schedule afresh" in first.stdout
+    one = call("o1", FRESH="1")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "stopped after" in one.stdout and sorted(os.listdir(tmp_path / "o1")) == ["train.log"]
+    two = call("o2")
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert "finished: epochs after epoch 2 of 2" in two.stdout and "quality written" in two.stdout
+    files = sorted(os.listdir(tmp_path / "o2"))
+    parts = [f for f in files if f.startswith("model.pt.part-")]
+    assert len(parts) >= 2 and {"SHA256SUMS", "train.log", "quality-seq-tiny.json"} <= set(files)
+    joined = b"".join((tmp_path / "o2" / p).read_bytes() for p in parts)
+    model = (tmp_path / "state" / "model.pt").read_bytes()
+    assert joined == model
+    assert (tmp_path / "o2" / "SHA256SUMS").read_text() == f"{hashlib.sha256(model).hexdigest()}  model.pt\n"
+    log = (tmp_path / "o2" / "train.log").read_text()
+    assert "stopped after" in log and "finished:" in log            # the log of both calls
+    # A fresh machine: the parts re-join, quality runs again, no training.
+    three = call("o3", state="fresh", PARTS_DIR=str(tmp_path / "o2"))
+    assert three.returncode == 0 and "joined" in three.stdout and "python -m zerogr_core train" not in three.stdout
+    assert (tmp_path / "fresh" / "model.pt").read_bytes() == model
+    # Mixed-up parts are caught by the checksum.
+    (tmp_path / "o2" / parts[0]).write_bytes(b"x")
+    bad = call("o4", state="bad", PARTS_DIR=str(tmp_path / "o2"))
+    assert bad.returncode == 4 and "differs from SHA256SUMS" in bad.stdout
