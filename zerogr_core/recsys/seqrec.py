@@ -11,6 +11,13 @@ breaks ties); training stops after ``patience`` evaluations without improvement,
 last epoch, or when the wall-clock budget runs out. Test items are never seen before
 the final report.
 
+A run may span several calls (a lent GPU allows ten minutes per command): with a
+:class:`RunControl` the loop writes a training state after every epoch (model, AdamW, the
+shuffle, torch, CUDA and NumPy RNG states, history, best record and weights, training
+seconds so far), stops between epochs when the call's time is up, and a later call
+resumes it. The learning rate depends only on the global step and on the training seconds
+summed over calls, so the split run follows the uninterrupted run's schedule.
+
 The checkpoint (one ``torch.save`` dict, loadable with ``weights_only=True``) holds the
 preset, the state dict, the SID table and item id of every catalog row, and the data
 fingerprint; :func:`load_sequence_checkpoint` restores a :class:`~.train.StudyModel`.
