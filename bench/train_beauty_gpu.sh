@@ -69,17 +69,7 @@ AMP=${AMP-bf16}
 PART_SIZE=${PART_SIZE:-12M}
 mkdir -p "$OUT" "$STATE_DIR"
 export PYTHONUNBUFFERED=1
-# kernels/ imports as `zerogr_kernels`: link it on a temporary PYTHONPATH entry unless the interpreter
-# already resolves that name to this checkout (as bench/gpu_run.sh does).
-if ! $PY -c 'import os, sys, zerogr_kernels as k; sys.exit(os.path.realpath(k.__path__[0]) != os.path.realpath("kernels"))' \
-    2>/dev/null; then
-  LINKS=$(mktemp -d /tmp/zerogr_path.XXXXXX)
-  trap 'rm -rf "$LINKS"' EXIT
-  ln -s "$ROOT/kernels" "$LINKS/zerogr_kernels"
-  export PYTHONPATH="$LINKS${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/zerogr_triton_cache}
-unset TRITON_INTERPRET
+source "$ROOT/bench/checkout_env.sh"   # zerogr_kernels from this checkout, Triton cache
 LOG="$STATE_DIR/train.log"
 log() { echo "[train_beauty_gpu $(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$LOG"; }
 
