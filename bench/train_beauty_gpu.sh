@@ -35,11 +35,12 @@
 # to back so that the machine stays warm (no `carry` needed: the script and data are tracked):
 #   call 1:  FRESH=1 OUT=$OUT bash bench/train_beauty_gpu.sh     # starts the schedule (discards a state)
 #   call 2…: OUT=$OUT bash bench/train_beauty_gpu.sh              # resumes; refuses if the state is gone
-# A session has 30 minutes of device time, machine start included, so three calls at most. Unless call 1's
-# log shows epochs fast enough for the 200 epochs to end in ~24 minutes, give every call the same budget
-# of the whole schedule, e.g. TOTAL_MINUTES=22 CALL_MINUTES=8.5 (8.5 + 8.5 + 5 minutes of training, then
-# quality): the cosine then anneals within it, whichever of epochs and budget ends first. It must be the
-# same on every call (a state is refused by a call with other options).
+# A session has 30 minutes of device time, machine start included, so three calls at most, ~22 minutes of
+# training. The 200 epochs fit only if bf16 epochs (with their validation decodes) average under ~6.5 s,
+# which no run has measured yet; so give every call, from the first, a budget for the whole schedule, e.g.
+# TOTAL_MINUTES=22 CALL_MINUTES=8.5 (8.5 + 8.5 + 5 minutes of training, then quality): the cosine anneals
+# within whichever ends first, the epochs or the budget. It cannot change after call 1 (a state is refused
+# by a call with other options).
 # Repeat the second form until the output says "quality written" (a call that ends training may leave the
 # quality run to the next call). Then, here: copy FILES_AT/train.log to bench/results/logs/beauty-train-tiger.log,
 # re-join model.pt into sample_catalogs/amazon-beauty/model.pt, copy the report to bench/results/, and run
