@@ -360,6 +360,9 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
         optim.load_state_dict(blob["optimizer"])
         for group in optim.param_groups:        # the state may come from another device
             group["fused"] = True if cuda else None
+            for p in group["params"]:
+                if "step" in optim.state.get(p, {}):    # fused AdamW keeps its step counters on the device
+                    optim.state[p]["step"] = optim.state[p]["step"].to(p.device if cuda else "cpu", torch.float32)
         generator.set_state(blob["generator"])
         torch.set_rng_state(blob["torch_rng"])
         if cuda and blob.get("cuda_rng") is not None:
