@@ -54,19 +54,7 @@ EXTRA=${BENCH_ARGS:-}
 mkdir -p "$OUT" "$WORK/results/logs"
 LOG="$OUT/gpu_run.log"
 export PYTHONUNBUFFERED=1
-# kernels/ imports as `zerogr_kernels` (pyproject.toml maps it). This script runs the checkout
-# as it is, without `make install`: unless the interpreter already resolves that name to this
-# checkout's kernels/, a link of that name on a temporary PYTHONPATH entry does (the
-# interpreter's own packages are left alone).
-if ! $PY -c 'import os, sys, zerogr_kernels as k; sys.exit(os.path.realpath(k.__path__[0]) != os.path.realpath("kernels"))' \
-    2>/dev/null; then
-  LINKS=$(mktemp -d /tmp/zerogr_path.XXXXXX)
-  trap 'rm -rf "$LINKS"' EXIT
-  ln -s "$ROOT/kernels" "$LINKS/zerogr_kernels"
-  export PYTHONPATH="$LINKS${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/zerogr_triton_cache}
-unset TRITON_INTERPRET
+source "$ROOT/bench/checkout_env.sh"   # zerogr_kernels from this checkout, Triton cache
 START=$(date +%s)
 
 log() { echo "[gpu_run $(date +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }

@@ -42,6 +42,14 @@ def register(subparsers) -> None:
     t.add_argument("--validity-weight", type=float, metavar="W", help="add the catalog-validity term with weight W "
                    "per token (the ablation; default 0, plain cross-entropy; 0.625 matches the MovieLens recipe)")
     t.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
+    t.add_argument("--amp", choices=("bf16",), help="autocast the training forward passes in bfloat16 (CUDA only; "
+                   "weights, loss and AdamW stay FP32; recorded in the checkpoint)")
+    t.add_argument("--state", metavar="FILE", help="training state written after every epoch, for --resume "
+                   "(default with --resume or --stop-after-minutes: <out>.state.pt)")
+    t.add_argument("--resume", action="store_true", help="continue the run saved in --state (same data, preset "
+                   "and options)")
+    t.add_argument("--stop-after-minutes", type=float, metavar="M", help="stop this call between epochs after at "
+                   "most M minutes of wall clock, state saved, without ending the schedule (continue with --resume)")
     t.set_defaults(handler=run_train_sequences)
 
     q = subparsers.add_parser("quality", help="filtering first vs scoring first on the trained recommender")
@@ -113,11 +121,30 @@ def run_quality(args: argparse.Namespace) -> None:
 
 
 def run_train_sequences(args: argparse.Namespace) -> None:
+    import shlex
+
     from .seqrec import load_data, train_sequences
 
+    call_start = time.perf_counter()
     data = load_data(args.data, args.sids, args.dataset)
-    train_sequences(data, args.out, preset=args.preset, device=args.device, max_minutes=args.max_minutes,
-                    seed=args.seed, validity_weight=args.validity_weight)
+    meta = train_sequences(data, args.out, preset=args.preset, device=args.device, max_minutes=args.max_minutes,
+                           seed=args.seed, validity_weight=args.validity_weight, amp=args.amp, state=args.state,
+                           resume=args.resume, stop_after_minutes=args.stop_after_minutes, call_start=call_start)
+    if meta["finished"]:
+        if args.resume or args.stop_after_minutes is not None:
+            print(f"finished: {meta['selection']['stopped']} after epoch {len(meta['history'])} of "
+                  f"{meta['study']['train']['epochs']} ({meta['train_seconds'] / 60:.1f} min of training in all); "
+                  f"checkpoint {args.out}")
+        return
+    argv = ["train"]
+    for name in ("data", "sids", "dataset", "preset", "out", "max_minutes", "seed", "validity_weight", "device", "amp",
+                 "stop_after_minutes"):
+        if getattr(args, name) is not None:
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    argv += ["--state", meta["state"], "--resume"]
+    print(f"stopped after {meta['call_seconds'] / 60:.1f} min (epoch {meta['epoch']} of {meta['epochs']}, "
+          f"{meta['train_seconds'] / 60:.1f} min of training in all; state {meta['state']}); resume with: "
+          f"python -m zerogr_core {shlex.join(argv)}")
 
 
 def run_sequence_quality(args: argparse.Namespace) -> None:

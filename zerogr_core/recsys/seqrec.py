@@ -11,13 +11,23 @@ breaks ties); training stops after ``patience`` evaluations without improvement,
 last epoch, or when the wall-clock budget runs out. Test items are never seen before
 the final report.
 
+A run may span several calls (a lent GPU allows ten minutes per command): with a
+:class:`RunControl` the loop writes a training state after every epoch (model, AdamW, the
+shuffle, torch, CUDA and NumPy RNG states, history, best record and weights, training
+seconds so far), stops between epochs when the call's time is up, and a later call
+resumes it. The learning rate depends only on the global step and on the training seconds
+summed over calls, so the split run follows the uninterrupted run's schedule.
+
 The checkpoint (one ``torch.save`` dict, loadable with ``weights_only=True``) holds the
 preset, the state dict, the SID table and item id of every catalog row, and the data
 fingerprint; :func:`load_sequence_checkpoint` restores a :class:`~.train.StudyModel`.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +44,7 @@ from .t5 import T5Config, T5Recommender
 from .train import StudyModel, ValidityTables, fixed_users, read_checkpoint, resolve_device, rows_of_ids
 
 CHECKPOINT_FORMAT = "zerogr-seqrec-1"
+STATE_FORMAT = "zerogr-seqrec-state-1"
 #: Where a checkpoint for the bundled Beauty data goes by default (shipped when trained).
 BEAUTY_CHECKPOINT = BEAUTY_DIR / "model.pt"
 
@@ -68,6 +79,10 @@ class SeqTrainConfig:
     max_minutes : float or None
         Wall-clock budget of the training loop (evaluations included).
     seed : int
+    amp : {None, "bf16"}
+        Autocast dtype of the training forward passes, CUDA only: None keeps FP32 (TF32
+        matmuls on CUDA), ``"bf16"`` runs them in bfloat16; parameters, gradients, the loss
+        reduction and AdamW stay FP32, and validation decodes stay FP32.
     validity_weight : float
         Weight of the catalog-validity term, relative to the cross-entropy per token (0:
         off, the headline recipe). With it, every transition also teacher-forces one
@@ -93,6 +108,7 @@ class SeqTrainConfig:
     max_minutes: float | None = None
     seed: int = 0
     validity_weight: float = 0.0
+    amp: str | None = None
 
 
 @dataclass(frozen=True)
@@ -196,16 +212,124 @@ def validation_loss(model: T5Recommender, sids: torch.Tensor, split: LeaveOneOut
     return total / count
 
 
+@dataclass(frozen=True)
+class RunControl:
+    """How one call of a training run that may span several calls behaves.
+
+    Attributes
+    ----------
+    state : Path or None
+        Training state written (atomically) after every epoch and when the call stops;
+        None: no state, one uninterrupted run.
+    resume : bool
+        Continue from ``state`` instead of starting afresh.
+    stop_after_s : float or None
+        Wall-clock seconds this call may use, from ``call_start``. Checked between epochs:
+        the call stops before an epoch that its predicted length (the last epoch's, plus
+        the last validation decode's when it decodes) would carry past the limit, always
+        after at least one epoch. Stopping here saves the state and does not end the
+        schedule.
+    call_start : float or None
+        ``time.perf_counter()`` when the call began (default: when training began).
+    identity : dict
+        What the state must match to be resumed (preset, data and SID fingerprints);
+        compared field by field.
+    """
+
+    state: Path | None = None
+    resume: bool = False
+    stop_after_s: float | None = None
+    call_start: float | None = None
+    identity: dict = field(default_factory=dict)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def read_state(path: Path, identity: dict) -> dict:
+    """The training state in ``path``, checked to belong to the run described by ``identity``.
+
+    Raises
+    ------
+    ZeroGRError
+        Missing, unreadable or foreign file, or a state of another preset, data, seed,
+        budget or validity weight (the first differing field is named).
+    """
+    blob = read_checkpoint(path, STATE_FORMAT, what="training state")
+    mine, theirs = _flat(identity), _flat(blob.get("identity", {}))
+    for key in sorted(set(mine) | set(theirs)):
+        if mine.get(key) != theirs.get(key):
+            raise ZeroGRError(f"{path}: training state of another run ({key} is {theirs.get(key)!r} there, "
+                              f"{mine.get(key)!r} here); drop --resume to start afresh")
+    return blob
+
+
+def _save_atomic(obj: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _numpy_rng_state() -> dict:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return dict(name=name, keys=torch.from_numpy(keys.astype(np.int64)), pos=int(pos), has_gauss=int(has_gauss),
+                cached=float(cached))
+
+
+def _set_numpy_rng_state(s: dict) -> None:
+    np.random.set_state((s["name"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["cached"]))
+
+
+def _cpu(state: dict) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+
+def check_amp(amp: str | None, device: torch.device) -> None:
+    """Refuse an autocast setting the device cannot honour (bfloat16 autocast is CUDA only:
+    on the CPU it would be slower and change results)."""
+    if amp not in (None, "bf16"):
+        raise ZeroGRError(f"--amp: {amp!r} is not supported (choose bf16)")
+    if amp is not None and device.type != "cuda":
+        raise ZeroGRError(f"--amp {amp} needs a CUDA device (training runs on {device}); drop --amp on the CPU")
+
+
 def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_item: np.ndarray,
-             device: torch.device, log=print) -> tuple[T5Recommender, list[dict], dict]:
-    """Train a fresh model; returns it (best validation weights, eval mode), the per-epoch
-    history and the selection record (best epoch, its scores, why training stopped)."""
+             device: torch.device, log=print, control: RunControl | None = None
+             ) -> tuple[T5Recommender, list[dict], dict]:
+    """Train a model (fresh, or resumed from ``control.state``).
+
+    The learning rate is a function of the global step and of the training seconds
+    accumulated over every call, so a run split into calls follows the schedule of one
+    uninterrupted run (exactly when the schedule is step-based, i.e. without
+    ``max_minutes``).
+
+    Returns
+    -------
+    model : T5Recommender
+        Best validation weights, eval mode (the current weights when the call stopped
+        before the end of the schedule).
+    history : list of dict
+        One record per epoch, over all calls.
+    best : dict
+        The selection record (best epoch, its scores) and ``stopped``: why training
+        ended (``"epochs"``, ``"patience"``, ``"max_minutes"``) or ``"stop_after"`` when
+        this call stopped for time before the end of the schedule.
+    """
     tc = preset.train
+    control = control or RunControl()
     start = time.perf_counter()
+    call_start = control.call_start if control.call_start is not None else start
     torch.manual_seed(tc.seed)
     np.random.seed(tc.seed)
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
+    check_amp(tc.amp, device)
     generator = torch.Generator().manual_seed(tc.seed)
     model = T5Recommender(preset.model, catalog.codebook_sizes).to(device)
     sids = torch.from_numpy(catalog.sids.astype(np.int64)).to(device)
@@ -214,41 +338,94 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
     rows, lengths, targets = (torch.from_numpy(a).to(device) for a in (rows_np, lengths_np, targets_np))
     tables = ValidityTables(catalog, device) if tc.validity_weight > 0 else None
     n = targets.numel()
-    log(f"{n} training transitions, model {model.describe()['parameters']:,} parameters on {device}")
+    log(f"{n} training transitions, model {model.describe()['parameters']:,} parameters on {device}"
+        + (f", autocast {tc.amp}" if tc.amp else ""))
     decay = [p for name, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for name, p in model.named_parameters() if p.dim() < 2]
+    # The fused CUDA kernel updates every parameter in one launch; results match the
+    # default implementation up to rounding.
     optim = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr)
+                               {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, fused=True if cuda else None)
     total = math.ceil(n / tc.batch_size) * tc.epochs
     budget = tc.max_minutes * 60 if tc.max_minutes is not None else math.inf
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if tc.amp == "bf16" else contextlib.nullcontext()
+    eval_batch = 1024 if cuda else 256       # decodes are independent per request: a larger batch only fills the GPU
+
+    step, first_epoch, prior_s, decode_s = 0, 1, 0.0, 0.0
+    best = dict(epoch=0, ndcg=-1.0, recall=-1.0)
+    best_state, since_best, stopped, history = None, 0, None, []
+    if control.resume:
+        blob = read_state(control.state, control.identity)
+        model.load_state_dict(blob["model"])
+        optim.load_state_dict(blob["optimizer"])
+        for group in optim.param_groups:        # the state may come from another device
+            group["fused"] = True if cuda else None
+            for p in group["params"]:
+                if "step" in optim.state.get(p, {}):    # fused AdamW keeps its step counters on the device
+                    optim.state[p]["step"] = optim.state[p]["step"].to(p.device if cuda else "cpu", torch.float32)
+        generator.set_state(blob["generator"])
+        torch.set_rng_state(blob["torch_rng"])
+        if cuda and blob.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(blob["cuda_rng"], device)
+        _set_numpy_rng_state(blob["numpy_rng"])
+        step, first_epoch, prior_s = blob["step"], blob["epoch"] + 1, blob["elapsed_s"]
+        decode_s, history, best, since_best = blob["decode_s"], blob["history"], blob["best"], blob["since_best"]
+        best_state = blob["best_state"]
+        stopped = blob["stopped"]
+        log(f"resumed {control.state}: epoch {blob['epoch']} of {tc.epochs}, step {step}, "
+            f"{prior_s / 60:.1f} min trained" + (f" (already finished: {stopped})" if stopped else ""))
+
+    def elapsed() -> float:
+        """Training seconds over every call."""
+        return prior_s + time.perf_counter() - start
 
     def lr_at(step: int) -> float:
         # Cosine over whichever ends first, the epochs or the wall-clock budget, so a
         # budgeted run still anneals; warm-up is linear.
-        progress = min(1.0, max(step / total, (time.perf_counter() - start) / budget))
+        progress = min(1.0, max(step / total, elapsed() / budget))
         return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) * 0.5 * (1 + math.cos(math.pi * progress))
 
+    def save_state(epoch: int) -> None:
+        if control.state is None:
+            return
+        _save_atomic(dict(format=STATE_FORMAT, identity=control.identity, epoch=epoch, step=step,
+                          model=_cpu(model.state_dict()), optimizer=optim.state_dict(),
+                          generator=generator.get_state(), torch_rng=torch.get_rng_state(),
+                          cuda_rng=torch.cuda.get_rng_state(device) if cuda else None,
+                          numpy_rng=_numpy_rng_state(), history=history, best=best, best_state=best_state,
+                          since_best=since_best, elapsed_s=elapsed(), decode_s=decode_s, stopped=stopped),
+                     control.state)
+
     eval_users = fixed_users(split.n_users, tc.eval_users)
-    step = 0
-    best = dict(epoch=0, ndcg=-1.0, recall=-1.0)
-    best_state, since_best, stopped, history = None, 0, "epochs", []
-    for epoch in range(1, tc.epochs + 1):
+    epoch = first_epoch - 1
+    last_epoch_s = None
+    for epoch in range(first_epoch, tc.epochs + 1):
+        if stopped is not None:
+            break
+        is_eval = epoch % tc.eval_every == 0 or epoch == tc.epochs
+        if control.stop_after_s is not None and last_epoch_s is not None:
+            predicted = last_epoch_s + (decode_s if is_eval else 0.0)
+            if time.perf_counter() - call_start + predicted > control.stop_after_s:
+                epoch -= 1
+                break
         t0 = time.perf_counter()
         model.train()
         order = torch.randperm(n, generator=generator)
+        order_dev = order.to(device)      # one copy per epoch, not one per step
         running, seen, out_of_time = torch.zeros((), device=device), 0, False
         for lo in range(0, n, tc.batch_size):
-            idx_host = order[lo:lo + tc.batch_size]
-            width = int(lengths_np[idx_host.numpy()].max())     # on the host: no device sync
-            idx = idx_host.to(device)
-            ids, mask = model.pack(rows[idx, :width], lengths[idx], sids)
-            if tables is None:
-                loss = model.loss(ids, mask, sids[targets[idx]])
-            else:
-                drawn = torch.randint(catalog.n_items, (idx.numel(),), generator=generator).to(device)
-                loss, (true_bands, drawn_bands) = model.level_logits(ids, mask, sids[targets[idx]], sids[drawn])
-                loss = loss + tc.validity_weight * 0.5 * (tables.invalid_loss(true_bands, targets[idx])
-                                                          + tables.invalid_loss(drawn_bands, drawn))
+            width = int(lengths_np[order[lo:lo + tc.batch_size].numpy()].max())     # on the host: no device sync
+            idx = order_dev[lo:lo + tc.batch_size]
+            with autocast:
+                ids, mask = model.pack(rows[idx, :width], lengths[idx], sids)
+                if tables is None:
+                    loss = model.loss(ids, mask, sids[targets[idx]])
+                else:
+                    drawn = torch.randint(catalog.n_items, (idx.numel(),), generator=generator).to(device)
+                    loss, (true_bands, drawn_bands) = model.level_logits(ids, mask, sids[targets[idx]], sids[drawn])
+                    loss = loss + tc.validity_weight * 0.5 * (tables.invalid_loss(true_bands, targets[idx])
+                                                              + tables.invalid_loss(drawn_bands, drawn))
+            loss = loss.float()
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
@@ -259,37 +436,50 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
             step += 1
             running += loss.detach() * idx.numel()
             seen += idx.numel()
-            if time.perf_counter() - start > budget:
+            if elapsed() > budget:
                 out_of_time = True
                 break
         record = dict(epoch=epoch, train_loss=float(running) / max(seen, 1), seconds=time.perf_counter() - t0,
                       transitions=seen, lr=lr)
         record["valid_loss"] = [validation_loss(model, sids, split, row_of_item, eval_users)]
-        if epoch % tc.eval_every == 0 or epoch == tc.epochs or out_of_time:
-            scores = validation_scores(study, split, row_of_item, eval_users, tc.eval_beam)
+        if is_eval or out_of_time:
+            t_dec = time.perf_counter()
+            scores = validation_scores(study, split, row_of_item, eval_users, tc.eval_beam, eval_batch)
+            decode_s = time.perf_counter() - t_dec
             record.update(valid_recall=scores["recall"], valid_ndcg=scores["ndcg"], valid_k=scores["k"])
             if (scores["ndcg"], scores["recall"]) > (best["ndcg"], best["recall"]):
                 best = dict(epoch=epoch, ndcg=scores["ndcg"], recall=scores["recall"], k=scores["k"])
-                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                best_state = _cpu(model.state_dict())
                 since_best = 0
             else:
                 since_best += 1
-        record["elapsed_s"] = time.perf_counter() - start
+        record["elapsed_s"] = elapsed()
         history.append(record)
         log(f"epoch {epoch}: train loss {record['train_loss']:.4f}, valid loss {record['valid_loss'][0]:.4f}"
             + (f", valid Recall@{record['valid_k']} {record['valid_recall']:.4f} NDCG@{record['valid_k']} "
                f"{record['valid_ndcg']:.4f}" if "valid_ndcg" in record else "")
             + f" ({record['seconds']:.0f} s, {record['elapsed_s'] / 60:.1f} min in all)")
-        if out_of_time or time.perf_counter() - start > budget:
+        if out_of_time or elapsed() > budget:
             stopped = "max_minutes"
-            break
-        if since_best >= tc.patience:
+        elif since_best >= tc.patience:
             stopped = "patience"
-            break
+        elif epoch == tc.epochs:
+            stopped = "epochs"
+        save_state(epoch)
+        last_epoch_s = time.perf_counter() - t0 - (decode_s if is_eval or out_of_time else 0.0)
+    if stopped is None:
+        if epoch >= tc.epochs:       # a resumed state whose epochs were all done
+            stopped = "epochs"
+        else:                        # the state of this epoch is already written
+            model.eval()
+            best = dict(best, stopped="stop_after", epochs_done=epoch)
+            log(f"stopped for time after epoch {epoch} of {tc.epochs} ({elapsed() / 60:.1f} min trained in all); "
+                f"state in {control.state}")
+            return model, history, best
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    best["stopped"] = stopped
+    best = dict(best, stopped=stopped)
     log(f"kept epoch {best['epoch']} (validation NDCG@{best.get('k', 10)} {best['ndcg']:.4f}); stopped by {stopped}")
     return model, history, best
 
@@ -308,8 +498,11 @@ def load_data(data: str | Path | None, sids: str | Path | None, dataset: str | N
 
 def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu", device=None,
                     max_minutes: float | None = None, seed: int | None = None,
-                    validity_weight: float | None = None, log=print) -> dict:
-    """Train on ``data`` and write the checkpoint ``out``.
+                    validity_weight: float | None = None, amp: str | None = None, state: str | Path | None = None,
+                    resume: bool = False, stop_after_minutes: float | None = None, call_start: float | None = None,
+                    log=print) -> dict:
+    """Train on ``data`` and write the checkpoint ``out`` (or, when this call stops for
+    time before the end of the schedule, only the training state).
 
     Parameters
     ----------
@@ -318,27 +511,49 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
     preset : {"tiger", "cpu", "tiny"}
     device : str or torch.device, optional
         Default: CUDA when available, else CPU.
-    max_minutes, seed, validity_weight : optional
-        Override the preset's wall-clock budget, seed and validity-term weight.
+    max_minutes, seed, validity_weight, amp : optional
+        Override the preset's wall-clock budget (of the whole run, over every call), seed,
+        validity-term weight and autocast (``"bf16"``, CUDA only).
+    state : str or Path, optional
+        Training state file (default ``<out>.state.pt`` when ``resume`` or
+        ``stop_after_minutes`` is given; without any of the three no state is written).
+    resume : bool
+        Continue the run saved in ``state``.
+    stop_after_minutes : float, optional
+        Wall-clock minutes of this call (from ``call_start``) after which training stops
+        between epochs with the state saved, without ending the schedule.
+    call_start : float, optional
+        ``time.perf_counter()`` when the call began (default: now).
 
     Returns
     -------
     dict
-        The checkpoint's metadata (everything but the state dict and SID table).
+        The checkpoint's metadata (everything but the state dict and SID table), with
+        ``finished`` True; or, when the call stopped for time, ``finished`` False,
+        ``state``, ``epoch`` (done so far), ``epochs`` and ``train_seconds``.
     """
     from dataclasses import replace
 
+    call_start = time.perf_counter() if call_start is None else call_start
     config = SeqPreset.preset(preset)
-    overrides = {k: v for k, v in (("max_minutes", max_minutes), ("seed", seed), ("validity_weight", validity_weight))
-                 if v is not None}
+    overrides = {k: v for k, v in (("max_minutes", max_minutes), ("seed", seed), ("validity_weight", validity_weight),
+                                   ("amp", amp)) if v is not None}
     if overrides:
         config = replace(config, train=replace(config.train, **overrides))
     if config.train.max_minutes is not None and config.train.max_minutes <= 0:
         raise ZeroGRError(f"--max-minutes must be > 0, got {config.train.max_minutes}")
     if not config.train.validity_weight >= 0:
         raise ZeroGRError(f"--validity-weight must be ≥ 0, got {config.train.validity_weight}")
+    if stop_after_minutes is not None and not stop_after_minutes > 0:
+        raise ZeroGRError(f"--stop-after-minutes must be > 0, got {stop_after_minutes}")
     dev = resolve_device(device)
+    check_amp(config.train.amp, dev)
     out = Path(out)
+    if state is None and (resume or stop_after_minutes is not None):
+        state = out.with_name(out.name + ".state.pt")
+    state = Path(state) if state is not None else None
+    if resume and not state.is_file():
+        raise ZeroGRError(f"{state}: training state not found (--resume needs the state of an earlier call)")
     start = time.perf_counter()
     split = leave_one_out(data)
     log(f"{data.layout} {data.directory}: {data.n_users} users, {data.n_items} items, {data.items.size} "
@@ -349,21 +564,33 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
     densities = " ".join(f"{step['density']:.4f}" for step in sid_report["steps"])
     log(f"semantic IDs ({source}): codebooks {'/'.join(map(str, sid_report['codebook_sizes']))}, "
         f"step densities {densities}")
+    item_ids = np.asarray(sid.catalog.item_ids, dtype=np.int64)
+    sid_sha = hashlib.sha256(sid.catalog.sids.astype(np.int64).tobytes() + item_ids.tobytes()).hexdigest()
+    control = RunControl(state=state, resume=resume,
+                         stop_after_s=stop_after_minutes * 60 if stop_after_minutes is not None else None,
+                         call_start=call_start,
+                         identity=dict(study=asdict(config), data=data.fingerprint(), sids=sid_sha))
     train_start = time.perf_counter()
-    model, history, best = train_t5(config, split, sid.catalog, sid.row_of_item, dev, log=log)
+    model, history, best = train_t5(config, split, sid.catalog, sid.row_of_item, dev, log=log, control=control)
+    if best["stopped"] == "stop_after":
+        return dict(finished=False, state=str(state), epoch=best["epochs_done"], epochs=config.train.epochs,
+                    train_seconds=history[-1]["elapsed_s"], call_seconds=time.perf_counter() - call_start)
     import transformers
 
+    # Over every call when the run was resumable; otherwise this call's loop, as measured here.
+    train_seconds = history[-1]["elapsed_s"] if state is not None and history else time.perf_counter() - train_start
     meta = dict(format=CHECKPOINT_FORMAT, study=asdict(config), codebook_sizes=list(sid.catalog.codebook_sizes),
                 data=data.summary(), sid_report=sid_report, sid_source="file" if data.sid_file else "rq-kmeans",
-                history=history, selection=best, train_seconds=time.perf_counter() - train_start,
+                history=history, selection=best, train_seconds=train_seconds,
                 device=str(dev), torch=str(torch.__version__), transformers=transformers.__version__,
+                optimizer=dict(name="AdamW", fused=dev.type == "cuda"), amp=config.train.amp,
                 total_seconds=time.perf_counter() - start)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(dict(meta, state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
                     sids=torch.from_numpy(sid.catalog.sids.astype(np.int64)),
-                    item_ids=torch.from_numpy(np.asarray(sid.catalog.item_ids, dtype=np.int64))), out)
+                    item_ids=torch.from_numpy(item_ids)), out)
     log(f"wrote {out} ({meta['train_seconds'] / 60:.1f} min of training)")
-    return meta
+    return dict(meta, finished=True)
 
 
 def load_sequence_checkpoint(path: str | Path, device=None) -> StudyModel:

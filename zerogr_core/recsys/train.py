@@ -459,8 +459,10 @@ def _relpath(path: Path, base: Path) -> str:
     return os.path.relpath(path.resolve(), base.resolve())
 
 
-def read_checkpoint(path: Path, fmt: str) -> dict:
+def read_checkpoint(path: Path, fmt: str, what: str = "checkpoint") -> dict:
     """The dict saved in checkpoint ``path`` (tensors on the CPU), checked to be of format ``fmt``.
+
+    ``what`` names the kind of file in the error messages (e.g. ``"training state"``).
 
     Raises
     ------
@@ -468,13 +470,13 @@ def read_checkpoint(path: Path, fmt: str) -> dict:
         Missing, unreadable or foreign file.
     """
     if not path.is_file():
-        raise ZeroGRError(f"{path}: checkpoint not found")
+        raise ZeroGRError(f"{path}: {what} not found")
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for foreign files
-        raise ZeroGRError(f"{path}: not a readable checkpoint ({type(exc).__name__})") from None
+        raise ZeroGRError(f"{path}: not a readable {what} ({type(exc).__name__})") from None
     if not isinstance(blob, dict) or blob.get("format") != fmt:
-        raise ZeroGRError(f"{path}: not a {fmt} checkpoint")
+        raise ZeroGRError(f"{path}: not a {fmt} {what}")
     return blob
 
 
