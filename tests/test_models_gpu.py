@@ -25,6 +25,21 @@ def t5_setup():
     return catalog, (3, 35, 67), model, cpu_model
 
 
+def check_staged_replay(engine, serving, step_model, got, want, graph):
+    """A staged decode on the GPU against the CPU reference's: the prefill ran inside the graph,
+    the beams agree, and the shape's graph is the one captured before (``graph``) when there
+    was one, i.e. replayed with its prefill. Returns the shape and its graph."""
+    assert engine.graph_error is None and serving.prefill_in_graph, engine.graph_error
+    torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
+    assert (got.item_rows.cpu() == want.item_rows).float().mean() >= 0.95
+    assert (got.item_rows >= 0).all()
+    shape = next(iter(engine._shapes.values()))
+    assert shape.graph is not None and shape.graph_fn is step_model
+    if graph is not None:
+        assert shape.graph is graph
+    return shape, shape.graph
+
+
 def test_t5_prefill_inside_the_engine_graph_equals_the_reference():
     """One graph replay runs encoder, cross-attention keys/values and every decode step: the
     CPU reference's beams (Hugging Face's encoder, prefill outside) on new requests of the
@@ -47,16 +62,7 @@ def test_t5_prefill_inside_the_engine_graph_equals_the_reference():
         mask[1, t // 2:] = 0
         mask[3, 1:] = 0
         got, want = gpu.generate(ids.cuda(), mask.cuda()), cpu.generate(ids, mask)
-        engine = gpu.decoder.gpu_engine
-        assert engine.graph_error is None and gpu.serving.prefill_in_graph, engine.graph_error
-        torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
-        assert (got.item_rows.cpu() == want.item_rows).float().mean() >= 0.95
-        assert (got.item_rows >= 0).all()
-        shape = next(iter(engine._shapes.values()))
-        assert shape.graph is not None and shape.graph_fn is gpu.step_model
-        if graph is not None:
-            assert shape.graph is graph                                # replayed, prefill included
-        graph = shape.graph
+        shape, graph = check_staged_replay(gpu.decoder.gpu_engine, gpu.serving, gpu.step_model, got, want, graph)
     # a longer history: the next bucket, new static buffers, captured again
     ids = torch.from_numpy(np.random.default_rng(9).integers(3, 75, (4, 20)))
     got, want = gpu.generate(ids.cuda()), cpu.generate(ids)
@@ -87,16 +93,7 @@ def test_decoder_only_prefill_inside_the_engine_graph_equals_the_reference():
     for seed, t in ((0, 12), (1, 12), (2, 9), (3, 16)):          # one bucket of 16
         history, mask = histories(4, t, seed)
         got, want = gpu.decode(history.cuda(), mask.cuda()), cpu.decode(history, mask)
-        engine = gpu.decoder.gpu_engine
-        assert engine.graph_error is None and gpu.prefill_in_graph, engine.graph_error
-        torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
-        assert (got.item_rows.cpu() == want.item_rows).float().mean() >= 0.95
-        assert (got.item_rows >= 0).all()
-        shape = next(iter(engine._shapes.values()))
-        assert shape.graph is not None and shape.graph_fn is gpu.step_model
-        if graph is not None:
-            assert shape.graph is graph                                # replayed, history pass included
-        graph = shape.graph
+        shape, graph = check_staged_replay(gpu.decoder.gpu_engine, gpu, gpu.step_model, got, want, graph)
     history, mask = histories(4, 5, 9)                                 # the bucket of 8: captured again
     got, want = gpu.decode(history.cuda(), mask.cuda()), cpu.decode(history, mask)
     assert shape.graph is not graph and gpu.step_model.ids.shape[1] == 8
