@@ -21,13 +21,9 @@ INPUT=${INPUT:-sample_catalogs/amazon-beauty/inter.json}
 K=${K:-10}
 WORK=$(mktemp -d /tmp/zerogr_scaling.XXXXXX)
 mkdir -p "$OUT"
-# kernels/ imports as `zerogr_kernels`; without `make install` a link on PYTHONPATH provides it
-if ! $PY -c 'import zerogr_kernels' 2>/dev/null; then
-  mkdir -p "$WORK/path" && ln -s "$ROOT/kernels" "$WORK/path/zerogr_kernels"
-  export PYTHONPATH="$WORK/path:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# empty caches of this run's own, so the warm-up below is what fills them
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$WORK/triton} ZEROGR_CACHE_DIR=${ZEROGR_CACHE_DIR:-$WORK/cache}
-unset TRITON_INTERPRET
+source "$ROOT/bench/checkout_env.sh"   # zerogr_kernels from this checkout
 users=()
 [[ -n "${USERS:-}" ]] && users=(--users "$USERS")
 common=(decode-dataset --checkpoint "$CKPT" --input "$INPUT" --k "$K")
