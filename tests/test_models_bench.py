@@ -68,6 +68,17 @@ def test_bench_e2e_quick_decoder_only_on_both_catalogs(tmp_path):
     assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--methods", "hf-constrained"]) != 0
 
 
+def test_bench_e2e_decoder_only_default_methods_leave_out_the_t5_only_ones(tmp_path):
+    from zerogr_core.cli import main
+
+    # Asking for the decoder-only model alone must not trip over the Hugging Face methods that
+    # only the T5 has: the default method list drops them, as it does when both models run.
+    assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--batch", "1", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "e2e-decoder-only-fp32-4x16-2000__quick.json").read_text())
+    timed = [r["method"] for r in doc["records"] if r["method"] != "derived"]
+    assert timed == ["zerogr", "static", "unconstrained", "model-only"]
+
+
 def test_bench_e2e_tf32_is_an_fp32_model_recorded_as_tf32(tmp_path):
     from zerogr_core.cli import main
 

@@ -324,7 +324,7 @@ def run_e2e(args: argparse.Namespace) -> int:
     for m in wanted:
         if m not in METHODS:
             raise ZeroGRError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
-        if m in T5_ONLY and "t5" not in models:
+        if m in T5_ONLY and "t5" not in models and args.methods is not None:
             raise ZeroGRError(f"--methods: {m} needs --model t5 (Hugging Face has no decoder-only recommender here)")
     dtype = getattr(torch, DTYPES[args.dtype])
     batches = _ints(args.batch, "--batch", [1, 2] if quick else [1, 8, 32])

@@ -92,9 +92,11 @@ def _grid(keys, title: str, x_title: str, y_title: str, log_y=False, log_x=False
     keys = list(keys)
     cols = min(len(keys), 2) or 1
     rows = -(-len(keys) // cols) or 1
+    height = max(420, 340 * rows + 80)
+    # Plotly's spacing is a fraction of the figure: keep about 90 px between rows however many there are.
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[str(k) for k in keys], shared_yaxes=shared_y,
-                        horizontal_spacing=0.08, vertical_spacing=0.14 if rows > 1 else 0.1)
-    fig.update_layout(title=title, template="plotly_white", height=max(420, 340 * rows + 80),
+                        horizontal_spacing=0.08, vertical_spacing=min(0.14, 90 / height) if rows > 1 else 0.1)
+    fig.update_layout(title=title, template="plotly_white", height=height,
                       legend=dict(orientation="h", yanchor="top", y=-0.18 if rows == 1 else -0.08),
                       margin=dict(b=130))
     fig.update_xaxes(title_text=x_title, type="log" if log_x else None)
@@ -430,8 +432,8 @@ def save_figures(records: list[dict], out_dir, png: bool = True, only=None) -> d
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zerogr_core.bench.figures",
                                      description="Make the benchmark figures from result JSON files.")
-    parser.add_argument("results", help="result file or folder (searched recursively)")
-    parser.add_argument("--out", default=None, help="output folder (default RESULTS/figures)")
+    parser.add_argument("results", nargs="+", help="result files or folders (searched recursively)")
+    parser.add_argument("--out", default=None, help="output folder (default: figures/ beside the first RESULTS)")
     parser.add_argument("--no-png", action="store_true", help="HTML only")
     parser.add_argument("--only", default=None, metavar="STEM,…",
                         help="write only these figures (e.g. e2e); the others are left as they are")
@@ -443,11 +445,11 @@ def main(argv=None) -> int:
         if not only or only - stems:
             print(f"error: --only: choose from {', '.join(sorted(stems))}")
             return 2
-    records = load_results(args.results)
+    records = [r for path in args.results for r in load_results(path)]
     if not records:
-        print(f"no benchmark results under {args.results}")
+        print(f"no benchmark results under {' '.join(args.results)}")
         return 1
-    src = Path(args.results)
+    src = Path(args.results[0])
     out = Path(args.out) if args.out else (src if src.is_dir() else src.parent) / "figures"
     written = save_figures(records, out, png=not args.no_png, only=only)
     print(f"{len(records)} records → {len(written['html'])} HTML and {len(written['png'])} PNG figures in {out}")

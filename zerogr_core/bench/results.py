@@ -142,22 +142,22 @@ def records_to_csv(records: list[dict]) -> str:
     return buf.getvalue()
 
 
-def _read_json(file: Path) -> list[dict] | None:
+def _read_json(file: Path) -> tuple[dict, list[dict]] | None:
     try:
         doc = json.loads(file.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return None
-    return list(doc.get("records", []))
+    return doc, list(doc.get("records", []))
 
 
-def _read_jsonl(file: Path) -> list[dict] | None:
+def _read_jsonl(file: Path) -> tuple[dict, list[dict]] | None:
     try:
         lines = file.read_text().splitlines()
     except OSError:
         return None
-    records = []
+    header, records = None, []
     for i, line in enumerate(lines):
         try:
             item = json.loads(line)
@@ -166,14 +166,16 @@ def _read_jsonl(file: Path) -> list[dict] | None:
         if i == 0:
             if not isinstance(item, dict) or item.get("format") != FORMAT:
                 return None
+            header = item
             continue
         records.append(item)
-    return records
+    return (header, records) if header is not None else None
 
 
 def load_results(path) -> list[dict]:
     """Every record of the benchmark result files under ``path`` (a file or a folder,
-    searched recursively), each with ``source`` set to its file name.
+    searched recursively), each with ``source`` set to its file name and ``run_started``
+    to its run's start time (ISO 8601, UTC; ``""`` when the file does not say).
 
     For each run, the ``.json`` document or its ``.jsonl`` log is read, whichever holds
     more records (the log is complete even when the run was killed). Files that are not
@@ -183,16 +185,17 @@ def load_results(path) -> list[dict]:
     files = [path] if path.is_file() else sorted(list(path.rglob("*.json")) + list(path.rglob("*.jsonl")))
     by_run: dict = {}
     for file in files:
-        records = _read_jsonl(file) if file.suffix == ".jsonl" else _read_json(file)
-        if records is None:
+        read = _read_jsonl(file) if file.suffix == ".jsonl" else _read_json(file)
+        if read is None:
             continue
         key = file.with_suffix("")
-        if key not in by_run or len(records) > len(by_run[key][1]):
-            by_run[key] = (file, records)
+        if key not in by_run or len(read[1]) > len(by_run[key][2]):
+            by_run[key] = (file, *read)
     out = []
-    for _, (file, records) in sorted(by_run.items(), key=lambda kv: str(kv[0])):
+    for _, (file, header, records) in sorted(by_run.items(), key=lambda kv: str(kv[0])):
         for rec in records:
             rec = dict(rec)
             rec.setdefault("source", file.with_suffix(".json").name)
+            rec.setdefault("run_started", str(header.get("started") or ""))
             out.append(rec)
     return out
