@@ -212,11 +212,45 @@ def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
     assert 0.0 <= report["recall_filter_first"]["20"] <= 1.0
     assert report["overlap"]["20"] > 0 and report["invalid_mass"][0]["step"] == 1
     assert (tmp_path / "quality-seq-tiny.json").is_file()
+    # Data that is not a bundled benchmark is held to the study's bars, with no accuracy floor.
+    assert report["bars"]["preset"] == "study" and "recall_ok" not in report["bars"]
     # Same checkpoint, other data: refused in one line.
     write_sequences(tmp_path / "other.txt", n_users=30, n_items=20, seed=2)
     assert main(["quality", "--data", str(tmp_path / "other.txt"), "--checkpoint", str(out),
                  "--results", str(tmp_path)]) == 1
     assert "differs from checkpoint" in capsys.readouterr().err
+
+
+def _report(recall_ff, recall_sf, ndcg_ff, ndcg_sf, overlap, popularity=0.01):
+    ks = [1, 10]
+    per_k = lambda v: {str(k): v for k in ks}  # noqa: E731
+    return dict(k=ks, recall_filter_first=per_k(recall_ff), recall_score_first=per_k(recall_sf),
+                ndcg_filter_first=per_k(ndcg_ff), ndcg_score_first=per_k(ndcg_sf), overlap=per_k(overlap),
+                recall_popularity=per_k(popularity))
+
+
+def test_quality_bars_follow_the_data_set():
+    from zerogr_core.errors import ZeroGRError
+    from zerogr_core.recsys.quality import QualityBars, bars
+
+    beauty, study = QualityBars.for_dataset("amazon-beauty"), QualityBars.for_dataset(None)
+    assert (beauty.max_gap_pp, beauty.min_overlap, beauty.min_recall_at10, beauty.min_ndcg_at10) == \
+        (0.3, 0.995, 0.060, 0.032)
+    assert (study.max_gap_pp, study.min_overlap, study.min_recall_at10) == (0.5, 0.99, None)
+    # The shipped Beauty figures: gaps inside both bars, overlap and accuracy below Beauty's.
+    shipped = _report(0.0432, 0.0435, 0.0212, 0.0213, 0.9499)
+    b = bars(shipped, beauty)
+    assert b["preset"] == "amazon-beauty" and b["recall_gap_ok"] and b["ndcg_gap_ok"]
+    assert not b["overlap_ok"] and not b["recall_ok"] and not b["ndcg_ok"] and b["beats_popularity"]
+    # A 0.4-point gap passes the study's bar and fails Beauty's; 99.2 % overlap likewise.
+    gapped = _report(0.065, 0.069, 0.035, 0.035, 0.992)
+    assert bars(gapped, study)["recall_gap_ok"] and bars(gapped, study)["overlap_ok"]
+    b = bars(gapped, beauty)
+    assert not b["recall_gap_ok"] and not b["overlap_ok"] and b["recall_ok"] and b["ndcg_ok"]
+    # Exactly on a floor meets it.
+    assert bars(_report(0.060, 0.060, 0.032, 0.032, 0.995), beauty)["recall_ok"]
+    with pytest.raises(ZeroGRError, match="unknown quality bars 'tiger'"):
+        QualityBars.preset("tiger")
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -150,7 +150,7 @@ def run_train_sequences(args: argparse.Namespace) -> None:
 def run_sequence_quality(args: argparse.Namespace) -> None:
     """``quality`` on a sequence data set and a T5 checkpoint (all users unless --users)."""
     from .data import leave_one_out
-    from .quality import KS, study_report
+    from .quality import KS, QualityBars, study_report
     from .seqrec import BEAUTY_CHECKPOINT, load_data, load_sequence_checkpoint, rows_for
     from .train import fixed_users
 
@@ -166,7 +166,7 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
     users = fixed_users(split.n_users, args.users if args.users is not None else split.n_users)
     ks = [k for k in KS if k <= args.beam]
     report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,
-                          ks=ks, checkpoint=checkpoint)
+                          ks=ks, checkpoint=checkpoint, quality_bars=QualityBars.for_dataset(args.dataset))
     from .train import file_sha256
 
     report["checkpoint_sha256"] = file_sha256(Path(checkpoint))
@@ -211,8 +211,15 @@ def format_report(report: dict) -> str:
         lines.append(f"{row['step']:>5} {row['mean']:8.4f} {row['p50']:8.4f} {row['p90']:8.4f} {row['p99']:8.4f} "
                      f"{row['max']:8.4f} {row['beam_density']:8.4f}")
     b = report["bars"]
-    lines.append(f"bars: max |ΔRecall| {b['max_recall_gap_pp']:.2f} pp ({'ok' if b['recall_gap_ok'] else 'MISSED'}), "
-                 f"max |ΔNDCG| {b['max_ndcg_gap_pp']:.2f} pp ({'ok' if b['ndcg_gap_ok'] else 'MISSED'}), "
-                 f"min overlap {100 * b['min_overlap']:.2f} % ({'ok' if b['overlap_ok'] else 'MISSED'}), "
-                 f"Recall@10 above popularity: {'yes' if b['beats_popularity'] else 'NO'}")
+    ok = lambda flag: "ok" if b[flag] else "MISSED"  # noqa: E731
+    gap = b.get("max_gap_pp", 0.5)
+    line = (f"bars ({b.get('preset', 'study')}): max |ΔRecall| {b['max_recall_gap_pp']:.2f} pp ≤ {gap:g} "
+            f"({ok('recall_gap_ok')}), max |ΔNDCG| {b['max_ndcg_gap_pp']:.2f} pp ≤ {gap:g} ({ok('ndcg_gap_ok')}), "
+            f"min overlap {100 * b['min_overlap']:.2f} % ≥ {100 * b.get('min_overlap_bar', 0.99):g} % "
+            f"({ok('overlap_ok')}), Recall@10 above popularity: {'yes' if b['beats_popularity'] else 'NO'}")
+    if "recall_ok" in b:
+        line += f", Recall@10 ≥ {b['min_recall_at10']:g} ({ok('recall_ok')})"
+    if "ndcg_ok" in b:
+        line += f", NDCG@10 ≥ {b['min_ndcg_at10']:g} ({ok('ndcg_ok')})"
+    lines.append(line)
     return "\n".join(lines)

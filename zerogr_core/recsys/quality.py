@@ -28,9 +28,47 @@ from .validity import PrefixValidity
 
 KS = (1, 5, 10, 20, 50, 128)
 ORDERS = ("filter-first", "score-first")
-#: Bars the study must meet to support the claim: |Δ Recall| and |Δ NDCG| in percentage points, overlap.
-MAX_GAP_PP = 0.5
-MIN_OVERLAP = 0.99
+
+
+@dataclass(frozen=True)
+class QualityBars:
+    """The bars a quality report is checked against.
+
+    Attributes
+    ----------
+    name : str
+        Preset name, recorded in the report.
+    max_gap_pp : float
+        Largest |ΔRecall@K| and |ΔNDCG@K| between the orders, in percentage points, over every K.
+    min_overlap : float
+        Smallest overlap@K between the orders' lists, over every K (a fraction).
+    min_recall_at10, min_ndcg_at10 : float or None
+        Floors on filtering first's Recall@10 and NDCG@10 (None: no floor).
+    """
+
+    name: str
+    max_gap_pp: float = 0.5
+    min_overlap: float = 0.99
+    min_recall_at10: float | None = None
+    min_ndcg_at10: float | None = None
+
+    @classmethod
+    def preset(cls, name: str) -> "QualityBars":
+        """``"study"`` (the claim's bars, any data set: gaps ≤ 0.5 pt, overlap ≥ 99 %) or
+        ``"amazon-beauty"`` (the standard benchmark's: gaps ≤ 0.3 pt, overlap ≥ 99.5 %,
+        Recall@10 ≥ 0.060 and NDCG@10 ≥ 0.032 with filtering first, the range that
+        independent TIGER ports publish)."""
+        if name == "study":
+            return cls("study")
+        if name == "amazon-beauty":
+            return cls("amazon-beauty", max_gap_pp=0.3, min_overlap=0.995, min_recall_at10=0.060, min_ndcg_at10=0.032)
+        raise ZeroGRError(f"unknown quality bars {name!r} (choose from study, amazon-beauty)")
+
+    @classmethod
+    def for_dataset(cls, dataset: str | None) -> "QualityBars":
+        """The bars of a bundled data set by name; the study's bars for any other data."""
+        return cls.preset("amazon-beauty" if dataset == "amazon-beauty" else "study")
+
 
 
 @dataclass
@@ -210,7 +248,8 @@ def popularity_lists(train_counts: np.ndarray, row_of_item: np.ndarray, historie
 
 
 def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarray, *, beam: int = 128,
-             batch_size: int = 64, ks: Sequence[int] = KS, measure_invalid: bool = True) -> dict:
+             batch_size: int = 64, ks: Sequence[int] = KS, measure_invalid: bool = True,
+             quality_bars: QualityBars | None = None) -> dict:
     """Decode ``users`` in both orders and compute every metric of the study.
 
     Parameters
@@ -226,6 +265,8 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
         Each ≤ ``beam``.
     measure_invalid : bool
         Record the invalid mass of the scoring-first decode.
+    quality_bars : QualityBars, optional
+        What ``bars`` checks (default: the study's bars).
 
     Returns
     -------
@@ -266,22 +307,41 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
         timing=timing)
     if invalid is not None:
         report["invalid_mass"] = invalid.summary()
-    report["bars"] = bars(report)
+    report["bars"] = bars(report, quality_bars)
     return report
 
 
-def bars(report: dict) -> dict:
-    """Check the study's bars on a report from :func:`evaluate`."""
+def bars(report: dict, spec: QualityBars | None = None) -> dict:
+    """Check a report from :func:`evaluate` against ``spec`` (default: the study's bars).
+
+    Returns
+    -------
+    dict
+        ``preset`` and its thresholds (``max_gap_pp``, ``min_overlap_bar``, and
+        ``min_recall_at10``/``min_ndcg_at10`` where set), the measured ``max_recall_gap_pp``,
+        ``max_ndcg_gap_pp``, ``min_overlap``, and a boolean per bar: ``recall_gap_ok``,
+        ``ndcg_gap_ok``, ``overlap_ok``, ``beats_popularity`` (Recall@10 of both orders
+        above popularity's), and ``recall_ok``/``ndcg_ok`` where a floor is set (at K = 10,
+        or the largest K below it when 10 was not measured).
+    """
+    spec = spec or QualityBars.preset("study")
     ks = [str(k) for k in report["k"]]
     gap_recall = max(abs(report["recall_filter_first"][k] - report["recall_score_first"][k]) for k in ks)
     gap_ndcg = max(abs(report["ndcg_filter_first"][k] - report["ndcg_score_first"][k]) for k in ks)
     min_overlap = min(report["overlap"][k] for k in ks)
     at10 = "10" if "10" in ks else ks[-1]
-    return dict(max_recall_gap_pp=100 * gap_recall, max_ndcg_gap_pp=100 * gap_ndcg, min_overlap=min_overlap,
-                recall_gap_ok=100 * gap_recall <= MAX_GAP_PP, ndcg_gap_ok=100 * gap_ndcg <= MAX_GAP_PP,
-                overlap_ok=min_overlap >= MIN_OVERLAP,
-                beats_popularity=min(report["recall_filter_first"][at10], report["recall_score_first"][at10])
-                > report["recall_popularity"][at10])
+    out = dict(preset=spec.name, max_gap_pp=spec.max_gap_pp, min_overlap_bar=spec.min_overlap,
+               max_recall_gap_pp=100 * gap_recall, max_ndcg_gap_pp=100 * gap_ndcg, min_overlap=min_overlap,
+               recall_gap_ok=100 * gap_recall <= spec.max_gap_pp, ndcg_gap_ok=100 * gap_ndcg <= spec.max_gap_pp,
+               overlap_ok=min_overlap >= spec.min_overlap,
+               beats_popularity=min(report["recall_filter_first"][at10], report["recall_score_first"][at10])
+               > report["recall_popularity"][at10])
+    if spec.min_recall_at10 is not None:
+        out.update(min_recall_at10=spec.min_recall_at10,
+                   recall_ok=report["recall_filter_first"][at10] >= spec.min_recall_at10)
+    if spec.min_ndcg_at10 is not None:
+        out.update(min_ndcg_at10=spec.min_ndcg_at10, ndcg_ok=report["ndcg_filter_first"][at10] >= spec.min_ndcg_at10)
+    return out
 
 
 #: Rows of the README's quality tables: label → report key (overlap in per cent).
@@ -303,7 +363,8 @@ def markdown_table(report: dict, rows=TABLE_ROWS) -> str:
 
 
 def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray, *, beam: int = 128,
-                 batch_size: int = 64, ks: Sequence[int] = KS, checkpoint=None) -> dict:
+                 batch_size: int = 64, ks: Sequence[int] = KS, checkpoint=None,
+                 quality_bars: QualityBars | None = None) -> dict:
     """:func:`evaluate` on the test stage, plus what produced it (data, SIDs, model, training).
 
     Returns
@@ -313,7 +374,8 @@ def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray,
         ``model``, ``config`` (the study preset), ``training`` (time, device, final
         validation loss), ``checkpoint``, ``seed``, ``device``, ``torch``.
     """
-    report = evaluate(study, split, users, "test", row_of_item, beam=beam, batch_size=batch_size, ks=ks)
+    report = evaluate(study, split, users, "test", row_of_item, beam=beam, batch_size=batch_size, ks=ks,
+                      quality_bars=quality_bars)
     del report["top10_filter_first"]
     meta = study.meta
     report.update(
