@@ -60,6 +60,9 @@
 #                  the preset's 200 epochs with early stopping)
 #   AMP            autocast of the training passes: bf16, or empty (the default: FP32 with TF32 matmuls;
 #                  on the H200 a bf16 epoch took 14.7 s against 9.7 s, bench/results/beauty-tiger-bf16/)
+#   COMPILE=1      train with `--compile` (torch.compile of each batch at one static shape; not yet timed on
+#                  a GPU: time it first, e.g. `train --preset tiger --max-minutes 1.5 --compile` against the same
+#                  without it, and compare the epoch seconds in the two logs)
 #   EXTRA_ARGS     more `train` arguments (e.g. "--validity-weight 0.625"); keep them the same on every call
 #   PYTHON         interpreter (default python3)
 #   PART_SIZE      size of the parts files are split into (default 12M, `split -b` syntax)
@@ -140,6 +143,7 @@ if [[ ! -f "$MODEL" ]]; then
   ARGS=(train "${DATA[@]}" --preset "$PRESET" --device "$DEVICE" --out "$MODEL" --state "$STATE"
         --stop-after-minutes "$CALL_MINUTES")
   [[ -n "$AMP" ]] && ARGS+=(--amp "$AMP")
+  [[ "${COMPILE:-0}" == 1 ]] && ARGS+=(--compile)
   [[ -n "${TOTAL_MINUTES:-}" ]] && ARGS+=(--max-minutes "$TOTAL_MINUTES")
   # shellcheck disable=SC2206
   [[ -n "${EXTRA_ARGS:-}" ]] && ARGS+=($EXTRA_ARGS)

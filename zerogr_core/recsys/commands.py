@@ -44,6 +44,8 @@ def register(subparsers) -> None:
     t.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
     t.add_argument("--amp", choices=("bf16",), help="autocast the training forward passes in bfloat16 (CUDA only; "
                    "weights, loss and AdamW stay FP32; recorded in the checkpoint)")
+    t.add_argument("--compile", action="store_true", help="run each training batch through torch.compile at one "
+                   "static shape (fewer, fused kernels; the first batches pay the compilation)")
     t.add_argument("--state", metavar="FILE", help="training state written after every epoch, for --resume "
                    "(default with --resume or --stop-after-minutes: <out>.state.pt)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in --state (same data, preset "
@@ -129,7 +131,8 @@ def run_train_sequences(args: argparse.Namespace) -> None:
     data = load_data(args.data, args.sids, args.dataset)
     meta = train_sequences(data, args.out, preset=args.preset, device=args.device, max_minutes=args.max_minutes,
                            seed=args.seed, validity_weight=args.validity_weight, amp=args.amp, state=args.state,
-                           resume=args.resume, stop_after_minutes=args.stop_after_minutes, call_start=call_start)
+                           resume=args.resume, stop_after_minutes=args.stop_after_minutes, call_start=call_start,
+                           compile=args.compile)
     if meta["finished"]:
         if args.resume or args.stop_after_minutes is not None:
             print(f"finished: {meta['selection']['stopped']} after epoch {len(meta['history'])} of "
@@ -141,6 +144,7 @@ def run_train_sequences(args: argparse.Namespace) -> None:
                  "stop_after_minutes"):
         if getattr(args, name) is not None:
             argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    argv += ["--compile"] if args.compile else []
     argv += ["--state", meta["state"], "--resume"]
     print(f"stopped after {meta['call_seconds'] / 60:.1f} min (epoch {meta['epoch']} of {meta['epochs']}, "
           f"{meta['train_seconds'] / 60:.1f} min of training in all; state {meta['state']}); resume with: "

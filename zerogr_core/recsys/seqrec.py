@@ -299,7 +299,7 @@ def check_amp(amp: str | None, device: torch.device) -> None:
 
 
 def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_item: np.ndarray,
-             device: torch.device, log=print, control: RunControl | None = None
+             device: torch.device, log=print, control: RunControl | None = None, compile: bool = False
              ) -> tuple[T5Recommender, list[dict], dict]:
     """Train a model (fresh, or resumed from ``control.state``).
 
@@ -307,6 +307,11 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
     accumulated over every call, so a run split into calls follows the schedule of one
     uninterrupted run (exactly when the schedule is step-based, i.e. without
     ``max_minutes``).
+
+    With ``compile``, each batch's forward pass and loss run through ``torch.compile`` at
+    one static shape (every batch padded to the full history width; the padding is masked,
+    so the objective is the same up to rounding, and dropout draws from the compiled
+    graph's generator). A state may be resumed with or without it.
 
     Returns
     -------
@@ -339,7 +344,7 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
     tables = ValidityTables(catalog, device) if tc.validity_weight > 0 else None
     n = targets.numel()
     log(f"{n} training transitions, model {model.describe()['parameters']:,} parameters on {device}"
-        + (f", autocast {tc.amp}" if tc.amp else ""))
+        + (f", autocast {tc.amp}" if tc.amp else "") + (", compiled step" if compile else ""))
     decay = [p for name, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for name, p in model.named_parameters() if p.dim() < 2]
     # The fused CUDA kernel updates every parameter in one launch; results match the
@@ -396,6 +401,19 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
                           since_best=since_best, elapsed_s=elapsed(), decode_s=decode_s, stopped=stopped),
                      control.state)
 
+    def batch_loss(batch_rows, batch_lengths, target_rows, drawn_rows):
+        """Training objective of one batch: cross-entropy, plus the validity term when on."""
+        ids, mask = model.pack(batch_rows, batch_lengths, sids)
+        if drawn_rows is None:
+            return model.loss(ids, mask, sids[target_rows])
+        loss, (true_bands, drawn_bands) = model.level_logits(ids, mask, sids[target_rows], sids[drawn_rows])
+        return loss + tc.validity_weight * 0.5 * (tables.invalid_loss(true_bands, target_rows)
+                                                  + tables.invalid_loss(drawn_bands, drawn_rows))
+
+    # The eager step of this small model is bound by per-operator overhead (Python, dispatch,
+    # launches) rather than arithmetic; compiling fuses the forward and backward passes.
+    forward = torch.compile(batch_loss) if compile else batch_loss
+    full_width = rows.shape[1]
     eval_users = fixed_users(split.n_users, tc.eval_users)
     epoch = first_epoch - 1
     last_epoch_s = None
@@ -414,17 +432,15 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
         order_dev = order.to(device)      # one copy per epoch, not one per step
         running, seen, out_of_time = torch.zeros((), device=device), 0, False
         for lo in range(0, n, tc.batch_size):
-            width = int(lengths_np[order[lo:lo + tc.batch_size].numpy()].max())     # on the host: no device sync
+            # A compiled step keeps one shape (the full history width); eager trims the batch
+            # to its longest history, computed on the host so that it costs no device sync.
+            width = full_width if compile else int(lengths_np[order[lo:lo + tc.batch_size].numpy()].max())
             idx = order_dev[lo:lo + tc.batch_size]
+            drawn = None
+            if tables is not None:
+                drawn = torch.randint(catalog.n_items, (idx.numel(),), generator=generator).to(device)
             with autocast:
-                ids, mask = model.pack(rows[idx, :width], lengths[idx], sids)
-                if tables is None:
-                    loss = model.loss(ids, mask, sids[targets[idx]])
-                else:
-                    drawn = torch.randint(catalog.n_items, (idx.numel(),), generator=generator).to(device)
-                    loss, (true_bands, drawn_bands) = model.level_logits(ids, mask, sids[targets[idx]], sids[drawn])
-                    loss = loss + tc.validity_weight * 0.5 * (tables.invalid_loss(true_bands, targets[idx])
-                                                              + tables.invalid_loss(drawn_bands, drawn))
+                loss = forward(rows[idx, :width], lengths[idx], targets[idx], drawn)
             loss = loss.float()
             optim.zero_grad(set_to_none=True)
             loss.backward()
@@ -500,7 +516,7 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                     max_minutes: float | None = None, seed: int | None = None,
                     validity_weight: float | None = None, amp: str | None = None, state: str | Path | None = None,
                     resume: bool = False, stop_after_minutes: float | None = None, call_start: float | None = None,
-                    log=print) -> dict:
+                    compile: bool = False, log=print) -> dict:
     """Train on ``data`` and write the checkpoint ``out`` (or, when this call stops for
     time before the end of the schedule, only the training state).
 
@@ -524,6 +540,9 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
         between epochs with the state saved, without ending the schedule.
     call_start : float, optional
         ``time.perf_counter()`` when the call began (default: now).
+    compile : bool
+        Run each training batch through ``torch.compile`` (see :func:`train_t5`); recorded
+        in the checkpoint, not part of the recipe (a state resumes either way).
 
     Returns
     -------
@@ -571,7 +590,8 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                          call_start=call_start,
                          identity=dict(study=asdict(config), data=data.fingerprint(), sids=sid_sha))
     train_start = time.perf_counter()
-    model, history, best = train_t5(config, split, sid.catalog, sid.row_of_item, dev, log=log, control=control)
+    model, history, best = train_t5(config, split, sid.catalog, sid.row_of_item, dev, log=log, control=control,
+                                    compile=compile)
     if best["stopped"] == "stop_after":
         return dict(finished=False, state=str(state), epoch=best["epochs_done"], epochs=config.train.epochs,
                     train_seconds=history[-1]["elapsed_s"], call_seconds=time.perf_counter() - call_start)
@@ -583,7 +603,7 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                 data=data.summary(), sid_report=sid_report, sid_source="file" if data.sid_file else "rq-kmeans",
                 history=history, selection=best, train_seconds=train_seconds,
                 device=str(dev), torch=str(torch.__version__), transformers=transformers.__version__,
-                optimizer=dict(name="AdamW", fused=dev.type == "cuda"), amp=config.train.amp,
+                optimizer=dict(name="AdamW", fused=dev.type == "cuda"), amp=config.train.amp, compiled=compile,
                 total_seconds=time.perf_counter() - start)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(dict(meta, state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
