@@ -1,12 +1,11 @@
 """The bundled Amazon Beauty recommender (a T5, ``tiger`` preset) and its test users, for the app.
 
-The counterpart of :mod:`.movielens` for the Beauty catalog: thin wrappers over
-:mod:`zerogr_core.recsys.seqrec` that turn a missing or foreign checkpoint into one
-clear message, and the leave-one-out test requests as :class:`.movielens.TestUsers`.
+The counterpart of :mod:`.movielens` for the Beauty catalog: its checkpoint as a
+:class:`.bundled.BundledRecommender` (a missing or foreign checkpoint gives one clear
+message), and the leave-one-out test requests as :class:`.movielens.TestUsers`.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
@@ -20,32 +19,12 @@ MISSING = ("the bundled Amazon Beauty recommender (sample_catalogs/amazon-beauty
            "sample_catalogs/amazon-beauty/model.pt`, or pick the random head")
 #: Environment variable naming another checkpoint (a model trained with ``train --dataset amazon-beauty``).
 CHECKPOINT_ENV = "ZEROGR_BEAUTY_CHECKPOINT"
-
-
-def checkpoint_path() -> Path:
-    """The bundled checkpoint, or the file named by ``$ZEROGR_BEAUTY_CHECKPOINT``."""
-    from ..recsys.seqrec import BEAUTY_CHECKPOINT
-
-    return bundled.checkpoint_path(CHECKPOINT_ENV, BEAUTY_CHECKPOINT)
-
-
-def available() -> bool:
-    """Whether the checkpoint exists."""
-    return bundled.is_file(checkpoint_path())
-
-
-def bundled_study(device="cpu"):
-    """The Beauty :class:`~zerogr_core.recsys.train.StudyModel` (a T5 recommender) on ``device``.
-
-    Raises
-    ------
-    ZeroGRError
-        Missing, unreadable or foreign checkpoint.
-    """
-    from ..recsys.seqrec import load_sequence_checkpoint
-
-    return bundled.load_study(checkpoint_path(), load_sequence_checkpoint, MISSING,
-                              "python -m zerogr_core train --dataset amazon-beauty --preset tiger", device=device)
+MODEL = bundled.BundledRecommender(CHECKPOINT_ENV, "..recsys.seqrec:BEAUTY_CHECKPOINT",
+                                   "..recsys.seqrec:load_sequence_checkpoint", MISSING,
+                                   "python -m zerogr_core train --dataset amazon-beauty --preset tiger")
+checkpoint_path = MODEL.checkpoint_path
+available = MODEL.available
+bundled_study = MODEL.study
 
 
 def test_users(study) -> TestUsers:

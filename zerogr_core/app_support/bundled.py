@@ -2,7 +2,9 @@
 overridable checkpoint path, an availability check, and loading with one-line errors."""
 from __future__ import annotations
 
+import importlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -43,3 +45,53 @@ def load_study(path: Path, loader: Callable, missing: str, retrain: str, device=
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ZeroGRError(f"{path}: the checkpoint does not fit this version of the recommender ({first}); "
                           f"retrain it with `{retrain}`") from None
+
+
+@dataclass(frozen=True)
+class BundledRecommender:
+    """One bundled recommender: where its checkpoint is and how it loads.
+
+    Attributes
+    ----------
+    env : str
+        Environment variable that names another checkpoint instead of the bundled one.
+    default : str
+        ``"module:attribute"`` of the bundled checkpoint's path (resolved when asked, so
+        that importing the app does not import the training code).
+    loader : str
+        ``"module:function"`` that loads a checkpoint: ``loader(path, device=...)``.
+    missing : str
+        The message when the checkpoint is absent.
+    retrain : str
+        The command that rebuilds it.
+    """
+
+    env: str
+    default: str
+    loader: str
+    missing: str
+    retrain: str
+
+    @staticmethod
+    def _resolve(ref: str):
+        module, _, name = ref.partition(":")
+        return getattr(importlib.import_module(module, package=__package__), name)
+
+    def checkpoint_path(self) -> Path:
+        """The bundled checkpoint, or the file named by the environment variable."""
+        return checkpoint_path(self.env, self._resolve(self.default))
+
+    def available(self) -> bool:
+        """Whether the checkpoint exists."""
+        return is_file(self.checkpoint_path())
+
+    def study(self, device="cpu"):
+        """The :class:`~zerogr_core.recsys.train.StudyModel` on ``device``.
+
+        Raises
+        ------
+        ZeroGRError
+            Missing, unreadable or foreign checkpoint.
+        """
+        return load_study(self.checkpoint_path(), self._resolve(self.loader), self.missing, self.retrain,
+                          device=device)

@@ -1,13 +1,13 @@
 """The bundled MovieLens recommender, its SID catalog and its test users.
 
-Thin wrappers over :mod:`zerogr_core.recsys` (``load_checkpoint``, ``load_movielens``,
-``leave_one_out``) that turn a missing checkpoint into one clear message.
+The checkpoint is a :class:`.bundled.BundledRecommender` (a missing or foreign checkpoint
+gives one clear message); the catalog and the leave-one-out test requests come from
+:mod:`zerogr_core.recsys` (``load_movielens``, ``leave_one_out``).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -20,32 +20,11 @@ MISSING = ("the bundled MovieLens recommender (sample_catalogs/movielens/model.p
 
 #: Environment variable naming another checkpoint (a model trained with train-movielens).
 CHECKPOINT_ENV = "ZEROGR_MOVIELENS_CHECKPOINT"
-
-
-def checkpoint_path() -> Path:
-    """The bundled checkpoint, or the file named by ``$ZEROGR_MOVIELENS_CHECKPOINT``."""
-    from ..recsys.train import BUNDLED_CHECKPOINT
-
-    return bundled.checkpoint_path(CHECKPOINT_ENV, BUNDLED_CHECKPOINT)
-
-
-def available() -> bool:
-    """Whether the bundled checkpoint exists."""
-    return bundled.is_file(checkpoint_path())
-
-
-def bundled_study(device="cpu"):
-    """The bundled :class:`~zerogr_core.recsys.train.StudyModel` on ``device``.
-
-    Raises
-    ------
-    ZeroGRError
-        Missing or unreadable checkpoint.
-    """
-    from ..recsys.train import load_checkpoint
-
-    return bundled.load_study(checkpoint_path(), load_checkpoint, MISSING, "python -m zerogr_core train-movielens",
-                              device=device)
+MODEL = bundled.BundledRecommender(CHECKPOINT_ENV, "..recsys.train:BUNDLED_CHECKPOINT", "..recsys.train:load_checkpoint",
+                                   MISSING, "python -m zerogr_core train-movielens")
+checkpoint_path = MODEL.checkpoint_path
+available = MODEL.available
+bundled_study = MODEL.study
 
 
 def bundled_catalog() -> Catalog:
