@@ -390,3 +390,21 @@ def test_compiled_training_step_follows_the_eager_one(tmp_path):
         assert c["train_loss"] == pytest.approx(e["train_loss"], rel=1e-5), (e, c)
         assert c["valid_loss"][0] == pytest.approx(e["valid_loss"][0], rel=1e-5), (e, c)
     assert runs[True]["compiled"] is True and runs[False]["compiled"] is False
+
+
+def test_a_compile_failure_is_one_line(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    from torch._dynamo.exc import TorchDynamoException
+
+    def broken(fn):
+        def step(*args):
+            raise TorchDynamoException("backend 'inductor' failed: no C++ compiler found\nlong trace ...")
+        return step
+
+    monkeypatch.setattr(torch, "compile", broken)
+    write_sequences(tmp_path / "seq.txt", n_users=30, n_items=20, seed=1)
+    assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--out", str(tmp_path / "m.pt"),
+                 "--compile"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--compile: torch.compile could not build the training step" in err
+    assert "no C++ compiler found" in err and "Traceback" not in err and not (tmp_path / "m.pt").exists()

@@ -413,6 +413,10 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
     # The eager step of this small model is bound by per-operator overhead (Python, dispatch,
     # launches) rather than arithmetic; compiling fuses the forward and backward passes.
     forward = torch.compile(batch_loss) if compile else batch_loss
+    compile_errors: tuple = ()          # they surface at the first call of the compiled step
+    if compile:
+        from torch._dynamo.exc import TorchDynamoException
+        compile_errors = (TorchDynamoException,)
     full_width = rows.shape[1]
     eval_users = fixed_users(split.n_users, tc.eval_users)
     epoch = first_epoch - 1
@@ -440,7 +444,12 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
             if tables is not None:
                 drawn = torch.randint(catalog.n_items, (idx.numel(),), generator=generator).to(device)
             with autocast:
-                loss = forward(rows[idx, :width], lengths[idx], targets[idx], drawn)
+                try:
+                    loss = forward(rows[idx, :width], lengths[idx], targets[idx], drawn)
+                except compile_errors as err:
+                    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                    raise ZeroGRError(f"--compile: torch.compile could not build the training step "
+                                      f"({type(err).__name__}: {first}); train without --compile") from None
             loss = loss.float()
             optim.zero_grad(set_to_none=True)
             loss.backward()
