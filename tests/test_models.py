@@ -139,6 +139,54 @@ def test_decoder_only_kv_cache_equals_recompute(dtype, tol, staged):
         beams_prev = beam
 
 
+def test_decoder_only_hugging_face_twin_has_the_same_logits():
+    """``to_hf()`` copies the network into GPT2LMHeadModel: fed the history as item embeddings
+    with its left-padding mask, and then SID tokens, it scores every level as the model does,
+    through ``generate``'s own position and cache handling."""
+    pytest.importorskip("transformers")
+    model = decoder_only()
+    hf = model.to_hf()
+    gen = torch.Generator().manual_seed(4)
+    history, mask = left_padded(gen, [5, 2, 9])
+    head = model.head.detach()
+    prefixes = torch.stack([torch.randint(0, v, (3, 1), generator=gen) for v in (6, 7, 5)], dim=2)   # (3, 1, 3)
+    embeds = model.item_embedding(history)
+    for level in range(model.n_levels):
+        tokens = (prefixes[:, 0, :level] + torch.tensor(model.band_offsets[:level])).long()
+        x = torch.cat([embeds, hf.transformer.wte(tokens)], dim=1)
+        att = torch.cat([mask.long(), torch.ones(3, level, dtype=torch.long)], dim=1)
+        pos = (att.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            theirs = hf(inputs_embeds=x, attention_mask=att, position_ids=pos).logits[:, -1]
+            mine = model.recompute_hidden(history, mask, prefixes[:, :, :level])[:, 0] @ head.T
+        torch.testing.assert_close(theirs, mine, rtol=1e-5, atol=1e-5)
+    # generate() with a prefix function returns catalog items; its best sequence is the
+    # constrained greedy-by-beam answer of the model's own logits (beam = every item here).
+    from zerogr_core.bench.e2e import CatalogPrefixes
+    from zerogr_core import Catalog
+
+    sids = np.unique(torch.stack([torch.randint(0, v, (40,), generator=gen) for v in (6, 7, 5, 4)], dim=1).numpy(),
+                     axis=0)
+    catalog = Catalog.from_sids(sids, (6, 7, 5, 4))
+    allowed = CatalogPrefixes(catalog, model.band_offsets, start=0)
+    n = catalog.n_items
+    with torch.no_grad():
+        out = hf.generate(inputs_embeds=embeds, attention_mask=mask.long(), num_beams=n, num_return_sequences=n,
+                          do_sample=False, max_new_tokens=4, min_new_tokens=4, length_penalty=0.0,
+                          prefix_allowed_tokens_fn=allowed)
+    assert out.shape == (3 * n, 4) and allowed.valid(out) == 1.0
+    # Brute force: every catalog item's full-vocabulary log-probability under the model.
+    rows = torch.from_numpy(catalog.sids.astype(np.int64))
+    for b in range(3):
+        total = torch.zeros(n)
+        for level in range(4):
+            hidden = model.recompute_hidden(history[b:b + 1], mask[b:b + 1], rows[None, :, :level])[0]
+            logp = torch.log_softmax(hidden @ head.T, dim=-1)
+            total += logp[torch.arange(n), rows[:, level] + model.band_offsets[level]]
+        best = rows[int(total.argmax())] + torch.tensor(model.band_offsets)
+        assert torch.equal(out[b * n], best), (b, out[b * n], best)
+
+
 def test_decoder_only_padding_does_not_change_outputs():
     model = decoder_only()
     gen = torch.Generator().manual_seed(2)

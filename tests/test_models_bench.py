@@ -65,18 +65,22 @@ def test_bench_e2e_quick_decoder_only_on_both_catalogs(tmp_path):
         assert [r["method"] for r in timed] == ["zerogr", "static", "unconstrained"]
         assert all(r["dtype"] == "bfloat16" and r["history_items"] == 16 for r in timed)
         assert [r["valid_fraction"] for r in timed if r["method"] != "unconstrained"] == [1.0, 1.0]
-    assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--methods", "hf-constrained"]) != 0
+    assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--methods", "zerogr-hf-cache"]) != 0
 
 
 def test_bench_e2e_decoder_only_default_methods_leave_out_the_t5_only_ones(tmp_path):
     from zerogr_core.cli import main
 
-    # Asking for the decoder-only model alone must not trip over the Hugging Face methods that
-    # only the T5 has: the default method list drops them, as it does when both models run.
+    # Asking for the decoder-only model alone must not trip over the cross-check that only the
+    # T5 has: the default method list drops it, as it does when both models run. Hugging Face
+    # generate runs on the model's GPT-2 twin, constrained to catalog items.
     assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--batch", "1", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "e2e-decoder-only-fp32-4x16-2000__quick.json").read_text())
-    timed = [r["method"] for r in doc["records"] if r["method"] != "derived"]
-    assert timed == ["zerogr", "static", "unconstrained", "model-only"]
+    timed = [r for r in doc["records"] if r["method"] != "derived"]
+    assert [r["method"] for r in timed] == ["zerogr", "static", "unconstrained", "model-only", "hf-constrained",
+                                            "hf-unconstrained"]
+    valid = {r["method"]: r["valid_fraction"] for r in timed}
+    assert valid["zerogr"] == valid["static"] == valid["hf-constrained"] == 1.0
 
 
 def test_bench_e2e_tf32_is_an_fp32_model_recorded_as_tf32(tmp_path):

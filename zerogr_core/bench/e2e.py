@@ -33,9 +33,13 @@ model-only
 hf-constrained
     Hugging Face ``generate(num_beams=M, num_return_sequences=M,
     prefix_allowed_tokens_fn=...)``, as the open TIGER and GENRE ports call it (the prefix
-    function answers from the sorted SID table, memoised per prefix; T5 only).
+    function answers from the sorted SID table, memoised per prefix). The T5 is a
+    ``T5ForConditionalGeneration`` already; the decoder-only model runs as its Hugging
+    Face twin, a ``GPT2LMHeadModel`` with the same weights
+    (:meth:`~zerogr_core.models.decoder_only.DecoderOnlyRecommender.to_hf`), fed the
+    history as item embeddings.
 hf-unconstrained
-    The same ``generate`` with no constraint (T5 only).
+    The same ``generate`` with no constraint.
 
 Models: ``t5`` (a TIGER-size ``T5ForConditionalGeneration``: 4+4 layers, d_model 128,
 6 heads, d_ff 1024, 20-item histories) and ``decoder-only``
@@ -63,7 +67,7 @@ from pathlib import Path
 
 METHODS = ("zerogr", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
            "hf-unconstrained")
-T5_ONLY = ("zerogr-hf-cache", "hf-constrained", "hf-unconstrained")
+T5_ONLY = ("zerogr-hf-cache",)
 #: Methods of ZeroGR's beam loop with bench step types (captured with the model on a GPU).
 LOOP_METHODS = ("static", "unconstrained", "model-only")
 MODELS = ("t5", "decoder-only")
@@ -325,7 +329,7 @@ def run_e2e(args: argparse.Namespace) -> int:
         if m not in METHODS:
             raise ZeroGRError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
         if m in T5_ONLY and "t5" not in models and args.methods is not None:
-            raise ZeroGRError(f"--methods: {m} needs --model t5 (Hugging Face has no decoder-only recommender here)")
+            raise ZeroGRError(f"--methods: {m} needs --model t5 (it decodes through the T5's Hugging Face cache)")
     dtype = getattr(torch, DTYPES[args.dtype])
     batches = _ints(args.batch, "--batch", [1, 2] if quick else [1, 8, 32])
     beams = _ints(args.beam, "--beam", [4] if quick else [32, 128, 256])
@@ -511,12 +515,31 @@ class Workbench:
             torch.manual_seed(seed)
             self.model = DecoderOnlyRecommender(mcfg).to(device, dtype).eval()
             self.offsets = tuple(self.model.band_offsets)
+            self.prefix_fn = CatalogPrefixes(catalog, self.offsets, start=0)
             self.head = self.model.head_weight()
             self.fields = dict(model="decoder-only (zerogr_core.models.decoder_only)", d_model=mcfg.d_model,
                                heads=mcfg.n_heads, d_ff=mcfg.ff_mult * mcfg.d_model, layers=str(mcfg.n_layers))
         self.heads = Heads.build(self.head, catalog.codebook_sizes, self.offsets)
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self._static = None
+        self._hf_twin = None
+
+    @property
+    def hf_model(self):
+        """What Hugging Face ``generate`` runs: the T5 itself, or the decoder-only model's
+        ``GPT2LMHeadModel`` twin (same weights; built on first use)."""
+        if self.kind == "t5":
+            return self.model
+        if self._hf_twin is None:
+            self._hf_twin = self.model.to_hf()
+        return self._hf_twin
+
+    def hf_inputs(self, inputs, mask) -> dict:
+        """``generate`` keyword arguments of a batch: T5 input ids, or the decoder-only
+        history as item embeddings (its SID tokens are then the only ids generated)."""
+        if self.kind == "t5":
+            return dict(input_ids=inputs, attention_mask=mask)
+        return dict(inputs_embeds=self.model.item_embedding(inputs), attention_mask=mask.long())
 
     @property
     def history(self) -> int:
@@ -566,15 +589,17 @@ class Workbench:
         if method.startswith("hf-"):
             constrained = method == "hf-constrained"
 
-            def hf(ids, mask):
-                kwargs = dict(input_ids=ids, attention_mask=mask, num_beams=beam, num_return_sequences=beam,
-                              do_sample=False, max_new_tokens=L, min_new_tokens=L, length_penalty=0.0,
-                              early_stopping=True)
+            start = self.prefix_fn.start          # T5 output begins with the decoder start token
+            model = self.hf_model
+
+            def hf(inputs, mask):
+                kwargs = dict(num_beams=beam, num_return_sequences=beam, do_sample=False, max_new_tokens=L,
+                              min_new_tokens=L, length_penalty=0.0, early_stopping=True)
                 if constrained:
                     kwargs["prefix_allowed_tokens_fn"] = self.prefix_fn
                 with torch.no_grad():
-                    out = self.model.generate(**kwargs)
-                return out, lambda: self.prefix_fn.valid(out[:, 1:1 + L]), "huggingface generate"
+                    out = model.generate(**self.hf_inputs(inputs, mask), **kwargs)
+                return out, lambda: self.prefix_fn.valid(out[:, start:start + L]), "huggingface generate"
             return hf
         if method in LOOP_METHODS:
             makers = {"static": lambda b: StaticStep(self.static_index, self.heads, b, beam, "full"),

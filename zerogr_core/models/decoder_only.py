@@ -196,6 +196,49 @@ class DecoderOnlyRecommender(nn.Module):
             x = block.finish(x, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
         return self.ln_f(x[:, -1]).view(b, n, -1)
 
+    def to_hf(self):
+        """The same network as a Hugging Face ``GPT2LMHeadModel`` (weights copied).
+
+        The architectures coincide: pre-norm blocks, fused Q/K/V and output projections
+        with biases, exact-GELU feed-forward, learned absolute positions, a final layer
+        norm and an untied head without bias over ``sum(|V_l|)`` tokens, which are this
+        model's token ids (level ``l``'s band at :attr:`band_offsets` ``[l]``). Feed the
+        history as ``inputs_embeds=`` :meth:`item_embedding` ``(history)`` with its
+        left-padding mask; ``generate`` then derives the same positions from the mask, so
+        its logits equal this model's (``tests/test_models.py``). This is what the
+        end-to-end bench runs Hugging Face ``generate`` on for the decoder-only model.
+
+        Returns
+        -------
+        transformers.GPT2LMHeadModel
+            In eval mode, on this model's device and dtype.
+        """
+        import transformers
+
+        cfg = self.config
+        d = cfg.d_model
+        hf_cfg = transformers.GPT2Config(
+            vocab_size=sum(cfg.codebook_sizes), n_positions=self.pos_emb.num_embeddings, n_embd=d,
+            n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=cfg.ff_mult * d, activation_function="gelu",
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=self.ln_f.eps,
+            tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+        ref = next(self.parameters())
+        hf = transformers.GPT2LMHeadModel(hf_cfg).to(ref.device, ref.dtype).eval()
+        with torch.no_grad():
+            hf.transformer.wte.weight.copy_(self.token_emb.weight)
+            hf.transformer.wpe.weight.copy_(self.pos_emb.weight)
+            for mine, theirs in zip(self.blocks, hf.transformer.h):
+                pairs = ((mine.ln1, theirs.ln_1), (mine.ln2, theirs.ln_2), (mine.qkv, theirs.attn.c_attn),
+                         (mine.out, theirs.attn.c_proj), (mine.ff[0], theirs.mlp.c_fc), (mine.ff[2], theirs.mlp.c_proj))
+                for a, b in pairs:
+                    # GPT-2's Conv1D stores (in, out), the transpose of nn.Linear's weight
+                    b.weight.copy_(a.weight.t() if isinstance(a, nn.Linear) else a.weight)
+                    b.bias.copy_(a.bias)
+            hf.transformer.ln_f.weight.copy_(self.ln_f.weight)
+            hf.transformer.ln_f.bias.copy_(self.ln_f.bias)
+            hf.lm_head.weight.copy_(self.head)
+        return hf
+
     def step_model(self, history_bucket: int = 16) -> "DecoderOnlyStepModel":
         """This model served through the step protocol (see :class:`DecoderOnlyStepModel`)."""
         return DecoderOnlyStepModel(self, history_bucket)
