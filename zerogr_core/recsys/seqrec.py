@@ -133,15 +133,16 @@ class SeqPreset:
     @classmethod
     def preset(cls, name: str) -> "SeqPreset":
         """``"tiger"`` (the GPU recipe, TIGER's architecture), ``"cpu"`` (≤ 15 minutes on
-        two CPU cores: a smaller T5 on each user's newest transitions) or ``"tiny"`` (tests)."""
+        two CPU cores: a 2 + 2-layer d_model 64 T5 over the newest 8 history items, every
+        transition, a 12-minute budget) or ``"tiny"`` (tests)."""
         if name == "tiger":
             return cls("tiger", T5Config(), SeqTrainConfig(epochs=200, batch_size=512, lr=2e-3, warmup_steps=500,
                                                            eval_every=5, eval_users=4000, eval_beam=20, patience=4))
         if name == "cpu":
             return cls("cpu", T5Config(encoder_layers=2, decoder_layers=2, d_model=64, n_heads=4, d_kv=16, d_ff=256,
-                                       dropout=0.1, max_items=4),
-                       SeqTrainConfig(epochs=2, batch_size=256, lr=5e-3, warmup_steps=30, recent_targets=3,
-                                      eval_every=1, eval_users=500, eval_beam=20, patience=2, max_minutes=13.0))
+                                       dropout=0.1, max_items=8),
+                       SeqTrainConfig(epochs=30, batch_size=256, lr=5e-3, warmup_steps=100, eval_every=1,
+                                      eval_users=500, eval_beam=20, patience=3, max_minutes=12.0))
         if name == "tiny":
             return cls("tiny", T5Config(encoder_layers=1, decoder_layers=1, d_model=16, n_heads=2, d_kv=8, d_ff=32,
                                         dropout=0.0, max_items=3),
