@@ -395,7 +395,7 @@ def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray,
 def write_plot(report: dict, path) -> None:
     """Write the study's figure as a self-contained-but-for-plotly.js HTML page.
 
-    Four panels: overlap@K with the 99 % bar; Recall@K and NDCG@K for both orders and
+    Four panels: overlap@K with the report's overlap bar; Recall@K and NDCG@K for both orders and
     popularity; the invalid mass per step (mean, p90, p99) under scoring first.
     """
     import plotly.graph_objects as go
@@ -408,7 +408,8 @@ def write_plot(report: dict, path) -> None:
         "Invalid mass per step under scoring first"))
     fig.add_trace(go.Scatter(x=x, y=[100 * report["overlap"][k] for k in ks], mode="lines+markers",
                              name="overlap %"), row=1, col=1)
-    fig.add_hline(y=100 * MIN_OVERLAP, line_dash="dash", annotation_text="99 % bar", row=1, col=1)
+    bar = report.get("bars", {}).get("min_overlap_bar", QualityBars.preset("study").min_overlap)
+    fig.add_hline(y=100 * bar, line_dash="dash", annotation_text=f"{100 * bar:g} % bar", row=1, col=1)
     styles = (("filter_first", "filter first", "solid"), ("score_first", "score first", "dot"),
               ("popularity", "popularity", "dash"),
               ("popularity_unfiltered", "popularity, rated items kept", "dashdot"))
