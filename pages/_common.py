@@ -16,7 +16,7 @@ from zerogr_core.app_support import beauty, movielens
 from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
 from zerogr_core.app_support.sources import CatalogSource, default_source, load_source, sample_source
-from zerogr_core.errors import ZeroGRError
+from zerogr_core.errors import ZeroGRError, first_line
 from zerogr_core.index import IndexConfig, build_index
 
 log = logging.getLogger("zerogr.app")
@@ -182,7 +182,7 @@ def guarded(body: Callable[[], None]) -> None:
                      icon=":material/memory:")
         else:
             log.error("unexpected error in a page:\n%s", traceback.format_exc())
-            first = (str(err).strip().splitlines() or [""])[0][:300]
+            first = first_line(err, limit=300)
             st.error(f"Something went wrong: {type(err).__name__}{': ' + first if first else ''}. "
                      "The app keeps running; change the settings and try again.", icon=":material/warning:")
 

@@ -87,3 +87,11 @@ class CatalogError(ZeroGRError):
     def with_source(self, source: str) -> "CatalogError":
         """Return the same error, attributed to ``source`` (a file name)."""
         return CatalogError(self.reason, row=self.row, column=self.column, source=source)
+
+
+def first_line(err: BaseException, default: str = "", limit: int | None = None) -> str:
+    """The first line of an exception's message (``default`` when it has none), cut to
+    ``limit`` characters: third-party errors often span many lines, a user-facing one
+    may not."""
+    line = (str(err).strip().splitlines() or [default])[0]
+    return line if limit is None else line[:limit]

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import ZeroGRError
+from ..errors import ZeroGRError, first_line
 
 
 class LiveSweep:
@@ -82,7 +82,7 @@ class LiveSweep:
             Session(self.options, self._writer, env, self.command, log=self._log).run()
             self._writer.close()
         except BaseException as exc:  # reported to the page
-            self.error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+            self.error = f"{type(exc).__name__}: {first_line(exc)}"
         finally:
             self.finished = time.perf_counter()
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ZeroGRError
+from ..errors import ZeroGRError, first_line
 
 
 def checkpoint_path(env: str, default: Path) -> Path:
@@ -42,7 +42,7 @@ def load_study(path: Path, loader: Callable, missing: str, retrain: str, device=
     except ZeroGRError:
         raise
     except (RuntimeError, KeyError, TypeError) as err:  # weights of another model version
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        first = first_line(err, type(err).__name__)
         raise ZeroGRError(f"{path}: the checkpoint does not fit this version of the recommender ({first}); "
                           f"retrain it with `{retrain}`") from None
 

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import CatalogError, ZeroGRError, shown
+from ..errors import CatalogError, ZeroGRError, first_line, shown
 
 MB = 2**20
 
@@ -165,7 +165,7 @@ def parquet_extent(path: Path, source: str) -> tuple[int, int]:
     try:
         meta = pq.read_metadata(path)
     except (pyarrow.ArrowException, OSError) as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = first_line(err, type(err).__name__)
         raise CatalogError(f"cannot read as PARQUET: {shown(reason, quote=False)}", source=source) from None
     decoded = 0
     for group in range(meta.num_row_groups):

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..catalog import Catalog
-from ..errors import ZeroGRError
+from ..errors import ZeroGRError, first_line
 from .data import LeaveOneOut, leave_one_out
 from .semantic_ids import SIDConfig
 from .sequences import BEAUTY_DIR, SequenceData, load_dataset, load_sequences, sequence_semantic_ids
@@ -448,7 +448,7 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
                 try:
                     loss = forward(rows[idx, :width], lengths[idx], targets[idx], drawn)
                 except compile_errors as err:
-                    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+                    first = first_line(err, type(err).__name__, 200)
                     raise ZeroGRError(f"--compile: torch.compile could not build the training step "
                                       f"({type(err).__name__}: {first}); train without --compile") from None
             loss = loss.float()

@@ -9,7 +9,7 @@ import argparse
 import signal
 import time
 
-from ..errors import UsageError, ZeroGRError
+from ..errors import UsageError, ZeroGRError, first_line
 
 RAY_MISSING = ("the serve command needs Ray Serve: pip install 'ray[serve]==2.60.0' (pinned in requirements.txt; "
                "`make install` installs it)")
@@ -123,7 +123,7 @@ def run_serve(args: argparse.Namespace) -> int:
         replicas, gpus = app.start(config, replicas=replicas, host=args.host, port=port, address=args.address)
     except Exception as err:  # Ray's errors span many lines: one line, and nothing left running
         app.shutdown()
-        first = (str(err).strip().splitlines() or [""])[0]
+        first = first_line(err)
         raise ZeroGRError(f"Ray Serve did not start: {type(err).__name__}: {first}") from None
     where = f"http://{args.host}:{port}"
     print(f"serving {replicas} replica(s) ({'one GPU each' if gpus else 'CPU'}), beam {config.beam}, batch sizes "
