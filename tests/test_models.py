@@ -160,8 +160,9 @@ def test_decoder_only_hugging_face_twin_has_the_same_logits():
             theirs = hf(inputs_embeds=x, attention_mask=att, position_ids=pos).logits[:, -1]
             mine = model.recompute_hidden(history, mask, prefixes[:, :, :level])[:, 0] @ head.T
         torch.testing.assert_close(theirs, mine, rtol=1e-5, atol=1e-5)
-    # generate() with a prefix function returns catalog items; its best sequence is the
-    # constrained greedy-by-beam answer of the model's own logits (beam = every item here).
+    # generate() with a prefix function returns catalog items; with a beam as wide as the catalog
+    # the search is exhaustive, so its best sequence is the item of highest full-vocabulary
+    # log-probability (Hugging Face normalises over the whole vocabulary, then masks).
     from zerogr_core.bench.e2e import CatalogPrefixes
     from zerogr_core import Catalog
 

@@ -214,12 +214,15 @@ def format_report(report: dict) -> str:
     for row in report["invalid_mass"]:
         lines.append(f"{row['step']:>5} {row['mean']:8.4f} {row['p50']:8.4f} {row['p90']:8.4f} {row['p99']:8.4f} "
                      f"{row['max']:8.4f} {row['beam_density']:8.4f}")
+    from .quality import QualityBars
+
     b = report["bars"]
     ok = lambda flag: "ok" if b[flag] else "MISSED"  # noqa: E731
-    gap = b.get("max_gap_pp", 0.5)
+    study = QualityBars.preset("study")         # what reports written before the presets were held to
+    gap = b.get("max_gap_pp", study.max_gap_pp)
     line = (f"bars ({b.get('preset', 'study')}): max |ΔRecall| {b['max_recall_gap_pp']:.2f} pp ≤ {gap:g} "
             f"({ok('recall_gap_ok')}), max |ΔNDCG| {b['max_ndcg_gap_pp']:.2f} pp ≤ {gap:g} ({ok('ndcg_gap_ok')}), "
-            f"min overlap {100 * b['min_overlap']:.2f} % ≥ {100 * b.get('min_overlap_bar', 0.99):g} % "
+            f"min overlap {100 * b['min_overlap']:.2f} % ≥ {100 * b.get('min_overlap_bar', study.min_overlap):g} % "
             f"({ok('overlap_ok')}), Recall@10 above popularity: {'yes' if b['beats_popularity'] else 'NO'}")
     if "recall_ok" in b:
         line += f", Recall@10 ≥ {b['min_recall_at10']:g} ({ok('recall_ok')})"
