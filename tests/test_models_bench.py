@@ -108,3 +108,21 @@ def test_hf_cache_agreement_counts_shared_beams_and_their_gap():
     assert got["hf_cache_overlap"] == pytest.approx((2 / 3 + 1) / 2)
     assert got["hf_cache_same_top1"] == 0.5
     assert got["hf_cache_max_score_gap"] == pytest.approx(1.0)
+
+
+def test_e2e_table_takes_each_ratio_within_one_run(tmp_path):
+    """A baseline's ratio divides by ZeroGR's time of the run that measured it, never by a later run's."""
+    from zerogr_core.bench import e2e_table
+
+    base = dict(suite="e2e", model_kind="t5", catalog="tiger", n_items=10 ** 6, dtype="bfloat16",
+                prefill="inside the graph", batch=32, beam=128)
+    runs = {"e2e-a.json": ("2026-01-01T00:00:00", {"zerogr": 2.0, "static": 3.0}),
+            "e2e-b.json": ("2026-02-01T00:00:00", {"zerogr": 1.0, "hf-constrained": 100.0})}
+    for name, (started, medians) in runs.items():
+        records = [dict(base, method=m, median_ms=v) for m, v in medians.items()]
+        (tmp_path / name).write_text(json.dumps(dict(started=started, records=records)))
+    row = e2e_table.table(e2e_table.load(tmp_path)).splitlines()[-1]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == "1.00 ms"                       # ZeroGR: its latest run
+    assert cells[5] == "100.0 ms (100×)"               # against 1.0 ms, same run
+    assert cells[7] == "3.00 ms (1.50×)", row          # against 2.0 ms, its own run, not 3.0×

@@ -3,7 +3,9 @@
     python -m zerogr_core.bench.e2e_table bench/results/e2e [--shapes 1x128,32x128] [--dtypes float32,tf32]
 
 One row per model, catalog, model dtype, prefill placement and shape (batch × beam), with
-each method's median and its ratio to ZeroGR's (the model alone: its median only). ``tests/test_readme_results.py`` reruns the
+each method's median from its latest run and its ratio to ZeroGR's median **in that same run**
+(the model alone: its median only), so that no ratio mixes two runs; the ZeroGR column is its
+latest run. ``tests/test_readme_results.py`` reruns the
 command the README quotes and compares the output with the README's table.
 """
 from __future__ import annotations
@@ -41,12 +43,16 @@ def _catalog(record: dict) -> str:
 
 
 def load(folder: Path) -> list[dict]:
-    """Every timed and derived record of the ``e2e-*.json`` files in ``folder``."""
+    """Every timed and derived record of the ``e2e-*.json`` files in ``folder``, each with
+    ``run`` (its file and the run's start time) and ``run_started``."""
     records = []
     for path in sorted(Path(folder).glob("e2e-*.json")):
         if "__quick" in path.name:
             continue
-        records += [r for r in json.loads(path.read_text())["records"] if r.get("suite") == "e2e"]
+        blob = json.loads(path.read_text())
+        started = str(blob.get("started", ""))
+        records += [dict(r, run=(str(path), started), run_started=started)
+                    for r in blob["records"] if r.get("suite") == "e2e"]
     return records
 
 
@@ -64,6 +70,7 @@ def table(records: list[dict], shapes=None, dtypes=None) -> str:
         Only these model dtypes (``float32``, ``tf32``, ``bfloat16``; default: all).
     """
     cells: dict = {}
+    zerogr_of_run: dict = {}
     for r in records:
         if "median_ms" not in r or r.get("error"):
             continue
@@ -71,20 +78,26 @@ def table(records: list[dict], shapes=None, dtypes=None) -> str:
         if (shapes and shape not in shapes) or (dtypes and r["dtype"] not in dtypes):
             continue
         key = (r["model_kind"], _catalog(r), r["dtype"], r.get("prefill", "outside the graph"), shape)
-        cells.setdefault(key, {})[r["method"]] = float(r["median_ms"])
+        run = r.get("run")
+        if r["method"] == "zerogr":
+            zerogr_of_run[(key, run)] = float(r["median_ms"])
+        held = cells.setdefault(key, {}).get(r["method"])
+        if held is None or str(r.get("run_started", "")) >= held[1]:   # the latest run wins
+            cells[key][r["method"]] = (float(r["median_ms"]), str(r.get("run_started", "")), run)
     order = {"t5": 0, "decoder-only": 1}
     lines = ["| model, catalog | model dtype | prefill | batch × beam | " + " | ".join(h for _, h in COLUMNS) + " |",
              "|" + " --- |" * (4 + len(COLUMNS))]
     for key in sorted(cells, key=lambda k: (order.get(k[0], 9), k[1], k[2], k[3], k[4][1], k[4][0])):
         kind, catalog, dtype, prefill, (batch, beam) = key
         got = cells[key]
-        z = got.get("zerogr")
         row = []
         for method, _ in COLUMNS:
-            v = got.get(method)
-            if v is None:
+            if method not in got:
                 row.append(NOT_RUN)
-            elif method in ("zerogr", "model-only") or z is None:
+                continue
+            v, _, run = got[method]
+            z = zerogr_of_run.get((key, run))
+            if method in ("zerogr", "model-only") or z is None:
                 row.append(_ms(v))
             else:
                 row.append(f"{_ms(v)} ({_ratio(v / z)})")
