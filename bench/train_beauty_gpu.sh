@@ -63,6 +63,9 @@
 #   COMPILE=1      train with `--compile` (torch.compile of each batch at one static shape; not yet timed on
 #                  a GPU: time it first, e.g. `train --preset tiger --max-minutes 1.5 --compile` against the same
 #                  without it, and compare the epoch seconds in the two logs)
+#   PRESET         training preset (default tiger; tiger-paper is TIGER's schedule, 390 epochs at batch 256)
+#   GRAPH=1        train with `--cuda-graph` (each full batch's step captured once in a CUDA graph and
+#                  replayed; the eager step launches ~2,700 operators from Python)
 #   EXTRA_ARGS     more `train` arguments (e.g. "--validity-weight 0.625"); keep them the same on every call
 #   PYTHON         interpreter (default python3)
 #   PART_SIZE      size of the parts files are split into (default 12M, `split -b` syntax)
@@ -89,7 +92,7 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
   DATA=(--data "${DRY_DATA:?DRY_RUN=1 needs DRY_DATA, a sequence file}"); PRESET=tiny; DEVICE=cpu; AMP=""
   QUALITY_DATA=(--data "$DRY_DATA"); QUALITY_ARGS=(--beam 20 --users 20)
 else
-  DATA=(--dataset amazon-beauty); PRESET=tiger; DEVICE=cuda
+  DATA=(--dataset amazon-beauty); PRESET=${PRESET:-tiger}; DEVICE=cuda
   QUALITY_DATA=(--dataset amazon-beauty); QUALITY_ARGS=(--batch-size 256)
 fi
 STATE="$STATE_DIR/state.pt"
@@ -144,6 +147,7 @@ if [[ ! -f "$MODEL" ]]; then
         --stop-after-minutes "$CALL_MINUTES")
   [[ -n "$AMP" ]] && ARGS+=(--amp "$AMP")
   [[ "${COMPILE:-0}" == 1 ]] && ARGS+=(--compile)
+  [[ "${GRAPH:-0}" == 1 ]] && ARGS+=(--cuda-graph)
   [[ -n "${TOTAL_MINUTES:-}" ]] && ARGS+=(--max-minutes "$TOTAL_MINUTES")
   # shellcheck disable=SC2206
   [[ -n "${EXTRA_ARGS:-}" ]] && ARGS+=($EXTRA_ARGS)

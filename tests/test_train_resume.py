@@ -146,6 +146,13 @@ def test_amp_is_refused_on_the_cpu(tmp_path, seq, capsys):
         check_amp("fp16", torch.device("cuda"))
 
 
+def test_cuda_graph_is_refused_on_the_cpu_before_any_work(tmp_path, seq, capsys):
+    assert main(["train", "--data", str(seq), "--preset", "tiny", "--device", "cpu", "--cuda-graph",
+                 "--out", str(tmp_path / "m.pt")]) == 1
+    assert capsys.readouterr() == ("", "error: --cuda-graph: CUDA graphs need --device cuda, got cpu\n")
+    assert not (tmp_path / "m.pt").exists()
+
+
 def test_gpu_recipe_script_resumes_across_calls_and_returns_parts(tmp_path, seq):
     """bench/train_beauty_gpu.sh in its CPU dry run: refuses to start without FRESH=1, stops after an epoch,
     resumes, runs quality once training has ended, and its parts re-join on a fresh state folder."""
@@ -187,3 +194,35 @@ def test_gpu_recipe_script_resumes_across_calls_and_returns_parts(tmp_path, seq)
     (tmp_path / "o2" / parts[0]).write_bytes(b"x")
     bad = call("o4", state="bad", PARTS_DIR=str(tmp_path / "o2"))
     assert bad.returncode == 4 and "differs from SHA256SUMS" in bad.stdout
+
+
+def test_inverse_sqrt_schedule_and_the_tiger_paper_preset():
+    """The TIGER paper's schedule: constant for the warm-up steps, then lr · sqrt(warmup / step)."""
+    import argparse
+
+    import math
+
+    from zerogr_core.recsys.commands import register
+    from zerogr_core.recsys.seqrec import PRESETS, SeqPreset, SeqTrainConfig, learning_rate
+
+    paper = SeqPreset.preset("tiger-paper")
+    assert paper.model == SeqPreset.preset("tiger").model
+    t = paper.train
+    assert (t.batch_size, t.lr, t.schedule, t.warmup_steps) == (256, 1e-2, "inverse-sqrt", 10_000)
+    assert t.epochs * -(-131_413 // t.batch_size) >= 200_000          # TIGER's 200k steps on Beauty
+    with pytest.raises(ZeroGRError, match="schedule: 'linear' is not one of cosine, inverse-sqrt"):
+        SeqTrainConfig(schedule="linear")
+    with pytest.raises(ZeroGRError, match="choose from tiger, tiger-paper, cpu, tiny"):
+        SeqPreset.preset("nope")
+    for step, want in ((0, 1e-2), (9_999, 1e-2), (39_999, 5e-3), (199_999, 1e-2 * math.sqrt(0.05))):
+        # a budget only stops this schedule, it does not anneal it
+        assert learning_rate(t, step, 200_000, 1e9, 60.0) == pytest.approx(want, rel=1e-12)
+    cosine = SeqPreset.preset("tiger").train
+    quarter = cosine.lr * 0.5 * (1 + math.cos(math.pi / 4))
+    assert learning_rate(cosine, 750, 3000, 0.0, math.inf) == pytest.approx(quarter)
+    assert learning_rate(cosine, 0, 1000, 30.0, 60.0) == pytest.approx(cosine.lr / cosine.warmup_steps * 0.5)
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers(dest="command")
+    register(subparsers)
+    train = subparsers.choices["train"]
+    assert tuple(next(a for a in train._actions if a.dest == "preset").choices) == PRESETS

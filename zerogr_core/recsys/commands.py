@@ -33,8 +33,10 @@ def register(subparsers) -> None:
     t.add_argument("--sids", metavar="FILE", help="JSON SID file {item: [t1..tL]} (default: build SIDs by "
                    "RQ-KMeans on the training interactions)")
     t.add_argument("--dataset", choices=("amazon-beauty",), help="a bundled data set instead of --data")
-    t.add_argument("--preset", choices=("tiger", "cpu", "tiny"), default="cpu",
-                   help="recipe: tiger (GPU, TIGER's architecture), cpu (<= 15 min on 2 cores), tiny (tests)")
+    t.add_argument("--preset", choices=("tiger", "tiger-paper", "cpu", "tiny"), default="cpu",
+                   help="recipe: tiger (GPU, TIGER's architecture), tiger-paper (the same model on the TIGER paper's "
+                   "schedule: batch 256, 390 epochs, inverse-sqrt learning rate from 0.01), cpu (<= 15 min on 2 cores), "
+                   "tiny (tests)")
     t.add_argument("--out", metavar="FILE", required=True, help="checkpoint file to write")
     t.add_argument("--max-minutes", type=float, metavar="M", help="wall-clock budget of the training loop "
                    "(overrides the preset's; the best validation weights so far are kept)")
@@ -46,6 +48,9 @@ def register(subparsers) -> None:
                    "weights, loss and AdamW stay FP32; recorded in the checkpoint)")
     t.add_argument("--compile", action="store_true", help="run each training batch through torch.compile at one "
                    "static shape (fewer, fused kernels; the first batches pay the compilation)")
+    t.add_argument("--cuda-graph", action="store_true", help="capture each full batch's training step (forward, "
+                   "backward, clipping, AdamW) in one CUDA graph and replay it (CUDA only; the step of a small "
+                   "model is bound by launching its operators one by one)")
     t.add_argument("--state", metavar="FILE", help="training state written after every epoch, for --resume "
                    "(default with --resume or --stop-after-minutes: <out>.state.pt)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in --state (same data, preset "
@@ -132,7 +137,7 @@ def run_train_sequences(args: argparse.Namespace) -> None:
     meta = train_sequences(data, args.out, preset=args.preset, device=args.device, max_minutes=args.max_minutes,
                            seed=args.seed, validity_weight=args.validity_weight, amp=args.amp, state=args.state,
                            resume=args.resume, stop_after_minutes=args.stop_after_minutes, call_start=call_start,
-                           compile=args.compile)
+                           compile=args.compile, cuda_graph=args.cuda_graph)
     if meta["finished"]:
         if args.resume or args.stop_after_minutes is not None:
             print(f"finished: {meta['selection']['stopped']} after epoch {len(meta['history'])} of "
@@ -145,6 +150,7 @@ def run_train_sequences(args: argparse.Namespace) -> None:
         if getattr(args, name) is not None:
             argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     argv += ["--compile"] if args.compile else []
+    argv += ["--cuda-graph"] if args.cuda_graph else []
     argv += ["--state", meta["state"], "--resume"]
     print(f"stopped after {meta['call_seconds'] / 60:.1f} min (epoch {meta['epoch']} of {meta['epochs']}, "
           f"{meta['train_seconds'] / 60:.1f} min of training in all; state {meta['state']}); resume with: "

@@ -49,6 +49,12 @@ STATE_FORMAT = "zerogr-seqrec-state-1"
 BEAUTY_CHECKPOINT = BEAUTY_DIR / "model.pt"
 
 
+#: Names of :meth:`SeqPreset.preset`.
+PRESETS = ("tiger", "tiger-paper", "cpu", "tiny")
+#: Learning-rate schedules of :class:`SeqTrainConfig`.
+SCHEDULES = ("cosine", "inverse-sqrt")
+
+
 @dataclass(frozen=True)
 class SeqTrainConfig:
     """Optimisation and model-selection settings.
@@ -60,8 +66,12 @@ class SeqTrainConfig:
     batch_size : int
         Training transitions per step.
     lr : float
-        Peak AdamW learning rate (after ``warmup_steps``, then cosine decay to 0 at the
-        last epoch).
+        Peak AdamW learning rate (reached after ``warmup_steps``).
+    schedule : {"cosine", "inverse-sqrt"}
+        ``"cosine"``: a linear warm-up over ``warmup_steps``, then cosine decay to 0 at the
+        last epoch or at the end of ``max_minutes``, whichever comes first.
+        ``"inverse-sqrt"`` (T5's and TIGER's): ``lr`` for the first ``warmup_steps``, then
+        ``lr · sqrt(warmup_steps / step)``; a ``max_minutes`` budget only stops it.
     weight_decay : float
         On matrices only (not on layer-norm scales).
     warmup_steps : int
@@ -97,6 +107,7 @@ class SeqTrainConfig:
     epochs: int = 200
     batch_size: int = 256
     lr: float = 1e-3
+    schedule: str = "cosine"
     weight_decay: float = 0.035
     warmup_steps: int = 1000
     grad_clip: float = 1.0
@@ -109,6 +120,10 @@ class SeqTrainConfig:
     seed: int = 0
     validity_weight: float = 0.0
     amp: str | None = None
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ZeroGRError(f"schedule: {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
 
 
 @dataclass(frozen=True)
@@ -132,9 +147,17 @@ class SeqPreset:
 
     @classmethod
     def preset(cls, name: str) -> "SeqPreset":
-        """``"tiger"`` (the GPU recipe, TIGER's architecture), ``"cpu"`` (≤ 15 minutes on
-        two CPU cores: a 2 + 2-layer d_model 64 T5 over the newest 8 history items, every
-        transition, a 12-minute budget) or ``"tiny"`` (tests)."""
+        """``"tiger"`` (the GPU recipe, TIGER's architecture), ``"tiger-paper"`` (the same
+        model on the TIGER paper's schedule: batch 256, about 200,000 steps, i.e. 390 epochs
+        of Beauty's 131,413 training transitions, learning rate 0.01 for 10,000 steps, then
+        inverse square root; with AdamW), ``"cpu"`` (≤ 15 minutes on two CPU cores: a
+        2 + 2-layer d_model 64 T5 over the newest 8 history items, every transition, a
+        12-minute budget) or ``"tiny"`` (tests)."""
+        if name == "tiger-paper":
+            return cls("tiger-paper", T5Config(), SeqTrainConfig(epochs=390, batch_size=256, lr=1e-2,
+                                                                 schedule="inverse-sqrt", warmup_steps=10_000,
+                                                                 eval_every=10, eval_users=4000, eval_beam=20,
+                                                                 patience=4))
         if name == "tiger":
             return cls("tiger", T5Config(), SeqTrainConfig(epochs=200, batch_size=512, lr=2e-3, warmup_steps=500,
                                                            eval_every=5, eval_users=4000, eval_beam=20, patience=4))
@@ -149,7 +172,7 @@ class SeqPreset:
                        SeqTrainConfig(epochs=2, batch_size=16, lr=3e-3, warmup_steps=5, eval_every=1, eval_users=8,
                                       eval_beam=8, patience=2),
                        SIDConfig.preset("tiny"))
-        raise ZeroGRError(f"unknown preset {name!r} (choose from tiger, cpu, tiny)")
+        raise ZeroGRError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
 
     @classmethod
     def from_dict(cls, d: dict) -> "SeqPreset":
@@ -299,9 +322,37 @@ def check_amp(amp: str | None, device: torch.device) -> None:
         raise ZeroGRError(f"--amp {amp} needs a CUDA device (training runs on {device}); drop --amp on the CPU")
 
 
+def learning_rate(tc: SeqTrainConfig, step: int, total_steps: int, elapsed_s: float, budget_s: float) -> float:
+    """Learning rate of ``step`` (0-based) under ``tc.schedule``.
+
+    Parameters
+    ----------
+    tc : SeqTrainConfig
+    step : int
+        Optimizer steps taken before this one, over every call.
+    total_steps : int
+        Steps of the whole schedule (``epochs`` × batches per epoch).
+    elapsed_s, budget_s : float
+        Training seconds so far and the ``max_minutes`` budget in seconds (``math.inf``
+        without one); only the cosine follows them.
+    """
+    if tc.schedule == "inverse-sqrt":
+        return tc.lr * math.sqrt(tc.warmup_steps / max(step + 1, tc.warmup_steps))
+    # Cosine over whichever ends first, the epochs or the wall-clock budget, so a
+    # budgeted run still anneals; warm-up is linear.
+    progress = min(1.0, max(step / total_steps, elapsed_s / budget_s))
+    return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def check_cuda_graph(cuda_graph: bool, device: torch.device) -> None:
+    """Refuse ``--cuda-graph`` off CUDA, before any work."""
+    if cuda_graph and device.type != "cuda":
+        raise ZeroGRError(f"--cuda-graph: CUDA graphs need --device cuda, got {device}")
+
+
 def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_item: np.ndarray,
-             device: torch.device, log=print, control: RunControl | None = None, compile: bool = False
-             ) -> tuple[T5Recommender, list[dict], dict]:
+             device: torch.device, log=print, control: RunControl | None = None, compile: bool = False,
+             cuda_graph: bool = False) -> tuple[T5Recommender, list[dict], dict]:
     """Train a model (fresh, or resumed from ``control.state``).
 
     The learning rate is a function of the global step and of the training seconds
@@ -313,6 +364,12 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
     one static shape (every batch padded to the full history width; the padding is masked,
     so the objective is the same up to rounding, and dropout draws from the compiled
     graph's generator). A state may be resumed with or without it.
+
+    With ``cuda_graph`` (CUDA only), every full batch's step (forward, backward, clipping,
+    AdamW) is captured once in a CUDA graph at the full history width and replayed
+    (:class:`~zerogr_core.recsys.graphed_step.GraphedTrainStep`); an epoch's last, partial
+    batch runs eagerly. The objective is the same; dropout draws differ from an eager run.
+    A state may be resumed with or without it.
 
     Returns
     -------
@@ -336,6 +393,7 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
     check_amp(tc.amp, device)
+    check_cuda_graph(cuda_graph, device)
     generator = torch.Generator().manual_seed(tc.seed)
     model = T5Recommender(preset.model, catalog.codebook_sizes).to(device)
     sids = torch.from_numpy(catalog.sids.astype(np.int64)).to(device)
@@ -345,7 +403,8 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
     tables = ValidityTables(catalog, device) if tc.validity_weight > 0 else None
     n = targets.numel()
     log(f"{n} training transitions, model {model.describe()['parameters']:,} parameters on {device}"
-        + (f", autocast {tc.amp}" if tc.amp else "") + (", compiled step" if compile else ""))
+        + (f", autocast {tc.amp}" if tc.amp else "") + (", compiled step" if compile else "")
+        + (", step in a CUDA graph" if cuda_graph else ""))
     decay = [p for name, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for name, p in model.named_parameters() if p.dim() < 2]
     # The fused CUDA kernel updates every parameter in one launch; results match the
@@ -354,7 +413,9 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
                                {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, fused=True if cuda else None)
     total = math.ceil(n / tc.batch_size) * tc.epochs
     budget = tc.max_minutes * 60 if tc.max_minutes is not None else math.inf
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if tc.amp == "bf16" else contextlib.nullcontext()
+    # A captured step must not cache autocast's casts across replays.
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not cuda_graph) if tc.amp == "bf16"
+                else contextlib.nullcontext())
     eval_batch = 1024 if cuda else 256       # decodes are independent per request: a larger batch only fills the GPU
 
     step, first_epoch, prior_s, decode_s = 0, 1, 0.0, 0.0
@@ -364,8 +425,10 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
         blob = read_state(control.state, control.identity)
         model.load_state_dict(blob["model"])
         optim.load_state_dict(blob["optimizer"])
-        for group in optim.param_groups:        # the state may come from another device
+        for group in optim.param_groups:        # the state may come from another device or mode
             group["fused"] = True if cuda else None
+            group["capturable"] = False
+            group["lr"] = float(group["lr"])
             for p in group["params"]:
                 if "step" in optim.state.get(p, {}):    # fused AdamW keeps its step counters on the device
                     optim.state[p]["step"] = optim.state[p]["step"].to(p.device if cuda else "cpu", torch.float32)
@@ -386,10 +449,7 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
         return prior_s + time.perf_counter() - start
 
     def lr_at(step: int) -> float:
-        # Cosine over whichever ends first, the epochs or the wall-clock budget, so a
-        # budgeted run still anneals; warm-up is linear.
-        progress = min(1.0, max(step / total, elapsed() / budget))
-        return tc.lr * min(1.0, (step + 1) / tc.warmup_steps) * 0.5 * (1 + math.cos(math.pi * progress))
+        return learning_rate(tc, step, total, elapsed(), budget)
 
     def save_state(epoch: int) -> None:
         if control.state is None:
@@ -419,6 +479,26 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
         from torch._dynamo.exc import TorchDynamoException
         compile_errors = (TorchDynamoException,)
     full_width = rows.shape[1]
+
+    def step_body(idx, drawn, width=full_width):
+        """Forward, backward, clipping and AdamW on the transitions ``idx``; the detached loss."""
+        with autocast:
+            try:
+                loss = forward(rows[idx, :width], lengths[idx], targets[idx], drawn)
+            except compile_errors as err:
+                first = first_line(err, type(err).__name__, 200)
+                raise ZeroGRError(f"--compile: torch.compile could not build the training step "
+                                  f"({type(err).__name__}: {first}); train without --compile") from None
+        loss = loss.float()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        optim.step()
+        return loss.detach()
+
+    graphed = None
+    if cuda_graph:
+        from .graphed_step import GraphedTrainStep
+        graphed = GraphedTrainStep(step_body, optim, tc.batch_size, tables is not None, device)
     eval_users = fixed_users(split.n_users, tc.eval_users)
     epoch = first_epoch - 1
     last_epoch_s = None
@@ -437,30 +517,23 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
         order_dev = order.to(device)      # one copy per epoch, not one per step
         running, seen, out_of_time = torch.zeros((), device=device), 0, False
         for lo in range(0, n, tc.batch_size):
-            # A compiled step keeps one shape (the full history width); eager trims the batch
-            # to its longest history, computed on the host so that it costs no device sync.
-            width = full_width if compile else int(lengths_np[order[lo:lo + tc.batch_size].numpy()].max())
             idx = order_dev[lo:lo + tc.batch_size]
             drawn = None
             if tables is not None:
                 drawn = torch.randint(catalog.n_items, (idx.numel(),), generator=generator).to(device)
-            with autocast:
-                try:
-                    loss = forward(rows[idx, :width], lengths[idx], targets[idx], drawn)
-                except compile_errors as err:
-                    first = first_line(err, type(err).__name__, 200)
-                    raise ZeroGRError(f"--compile: torch.compile could not build the training step "
-                                      f"({type(err).__name__}: {first}); train without --compile") from None
-            loss = loss.float()
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
             lr = lr_at(step)
-            for group in optim.param_groups:
-                group["lr"] = lr
-            optim.step()
+            if graphed is not None:
+                loss = graphed(idx, drawn, lr) if idx.numel() == tc.batch_size else graphed.eager(idx, drawn, lr)
+            else:
+                # A compiled step keeps one shape (the full history width); eager trims the batch
+                # to its longest history, computed on the host so that it costs no device sync.
+                width = full_width if compile else int(lengths_np[order[lo:lo + tc.batch_size].numpy()].max())
+                for group in optim.param_groups:
+                    group["lr"] = lr
+                optim.zero_grad(set_to_none=True)
+                loss = step_body(idx, drawn, width)
             step += 1
-            running += loss.detach() * idx.numel()
+            running += loss * idx.numel()
             seen += idx.numel()
             if elapsed() > budget:
                 out_of_time = True
@@ -526,7 +599,7 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                     max_minutes: float | None = None, seed: int | None = None,
                     validity_weight: float | None = None, amp: str | None = None, state: str | Path | None = None,
                     resume: bool = False, stop_after_minutes: float | None = None, call_start: float | None = None,
-                    compile: bool = False, log=print) -> dict:
+                    compile: bool = False, cuda_graph: bool = False, log=print) -> dict:
     """Train on ``data`` and write the checkpoint ``out`` (or, when this call stops for
     time before the end of the schedule, only the training state).
 
@@ -534,7 +607,7 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
     ----------
     data : SequenceData
     out : str or Path
-    preset : {"tiger", "cpu", "tiny"}
+    preset : {"tiger", "tiger-paper", "cpu", "tiny"}
     device : str or torch.device, optional
         Default: CUDA when available, else CPU.
     max_minutes, seed, validity_weight, amp : optional
@@ -553,6 +626,9 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
     compile : bool
         Run each training batch through ``torch.compile`` (see :func:`train_t5`); recorded
         in the checkpoint, not part of the recipe (a state resumes either way).
+    cuda_graph : bool
+        Replay each full batch's step from one CUDA graph (see :func:`train_t5`); recorded
+        like ``compile``.
 
     Returns
     -------
@@ -577,6 +653,7 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
         raise ZeroGRError(f"--stop-after-minutes must be > 0, got {stop_after_minutes}")
     dev = resolve_device(device)
     check_amp(config.train.amp, dev)
+    check_cuda_graph(cuda_graph, dev)
     out = Path(out)
     if state is None and (resume or stop_after_minutes is not None):
         state = out.with_name(out.name + ".state.pt")
@@ -601,7 +678,7 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                          identity=dict(study=asdict(config), data=data.fingerprint(), sids=sid_sha))
     train_start = time.perf_counter()
     model, history, best = train_t5(config, split, sid.catalog, sid.row_of_item, dev, log=log, control=control,
-                                    compile=compile)
+                                    compile=compile, cuda_graph=cuda_graph)
     if best["stopped"] == "stop_after":
         return dict(finished=False, state=str(state), epoch=best["epochs_done"], epochs=config.train.epochs,
                     train_seconds=history[-1]["elapsed_s"], call_seconds=time.perf_counter() - call_start)
@@ -613,7 +690,7 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                 data=data.summary(), sid_report=sid_report, sid_source="file" if data.sid_file else "rq-kmeans",
                 history=history, selection=best, train_seconds=train_seconds,
                 device=str(dev), torch=str(torch.__version__), transformers=transformers.__version__,
-                optimizer=dict(name="AdamW", fused=dev.type == "cuda"), amp=config.train.amp, compiled=compile,
+                optimizer=dict(name="AdamW", fused=dev.type == "cuda"), amp=config.train.amp, compiled=compile, cuda_graph=cuda_graph,
                 total_seconds=time.perf_counter() - start)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(dict(meta, state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
