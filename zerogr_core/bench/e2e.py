@@ -245,7 +245,8 @@ def register(subparsers) -> None:
                     "catalog.")
     p.add_argument("--model", default=None,
                    help="comma list of t5 (TIGER-size T5ForConditionalGeneration, every method) and decoder-only "
-                        "(12 layers, d 1024, 256 history items; HF methods through its GPT-2 twin) (default: both; quick: t5)")
+                        "(12 layers, d 1024, 256 history items; HF methods through its GPT-2 twin) "
+                        "(default: both; quick: t5)")
     p.add_argument("--catalog", default=None,
                    help="comma list of tiger (1e6 SIDs, 4x256) and search (search-like, 2e7 SIDs) "
                         "(default: both; quick: tiger)")

@@ -34,9 +34,9 @@ def register(subparsers) -> None:
                    "RQ-KMeans on the training interactions)")
     t.add_argument("--dataset", choices=("amazon-beauty",), help="a bundled data set instead of --data")
     t.add_argument("--preset", choices=("tiger", "tiger-paper", "cpu", "tiny"), default="cpu",
-                   help="recipe: tiger (GPU, TIGER's architecture), tiger-paper (the same model on the TIGER paper's "
-                   "schedule: batch 256, 390 epochs, inverse-sqrt learning rate from 0.01), cpu (<= 15 min on 2 cores), "
-                   "tiny (tests)")
+                   help="recipe: tiger (GPU, TIGER's architecture), tiger-paper (the same model on the TIGER "
+                   "paper's schedule: batch 256, 390 epochs, inverse-sqrt learning rate from 0.01), cpu (<= 15 min "
+                   "on 2 cores), tiny (tests)")
     t.add_argument("--out", metavar="FILE", required=True, help="checkpoint file to write")
     t.add_argument("--max-minutes", type=float, metavar="M", help="wall-clock budget of the training loop "
                    "(overrides the preset's; the best validation weights so far are kept)")

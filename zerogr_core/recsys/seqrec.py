@@ -690,7 +690,8 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                 data=data.summary(), sid_report=sid_report, sid_source="file" if data.sid_file else "rq-kmeans",
                 history=history, selection=best, train_seconds=train_seconds,
                 device=str(dev), torch=str(torch.__version__), transformers=transformers.__version__,
-                optimizer=dict(name="AdamW", fused=dev.type == "cuda"), amp=config.train.amp, compiled=compile, cuda_graph=cuda_graph,
+                optimizer=dict(name="AdamW", fused=dev.type == "cuda"), amp=config.train.amp, compiled=compile,
+                cuda_graph=cuda_graph,
                 total_seconds=time.perf_counter() - start)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(dict(meta, state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
