@@ -44,15 +44,14 @@ def _catalog(record: dict) -> str:
 
 def load(folder: Path) -> list[dict]:
     """Every timed and derived record of the ``e2e-*.json`` files in ``folder``, each with
-    ``run`` (its file and the run's start time) and ``run_started``."""
+    ``run``: its file and the run's start time."""
     records = []
     for path in sorted(Path(folder).glob("e2e-*.json")):
         if "__quick" in path.name:
             continue
         blob = json.loads(path.read_text())
         started = str(blob.get("started", ""))
-        records += [dict(r, run=(str(path), started), run_started=started)
-                    for r in blob["records"] if r.get("suite") == "e2e"]
+        records += [dict(r, run=(str(path), started)) for r in blob["records"] if r.get("suite") == "e2e"]
     return records
 
 
@@ -78,12 +77,12 @@ def table(records: list[dict], shapes=None, dtypes=None) -> str:
         if (shapes and shape not in shapes) or (dtypes and r["dtype"] not in dtypes):
             continue
         key = (r["model_kind"], _catalog(r), r["dtype"], r.get("prefill", "outside the graph"), shape)
-        run = r.get("run")
+        run = r.get("run", ("", ""))
         if r["method"] == "zerogr":
             zerogr_of_run[(key, run)] = float(r["median_ms"])
         held = cells.setdefault(key, {}).get(r["method"])
-        if held is None or str(r.get("run_started", "")) >= held[1]:   # the latest run wins
-            cells[key][r["method"]] = (float(r["median_ms"]), str(r.get("run_started", "")), run)
+        if held is None or run[1] >= held[1][1]:   # the latest run wins
+            cells[key][r["method"]] = (float(r["median_ms"]), run)
     order = {"t5": 0, "decoder-only": 1}
     lines = ["| model, catalog | model dtype | prefill | batch × beam | " + " | ".join(h for _, h in COLUMNS) + " |",
              "|" + " --- |" * (4 + len(COLUMNS))]
@@ -95,7 +94,7 @@ def table(records: list[dict], shapes=None, dtypes=None) -> str:
             if method not in got:
                 row.append(NOT_RUN)
                 continue
-            v, _, run = got[method]
+            v, run = got[method]
             z = zerogr_of_run.get((key, run))
             if method in ("zerogr", "model-only") or z is None:
                 row.append(_ms(v))
