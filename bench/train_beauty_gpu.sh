@@ -65,7 +65,7 @@
 #                  without it, and compare the epoch seconds in the two logs)
 #   PRESET         training preset (default tiger; tiger-paper is TIGER's schedule, 390 epochs at batch 256)
 #   GRAPH=1        train with `--cuda-graph` (each full batch's step captured once in a CUDA graph and
-#                  replayed; the eager step launches ~2,700 operators from Python)
+#                  replayed; the eager step launches ~2,600 operators from Python)
 #   EXTRA_ARGS     more `train` arguments (e.g. "--validity-weight 0.625"); keep them the same on every call
 #   PYTHON         interpreter (default python3)
 #   PART_SIZE      size of the parts files are split into (default 12M, `split -b` syntax)
