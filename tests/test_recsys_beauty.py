@@ -212,6 +212,8 @@ def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
     assert 0.0 <= report["recall_filter_first"]["20"] <= 1.0
     assert report["overlap"]["20"] > 0 and report["invalid_mass"][0]["step"] == 1
     assert (tmp_path / "quality-seq-tiny.json").is_file()
+    assert report["skip_seen"] is True
+    _history_items_are_never_returned(out, tmp_path / "seq.txt")
     # Data that is not a bundled benchmark is held to the study's bars, with no accuracy floor.
     assert report["bars"]["preset"] == "study" and "recall_ok" not in report["bars"]
     # Same checkpoint, other data: refused in one line.
@@ -219,6 +221,34 @@ def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
     assert main(["quality", "--data", str(tmp_path / "other.txt"), "--checkpoint", str(out),
                  "--results", str(tmp_path)]) == 1
     assert "differs from checkpoint" in capsys.readouterr().err
+
+
+def _history_items_are_never_returned(checkpoint: Path, data_path: Path) -> None:
+    """``skip_seen`` decodes under each history as a deny list: no history item comes back, and
+    the lists equal a decode with the same items passed by id."""
+    from zerogr_core import Decoder, build_index
+    from zerogr_core.recsys.quality import decode_rows
+    from zerogr_core.recsys.seqrec import load_data, load_sequence_checkpoint, rows_for
+
+    study = load_sequence_checkpoint(checkpoint)
+    data = load_data(data_path, None, None)
+    split = leave_one_out(data)
+    rows = rows_for(study, data, checkpoint)
+    histories = [rows[split.history(u, "test")] for u in range(split.n_users)]
+    index = build_index(study.catalog)
+    for order in ("filter-first", "score-first"):
+        kept = decode_rows(study, histories, order, 8, 7, index)
+        skipped = decode_rows(study, histories, order, 8, 7, index, skip_seen=True)
+        seen_in_kept = sum(np.isin(k[k >= 0], h).sum() for k, h in zip(kept, histories))
+        assert seen_in_kept > 0, "the tiny model returns no history item: the check below would be empty"
+        for u, (lst, hist) in enumerate(zip(skipped, histories)):
+            assert not np.isin(lst, hist).any(), f"{order}: user {u} gets history items {np.intersect1d(lst, hist)}"
+            # 20 items, at most 18 in a test history: at least two are left, and all fill the beam or pad.
+            assert (lst >= 0).sum() == min(8, 20 - np.unique(hist).size)
+        decoder = Decoder(index, study.model.head_weights(), 8, order=order, catalog=study.catalog)
+        by_id = decoder.decode(study.model.hidden_fn_for(histories[:7], study.sids), 7,
+                               deny_items=[study.catalog.item_ids[h] for h in histories[:7]])
+        np.testing.assert_array_equal(by_id.item_rows.numpy(), skipped[:7])
 
 
 def _report(recall_ff, recall_sf, ndcg_ff, ndcg_sf, overlap, popularity=0.01):

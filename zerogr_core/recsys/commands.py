@@ -70,6 +70,10 @@ def register(subparsers) -> None:
     q.add_argument("--beam", type=int, default=128, help="beam width M (default 128)")
     q.add_argument("--users", type=int, metavar="N", help="evaluate N evenly spread users (default: all)")
     q.add_argument("--batch-size", type=int, default=64, help="requests per decode call (default 64)")
+    q.add_argument("--seen", choices=("skip", "keep"), help="whether decoding may return an item of the user's "
+                   "own history: skip (the default for a sequence data set, the full-ranking protocol of "
+                   "sequential recommendation: each history is the request's deny list) or keep (the default "
+                   "for MovieLens, as its shipped study was measured); the popularity baseline always skips")
     q.add_argument("--device", default="cpu", help="torch device (default cpu; 'auto' picks cuda if present)")
     q.add_argument("--results", metavar="DIR", default=str(RESULTS_DIR),
                    help="where the report goes (default bench/results): quality.json and quality.html for "
@@ -114,7 +118,7 @@ def run_quality(args: argparse.Namespace) -> None:
     users = fixed_users(split.n_users, args.users if args.users is not None else split.n_users)
     ks = [k for k in KS if k <= args.beam]
     report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,
-                          ks=ks, checkpoint=args.checkpoint)
+                          ks=ks, checkpoint=args.checkpoint, skip_seen=args.seen == "skip")
     report["timing"]["total_s"] = time.perf_counter() - start
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
@@ -176,7 +180,8 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
     users = fixed_users(split.n_users, args.users if args.users is not None else split.n_users)
     ks = [k for k in KS if k <= args.beam]
     report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,
-                          ks=ks, checkpoint=checkpoint, quality_bars=QualityBars.for_dataset(args.dataset))
+                          ks=ks, checkpoint=checkpoint, quality_bars=QualityBars.for_dataset(args.dataset),
+                          skip_seen=args.seen != "keep")
     from .train import file_sha256
 
     report["checkpoint_sha256"] = file_sha256(Path(checkpoint))

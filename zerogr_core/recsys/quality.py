@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .. import Decoder, build_index
+from ..decode.constraints import RequestLists
 from ..decode.heads import Heads
 from ..errors import ZeroGRError
 from .validity import PrefixValidity
@@ -127,7 +128,7 @@ class InvalidMass:
 
 
 def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch_size: int,
-                index=None, invalid: InvalidMass | None = None) -> np.ndarray:
+                index=None, invalid: InvalidMass | None = None, skip_seen: bool = False) -> np.ndarray:
     """Beam-search the next item of every history.
 
     Parameters
@@ -143,6 +144,10 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
         Built on the model's device when omitted.
     invalid : InvalidMass, optional
         Filled with the per-beam invalid mass (use with scoring first).
+    skip_seen : bool
+        Never return an item of the request's own history: each history is the request's
+        deny list, enforced inside the decode (:mod:`zerogr_core.decode.constraints`), so
+        no beam is spent on an item the user already has.
 
     Returns
     -------
@@ -161,7 +166,8 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
         hidden_fn = model.hidden_fn_for(chunk, study.sids)
         if invalid is not None:
             hidden_fn = invalid.wrap(hidden_fn, heads, validity)
-        result = decoder.decode(hidden_fn, len(chunk))
+        lists = RequestLists.from_rows(deny=chunk) if skip_seen else None
+        result = decoder.decode(hidden_fn, len(chunk), lists=lists)
         out[lo:lo + len(chunk)] = result.item_rows.cpu().numpy()
     return out
 
@@ -249,7 +255,7 @@ def popularity_lists(train_counts: np.ndarray, row_of_item: np.ndarray, historie
 
 def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarray, *, beam: int = 128,
              batch_size: int = 64, ks: Sequence[int] = KS, measure_invalid: bool = True,
-             quality_bars: QualityBars | None = None) -> dict:
+             quality_bars: QualityBars | None = None, skip_seen: bool = False) -> dict:
     """Decode ``users`` in both orders and compute every metric of the study.
 
     Parameters
@@ -267,11 +273,14 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
         Record the invalid mass of the scoring-first decode.
     quality_bars : QualityBars, optional
         What ``bars`` checks (default: the study's bars).
+    skip_seen : bool
+        Both orders leave out each user's history items (the full-ranking protocol of
+        sequential recommendation); the popularity baseline always does.
 
     Returns
     -------
     dict
-        ``k``, ``overlap``, ``recall_filter_first``, ``recall_score_first``,
+        ``skip_seen``, ``k``, ``overlap``, ``recall_filter_first``, ``recall_score_first``,
         ``ndcg_filter_first``, ``ndcg_score_first``, ``recall_popularity``,
         ``ndcg_popularity``, ``recall_popularity_unfiltered``, ``ndcg_popularity_unfiltered``,
         ``share_differ``, ``share_order_differ`` (each keyed by K),
@@ -287,7 +296,7 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
     for order in ORDERS:
         start = time.perf_counter()
         lists[order] = decode_rows(study, histories, order, beam, batch_size, index,
-                                   invalid if order == "score-first" else None)
+                                   invalid if order == "score-first" else None, skip_seen=skip_seen)
         timing[f"{order}_s"] = time.perf_counter() - start
     overlap, differ, order_differ = overlap_metrics(lists["filter-first"], lists["score-first"], ks)
     rec_ff, ndcg_ff = ranking_metrics(lists["filter-first"], targets, ks)
@@ -302,7 +311,7 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
         ndcg_filter_first=key(ndcg_ff), ndcg_score_first=key(ndcg_sf), recall_popularity=key(rec_pop),
         ndcg_popularity=key(ndcg_pop), recall_popularity_unfiltered=key(rec_raw),
         ndcg_popularity_unfiltered=key(ndcg_raw), share_differ=key(differ), share_order_differ=key(order_differ),
-        stage=stage, users=int(len(users)), beam=beam,
+        stage=stage, users=int(len(users)), beam=beam, skip_seen=skip_seen,
         top10_filter_first=study.catalog.item_ids[np.maximum(lists["filter-first"][:, :10], 0)].tolist(),
         timing=timing)
     if invalid is not None:
@@ -364,7 +373,7 @@ def markdown_table(report: dict, rows=TABLE_ROWS) -> str:
 
 def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray, *, beam: int = 128,
                  batch_size: int = 64, ks: Sequence[int] = KS, checkpoint=None,
-                 quality_bars: QualityBars | None = None) -> dict:
+                 quality_bars: QualityBars | None = None, skip_seen: bool = False) -> dict:
     """:func:`evaluate` on the test stage, plus what produced it (data, SIDs, model, training).
 
     Returns
@@ -375,7 +384,7 @@ def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray,
         validation loss), ``checkpoint``, ``seed``, ``device``, ``torch``.
     """
     report = evaluate(study, split, users, "test", row_of_item, beam=beam, batch_size=batch_size, ks=ks,
-                      quality_bars=quality_bars)
+                      quality_bars=quality_bars, skip_seen=skip_seen)
     del report["top10_filter_first"]
     meta = study.meta
     report.update(

@@ -86,6 +86,9 @@ class SeqTrainConfig:
         Beam width of those decodes.
     patience : int
         Evaluations without a better validation NDCG@10 before stopping.
+    skip_seen : bool
+        Validation decodes leave out each user's history items, as the test report does
+        by default (``quality --seen skip``).
     max_minutes : float or None
         Wall-clock budget of the training loop (evaluations included).
     seed : int
@@ -116,6 +119,7 @@ class SeqTrainConfig:
     eval_users: int = 4000
     eval_beam: int = 20
     patience: int = 4
+    skip_seen: bool = True
     max_minutes: float | None = None
     seed: int = 0
     validity_weight: float = 0.0
@@ -176,7 +180,9 @@ class SeqPreset:
 
     @classmethod
     def from_dict(cls, d: dict) -> "SeqPreset":
-        return cls(d["name"], T5Config(**d["model"]), SeqTrainConfig(**d["train"]), SIDConfig(**d["sid"]))
+        # Checkpoints written before ``skip_seen`` existed were selected with history items kept.
+        train = {"skip_seen": False, **d["train"]}
+        return cls(d["name"], T5Config(**d["model"]), SeqTrainConfig(**train), SIDConfig(**d["sid"]))
 
 
 # ---------------------------------------------------------------------------- examples
@@ -210,12 +216,12 @@ def transitions(split: LeaveOneOut, row_of_item: np.ndarray, max_items: int, rec
 
 
 def validation_scores(study: StudyModel, split: LeaveOneOut, row_of_item: np.ndarray, users: np.ndarray,
-                      beam: int, batch_size: int = 256) -> dict:
+                      beam: int, batch_size: int = 256, skip_seen: bool = True) -> dict:
     """Recall@10 and NDCG@10 (filtering first) of ``users``' validation items."""
     from .quality import decode_rows, ranking_metrics
 
     histories = [row_of_item[split.history(int(u), "valid")] for u in users]
-    lists = decode_rows(study, histories, "filter-first", beam, batch_size)
+    lists = decode_rows(study, histories, "filter-first", beam, batch_size, skip_seen=skip_seen)
     recall, ndcg = ranking_metrics(lists, row_of_item[split.valid_items[users]], [k for k in (5, 10) if k <= beam])
     top = max(recall)
     return dict(recall=recall[top], ndcg=ndcg[top], k=top)
@@ -543,7 +549,8 @@ def train_t5(preset: SeqPreset, split: LeaveOneOut, catalog: Catalog, row_of_ite
         record["valid_loss"] = [validation_loss(model, sids, split, row_of_item, eval_users)]
         if is_eval or out_of_time:
             t_dec = time.perf_counter()
-            scores = validation_scores(study, split, row_of_item, eval_users, tc.eval_beam, eval_batch)
+            scores = validation_scores(study, split, row_of_item, eval_users, tc.eval_beam, eval_batch,
+                                       skip_seen=tc.skip_seen)
             decode_s = time.perf_counter() - t_dec
             record.update(valid_recall=scores["recall"], valid_ndcg=scores["ndcg"], valid_k=scores["k"])
             if (scores["ndcg"], scores["recall"]) > (best["ndcg"], best["recall"]):
