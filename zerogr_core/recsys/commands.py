@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     t.add_argument("--max-minutes", type=float, metavar="M", help="wall-clock budget of the training loop "
                    "(overrides the preset's; the best validation weights so far are kept)")
     t.add_argument("--seed", type=int, help="override the preset's seed")
+    t.add_argument("--lr", type=float, metavar="LR", help="override the preset's peak learning rate")
+    t.add_argument("--patience", type=int, metavar="N", help="override the preset's early stopping: validation "
+                   "decodes without a better NDCG@10 before training stops")
     t.add_argument("--validity-weight", type=float, metavar="W", help="add the catalog-validity term with weight W "
                    "per token (the ablation; default 0, plain cross-entropy; 0.625 matches the MovieLens recipe)")
     t.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
@@ -139,7 +142,8 @@ def run_train_sequences(args: argparse.Namespace) -> None:
     call_start = time.perf_counter()
     data = load_data(args.data, args.sids, args.dataset)
     meta = train_sequences(data, args.out, preset=args.preset, device=args.device, max_minutes=args.max_minutes,
-                           seed=args.seed, validity_weight=args.validity_weight, amp=args.amp, state=args.state,
+                           seed=args.seed, lr=args.lr, patience=args.patience,
+                           validity_weight=args.validity_weight, amp=args.amp, state=args.state,
                            resume=args.resume, stop_after_minutes=args.stop_after_minutes, call_start=call_start,
                            compile=args.compile, cuda_graph=args.cuda_graph)
     if meta["finished"]:
@@ -149,8 +153,8 @@ def run_train_sequences(args: argparse.Namespace) -> None:
                   f"checkpoint {args.out}")
         return
     argv = ["train"]
-    for name in ("data", "sids", "dataset", "preset", "out", "max_minutes", "seed", "validity_weight", "device", "amp",
-                 "stop_after_minutes"):
+    for name in ("data", "sids", "dataset", "preset", "out", "max_minutes", "seed", "lr", "patience",
+                 "validity_weight", "device", "amp", "stop_after_minutes"):
         if getattr(args, name) is not None:
             argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     argv += ["--compile"] if args.compile else []

@@ -603,8 +603,8 @@ def load_data(data: str | Path | None, sids: str | Path | None, dataset: str | N
 
 
 def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu", device=None,
-                    max_minutes: float | None = None, seed: int | None = None,
-                    validity_weight: float | None = None, amp: str | None = None, state: str | Path | None = None,
+                    max_minutes: float | None = None, seed: int | None = None, lr: float | None = None,
+                    patience: int | None = None, validity_weight: float | None = None, amp: str | None = None, state: str | Path | None = None,
                     resume: bool = False, stop_after_minutes: float | None = None, call_start: float | None = None,
                     compile: bool = False, cuda_graph: bool = False, log=print) -> dict:
     """Train on ``data`` and write the checkpoint ``out`` (or, when this call stops for
@@ -617,9 +617,10 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
     preset : {"tiger", "tiger-paper", "cpu", "tiny"}
     device : str or torch.device, optional
         Default: CUDA when available, else CPU.
-    max_minutes, seed, validity_weight, amp : optional
+    max_minutes, seed, lr, patience, validity_weight, amp : optional
         Override the preset's wall-clock budget (of the whole run, over every call), seed,
-        validity-term weight and autocast (``"bf16"``, CUDA only).
+        peak learning rate, early-stopping patience, validity-term weight and autocast
+        (``"bf16"``, CUDA only). Overrides are part of the recorded recipe.
     state : str or Path, optional
         Training state file (default ``<out>.state.pt`` when ``resume`` or
         ``stop_after_minutes`` is given; without any of the three no state is written).
@@ -648,10 +649,14 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
 
     call_start = time.perf_counter() if call_start is None else call_start
     config = SeqPreset.preset(preset)
-    overrides = {k: v for k, v in (("max_minutes", max_minutes), ("seed", seed), ("validity_weight", validity_weight),
-                                   ("amp", amp)) if v is not None}
+    overrides = {k: v for k, v in (("max_minutes", max_minutes), ("seed", seed), ("lr", lr), ("patience", patience),
+                                   ("validity_weight", validity_weight), ("amp", amp)) if v is not None}
     if overrides:
         config = replace(config, train=replace(config.train, **overrides))
+    if not config.train.lr > 0:
+        raise ZeroGRError(f"--lr must be > 0, got {config.train.lr}")
+    if config.train.patience < 1:
+        raise ZeroGRError(f"--patience must be ≥ 1, got {config.train.patience}")
     if config.train.max_minutes is not None and config.train.max_minutes <= 0:
         raise ZeroGRError(f"--max-minutes must be > 0, got {config.train.max_minutes}")
     if not config.train.validity_weight >= 0:
