@@ -121,6 +121,7 @@ def test_other_catalogs_table_quotes_the_results(medians):
 #: README quality tables: the line the table follows → the report it quotes.
 QUALITY_TABLES = {
     "### Quality: filtering first vs scoring first on MovieLens": "bench/results/quality.json",
+    "**`tiger` preset, trained on the H200**": "bench/results/quality-amazon-beauty-tiger.json",
     "**`cpu` preset, trained here**": "bench/cpu_results/quality-amazon-beauty-cpu.json",
 }
 
