@@ -299,6 +299,14 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--sids goes with --data" in capsys.readouterr().err
     assert main(["quality", "--data", str(tmp_path / "bad.txt")]) == 1
     assert "--checkpoint FILE is required" in capsys.readouterr().err
+    write_sequences(tmp_path / "seq.txt", n_users=10, n_items=8)
+    for flag, value, message in (("--lr", "-0.1", "--lr must be > 0, got -0.1"), ("--lr", "nan", "--lr must be > 0"),
+                                 ("--patience", "0", "--patience must be ≥ 1, got 0")):
+        assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--out", str(tmp_path / "m.pt"),
+                     flag, value]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.pt").exists()
 
 
 def test_density_table_reports_step_stats():
