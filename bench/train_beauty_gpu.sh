@@ -22,7 +22,7 @@
 #   train.log                        the log of every call so far (the learning curve, epoch by epoch)
 #   model.pt.part-aa, -ab            the final checkpoint in 12 MiB parts, once training has ended
 #   SHA256SUMS                       sha256 of every whole file split into parts
-#   quality-amazon-beauty-tiger.json the quality report, once it has run
+#   quality-amazon-beauty-<preset>[-validity<W>].json  the quality report, once it has run
 # Re-join the checkpoint here:  cat FILES_AT/model.pt.part-* > sample_catalogs/amazon-beauty/model.pt
 # (and check it against SHA256SUMS). PARTS_DIR names a folder of such parts (`NAME.part-*` plus SHA256SUMS,
 # e.g. state.pt or model.pt of a smaller preset) that is joined into STATE_DIR before anything else; it
@@ -158,23 +158,27 @@ fi
 
 if [[ -f "$MODEL" ]]; then
   split_out "$MODEL"
-  REPORT="$STATE_DIR/quality-$( [[ "${DRY_RUN:-0}" == 1 ]] && basename "${DRY_DATA%.*}" || echo amazon-beauty)-$PRESET.json"
-  if [[ -f "$REPORT" ]]; then
+  # quality names its report after the data, the preset and a validity weight (quality --help)
+  report() { compgen -G "$STATE_DIR/quality-*.json" | head -n 1; }
+  REPORT=$(report)
+  if [[ -n "$REPORT" ]]; then
     log "quality already written: $REPORT"
   elif (( CALL_LIMIT_S - SECONDS >= QUALITY_MIN_S )); then
     log "quality on the final checkpoint ($(( CALL_LIMIT_S - SECONDS )) s left)"
     timeout $(( CALL_LIMIT_S - SECONDS )) $PY -m zerogr_core quality "${QUALITY_DATA[@]}" --checkpoint "$MODEL" \
       --device "$DEVICE" "${QUALITY_ARGS[@]}" --json --results "$STATE_DIR" > "$STATE_DIR/quality.stdout" 2>&1
     QRC=$?
-    if [[ $QRC == 0 && -f "$REPORT" ]]; then log "quality written: $(basename "$REPORT")"
+    REPORT=$(report)
+    if [[ $QRC == 0 && -n "$REPORT" ]]; then log "quality written: $(basename "$REPORT")"
     else
       tail -n 3 "$STATE_DIR/quality.stdout" | tee -a "$LOG"
-      log "quality did not finish (exit $QRC); run this script again for it"; rm -f "$REPORT"
+      log "quality did not finish (exit $QRC); run this script again for it"; [[ -n "$REPORT" ]] && rm -f "$REPORT"
+      REPORT=""
     fi
   else
     log "training has ended; $(( CALL_LIMIT_S - SECONDS )) s left, under QUALITY_MIN_S: run this script again for quality"
   fi
-  [[ -f "$REPORT" ]] && cp -f "$REPORT" "$OUT/"
+  [[ -n "$REPORT" ]] && cp -f "$REPORT" "$OUT/"
 fi
 cp -f "$LOG" "$OUT/train.log"
 exit "$TRAIN_RC"

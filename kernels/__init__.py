@@ -11,7 +11,9 @@ path (except the naive ablation), so a whole decode can be captured in a CUDA gr
 
 Per decoding step (docs/design.md §4), op (module):
 
-1. :func:`filter_slots` (``filtering``) - slot rows and the work queue, sparse or dense.
+1. :func:`filter_slots` (``filtering``) - slot rows and the work queue, sparse or dense;
+   with per-request lists, ``constraints.constrain_slots`` after it (and
+   ``constraints.constrain_scored_slots`` after step 2 for catalog-normalised requests).
 2. :func:`selective_proj` (``selective``), or :func:`full_proj` (``full_projection``)
    followed by ``filter_slots(logits=...)``, or the ablation :func:`naive_selective_proj`
    (``naive_selective``) - logits of the valid slots.

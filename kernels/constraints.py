@@ -18,6 +18,14 @@ with a mode:
   in ``[lo, hi)`` listed by the request or globally (the two lists must be disjoint;
   empty lists change nothing).
 
+Bit :data:`CATALOG_NORMALISED` (2) of ``mode[r]`` asks for the request to be normalised over
+the catalog's valid tokens, the lists only removing candidates: filtering first then calls
+:func:`constrain_slots` with ``defer=True``, which applies only the global list to that
+request's slots, so the rest are projected, and :func:`constrain_scored_slots` after
+projection, which kills them and moves the difference between the two normalisers into the
+beam's score. Scoring first normalises over the whole vocabulary anyway and applies every
+list with ``defer=False``.
+
 Each count is two lower-bound binary searches of ``n_iter`` halvings each, with
 ``n_iter >= bit_length(longest list)`` (a compile-time constant: one specialisation per
 capacity); pass the bound of the buffers' capacity so the kernel, and hence a captured
@@ -32,9 +40,15 @@ import triton
 import triton.language as tl
 
 from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, use_triton
+from .normalize import lse_finish, lse_update
 
 BLOCK_SLOTS = 128
 """Slots per program (one beam, one column block)."""
+ALLOW = 1
+"""Bit of ``list_mode``: the request's list is an allow list (else a deny list)."""
+CATALOG_NORMALISED = 2
+"""Bit of ``list_mode``: normalise the request over the catalog's valid tokens, then drop
+its listed candidates (see the module docstring)."""
 
 
 def search_iterations(capacity: int) -> int:
@@ -86,15 +100,10 @@ def _lower_bound(rows_ptr, start, end, x, N_ITER: tl.constexpr):
 
 
 @triton.jit
-def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
-                      list_off_ptr, list_rows_ptr, list_mode_ptr, K, beams_per_request,
-                      N_ITER: tl.constexpr, LAST: tl.constexpr, BLOCK: tl.constexpr):
-    beam = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    in_row = cols < K
-    slot = beam * K + cols
-    succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
-    valid = succ >= 0
+def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, allow,
+                N_ITER: tl.constexpr, LAST: tl.constexpr):
+    # Per slot: whether its row range [lo, hi) holds a row request `req` may return (alive),
+    # and a row that is not globally denied (live: still in the catalog).
     safe = tl.where(valid, succ, 0)
     if LAST:
         lo = safe
@@ -102,28 +111,84 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
     else:
         lo = tl.load(row_start_ptr + safe, mask=valid, other=0).to(tl.int64)
         hi = tl.load(row_start_ptr + safe + 1, mask=valid, other=0).to(tl.int64)
-    req = beam // beams_per_request
     g_start = tl.load(list_off_ptr)
     g_end = tl.load(list_off_ptr + 1)
     start = tl.load(list_off_ptr + req + 1)
     end = tl.load(list_off_ptr + req + 2)
-    allow = tl.load(list_mode_ptr + req) != 0
     listed = _lower_bound(list_rows_ptr, start, end, hi, N_ITER) - \
         _lower_bound(list_rows_ptr, start, end, lo, N_ITER)
     glob = _lower_bound(list_rows_ptr, g_start, g_end, hi, N_ITER) - \
         _lower_bound(list_rows_ptr, g_start, g_end, lo, N_ITER)
-    alive = tl.where(allow, listed > 0, (hi - lo) > listed + glob)
-    dead = valid & ~alive
-    tl.store(slot_tok_ptr + slot, tl.full([BLOCK], -1, tl.int32), mask=in_row & dead)
-    tl.store(slot_succ_ptr + slot, tl.full([BLOCK], -1, tl.int64), mask=in_row & dead)
+    return tl.where(allow, listed > 0, (hi - lo) > listed + glob), (hi - lo) > glob
+
+
+@triton.jit
+def _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, dead, BLOCK: tl.constexpr):
+    tl.store(slot_tok_ptr + slot, tl.full([BLOCK], -1, tl.int32), mask=dead)
+    tl.store(slot_succ_ptr + slot, tl.full([BLOCK], -1, tl.int64), mask=dead)
     tl.store(slot_logit_ptr + slot, tl.full([BLOCK], float("-inf"), tl.float32).to(
-        slot_logit_ptr.dtype.element_ty), mask=in_row & dead)
+        slot_logit_ptr.dtype.element_ty), mask=dead)
+
+
+@triton.jit
+def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
+                      list_off_ptr, list_rows_ptr, list_mode_ptr, K, beams_per_request,
+                      N_ITER: tl.constexpr, LAST: tl.constexpr, DEFER: tl.constexpr, BLOCK: tl.constexpr):
+    beam = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    in_row = cols < K
+    slot = beam * K + cols
+    req = beam // beams_per_request
+    mode = tl.load(list_mode_ptr + req)
+    succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
+    valid = succ >= 0
+    alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, (mode & 1) != 0,
+                              N_ITER, LAST)
+    if DEFER:
+        # a catalog-normalised request loses only what left the catalog here; its own
+        # list is applied after projection
+        alive = tl.where((mode & 2) != 0, live, alive)
+    _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, in_row & valid & ~alive, BLOCK)
+
+
+@triton.jit
+def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
+                             list_off_ptr, list_rows_ptr, list_mode_ptr, score_ptr, out_score_ptr,
+                             K, beams_per_request, N_ITER: tl.constexpr, LAST: tl.constexpr,
+                             BLOCK: tl.constexpr, N_CHUNKS: tl.constexpr):
+    beam = tl.program_id(0).to(tl.int64)
+    req = beam // beams_per_request
+    mode = tl.load(list_mode_ptr + req)
+    active = (mode & 2) != 0
+    # log-sum-exp states over every live slot (m_all, s_all) and over the alive ones
+    m_all = tl.full([1], float("-inf"), tl.float32)
+    s_all = tl.zeros([1], tl.float32)
+    m_alive = tl.full([1], float("-inf"), tl.float32)
+    s_alive = tl.zeros([1], tl.float32)
+    if active:  # other requests read nothing
+        for c in range(N_CHUNKS):
+            cols = c * BLOCK + tl.arange(0, BLOCK)
+            in_row = cols < K
+            slot = beam * K + cols
+            succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
+            valid = succ >= 0
+            x = tl.load(slot_logit_ptr + slot, mask=in_row & valid, other=float("-inf")).to(tl.float32)
+            alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req,
+                                      (mode & 1) != 0, N_ITER, LAST)
+            x = tl.where(live, x, float("-inf"))
+            m_all, s_all = lse_update(m_all, s_all, x[None, :])
+            m_alive, s_alive = lse_update(m_alive, s_alive, tl.where(alive, x, float("-inf"))[None, :])
+            _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, in_row & valid & ~alive, BLOCK)
+    score = tl.load(score_ptr + beam + tl.arange(0, 1))
+    shift = lse_finish(m_alive, s_alive) - lse_finish(m_all, s_all)
+    out = tl.where(m_alive == float("-inf"), float("-inf"), score + shift)
+    tl.store(out_score_ptr + beam + tl.arange(0, 1), tl.where(active, out, score))
 
 
 def constrain_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
                            row_start: torch.Tensor | None, list_offsets: torch.Tensor,
                            list_rows: torch.Tensor, list_mode: torch.Tensor, beams_per_request: int,
-                           n_iter: int) -> None:
+                           n_iter: int, defer: bool = False) -> None:
     """Triton implementation of :func:`constrain_slots` (in place, no host sync)."""
     _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
            beams_per_request, n_iter)
@@ -134,19 +199,13 @@ def constrain_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, s
     last = row_start is None
     _constrain_kernel[(n, cdiv(K, block))](
         slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
-        list_mode, K, beams_per_request, N_ITER=n_iter, LAST=last, BLOCK=block)
+        list_mode, K, beams_per_request, N_ITER=n_iter, LAST=last, DEFER=bool(defer), BLOCK=block)
 
 
-def constrain_slots_reference(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
-                              row_start: torch.Tensor | None, list_offsets: torch.Tensor,
-                              list_rows: torch.Tensor, list_mode: torch.Tensor, beams_per_request: int,
-                              n_iter: int) -> None:
-    """PyTorch reference of :func:`constrain_slots` (same signature, in place)."""
-    _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
-           beams_per_request, n_iter)
+def _alive_reference(slot_succ, row_start, list_offsets, list_rows, list_mode, beams_per_request):
+    """``(valid, alive, live)`` bool ``(n, K)`` masks of every slot (live: a row below it is
+    not globally denied), and the catalog-normalised requests' rows ``(n, 1)``."""
     n, K = slot_succ.shape
-    if n == 0:
-        return
     valid = slot_succ >= 0
     safe = slot_succ.clamp(min=0)
     if row_start is None:
@@ -170,22 +229,35 @@ def constrain_slots_reference(slot_tokens: torch.Tensor, slot_succ: torch.Tensor
         return torch.searchsorted(keys, base + hi) - torch.searchsorted(keys, base + lo)
 
     listed, glob = count(req + 1), count(torch.zeros_like(req))
-    allow = (list_mode[req] != 0)[:, None]
+    mode = list_mode[req].long()
+    allow = ((mode & ALLOW) != 0)[:, None]
     alive = torch.where(allow, listed > 0, (hi - lo) > listed + glob)
-    dead = valid & ~alive
+    return valid, alive, (hi - lo) > glob, ((mode & CATALOG_NORMALISED) != 0)[:, None]
+
+
+def _kill_reference(slot_tokens, slot_succ, slot_logits, dead) -> None:
     slot_tokens.masked_fill_(dead, -1)
     slot_succ.masked_fill_(dead, -1)
     slot_logits.masked_fill_(dead, float("-inf"))
 
 
-def constrain_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
-                    row_start: torch.Tensor | None, list_offsets: torch.Tensor, list_rows: torch.Tensor,
-                    list_mode: torch.Tensor, beams_per_request: int, n_iter: int) -> None:
-    """Invalidate, in place, every slot whose prefix has no allowed catalog row below it.
+def constrain_slots_reference(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
+                              row_start: torch.Tensor | None, list_offsets: torch.Tensor,
+                              list_rows: torch.Tensor, list_mode: torch.Tensor, beams_per_request: int,
+                              n_iter: int, defer: bool = False) -> None:
+    """PyTorch reference of :func:`constrain_slots` (same signature, in place)."""
+    _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+           beams_per_request, n_iter)
+    if slot_succ.shape[0] == 0:
+        return
+    valid, alive, live, catalog = _alive_reference(slot_succ, row_start, list_offsets, list_rows, list_mode,
+                                                   beams_per_request)
+    if defer:
+        alive = torch.where(catalog, live, alive)
+    _kill_reference(slot_tokens, slot_succ, slot_logits, valid & ~alive)
 
-    Parameters
-    ----------
-    slot_tokens : torch.Tensor
+
+_LISTS_DOC = """    slot_tokens : torch.Tensor
         ``(n_beams, K)`` int32 slot tokens from :func:`zerogr_kernels.filter_slots` (-1 invalid).
     slot_succ : torch.Tensor
         ``(n_beams, K)`` int64 successor states (-1 invalid).
@@ -202,17 +274,119 @@ def constrain_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_log
         (a request's deny list disjoint from the global one); entries past
         ``list_offsets[-1]`` are ignored.
     list_mode : torch.Tensor
-        ``(batch,)`` int32: 1 = the list is an allow list, 0 = a deny list.
+        ``(batch,)`` int32 bits: :data:`ALLOW` (1) the list is an allow list, else a deny
+        list; :data:`CATALOG_NORMALISED` (2) the request is normalised over the catalog.
     beams_per_request : int
         Slot rows per request (``n_beams = batch * beams_per_request``).
     n_iter : int
-        Binary-search halvings, at least :func:`search_iterations` of the longest list.
+        Binary-search halvings, at least :func:`search_iterations` of the longest list."""
+
+
+def constrain_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
+                    row_start: torch.Tensor | None, list_offsets: torch.Tensor, list_rows: torch.Tensor,
+                    list_mode: torch.Tensor, beams_per_request: int, n_iter: int, defer: bool = False) -> None:
+    fn = constrain_slots_triton if use_triton(slot_succ) else constrain_slots_reference
+    fn(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+       beams_per_request, n_iter, defer)
+
+
+constrain_slots.__doc__ = f"""Invalidate, in place, every slot whose prefix has no allowed catalog row below it.
+
+    Parameters
+    ----------
+{_LISTS_DOC}
+    defer : bool
+        Apply only the global list to catalog-normalised requests (filtering first, before
+        projection; :func:`constrain_scored_slots` applies their own lists afterwards).
 
     Returns
     -------
     None
         The three slot tensors are updated in place: dead slots get -1, -1, -inf.
     """
-    fn = constrain_slots_triton if use_triton(slot_succ) else constrain_slots_reference
-    fn(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
-       beams_per_request, n_iter)
+
+
+def _check_scores(slot_succ, beam_scores, out_scores) -> None:
+    n, dev = slot_succ.shape[0], slot_succ.device
+    check_tensor("beam_scores", beam_scores, dtypes=(torch.float32,), ndim=1, device=dev, shape=(n,),
+                 contiguous=True)
+    check_tensor("out_scores", out_scores, dtypes=(torch.float32,), ndim=1, device=dev, shape=(n,),
+                 contiguous=True)
+
+
+def constrain_scored_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
+                                  row_start: torch.Tensor | None, list_offsets: torch.Tensor,
+                                  list_rows: torch.Tensor, list_mode: torch.Tensor, beams_per_request: int,
+                                  n_iter: int, beam_scores: torch.Tensor, out_scores: torch.Tensor) -> torch.Tensor:
+    """Triton implementation of :func:`constrain_scored_slots` (no host sync)."""
+    _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+           beams_per_request, n_iter)
+    _check_scores(slot_succ, beam_scores, out_scores)
+    n, K = slot_succ.shape
+    if n == 0:
+        return out_scores
+    block = min(BLOCK_SLOTS, next_pow2(K))
+    last = row_start is None
+    _constrain_scored_kernel[(n,)](
+        slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
+        list_mode, beam_scores, out_scores, K, beams_per_request, N_ITER=n_iter, LAST=last, BLOCK=block,
+        N_CHUNKS=cdiv(K, block))
+    return out_scores
+
+
+def constrain_scored_slots_reference(slot_tokens: torch.Tensor, slot_succ: torch.Tensor,
+                                     slot_logits: torch.Tensor, row_start: torch.Tensor | None,
+                                     list_offsets: torch.Tensor, list_rows: torch.Tensor, list_mode: torch.Tensor,
+                                     beams_per_request: int, n_iter: int, beam_scores: torch.Tensor,
+                                     out_scores: torch.Tensor) -> torch.Tensor:
+    """PyTorch reference of :func:`constrain_scored_slots` (same signature and output)."""
+    _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+           beams_per_request, n_iter)
+    _check_scores(slot_succ, beam_scores, out_scores)
+    if slot_succ.shape[0] == 0:
+        return out_scores
+    valid, alive, live, catalog = _alive_reference(slot_succ, row_start, list_offsets, list_rows, list_mode,
+                                                   beams_per_request)
+    x = slot_logits.float().masked_fill(~(valid & live), float("-inf"))
+    lse_all = torch.logsumexp(x, dim=1)
+    lse_alive = torch.logsumexp(x.masked_fill(~alive, float("-inf")), dim=1)
+    any_alive = (valid & alive).any(dim=1)
+    safe = torch.where(any_alive, lse_alive - lse_all, 0.0)
+    shifted = torch.where(any_alive, beam_scores + safe, float("-inf"))
+    out_scores.copy_(torch.where(catalog[:, 0], shifted, beam_scores))
+    _kill_reference(slot_tokens, slot_succ, slot_logits, valid & ~alive & catalog)
+    return out_scores
+
+
+def constrain_scored_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
+                           row_start: torch.Tensor | None, list_offsets: torch.Tensor, list_rows: torch.Tensor,
+                           list_mode: torch.Tensor, beams_per_request: int, n_iter: int,
+                           beam_scores: torch.Tensor, out_scores: torch.Tensor) -> torch.Tensor:
+    fn = constrain_scored_slots_triton if use_triton(slot_succ) else constrain_scored_slots_reference
+    return fn(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
+              beams_per_request, n_iter, beam_scores, out_scores)
+
+
+constrain_scored_slots.__doc__ = f"""Apply the lists of catalog-normalised requests after projection.
+
+    For every beam of a request with bit :data:`CATALOG_NORMALISED`: kill its dead slots (as
+    :func:`constrain_slots`) and set ``out_scores[b] = beam_scores[b] + lse(alive) - lse(live)``,
+    the log-sum-exp of the beam's alive slot logits and of those still in the catalog (not
+    globally denied); -inf when nothing is alive. A log-softmax over the alive slots plus that
+    score then equals the log-softmax over the catalog's slots, so the request keeps the
+    catalog's normalisation. Other beams keep their
+    slots, and ``out_scores[b] = beam_scores[b]``.
+
+    Parameters
+    ----------
+{_LISTS_DOC}
+    beam_scores : torch.Tensor
+        ``(n_beams,)`` float32 accumulated beam scores.
+    out_scores : torch.Tensor
+        ``(n_beams,)`` float32 output (must not alias ``beam_scores``).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out_scores``.
+    """

@@ -18,6 +18,7 @@ from zerogr_core.decode.constraints import RequestLists
 from zerogr_core.decode.heads import Heads
 from zerogr_core.decode.ops import REFERENCE
 from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, plan_rows
+from zerogr_core.recsys.quality import SEEN_NORMALISE
 
 ORDERS = ("filter-first", "score-first")
 BUNDLED = "Bundled MovieLens recommender"
@@ -73,7 +74,8 @@ def settings(catalog, source) -> dict:
     exclude = bundled and st.checkbox(
         "Exclude each user's history (items already rated or bought)", key="dec_exclude",
         help="A per-request deny list enforced during decoding: prefixes with no item outside the history below "
-             "them are never scored or kept, and filtering first normalises over the remaining tokens.")
+             "them are never scored or kept. Filtering first keeps the catalog's normalisation, so the other "
+             "items rank as with the history kept (the quality study's protocol).")
     if bundled:
         hidden, dtype = None, "float32"
     return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model,
@@ -98,7 +100,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
         users = cached_test_users(str(dev), cfg["dataset"])
         histories = [users.histories[int(np.flatnonzero(users.user_ids == u)[0])] for u in inputs.user_ids]
         if cfg.get("exclude_history"):
-            lists = RequestLists.from_rows(deny=histories)
+            lists = RequestLists.from_rows(deny=histories, normalise=SEEN_NORMALISE)
     out = dict(cfg=cfg, targets=inputs.targets, user_ids=inputs.user_ids, runs={}, timing={}, plan=None,
                graph_error=None, random=inputs.random, invalid=None, graph_differs=[], histories=histories)
     projection = None

@@ -1,5 +1,6 @@
 """Per-request allow/deny lists: the kernel against its reference, and both decode orders
 against a brute-force oracle that enumerates the catalog."""
+import itertools
 import math
 
 import numpy as np
@@ -8,7 +9,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerogr_kernels.constraints import constrain_slots_reference, constrain_slots_triton, search_iterations
+from zerogr_kernels.constraints import (constrain_scored_slots_reference, constrain_scored_slots_triton,
+                                       constrain_slots_reference, constrain_slots_triton, search_iterations)
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.decode.constraints import build_lists, row_starts
 from zerogr_core.index import INDEX_PRESETS, HostTrie, build_static_index
@@ -29,43 +31,90 @@ def random_case(seed, n_beams, K, batch, n_rows, last, list_len):
              for _ in range(batch)]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in [glob] + lists])])
     rows = np.concatenate([glob] + lists + [np.zeros(1, dtype=np.int64)])  # padded buffer
-    mode = g.integers(0, 2, batch)
+    mode = g.integers(0, 4, batch)  # bit 1: allow list, bit 2: catalog-normalised
     t = torch.from_numpy
     return (t(tokens.astype(np.int32)), t(succ.astype(np.int64)), t(logits.astype(np.float32)),
             None if starts is None else t(starts.astype(np.int32)), t(offsets.astype(np.int64)),
             t(rows.astype(np.int64)), t(mode.astype(np.int32)))
 
 
-@pytest.mark.parametrize("n_beams,K,batch,last,list_len", [
-    (2, 1, 1, False, 0), (6, 3, 3, False, 5), (4, 130, 2, True, 40), (1, 7, 1, True, 1), (8, 200, 4, False, 300),
-])
-def test_kernel_matches_reference(n_beams, K, batch, last, list_len):
+def rule(case, n_beams, batch, b, k):
+    """(alive, live) of slot (b, k) by the module docstring's rule, in plain Python."""
+    tokens, succ, logits, starts, offsets, rows, mode = case
+    glob = rows[offsets[0]:offsets[1]].numpy()
+    r = b // (n_beams // batch)
+    own = rows[offsets[r + 1]:offsets[r + 2]].numpy()
+    s = int(succ[b, k])
+    lo, hi = (s, s + 1) if starts is None else (int(starts[s]), int(starts[s + 1]))
+    listed = int(((own >= lo) & (own < hi)).sum())
+    in_glob = int(((glob >= lo) & (glob < hi)).sum())
+    return (listed > 0 if mode[r] & 1 else hi - lo > listed + in_glob), hi - lo > in_glob
+
+
+KERNEL_CASES = [(2, 1, 1, False, 0), (6, 3, 3, False, 5), (4, 130, 2, True, 40), (1, 7, 1, True, 1),
+                (8, 200, 4, False, 300)]
+
+
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("n_beams,K,batch,last,list_len", KERNEL_CASES)
+def test_kernel_matches_reference(n_beams, K, batch, last, list_len, defer):
     n_rows = 97
     case = random_case(n_beams * K + list_len, n_beams, K, batch, n_rows, last, list_len)
     n_iter = search_iterations(list_len + 3)  # more halvings than needed must not change anything
     ref = [t.clone() if t is not None else None for t in case]
     tri = [t.clone() if t is not None else None for t in case]
-    constrain_slots_reference(*ref, n_beams // batch, n_iter)
-    constrain_slots_triton(*tri, n_beams // batch, n_iter)
+    constrain_slots_reference(*ref, n_beams // batch, n_iter, defer)
+    constrain_slots_triton(*tri, n_beams // batch, n_iter, defer)
     for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
         bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
         assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
     # independent check of the rule on the reference output
-    tokens, succ, logits, starts, offsets, rows, mode = case
-    glob = rows[offsets[0]:offsets[1]].numpy()
+    succ, mode = case[1], case[6]
     for b in range(n_beams):
-        r = b // (n_beams // batch)
-        own = rows[offsets[r + 1]:offsets[r + 2]].numpy()
         for k in range(K):
             s = int(succ[b, k])
             if s < 0:
                 assert int(ref[1][b, k]) == -1
                 continue
-            lo, hi = (s, s + 1) if starts is None else (int(starts[s]), int(starts[s + 1]))
-            listed = int(((own >= lo) & (own < hi)).sum())
-            denied = listed + int(((glob >= lo) & (glob < hi)).sum())
-            alive = listed > 0 if mode[r] else hi - lo > denied
+            alive, live = rule(case, n_beams, batch, b, k)
+            if defer and mode[b // (n_beams // batch)] & 2:
+                alive = live  # only the global list before projection
             assert (int(ref[1][b, k]) == s) == alive and (int(ref[0][b, k]) >= 0) == alive
+
+
+@pytest.mark.parametrize("n_beams,K,batch,last,list_len", KERNEL_CASES)
+def test_scored_kernel_matches_reference(n_beams, K, batch, last, list_len):
+    n_rows = 97
+    case = random_case(n_beams * K + list_len + 1, n_beams, K, batch, n_rows, last, list_len)
+    n_iter = search_iterations(list_len + 3)
+    scores = torch.from_numpy(np.random.default_rng(K).normal(size=n_beams).astype(np.float32))
+    scores[0] = float("-inf")  # a padded beam stays padded
+    ref = [t.clone() if t is not None else None for t in case]
+    tri = [t.clone() if t is not None else None for t in case]
+    out_ref = constrain_scored_slots_reference(*ref, n_beams // batch, n_iter, scores, torch.empty(n_beams))
+    out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty(n_beams))
+    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
+        bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
+        assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+    torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-5)
+    # independent check: a log-softmax over what is left, plus the new score, is the
+    # log-softmax over the live slots (float64)
+    succ, logits, mode = case[1], case[2].double(), case[6]
+    for b in range(n_beams):
+        r = b // (n_beams // batch)
+        if not mode[r] & 2:
+            assert float(out_ref[b]) == float(scores[b]) and torch.equal(ref[1][b], succ[b])
+            continue
+        flags = [rule(case, n_beams, batch, b, k) if int(succ[b, k]) >= 0 else (False, False) for k in range(K)]
+        alive = torch.tensor([a for a, _ in flags], dtype=torch.bool)
+        live = torch.tensor([v for _, v in flags], dtype=torch.bool)
+        assert torch.equal(ref[1][b] >= 0, alive)
+        if not alive.any() or scores[b] == float("-inf"):
+            assert out_ref[b] == float("-inf")
+            continue
+        want = torch.log_softmax(logits[b][live], 0)[alive[live]] + float(scores[b])
+        got = torch.log_softmax(ref[2][b][alive].double(), 0) + float(out_ref[b])
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 def test_kernel_rejects_bad_arguments():
@@ -85,18 +134,27 @@ class Model(PrefixModel):
     """hidden_fn whose output depends only on (request, step, prefix); padded beams (-1) included."""
 
 
-def oracle(catalog, heads, model, request, beam, order, allowed_rows):
-    """Beam search over Python lists restricted to the allowed rows (float64)."""
+def next_tokens(sids, prefix):
+    step = len(prefix)
+    below = sids[np.all(sids[:, :step] == np.array(prefix, dtype=np.int64), axis=1)] if step else sids
+    return np.unique(below[:, step])
+
+
+def oracle(catalog, heads, model, request, beam, order, allowed_rows, live_rows=None):
+    """Beam search over Python lists restricted to the allowed rows (float64); with
+    ``live_rows``, filtering first normalises over their tokens (catalog normalisation)."""
     sids = catalog.sids.astype(np.int64)[np.sort(allowed_rows)]
     beams = [((), 0.0)]
     for step in range(catalog.n_levels):
         cands = []
         for prefix, score in beams:
-            below = sids[np.all(sids[:, :step] == np.array(prefix, dtype=np.int64), axis=1)] if step else sids
-            alive = np.unique(below[:, step])
+            alive = next_tokens(sids, prefix)
             logits = heads[step].double() @ model.hidden(request, step, list(prefix)).float().double()
-            lp = torch.log_softmax(logits[alive], 0) if order == "filter-first" else \
-                torch.log_softmax(logits, 0)[alive]
+            if order == "filter-first":
+                norm = alive if live_rows is None else next_tokens(catalog.sids.astype(np.int64)[live_rows], prefix)
+                lp = torch.log_softmax(logits[norm], 0)[np.searchsorted(norm, alive)]
+            else:
+                lp = torch.log_softmax(logits, 0)[alive]
             cands += [(prefix + (int(t),), score + float(v)) for t, v in zip(alive, lp)]
         cands.sort(key=lambda c: -c[1])
         beams = cands[:beam]
@@ -162,13 +220,14 @@ def scenarios(draw):
     projection = draw(st.sampled_from(["full", "selective"]))
     # a live catalog's deletions: one global deny set on top of the requests' lists
     glob = np.sort(g.choice(n, draw(st.integers(0, n)), replace=False)) if draw(st.booleans()) else None
-    return catalog, sizes, allow, deny, beam, preset, projection, seed, glob
+    normalise = draw(st.sampled_from(["request", "catalog"]))
+    return catalog, sizes, allow, deny, beam, preset, projection, seed, glob, normalise
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sampled_from(["filter-first", "score-first"]))
 def test_both_orders_match_the_oracle(scenario, order):
-    catalog, sizes, allow, deny, beam, preset, projection, seed, glob = scenario
+    catalog, sizes, allow, deny, beam, preset, projection, seed, glob, normalise = scenario
     index = build_index(catalog, config=INDEX_PRESETS[preset])
     g = torch.Generator().manual_seed(seed)
     heads = [torch.randn(s, 5, generator=g) for s in sizes]
@@ -176,17 +235,26 @@ def test_both_orders_match_the_oracle(scenario, order):
     model = Model(sizes, 5, batch, seed)
     decoder = Decoder(index, heads, beam, order, projection=projection, catalog=catalog, engine="reference")
     if glob is None:
-        result = decoder.decode(model, batch, allow_items=allow, deny_items=deny)
-        lists = build_lists(catalog, batch, allow, deny)
+        result = decoder.decode(model, batch, allow_items=allow, deny_items=deny, normalise=normalise)
+        lists = build_lists(catalog, batch, allow, deny, normalise=normalise)
     else:
-        lists = decoder.request_lists(batch, allow, deny, global_deny_rows=glob)
+        lists = decoder.request_lists(batch, allow, deny, global_deny_rows=glob, normalise=normalise)
         result = decoder.decode(model, batch, lists=lists)
+    live = np.setdiff1d(np.arange(catalog.n_items), [] if glob is None else glob)
     for r in range(batch):
         allowed = allowed_rows_of(catalog, lists, r)
-        expected = oracle(catalog, heads, model, r, beam, order, allowed)
+        expected = oracle(catalog, heads, model, r, beam, order, allowed,
+                          live if normalise == "catalog" else None)
         assert len(expected) == min(beam, allowed.size)
         check(result, catalog, expected, beam, r, set(allowed.tolist()))
-        if beam >= catalog.n_items:  # the beam never drops a prefix: the same as scoring every item
+        if normalise == "catalog" and glob is None:
+            # an item scores the same with or without the request's list
+            free = oracle(catalog, heads, model, r, catalog.n_items, order, np.arange(catalog.n_items))
+            free = dict(free)
+            for sid, score in expected:
+                assert math.isclose(free[sid], score, rel_tol=1e-9, abs_tol=1e-9)
+        if normalise == "request" and beam >= catalog.n_items:
+            # the beam never drops a prefix: the same as scoring every item
             assert [s for s, _ in exhaustive(catalog, heads, model, r, order, allowed)][:beam] == \
                 [s for s, _ in expected]
     ids = result.item_ids(catalog)
@@ -269,8 +337,10 @@ def test_constraint_errors_are_one_line():
     assert res.item_ids(catalog)[0].tolist() == [1, -1]
 
 
-@pytest.mark.parametrize("plan", [["full", "selective", "selective"], ["selective", "full", "full"]])
-def test_engine_lists_match_the_reference_and_buffers_regrow(plan):
+@pytest.mark.parametrize("plan,normalise", [(["full", "selective", "selective"], "request"),
+                                            (["selective", "full", "full"], "request"),
+                                            (["selective", "full", "selective"], "catalog")])
+def test_engine_lists_match_the_reference_and_buffers_regrow(plan, normalise):
     from zerogr_core.decode import constraints as cons
     from zerogr_core.decode.engine import GpuEngine
     from zerogr_core.decode.heads import Heads
@@ -294,7 +364,7 @@ def test_engine_lists_match_the_reference_and_buffers_regrow(plan):
                                      ([None, [6, 7], None], [[0, 1, 2, 3, 5, 7, 9, 11], None, [3]], None),
                                      ([None, None, [3, 5, 8]], [[0, 2], None, None], glob),
                                      ([list(range(n // 2)), None, []], [None, list(range(0, n, 2)), None], glob)]:
-            lists = ref.request_lists(3, allow, deny, global_deny_rows=dropped)
+            lists = ref.request_lists(3, allow, deny, global_deny_rows=dropped, normalise=normalise)
             got = engine.decode(model, 3, lists=lists)
             want = ref.decode(model, 3, lists=lists)
             assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
@@ -324,10 +394,12 @@ def test_graph_replay_with_lists_matches_the_reference_on_gpu():
     n = catalog.n_items
     graph = Decoder(index, heads, 16, engine="graph", catalog=catalog)
     for batch in (1, 4):
-        for allow, deny in [(None, [g.choice(n, 5000, replace=False) for _ in range(batch)]),
-                            ([g.choice(n, n // 100, replace=False) for _ in range(batch)], None),
-                            ([g.choice(n, 7, replace=False)] + [None] * (batch - 1), None)]:
-            lists = graph.request_lists(batch, allow, deny)
+        cases = [(None, [g.choice(n, 5000, replace=False) for _ in range(batch)]),
+                 ([g.choice(n, n // 100, replace=False) for _ in range(batch)], None),
+                 ([g.choice(n, 7, replace=False)] + [None] * (batch - 1), None)]
+        # one captured graph serves both normalisations
+        for (allow, deny), normalise in itertools.product(cases, ("request", "catalog")):
+            lists = graph.request_lists(batch, allow, deny, normalise=normalise)
             a = graph.decode(hidden_fn, batch, lists=lists)
             assert graph.gpu_engine.graph_error is None
             plan = graph.gpu_engine.plans[graph.gpu_engine.key(batch)]

@@ -71,14 +71,17 @@ def _launch_grid():
             if logits is None or logits.shape[1] == K:
                 filter_slots_triton(e(n_beams, dtype=torch.int64), K, table=e(4, K, dtype=torch.int32),
                                     logits=logits)
-    from zerogr_kernels.constraints import constrain_slots_triton
+    from zerogr_kernels.constraints import constrain_scored_slots_triton, constrain_slots_triton
 
     for (K, n_beams), dtype, starts in itertools.product(
             [(1, 2), (3, 4), (300, 256), (16384, 2)], (torch.float16, torch.bfloat16, torch.float32),
             (None, e(9, dtype=torch.int32), e(9, dtype=torch.int64))):
-        constrain_slots_triton(e(n_beams, K, dtype=torch.int32), e(n_beams, K, dtype=torch.int64),
-                               e(n_beams, K, dtype=dtype), starts, e(4, dtype=torch.int64),
-                               e(1024, dtype=torch.int64), e(2, dtype=torch.int32), n_beams // 2, 11)
+        lists = (e(4, dtype=torch.int64), e(1024, dtype=torch.int64), e(2, dtype=torch.int32), n_beams // 2, 11)
+        for defer in (False, True):
+            constrain_slots_triton(e(n_beams, K, dtype=torch.int32), e(n_beams, K, dtype=torch.int64),
+                                   e(n_beams, K, dtype=dtype), starts, *lists, defer)
+        constrain_scored_slots_triton(e(n_beams, K, dtype=torch.int32), e(n_beams, K, dtype=torch.int64),
+                                      e(n_beams, K, dtype=dtype), starts, *lists, e(n_beams), e(n_beams))
     for (K, H), dtype in itertools.product([(1, 48), (3, 1024), (300, 1024), (64, 4096)],
                                            (torch.float16, torch.bfloat16, torch.float32)):
         n_beams = 4
@@ -193,7 +196,8 @@ def test_every_launched_specialisation_compiles_for_hopper():
     # every kernel of the package was reached by the grid
     for kernel in ("_rows_topk_kernel", "_chunk_topk_kernel", "_row_stats_kernel", "_threshold_kernel",
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
-                   "_filter_dense_kernel", "_selective_proj_kernel", "_constrain_kernel", "_rms_norm_kernel",
+                   "_filter_dense_kernel", "_selective_proj_kernel", "_constrain_kernel", "_constrain_scored_kernel",
+                   "_rms_norm_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"
 

@@ -227,7 +227,7 @@ def _history_items_are_never_returned(checkpoint: Path, data_path: Path) -> None
     """``skip_seen`` decodes under each history as a deny list: no history item comes back, and
     the lists equal a decode with the same items passed by id."""
     from zerogr_core import Decoder, build_index
-    from zerogr_core.recsys.quality import decode_rows
+    from zerogr_core.recsys.quality import SEEN_NORMALISE, decode_rows
     from zerogr_core.recsys.seqrec import load_data, load_sequence_checkpoint, rows_for
 
     study = load_sequence_checkpoint(checkpoint)
@@ -246,9 +246,20 @@ def _history_items_are_never_returned(checkpoint: Path, data_path: Path) -> None
             # 20 items, at most 18 in a test history: at least two are left, and all fill the beam or pad.
             assert (lst >= 0).sum() == min(8, 20 - np.unique(hist).size)
         decoder = Decoder(index, study.model.head_weights(), 8, order=order, catalog=study.catalog)
-        by_id = decoder.decode(study.model.hidden_fn_for(histories[:7], study.sids), 7,
-                               deny_items=[study.catalog.item_ids[h] for h in histories[:7]])
+        hidden_fn = study.model.hidden_fn_for(histories[:7], study.sids)
+        by_id = decoder.decode(hidden_fn, 7, deny_items=[study.catalog.item_ids[h] for h in histories[:7]],
+                               normalise=SEEN_NORMALISE)
         np.testing.assert_array_equal(by_id.item_rows.numpy(), skipped[:7])
+        # the catalog's normalisation: an item returned with and without the deny list scores the same
+        free = decoder.decode(hidden_fn, 7)
+        common = 0
+        for u in range(7):
+            kept_scores = dict(zip(free.item_rows[u].tolist(), free.scores[u].tolist()))
+            for row, score in zip(by_id.item_rows[u].tolist(), by_id.scores[u].tolist()):
+                if row >= 0 and row in kept_scores:
+                    common += 1
+                    assert abs(kept_scores[row] - score) <= 1e-5, (order, u, row, kept_scores[row], score)
+        assert common > 0
 
 
 def _report(recall_ff, recall_sf, ndcg_ff, ndcg_sf, overlap, popularity=0.01):

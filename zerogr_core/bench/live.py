@@ -188,20 +188,24 @@ def run_load_test(store: CatalogStore, hidden_fn, batch: int, *, threads: int = 
 
 # ---------------------------------------------------------------------------- bench suites
 def _random_lists(n_items: int, batch: int, kind: str, count: int, rng: np.random.Generator):
-    """Per-request row lists for the constraint suite: ``count`` random rows each."""
+    """Per-request row lists for the constraint suite: ``count`` random rows each (``kind``
+    "allow", "deny", or "deny-catalog": a deny list under the catalog's normalisation)."""
     from ..decode.constraints import RequestLists
 
     lists = [np.unique(rng.choice(n_items, size=min(count, n_items), replace=False)) for _ in range(batch)]
     offsets = np.zeros(batch + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([x.size for x in lists])
     rows = np.concatenate(lists).astype(np.int64) if batch else np.zeros(0, dtype=np.int64)
-    return RequestLists(offsets, rows, np.full(batch, 1 if kind == "allow" else 0, dtype=np.int32))
+    return RequestLists(offsets, rows, np.full(batch, 1 if kind == "allow" else 0, dtype=np.int32),
+                        normalise="catalog" if kind == "deny-catalog" else "request")
 
 
 def constraint_conditions(n_items: int, quick: bool) -> list[tuple[str, str, int]]:
-    """(label, kind, listed rows per request): 0, 100, 10,000 denied; an allow list of 1 %."""
+    """(label, kind, listed rows per request): 0, 100, 10,000 denied (the last also under the
+    catalog's normalisation); an allow list of 1 %."""
     deny = [0, 100, 10_000] if not quick else [0, 10, 100]
     out = [(f"deny {d:,}", "deny", min(d, n_items - 1)) for d in deny]
+    out.append((f"deny {deny[-1]:,}, catalog-normalised", "deny-catalog", min(deny[-1], n_items - 1)))
     return out + [("allow 1%", "allow", max(1, n_items // 100))]
 
 

@@ -140,12 +140,13 @@ class CatalogStore:
         return self._device
 
     def decode(self, hidden_fn, batch_size: int, *, allow_items=None, deny_items=None,
-               snapshot: CatalogVersion | None = None) -> StoreResult:
+               snapshot: CatalogVersion | None = None, normalise: str = "request") -> StoreResult:
         """Decode on the current version (read once), or on ``snapshot`` (a version read
         earlier, when the requests were prepared against its rows); deleted items are
-        denied to every request."""
+        denied to every request. ``normalise``: see :class:`~zerogr_core.decode.constraints.RequestLists`."""
         v = self._current if snapshot is None else snapshot
-        lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows)
+        lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows,
+                                        normalise=normalise)
         if v.decoder.gpu_engine is not None:
             with self._device:
                 result = v.decoder.decode(hidden_fn, batch_size, lists=lists)

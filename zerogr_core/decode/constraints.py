@@ -7,8 +7,11 @@ filtering, before projection and normalisation. Consequences, for both orders:
 
 - every returned beam is an allowed item, and no beam is spent on a prefix without an
   allowed item below it;
-- filtering first normalises over the request's alive valid tokens only; scoring first
-  normalises over everything the model projects, as without constraints;
+- filtering first normalises over the request's alive valid tokens only
+  (``normalise="request"``, the default), or over the catalog's valid tokens, the lists
+  only removing candidates (``normalise="catalog"``: an item's score is then the same with
+  or without lists, as when ranking and filtering afterwards); scoring first normalises
+  over everything the model projects, as without constraints;
 - a request with fewer allowed items than M gets all of them, then padding: token -1,
   score -inf, item row -1 (item id -1, or ``None`` for string ids).
 
@@ -29,10 +32,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from zerogr_kernels.constraints import constrain_slots, search_iterations
+from zerogr_kernels.constraints import CATALOG_NORMALISED, constrain_scored_slots, constrain_slots, search_iterations
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
+
+NORMALISE = ("request", "catalog")
+"""What filtering first normalises a constrained request over (:class:`RequestLists`)."""
 
 MIN_CAPACITY = 1024
 """Smallest list buffer of a captured shape; capacities grow by powers of two."""
@@ -93,12 +99,30 @@ class RequestLists:
     glob : np.ndarray, shape (g,), int64
         Sorted rows no request may return (a live catalog's deletions), stored once for
         the whole batch.
+    normalise : {"request", "catalog"}
+        What filtering first normalises over: each request's alive tokens, or the
+        catalog's valid tokens with the listed candidates dropped afterwards (see the
+        module docstring). Scoring first is the same under both.
     """
 
     offsets: np.ndarray
     rows: np.ndarray
     mode: np.ndarray
     glob: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    normalise: str = "request"
+
+    def __post_init__(self):
+        if self.normalise not in NORMALISE:
+            raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {self.normalise!r}")
+
+    @property
+    def catalog_normalised(self) -> bool:
+        return self.normalise == "catalog"
+
+    def device_mode(self) -> np.ndarray:
+        """``(batch,)`` int32 mode bits of the kernels (:mod:`zerogr_kernels.constraints`)."""
+        extra = CATALOG_NORMALISED if self.catalog_normalised else 0
+        return (self.mode.astype(np.int32) | extra).astype(np.int32)
 
     @property
     def batch(self) -> int:
@@ -134,12 +158,13 @@ class RequestLists:
         return np.concatenate([[0], g + self.offsets]).astype(np.int64)
 
     @classmethod
-    def from_rows(cls, deny=None, allow=None) -> "RequestLists":
+    def from_rows(cls, deny=None, allow=None, normalise: str = "request") -> "RequestLists":
         """Lists straight from catalog rows: per request a deny or an allow array (not both).
 
         Parameters
         ----------
         deny, allow : sequence of ``batch`` int arrays (or None), optional
+        normalise : {"request", "catalog"}
         """
         n = len(deny if deny is not None else allow)
         lists, mode = [], np.zeros(n, dtype=np.int32)
@@ -154,13 +179,13 @@ class RequestLists:
         offsets = np.zeros(n + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([x.size for x in lists])
         rows = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
-        return cls(offsets, rows.astype(np.int64), mode)
+        return cls(offsets, rows.astype(np.int64), mode, normalise=normalise)
 
     def to_device(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(offsets, rows, mode)`` tensors for :func:`zerogr_kernels.constrain_slots` (rows padded to ≥ 1)."""
         rows = np.concatenate([self.glob, self.rows, np.zeros(1, dtype=np.int64)]).astype(np.int64)
         return (torch.from_numpy(self.device_offsets()).to(device), torch.from_numpy(rows).to(device),
-                torch.from_numpy(self.mode).to(device))
+                torch.from_numpy(self.device_mode()).to(device))
 
 
 def _row_list(catalog, items, what: str) -> np.ndarray:
@@ -185,7 +210,7 @@ def _per_request(items, batch: int, name: str) -> Sequence:
 
 
 def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
-                global_deny_rows: np.ndarray | None = None) -> RequestLists:
+                global_deny_rows: np.ndarray | None = None, normalise: str = "request") -> RequestLists:
     """Merge allow lists, deny lists and a global deny set into one list per request.
 
     Parameters
@@ -200,6 +225,8 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
         Sorted, duplicate-free rows no request may return (deleted items of a live
         catalog); kept once for the batch (the same array object, so an engine that
         already holds it on the device skips the copy).
+    normalise : {"request", "catalog"}
+        See :class:`RequestLists`.
 
     Returns
     -------
@@ -232,7 +259,7 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     offsets = np.zeros(batch + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(x) for x in lists])
     rows = np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, dtype=np.int64)
-    return RequestLists(offsets, rows, mode, glob)
+    return RequestLists(offsets, rows, mode, glob, normalise)
 
 
 def _sorted_isin(values: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:
@@ -261,11 +288,24 @@ class SlotConstraint:
         self.n_iter = n_iter or search_iterations(lists.longest)
 
     def __call__(self, step: int, slot_tokens: torch.Tensor, slot_succ: torch.Tensor,
-                 slot_logits: torch.Tensor) -> None:
-        """Kill, in place, the slots of step ``step`` with no allowed row below them."""
+                 slot_logits: torch.Tensor, defer: bool = False) -> None:
+        """Kill, in place, the slots of step ``step`` with no allowed row below them
+        (with ``defer``, not yet those of catalog-normalised requests: :meth:`rescore`)."""
         beams = slot_succ.shape[0] // self.lists.batch
         constrain_slots(slot_tokens, slot_succ, slot_logits, self.starts[step], self.offsets, self.rows,
-                        self.mode, beams, self.n_iter)
+                        self.mode, beams, self.n_iter, defer)
+
+    def rescore(self, step: int, slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
+                scores: torch.Tensor) -> torch.Tensor:
+        """After projection: drop the deferred slots and return the beam scores that keep
+        the catalog's normalisation (:func:`zerogr_kernels.constraints.constrain_scored_slots`).
+        Returns ``scores`` unchanged when no request is catalog-normalised."""
+        if not self.lists.catalog_normalised:
+            return scores
+        beams = slot_succ.shape[0] // self.lists.batch
+        return constrain_scored_slots(slot_tokens, slot_succ, slot_logits, self.starts[step], self.offsets,
+                                      self.rows, self.mode, beams, self.n_iter, scores.contiguous(),
+                                      torch.empty_like(scores, dtype=torch.float32))
 
 
 def capacity_for(rows_needed: int) -> int:
@@ -310,11 +350,17 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int) -> ListBu
     def make(level: int, beams: int):
         def constrain(slots) -> None:
             constrain_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level], buffers.offsets,
-                            buffers.rows, buffers.mode, beams, n_iter)
-        return constrain
+                            buffers.rows, buffers.mode, beams, n_iter, defer=True)
+        # the graph serves both normalisations: the mode bits of each call's lists decide
+        out = torch.empty(batch * beams, dtype=torch.float32, device=dev)
+
+        def rescore(slots, scores: torch.Tensor) -> torch.Tensor:
+            return constrain_scored_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level],
+                                          buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, scores, out)
+        return constrain, rescore
 
     for level, runner in enumerate(runners):
-        runner.constraint = make(level, runner.filter_out.slot_succ.shape[0] // batch)
+        runner.constraint, runner.rescore = make(level, runner.filter_out.slot_succ.shape[0] // batch)
     return buffers
 
 
@@ -325,7 +371,7 @@ def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
     if lists.batch != buffers.mode.shape[0]:
         raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.mode.shape[0]}")
     buffers.offsets.copy_(torch.from_numpy(lists.device_offsets()))
-    buffers.mode.copy_(torch.from_numpy(lists.mode))
+    buffers.mode.copy_(torch.from_numpy(lists.device_mode()))
     g = int(lists.glob.size)
     if g and buffers.loaded_glob is not lists.glob:
         buffers.rows[:g].copy_(torch.from_numpy(lists.glob))

@@ -146,17 +146,18 @@ class Decoder:
             return ScoreFirst(self.source, self.heads)
         return Unconstrained(self.heads)
 
-    def request_lists(self, batch_size: int, allow_items=None, deny_items=None, global_deny_rows=None):
+    def request_lists(self, batch_size: int, allow_items=None, deny_items=None, global_deny_rows=None,
+                      normalise: str = "request"):
         """Per-request row lists for :meth:`decode` (:func:`~zerogr_core.decode.constraints.build_lists`)."""
         from .constraints import build_lists
 
         if self.catalog is None:
             raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
-        return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows)
+        return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise)
 
     @torch.no_grad()
     def decode(self, hidden_fn: HiddenFn, batch_size: int, *, allow_items=None, deny_items=None,
-               lists=None) -> DecodeResult:
+               lists=None, normalise: str = "request") -> DecodeResult:
         """Decode ``batch_size`` requests, optionally under per-request item constraints.
 
         Parameters
@@ -172,18 +173,23 @@ class Decoder:
             Per request, only the allowed items / none of the denied items are returned
             (ids as in ``catalog``; ids not in it are skipped). Enforced during decoding:
             prefixes without an allowed item below them are never scored or kept, and
-            filtering first normalises over the request's alive tokens only. A request
-            with fewer allowed items than ``beam_width`` gets them all, then padding
-            (row -1, score -inf). See :mod:`zerogr_core.decode.constraints`.
+            filtering first normalises as ``normalise`` says. A request with fewer
+            allowed items than ``beam_width`` gets them all, then padding (row -1, score
+            -inf). See :mod:`zerogr_core.decode.constraints`.
         lists : RequestLists, optional
-            Ready-made row lists (:meth:`request_lists`), instead of the two id lists.
+            Ready-made row lists (:meth:`request_lists`), instead of the two id lists
+            (they carry their own ``normalise``).
+        normalise : {"request", "catalog"}
+            With the id lists, what filtering first normalises over: each request's
+            alive tokens, or the catalog's valid tokens with the listed items dropped
+            afterwards (an item then scores the same with or without lists).
 
         Returns
         -------
         DecodeResult
         """
         if lists is None and (allow_items is not None or deny_items is not None):
-            lists = self.request_lists(batch_size, allow_items, deny_items)
+            lists = self.request_lists(batch_size, allow_items, deny_items, normalise=normalise)
         if lists is not None:
             self._check_constrainable(lists, batch_size)
         from .loop import is_step_model

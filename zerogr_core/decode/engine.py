@@ -86,8 +86,11 @@ class StepRunner:
         self.logits = (torch.empty(n, mapping.codebook, dtype=torch.float32, device=dev)
                        if option.projection == "full" else None)
         #: Optional callable(FilterOut) that kills constrained slots in place, after
-        #: filtering and before projection/normalisation (set by a constrained ShapeState).
+        #: filtering and before projection/normalisation (set by a constrained ShapeState),
+        #: and callable(FilterOut, scores) -> scores that applies catalog-normalised lists
+        #: after projection.
         self.constraint = None
+        self.rescore = None
         self.top = TopkOut(torch.empty(batch, beam_width, dtype=torch.float32, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int64, device=dev),
                            torch.empty(batch, beam_width, dtype=torch.int32, device=dev),
@@ -121,6 +124,9 @@ class StepRunner:
     def __call__(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor,
                  prefixes=None, timer=no_timer) -> TopkOut:
         slots = self.project(states, hidden, timer)
+        if self.rescore is not None:
+            with timer(self.level, "filter"):
+                scores = self.rescore(slots, scores)
         with timer(self.level, "select"):
             return self.select(slots, scores, prefixes)
 

@@ -55,7 +55,7 @@ class FilterFirst:
             raise ZeroGRError(f"projection must list one of {PROJECTIONS} per step, got {list(projection)}")
         self.index, self.heads, self.projection, self.ops = index, heads, tuple(projection), ops
         #: Optional per-request lists (:class:`~zerogr_core.decode.constraints.SlotConstraint`),
-        #: applied to the slots before projection and normalisation.
+        #: applied to the slots before projection (catalog-normalised lists: after it).
         self.constraint = None
 
     def __call__(self, step, states, hidden, scores, timer=no_timer):
@@ -67,14 +67,17 @@ class FilterFirst:
             with timer(step, "filter"):
                 slots = ops.filter(states, mapping.slot_width, **mapping.filter_args(), logits=logits)
                 if self.constraint is not None:
-                    self.constraint(step, *slots[:3])
+                    self.constraint(step, *slots[:3], defer=True)
         else:
             with timer(step, "filter"):
                 slots = ops.filter(states, mapping.slot_width, **mapping.filter_args())
                 if self.constraint is not None:
-                    self.constraint(step, *slots[:3])
+                    self.constraint(step, *slots[:3], defer=True)
             with timer(step, "project"):
                 ops.selective(hidden.to(band.dtype), band, slots.slot_tokens, slots.tasks, slots.slot_logits)
+        if self.constraint is not None:
+            with timer(step, "filter"):
+                scores = self.constraint.rescore(step, *slots[:3], scores)
         with timer(step, "normalise"):
             cand = ops.log_softmax(slots.slot_logits, scores)
         return cand, slots.slot_tokens, slots.slot_succ

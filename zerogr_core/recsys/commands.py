@@ -77,6 +77,10 @@ def register(subparsers) -> None:
                    "own history: skip (the default for a sequence data set, the full-ranking protocol of "
                    "sequential recommendation: each history is the request's deny list) or keep (the default "
                    "for MovieLens, as its shipped study was measured); the popularity baseline always skips")
+    q.add_argument("--seen-normalise", choices=("catalog", "request"), default="catalog",
+                   help="with --seen skip, what filtering first normalises over: the catalog's valid tokens, "
+                   "the history items dropped afterwards so the other items score as with the history kept "
+                   "(the default), or the request's remaining tokens")
     q.add_argument("--device", default="cpu", help="torch device (default cpu; 'auto' picks cuda if present)")
     q.add_argument("--results", metavar="DIR", default=str(RESULTS_DIR),
                    help="where the report goes (default bench/results): quality.json and quality.html for "
@@ -121,7 +125,8 @@ def run_quality(args: argparse.Namespace) -> None:
     users = fixed_users(split.n_users, args.users if args.users is not None else split.n_users)
     ks = [k for k in KS if k <= args.beam]
     report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,
-                          ks=ks, checkpoint=args.checkpoint, skip_seen=args.seen == "skip")
+                          ks=ks, checkpoint=args.checkpoint, skip_seen=args.seen == "skip",
+                          seen_normalise=args.seen_normalise)
     report["timing"]["total_s"] = time.perf_counter() - start
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
@@ -185,7 +190,7 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
     ks = [k for k in KS if k <= args.beam]
     report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,
                           ks=ks, checkpoint=checkpoint, quality_bars=QualityBars.for_dataset(args.dataset),
-                          skip_seen=args.seen != "keep")
+                          skip_seen=args.seen != "keep", seen_normalise=args.seen_normalise)
     from .train import file_sha256
 
     report["checkpoint_sha256"] = file_sha256(Path(checkpoint))

@@ -127,8 +127,15 @@ class InvalidMass:
         return out
 
 
+SEEN_NORMALISE = "catalog"
+"""How a request's history is denied under ``skip_seen``: filtering first keeps the catalog's
+normalisation, so the other items rank as with the history kept
+(:class:`~zerogr_core.decode.constraints.RequestLists`)."""
+
+
 def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch_size: int,
-                index=None, invalid: InvalidMass | None = None, skip_seen: bool = False) -> np.ndarray:
+                index=None, invalid: InvalidMass | None = None, skip_seen: bool = False,
+                seen_normalise: str = SEEN_NORMALISE) -> np.ndarray:
     """Beam-search the next item of every history.
 
     Parameters
@@ -147,7 +154,12 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
     skip_seen : bool
         Never return an item of the request's own history: each history is the request's
         deny list, enforced inside the decode (:mod:`zerogr_core.decode.constraints`), so
-        no beam is spent on an item the user already has.
+        no beam is spent on an item the user already has. Filtering first keeps the
+        catalog's normalisation (``normalise="catalog"``): the other items score as they
+        would with the history kept, as when a ranking is filtered afterwards.
+    seen_normalise : {"catalog", "request"}
+        ``"request"`` normalises filtering first over the request's remaining tokens instead
+        (:class:`~zerogr_core.decode.constraints.RequestLists`).
 
     Returns
     -------
@@ -166,7 +178,7 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
         hidden_fn = model.hidden_fn_for(chunk, study.sids)
         if invalid is not None:
             hidden_fn = invalid.wrap(hidden_fn, heads, validity)
-        lists = RequestLists.from_rows(deny=chunk) if skip_seen else None
+        lists = RequestLists.from_rows(deny=chunk, normalise=seen_normalise) if skip_seen else None
         result = decoder.decode(hidden_fn, len(chunk), lists=lists)
         out[lo:lo + len(chunk)] = result.item_rows.cpu().numpy()
     return out
@@ -255,7 +267,8 @@ def popularity_lists(train_counts: np.ndarray, row_of_item: np.ndarray, historie
 
 def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarray, *, beam: int = 128,
              batch_size: int = 64, ks: Sequence[int] = KS, measure_invalid: bool = True,
-             quality_bars: QualityBars | None = None, skip_seen: bool = False) -> dict:
+             quality_bars: QualityBars | None = None, skip_seen: bool = False,
+             seen_normalise: str = SEEN_NORMALISE) -> dict:
     """Decode ``users`` in both orders and compute every metric of the study.
 
     Parameters
@@ -276,11 +289,14 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
     skip_seen : bool
         Both orders leave out each user's history items (the full-ranking protocol of
         sequential recommendation); the popularity baseline always does.
+    seen_normalise : {"catalog", "request"}
+        How the history is denied (:func:`decode_rows`).
 
     Returns
     -------
     dict
-        ``skip_seen``, ``k``, ``overlap``, ``recall_filter_first``, ``recall_score_first``,
+        ``skip_seen``, ``seen_normalise`` (what filtering first normalised a request over
+        when its history was denied), ``k``, ``overlap``, ``recall_filter_first``, ``recall_score_first``,
         ``ndcg_filter_first``, ``ndcg_score_first``, ``recall_popularity``,
         ``ndcg_popularity``, ``recall_popularity_unfiltered``, ``ndcg_popularity_unfiltered``,
         ``share_differ``, ``share_order_differ`` (each keyed by K),
@@ -296,7 +312,8 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
     for order in ORDERS:
         start = time.perf_counter()
         lists[order] = decode_rows(study, histories, order, beam, batch_size, index,
-                                   invalid if order == "score-first" else None, skip_seen=skip_seen)
+                                   invalid if order == "score-first" else None, skip_seen=skip_seen,
+                                   seen_normalise=seen_normalise)
         timing[f"{order}_s"] = time.perf_counter() - start
     overlap, differ, order_differ = overlap_metrics(lists["filter-first"], lists["score-first"], ks)
     rec_ff, ndcg_ff = ranking_metrics(lists["filter-first"], targets, ks)
@@ -312,6 +329,7 @@ def evaluate(study, split, users: np.ndarray, stage: str, row_of_item: np.ndarra
         ndcg_popularity=key(ndcg_pop), recall_popularity_unfiltered=key(rec_raw),
         ndcg_popularity_unfiltered=key(ndcg_raw), share_differ=key(differ), share_order_differ=key(order_differ),
         stage=stage, users=int(len(users)), beam=beam, skip_seen=skip_seen,
+        seen_normalise=seen_normalise if skip_seen else None,
         top10_filter_first=study.catalog.item_ids[np.maximum(lists["filter-first"][:, :10], 0)].tolist(),
         timing=timing)
     if invalid is not None:
@@ -373,7 +391,8 @@ def markdown_table(report: dict, rows=TABLE_ROWS) -> str:
 
 def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray, *, beam: int = 128,
                  batch_size: int = 64, ks: Sequence[int] = KS, checkpoint=None,
-                 quality_bars: QualityBars | None = None, skip_seen: bool = False) -> dict:
+                 quality_bars: QualityBars | None = None, skip_seen: bool = False,
+                 seen_normalise: str = SEEN_NORMALISE) -> dict:
     """:func:`evaluate` on the test stage, plus what produced it (data, SIDs, model, training).
 
     Returns
@@ -384,7 +403,7 @@ def study_report(study, data, split, users: np.ndarray, row_of_item: np.ndarray,
         validation loss), ``checkpoint``, ``seed``, ``device``, ``torch``.
     """
     report = evaluate(study, split, users, "test", row_of_item, beam=beam, batch_size=batch_size, ks=ks,
-                      quality_bars=quality_bars, skip_seen=skip_seen)
+                      quality_bars=quality_bars, skip_seen=skip_seen, seen_normalise=seen_normalise)
     del report["top10_filter_first"]
     meta = study.meta
     report.update(

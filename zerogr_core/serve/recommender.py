@@ -203,7 +203,8 @@ class Recommender:
         for size in self.config.batch_sizes:
             history = [np.zeros(1, dtype=np.int64)] * size
             # the store runs this under its device lock, as recommend prefills and decodes
-            decoder.decode(self._model_input(history, sids), size, lists=RequestLists.from_rows(deny=history))
+            decoder.decode(self._model_input(history, sids), size,
+                           lists=RequestLists.from_rows(deny=history, normalise="catalog"))
 
     # ------------------------------------------------------------------ decoding
     def recommend(self, queries: list[Query]) -> list:
@@ -236,7 +237,8 @@ class Recommender:
             rows = pad(part, size)
             with store.device_lock:  # a step model holds one batch: prefill and decode together
                 done = store.decode(self._model_input([r[1] for r in rows], sids), size,
-                                    deny_items=[v.catalog.item_ids[r[2]] for r in rows], snapshot=v)
+                                    deny_items=[v.catalog.item_ids[r[2]] for r in rows], snapshot=v,
+                                    normalise="catalog")
             label = self.live.label(done.version)
             scores = done.result.scores.float().cpu()
             item_rows = done.result.item_rows.cpu()
