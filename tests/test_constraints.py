@@ -326,6 +326,10 @@ def test_constraint_errors_are_one_line():
         dec.decode(fn, 1, allow_items=[["x"]])
     with pytest.raises(ZeroGRError, match=r"allow_items\[0\] must be a list of item ids \(or None\), got int"):
         dec.decode(fn, 1, allow_items=[1])
+    with pytest.raises(ZeroGRError, match="normalise must be one of .*got 'catlog'"):
+        dec.decode(fn, 1, normalise="catlog")
+    with pytest.raises(ZeroGRError, match="normalise must be one of"):
+        dec.request_lists(1, deny_items=[[0]], normalise="vocab")
     with pytest.raises(ZeroGRError, match="constrained order"):
         Decoder(index, heads, 2, "unconstrained", catalog=catalog).decode(fn, 1, deny_items=[[0]])
     static = build_static_index(catalog)

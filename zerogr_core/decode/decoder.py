@@ -188,6 +188,10 @@ class Decoder:
         -------
         DecodeResult
         """
+        from .constraints import NORMALISE
+
+        if normalise not in NORMALISE:
+            raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {normalise!r}")
         if lists is None and (allow_items is not None or deny_items is not None):
             lists = self.request_lists(batch_size, allow_items, deny_items, normalise=normalise)
         if lists is not None:
