@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, use_triton
-from .normalize import lse_finish, lse_update
+from .normalize import lse_finish, lse_update, row_tiling
 
 BLOCK_SLOTS = 128
 """Slots per program (one beam, one column block)."""
@@ -123,11 +123,13 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
 
 
 @triton.jit
-def _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, dead, BLOCK: tl.constexpr):
-    tl.store(slot_tok_ptr + slot, tl.full([BLOCK], -1, tl.int32), mask=dead)
-    tl.store(slot_succ_ptr + slot, tl.full([BLOCK], -1, tl.int64), mask=dead)
-    tl.store(slot_logit_ptr + slot, tl.full([BLOCK], float("-inf"), tl.float32).to(
-        slot_logit_ptr.dtype.element_ty), mask=dead)
+def _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, dead):
+    # marks the slots at int64 offsets `slot` (any shape) where `dead` is true as invalid
+    minus_one = tl.zeros_like(slot) - 1
+    tl.store(slot_tok_ptr + slot, minus_one.to(tl.int32), mask=dead)
+    tl.store(slot_succ_ptr + slot, minus_one, mask=dead)
+    tl.store(slot_logit_ptr + slot, (minus_one.to(tl.float32) * float("inf")).to(slot_logit_ptr.dtype.element_ty),
+             mask=dead)
 
 
 @triton.jit
@@ -148,41 +150,41 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
         # a catalog-normalised request loses only what left the catalog here; its own
         # list is applied after projection
         alive = tl.where((mode & 2) != 0, live, alive)
-    _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, in_row & valid & ~alive, BLOCK)
+    _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, in_row & valid & ~alive)
 
 
 @triton.jit
 def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
                              list_off_ptr, list_rows_ptr, list_mode_ptr, score_ptr, out_score_ptr,
-                             K, beams_per_request, N_ITER: tl.constexpr, LAST: tl.constexpr,
-                             BLOCK: tl.constexpr, N_CHUNKS: tl.constexpr):
-    beam = tl.program_id(0).to(tl.int64)
-    req = beam // beams_per_request
-    mode = tl.load(list_mode_ptr + req)
-    active = (mode & 2) != 0
+                             n_rows, K, beams_per_request, N_ITER: tl.constexpr, LAST: tl.constexpr,
+                             ROWS: tl.constexpr, BLOCK: tl.constexpr, N_CHUNKS: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    req = tl.minimum(rows, n_rows - 1) // beams_per_request
+    mode = tl.load(list_mode_ptr + req, mask=row_ok, other=0)
+    active = row_ok & ((mode & 2) != 0)  # other requests read nothing and keep their scores
     # log-sum-exp states over every live slot (m_all, s_all) and over the alive ones
-    m_all = tl.full([1], float("-inf"), tl.float32)
-    s_all = tl.zeros([1], tl.float32)
-    m_alive = tl.full([1], float("-inf"), tl.float32)
-    s_alive = tl.zeros([1], tl.float32)
-    if active:  # other requests read nothing
-        for c in range(N_CHUNKS):
-            cols = c * BLOCK + tl.arange(0, BLOCK)
-            in_row = cols < K
-            slot = beam * K + cols
-            succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
-            valid = succ >= 0
-            x = tl.load(slot_logit_ptr + slot, mask=in_row & valid, other=float("-inf")).to(tl.float32)
-            alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req,
-                                      (mode & 1) != 0, N_ITER, LAST)
-            x = tl.where(live, x, float("-inf"))
-            m_all, s_all = lse_update(m_all, s_all, x[None, :])
-            m_alive, s_alive = lse_update(m_alive, s_alive, tl.where(alive, x, float("-inf"))[None, :])
-            _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, in_row & valid & ~alive, BLOCK)
-    score = tl.load(score_ptr + beam + tl.arange(0, 1))
+    m_all = tl.full([ROWS], float("-inf"), tl.float32)
+    s_all = tl.zeros([ROWS], tl.float32)
+    m_alive = tl.full([ROWS], float("-inf"), tl.float32)
+    s_alive = tl.zeros([ROWS], tl.float32)
+    for c in range(N_CHUNKS):
+        cols = c * BLOCK + tl.arange(0, BLOCK)
+        ok = active[:, None] & (cols < K)[None, :]
+        slot = rows[:, None] * K + cols[None, :]
+        succ = tl.load(slot_succ_ptr + slot, mask=ok, other=-1)
+        valid = succ >= 0
+        x = tl.load(slot_logit_ptr + slot, mask=valid, other=float("-inf")).to(tl.float32)
+        alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req[:, None],
+                                  ((mode & 1) != 0)[:, None], N_ITER, LAST)
+        x = tl.where(live, x, float("-inf"))
+        m_all, s_all = lse_update(m_all, s_all, x)
+        m_alive, s_alive = lse_update(m_alive, s_alive, tl.where(alive, x, float("-inf")))
+        _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, valid & ~alive)
+    score = tl.load(score_ptr + rows, mask=row_ok, other=float("-inf"))
     shift = lse_finish(m_alive, s_alive) - lse_finish(m_all, s_all)
     out = tl.where(m_alive == float("-inf"), float("-inf"), score + shift)
-    tl.store(out_score_ptr + beam + tl.arange(0, 1), tl.where(active, out, score))
+    tl.store(out_score_ptr + rows, tl.where(active, out, score), mask=row_ok)
 
 
 def constrain_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
@@ -325,12 +327,12 @@ def constrain_scored_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Te
     n, K = slot_succ.shape
     if n == 0:
         return out_scores
-    block = min(BLOCK_SLOTS, next_pow2(K))
+    rows, block, n_chunks = row_tiling(n, K)
     last = row_start is None
-    _constrain_scored_kernel[(n,)](
+    _constrain_scored_kernel[(cdiv(n, rows),)](
         slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
-        list_mode, beam_scores, out_scores, K, beams_per_request, N_ITER=n_iter, LAST=last, BLOCK=block,
-        N_CHUNKS=cdiv(K, block))
+        list_mode, beam_scores, out_scores, n, K, beams_per_request, N_ITER=n_iter, LAST=last, ROWS=rows,
+        BLOCK=block, N_CHUNKS=n_chunks)
     return out_scores
 
 

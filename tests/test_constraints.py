@@ -224,7 +224,7 @@ def scenarios(draw):
     return catalog, sizes, allow, deny, beam, preset, projection, seed, glob, normalise
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.sampled_from(["filter-first", "score-first"]))
 def test_both_orders_match_the_oracle(scenario, order):
     catalog, sizes, allow, deny, beam, preset, projection, seed, glob, normalise = scenario
@@ -373,7 +373,7 @@ def test_engine_lists_match_the_reference_and_buffers_regrow(plan, normalise):
             want = ref.decode(model, 3, lists=lists)
             assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
             torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
-            shape = engine._shapes[engine.key(3) + ("lists",)]
+            shape = engine._shapes[engine.key(3) + ("lists", normalise)]
             assert shape.capacity >= lists.rows.size
         # unconstrained calls still use the plain shape
         plain = engine.decode(model, 3)
@@ -401,7 +401,7 @@ def test_graph_replay_with_lists_matches_the_reference_on_gpu():
         cases = [(None, [g.choice(n, 5000, replace=False) for _ in range(batch)]),
                  ([g.choice(n, n // 100, replace=False) for _ in range(batch)], None),
                  ([g.choice(n, 7, replace=False)] + [None] * (batch - 1), None)]
-        # one captured graph serves both normalisations
+        # each normalisation captures its own graph
         for (allow, deny), normalise in itertools.product(cases, ("request", "catalog")):
             lists = graph.request_lists(batch, allow, deny, normalise=normalise)
             a = graph.decode(hidden_fn, batch, lists=lists)

@@ -333,13 +333,17 @@ class ListBuffers:
     loaded_glob: object = None
 
 
-def attach_lists(runners, index: StepIndex, batch: int, capacity: int) -> ListBuffers:
+def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise: str = "request") -> ListBuffers:
     """Give each engine step runner a constraint over shared static list buffers.
 
     The buffers live as long as the shape; :func:`load_lists` refills them before a
     replay, so the captured graph reads each call's lists. ``n_iter`` follows the
-    capacity, never one call's lists, so the graph stays valid for every fill.
+    capacity, never one call's lists, so the graph stays valid for every fill. Under
+    ``normalise="catalog"`` the runners also get the pass after projection
+    (:func:`~zerogr_kernels.constraints.constrain_scored_slots`); the shape then serves
+    catalog-normalised lists only.
     """
+    catalog = normalise == "catalog"
     dev = index.device
     buffers = ListBuffers(torch.zeros(batch + 2, dtype=torch.int64, device=dev),
                           torch.zeros(capacity, dtype=torch.int64, device=dev),
@@ -350,14 +354,13 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int) -> ListBu
     def make(level: int, beams: int):
         def constrain(slots) -> None:
             constrain_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level], buffers.offsets,
-                            buffers.rows, buffers.mode, beams, n_iter, defer=True)
-        # the graph serves both normalisations: the mode bits of each call's lists decide
-        out = torch.empty(batch * beams, dtype=torch.float32, device=dev)
+                            buffers.rows, buffers.mode, beams, n_iter, defer=catalog)
+        out = torch.empty(batch * beams, dtype=torch.float32, device=dev) if catalog else None
 
         def rescore(slots, scores: torch.Tensor) -> torch.Tensor:
             return constrain_scored_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level],
                                           buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, scores, out)
-        return constrain, rescore
+        return constrain, rescore if catalog else None
 
     for level, runner in enumerate(runners):
         runner.constraint, runner.rescore = make(level, runner.filter_out.slot_succ.shape[0] // batch)

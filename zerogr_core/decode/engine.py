@@ -171,7 +171,8 @@ class StepRunner:
 class ShapeState:
     """Static buffers, runners and beam loop of one (batch, beam, dtype, H) shape."""
 
-    def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption], capacity: int = 0):
+    def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption], capacity: int = 0,
+                 normalise: str = "request"):
         self.batch = batch
         index = engine.index
         self.runners = [engine.step_runner(level, option, batch) for level, option in enumerate(options)]
@@ -179,7 +180,7 @@ class ShapeState:
         if capacity:
             from .constraints import attach_lists
 
-            self.lists = attach_lists(self.runners, index, batch, capacity)
+            self.lists = attach_lists(self.runners, index, batch, capacity, normalise)
         self.loop = BeamLoop(self.runners, batch, engine.beam_width, engine.heads.hidden_size, engine.heads.dtype,
                              index.device)
         self.prefixes = self.loop.prefixes
@@ -372,14 +373,17 @@ class GpuEngine:
 
     def constrained_shape(self, hidden_fn: HiddenFn, batch: int, lists) -> ShapeState:
         """The shape with static list buffers that hold ``lists`` (grown and re-captured
-        when a call lists more rows than its capacity), with ``lists`` copied in."""
+        when a call lists more rows than its capacity), with ``lists`` copied in. Each
+        normalisation has its own shape, so request-normalised lists never run the
+        catalog-normalised pass."""
         from .constraints import capacity_for, load_lists
 
-        key = self.key(batch) + ("lists",)
+        key = self.key(batch) + ("lists", lists.normalise)
         shape = self._shapes.get(key)
         if shape is None or shape.capacity < lists.total_rows:
             plan = self.plan(hidden_fn, batch)
-            shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity_for(lists.total_rows))
+            shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity_for(lists.total_rows),
+                               lists.normalise)
             self._shapes[key] = shape
         load_lists(shape.lists, lists)
         return shape
