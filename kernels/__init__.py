@@ -26,6 +26,13 @@ Beside the decoding step, three kernels serve the model that feeds it (a T5 deco
 :func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
 (``memory_attention``) and :func:`rms_layer_norm` (``rms_norm``).
 
+Launches: on Hopper and later (compute capability 9+) the step's kernels launch with
+programmatic dependent launch and open with ``_common.pdl_prologue`` (wait for the previous
+kernel, then let the next be scheduled), which hides most of a small kernel's launch gap in a
+replayed graph; ``ZEROGR_PDL=0`` turns it off. The filter that copies a band GEMM's logits
+launches without it (cuBLAS's kernels let dependents start early, and its waiting blocks
+slowed the GEMM's step).
+
 Modules are not named after their ops, so ``zerogr_kernels.filter_slots`` is always the function.
 
 Numeric contract (every path of every op a plan can choose): heads and hidden states share

@@ -1,9 +1,11 @@
-"""Helpers shared by the kernel modules: dispatch, argument checks, block sizes."""
+"""Helpers shared by the kernel modules: dispatch, argument checks, block sizes, launch options."""
 from __future__ import annotations
 
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -77,3 +79,47 @@ def check_out(out, specs) -> None:
     for t, (name, shape, dtype, device) in zip(out, specs):
         check_tensor(f"out.{name}", t, dtypes=(dtype,), ndim=len(shape), device=device,
                      shape=shape, contiguous=True)
+
+
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+_CAPABILITY: dict = {}
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels on ``device`` launch with programmatic dependent launch (PDL).
+
+    On Hopper and later (compute capability 9+) a kernel launched with PDL may be scheduled
+    while the kernel before it in the stream is still finishing; its first instruction waits
+    for that kernel's completion and memory (``griddepcontrol.wait``), so only the launch
+    latency between the two overlaps, which is most of a small kernel's cost in a captured
+    decode. ``ZEROGR_PDL=0`` turns it off; ``ZEROGR_PDL=force`` turns it on whatever the
+    device (the offline compile test, which has none).
+    """
+    mode = os.environ.get("ZEROGR_PDL", "1")
+    if mode == "force":
+        return True
+    if mode == "0" or device.type != "cuda" or interpreting():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = _capability(index)
+    return _CAPABILITY[index][0] >= 9
+
+
+def pdl_args(device: torch.device) -> dict:
+    """Launch arguments of a kernel with a :func:`pdl_prologue`: its ``PDL`` constexpr and,
+    when on, Triton's ``launch_pdl`` option."""
+    on = pdl_enabled(device)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
+@triton.jit
+def pdl_prologue(PDL: tl.constexpr):
+    """First statement of every kernel the decode launches: under PDL, wait for the previous
+    kernel's results, then let the next kernel be scheduled (it waits in turn)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, use_triton
+from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, pdl_args, pdl_prologue, use_triton
 from .normalize import lse_finish, lse_update, row_tiling
 
 BLOCK_SLOTS = 128
@@ -135,7 +135,9 @@ def _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, dead):
 @triton.jit
 def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
                       list_off_ptr, list_rows_ptr, list_mode_ptr, K, beams_per_request,
-                      N_ITER: tl.constexpr, LAST: tl.constexpr, DEFER: tl.constexpr, BLOCK: tl.constexpr):
+                      N_ITER: tl.constexpr, LAST: tl.constexpr, DEFER: tl.constexpr, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr):
+    pdl_prologue(PDL)
     beam = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_row = cols < K
@@ -157,7 +159,8 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
 def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
                              list_off_ptr, list_rows_ptr, list_mode_ptr, score_ptr, out_score_ptr,
                              n_rows, K, beams_per_request, N_ITER: tl.constexpr, LAST: tl.constexpr,
-                             ROWS: tl.constexpr, BLOCK: tl.constexpr, N_CHUNKS: tl.constexpr):
+                             ROWS: tl.constexpr, BLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     req = tl.minimum(rows, n_rows - 1) // beams_per_request
@@ -199,9 +202,10 @@ def constrain_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, s
         return
     block = min(BLOCK_SLOTS, next_pow2(K))
     last = row_start is None
+    pdl = pdl_args(slot_succ.device)
     _constrain_kernel[(n, cdiv(K, block))](
         slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
-        list_mode, K, beams_per_request, N_ITER=n_iter, LAST=last, DEFER=bool(defer), BLOCK=block)
+        list_mode, K, beams_per_request, N_ITER=n_iter, LAST=last, DEFER=bool(defer), BLOCK=block, **pdl)
 
 
 def _alive_reference(slot_succ, row_start, list_offsets, list_rows, list_mode, beams_per_request):
@@ -329,10 +333,11 @@ def constrain_scored_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Te
         return out_scores
     rows, block, n_chunks = row_tiling(n, K)
     last = row_start is None
+    pdl = pdl_args(slot_succ.device)
     _constrain_scored_kernel[(cdiv(n, rows),)](
         slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
         list_mode, beam_scores, out_scores, n, K, beams_per_request, N_ITER=n_iter, LAST=last, ROWS=rows,
-        BLOCK=block, N_CHUNKS=n_chunks)
+        BLOCK=block, N_CHUNKS=n_chunks, **pdl)
     return out_scores
 
 

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, use_triton
+from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, pdl_args, pdl_prologue, use_triton
 
 MAX_BLOCK_K = 2048
 """Widest column chunk one program holds; wider rows are processed in chunks."""
@@ -65,7 +65,8 @@ def apply_log_softmax(x, lse, score):
 
 @triton.jit
 def _log_softmax_slots_kernel(x_ptr, score_ptr, out_ptr, n_rows, K,
-                              ROWS: tl.constexpr, BLOCK_K: tl.constexpr, N_CHUNKS: tl.constexpr):
+                              ROWS: tl.constexpr, BLOCK_K: tl.constexpr, N_CHUNKS: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     m, s = row_lse_state(x_ptr, rows, row_ok, K, ROWS, BLOCK_K, N_CHUNKS)
@@ -115,9 +116,10 @@ def log_softmax_slots_triton(slot_logits: torch.Tensor, beam_scores: torch.Tenso
     if n_rows == 0:
         return out
     rows, block_k, n_chunks = row_tiling(n_rows, K)
+    pdl = pdl_args(slot_logits.device)
     _log_softmax_slots_kernel[(cdiv(n_rows, rows),)](
         slot_logits, beam_scores, out, n_rows, K,
-        ROWS=rows, BLOCK_K=block_k, N_CHUNKS=n_chunks, num_warps=4)
+        ROWS=rows, BLOCK_K=block_k, N_CHUNKS=n_chunks, num_warps=4, **pdl)
     return out
 
 

@@ -54,7 +54,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, cdiv, check_out, check_tensor, next_pow2, use_triton
+from ._common import (FLOAT_DTYPES, cdiv, check_out, check_tensor, next_pow2, pdl_args, pdl_prologue,
+                      use_triton)
 from .normalize import (apply_log_softmax, log_softmax_slots_reference, lse_finish, lse_update,
                         row_lse_state, row_tiling)
 
@@ -280,7 +281,8 @@ def _rows_topk_kernel(scores_ptr, beam_scores_ptr, top_ptr, lse_ptr, thr_ptr,
                       prev_ptr, next_ptr, level, Mb, K, M,
                       NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
                       N_COL: tl.constexpr, BLOCK_OUT: tl.constexpr, FINAL: tl.constexpr,
-                      PRUNE: tl.constexpr, EXTEND: tl.constexpr, LP: tl.constexpr):
+                      PRUNE: tl.constexpr, EXTEND: tl.constexpr, LP: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     # program (req, c): a (ROWS, BLOCK_C) tile of request req's slot rows, column block
     # c % N_COL of rows (c // N_COL) * ROWS + [0, ROWS); keys never go to memory.
     # FINAL (one program per request: the small path) decodes and gathers. PRUNE reads
@@ -327,7 +329,8 @@ def _rows_topk_kernel(scores_ptr, beam_scores_ptr, top_ptr, lse_ptr, thr_ptr,
 @triton.jit
 def _row_stats_kernel(x_ptr, beam_scores_ptr, lse_ptr, best_ptr, n_rows, K,
                       NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                      N_CHUNKS: tl.constexpr):
+                      N_CHUNKS: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     # per row: log-sum-exp of the valid slots and the row's best candidate score
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
@@ -344,7 +347,8 @@ def _row_stats_kernel(x_ptr, beam_scores_ptr, lse_ptr, best_ptr, n_rows, K,
 
 
 @triton.jit
-def _threshold_kernel(best_ptr, thr_ptr, Mb, M, BLOCK_MB: tl.constexpr):
+def _threshold_kernel(best_ptr, thr_ptr, Mb, M, BLOCK_MB: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     # T = M-th largest row best of the request (-inf when fewer than M rows): at least
     # M candidates score >= T, so nothing below T can be among the top M
     req = tl.program_id(0).to(tl.int64)
@@ -358,7 +362,8 @@ def _threshold_kernel(best_ptr, thr_ptr, Mb, M, BLOCK_MB: tl.constexpr):
 @triton.jit
 def _slot_keys_kernel(x_ptr, beam_scores_ptr, keys_ptr, n_rows, Mb, K,
                       NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                      N_CHUNKS: tl.constexpr):
+                      N_CHUNKS: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n_rows
     if NORMALIZE:
@@ -382,7 +387,8 @@ def _slot_keys_kernel(x_ptr, beam_scores_ptr, keys_ptr, n_rows, Mb, K,
 def _gather_kernel(top_ptr, n_top, slot_tok_ptr, slot_succ_ptr,
                    out_score_ptr, out_parent_ptr, out_tok_ptr, out_succ_ptr,
                    prev_ptr, next_ptr, level, Mb, K, M,
-                   BLOCK_OUT: tl.constexpr, EXTEND: tl.constexpr, LP: tl.constexpr):
+                   BLOCK_OUT: tl.constexpr, EXTEND: tl.constexpr, LP: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     # one program per request; ranks >= n_top (fewer candidates than M) are padding
     req = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BLOCK_OUT)
@@ -397,7 +403,8 @@ def _chunk_topk_kernel(keys_ptr, L, top_ptr, slot_tok_ptr, slot_succ_ptr,
                        out_score_ptr, out_parent_ptr, out_tok_ptr, out_succ_ptr,
                        prev_ptr, next_ptr, level, Mb, K, M,
                        CHUNK: tl.constexpr, BLOCK_OUT: tl.constexpr, FINAL: tl.constexpr,
-                       PRUNE: tl.constexpr, EXTEND: tl.constexpr, LP: tl.constexpr):
+                       PRUNE: tl.constexpr, EXTEND: tl.constexpr, LP: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     # program (req, c): top BLOCK_OUT of keys [c * CHUNK, (c + 1) * CHUNK) of row req
     # (row length L, rows contiguous); FINAL (one chunk per row) decodes and gathers
     req = tl.program_id(0).to(tl.int64)
@@ -441,13 +448,14 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
     level = prev.shape[2] if prefixes is not None else 0
     ext = dict(EXTEND=prefixes is not None, LP=max(2, next_pow2(level + 1)))
     gather_args = (slot_tokens, slot_succ, *res, prev, nxt, level, mb, K, beam_width)
+    pdl = pdl_args(dev)
     if path == "small":
         if tile > SMALL_MAX:
             raise ValueError(f"small path: padded tile {block_m}x{block_k} exceeds {SMALL_MAX}")
         _rows_topk_kernel[(batch, 1)](
             scores, bs, res.scores, res.scores, res.scores, *gather_args, NORMALIZE=normalize, ROWS=block_m,
             BLOCK_C=block_k, N_COL=1, BLOCK_OUT=block_out, FINAL=True, PRUNE=False, **ext,
-            num_warps=_warps(tile))
+            num_warps=_warps(tile), **pdl)
         return res
     if path in ("split", "prune"):
         prune = path == "prune"
@@ -459,15 +467,15 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
             rows, kb, n_chunks = row_tiling(n_beams, K)
             _row_stats_kernel[(cdiv(n_beams, rows),)](
                 scores, bs, lse, best, n_beams, K, NORMALIZE=normalize, ROWS=rows, BLOCK_K=kb,
-                N_CHUNKS=n_chunks, num_warps=4)
+                N_CHUNKS=n_chunks, num_warps=4, **pdl)
             _threshold_kernel[(batch,)](best, thr, mb, beam_width, BLOCK_MB=max(2, next_pow2(mb)),
-                                        num_warps=4)
+                                        num_warps=4, **pdl)
         rows, block_c, n_col, n_first = split_first_stage(mb, K, beam_width)
         final = n_first == 1
         keys = res.scores if final else torch.empty(batch, n_first * block_out, dtype=torch.int64, device=dev)
         _rows_topk_kernel[(batch, n_first)](
             scores, bs, keys, lse, thr, *gather_args, NORMALIZE=normalize, ROWS=rows, BLOCK_C=block_c,
-            N_COL=n_col, BLOCK_OUT=block_out, FINAL=final, PRUNE=prune, **ext, num_warps=_warps(rows * block_c))
+            N_COL=n_col, BLOCK_OUT=block_out, FINAL=final, PRUNE=prune, **ext, num_warps=_warps(rows * block_c), **pdl)
         if final:
             return res
         length = n_first * block_out
@@ -477,18 +485,18 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
             top = keys if final else torch.empty(batch, n * block_out, dtype=torch.int64, device=dev)
             _chunk_topk_kernel[(batch, n)](
                 keys, length, top, *gather_args, CHUNK=chunk, BLOCK_OUT=block_out, FINAL=final, PRUNE=prune,
-                **ext, num_warps=_warps(chunk))
+                **ext, num_warps=_warps(chunk), **pdl)
             keys, length = top, n * block_out
         return res
     keys = torch.empty(n_beams, K, dtype=torch.int64, device=dev)
     rows, kb, n_chunks = row_tiling(n_beams, K)
     _slot_keys_kernel[(cdiv(n_beams, rows),)](
         scores, bs, keys, n_beams, mb, K,
-        NORMALIZE=normalize, ROWS=rows, BLOCK_K=kb, N_CHUNKS=n_chunks, num_warps=4)
+        NORMALIZE=normalize, ROWS=rows, BLOCK_K=kb, N_CHUNKS=n_chunks, num_warps=4, **pdl)
     n_top = min(beam_width, mb * K)
     top = torch.topk(keys.view(batch, mb * K), n_top, dim=1, largest=True, sorted=True).values
     _gather_kernel[(batch,)](
-        top, n_top, *gather_args, BLOCK_OUT=block_out, **ext, num_warps=4 if block_out <= 512 else 8)
+        top, n_top, *gather_args, BLOCK_OUT=block_out, **ext, num_warps=4 if block_out <= 512 else 8, **pdl)
     return res
 
 

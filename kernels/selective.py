@@ -20,11 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, use_triton
+from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, pdl_args, pdl_prologue, use_triton
 from .filtering import TASK_WIDTH
 
 
-def _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes=1) -> None:
+def _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes=1,
+           h_split=1) -> None:
     check_tensor("slot_tokens", slot_tokens, dtypes=(torch.int32,), ndim=2, contiguous=True)
     n_beams, K = slot_tokens.shape
     device = slot_tokens.device
@@ -41,20 +42,30 @@ def _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_pe
         raise ValueError(f"tasks_per_program must be >= 1, got {tasks_per_program}")
     if not isinstance(h_passes, int) or h_passes < 1:
         raise ValueError(f"h_passes must be an int >= 1, got {h_passes!r}")
+    if not isinstance(h_split, int) or h_split < 1:
+        raise ValueError(f"h_split must be an int >= 1, got {h_split!r}")
+    if h_split > 1 and h_passes > 1:
+        raise ValueError("h_split and h_passes cannot be combined")
 
 
 @triton.jit
 def _selective_proj_kernel(hidden_ptr, weight_ptr, slot_tok_ptr, tasks_ptr, out_ptr,
-                           n_tasks, K, band_start,
+                           n_tasks, K, band_start, split_stride,
                            stride_hb, stride_hh, stride_wv, stride_wh,
                            H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                           TASKS_PER_PROG: tl.constexpr, H_LO: tl.constexpr, H_HI: tl.constexpr,
-                           RESUME: tl.constexpr):
-    # one pass covers hidden columns [H_LO, H_HI) (multiples of BLOCK_H; 0 and H in one
-    # pass); RESUME continues the sums a previous pass stored, so any split adds the same
-    # chunks in the same order
+                           TASKS_PER_PROG: tl.constexpr, H_LO: tl.constexpr, N_CHUNKS: tl.constexpr,
+                           RESUME: tl.constexpr, ACC2D: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    # program (p, s) covers N_CHUNKS chunks of BLOCK_H hidden columns from H_LO + s * N_CHUNKS * BLOCK_H
+    # (the last chunk masked at H) and writes its sums to out_ptr + s * split_stride; RESUME
+    # continues the sums a previous pass stored, so passes add the same chunks in the same order.
+    # ACC2D keeps a (BLOCK_T, BLOCK_H) accumulator and reduces it once at the end instead of
+    # after every chunk: the reduction's shuffles and barriers leave the loop.
     offs_t = tl.arange(0, BLOCK_T)
     offs_h = tl.arange(0, BLOCK_H)
+    split = tl.program_id(1)
+    h_base = H_LO + split * (N_CHUNKS * BLOCK_H)
+    out_base = out_ptr + split.to(tl.int64) * split_stride
     for i in tl.static_range(TASKS_PER_PROG):
         task = tl.program_id(0) * TASKS_PER_PROG + i
         count = tl.load(tasks_ptr + task * 3 + 2, mask=task < n_tasks, other=0)
@@ -66,19 +77,65 @@ def _selective_proj_kernel(hidden_ptr, weight_ptr, slot_tok_ptr, tasks_ptr, out_
             valid = tok >= 0
             w_rows = weight_ptr + (band_start + tok).to(tl.int64) * stride_wv
             h_row = hidden_ptr + beam * stride_hb
+            if ACC2D:
+                acc2 = tl.zeros([BLOCK_T, BLOCK_H], tl.float32)
             if RESUME:
-                acc = tl.load(out_ptr + beam * K + slot, mask=valid, other=0.0)
+                acc = tl.load(out_base + beam * K + slot, mask=valid, other=0.0)
             else:
                 acc = tl.zeros([BLOCK_T], tl.float32)
-            # H need not be a power of two: the last chunk is masked
-            for h0 in range(H_LO, H_HI, BLOCK_H):
-                hh = h0 + offs_h
+            for c in range(N_CHUNKS):
+                hh = h_base + c * BLOCK_H + offs_h
                 h_ok = hh < H
                 x = tl.load(h_row + hh * stride_hh, mask=h_ok, other=0.0).to(tl.float32)
                 w = tl.load(w_rows[:, None] + hh[None, :] * stride_wh,
                             mask=valid[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
-                acc += tl.sum(w * x[None, :], axis=1)
-            tl.store(out_ptr + beam * K + slot, acc, mask=valid)
+                if ACC2D:
+                    acc2 += w * x[None, :]
+                else:
+                    acc += tl.sum(w * x[None, :], axis=1)
+            if ACC2D:
+                acc += tl.sum(acc2, axis=1)
+            tl.store(out_base + beam * K + slot, acc, mask=valid)
+
+
+@triton.jit
+def _split_sum_kernel(part_ptr, slot_tok_ptr, tasks_ptr, out_ptr, n_tasks, K, split_stride,
+                      S: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    # program t: the valid slots of task t get the sum of their S partials, in split order
+    task = tl.program_id(0)
+    count = tl.load(tasks_ptr + task * 3 + 2, mask=task < n_tasks, other=0)
+    if count > 0:
+        beam = tl.load(tasks_ptr + task * 3).to(tl.int64)
+        at = beam * K + tl.load(tasks_ptr + task * 3 + 1) + tl.arange(0, BLOCK_T)
+        in_row = at < (beam + 1) * K
+        valid = tl.load(slot_tok_ptr + at, mask=in_row, other=-1) >= 0
+        acc = tl.load(part_ptr + at, mask=valid, other=0.0)
+        for s in tl.static_range(1, S):
+            acc += tl.load(part_ptr + s * split_stride + at, mask=valid, other=0.0)
+        tl.store(out_ptr + at, acc, mask=valid)
+
+
+MANY_TASKS = 2048
+"""Queue length from which :func:`default_tuning` takes the narrow hidden chunk."""
+
+
+def default_tuning(n_tasks: int, K: int, H: int) -> tuple[int, int, bool]:
+    """``(block_h, num_warps, acc2d)`` for a queue of ``n_tasks`` tasks over rows of ``K`` slots.
+
+    From the H200 sweep (``bench/results/projection-sweep/``, slot rows shaped like the
+    search-like steps). With thousands of tasks the GPU is full: a narrow chunk (64 columns)
+    with the 2-D accumulator keeps each program's registers low and the masked rows of sparse
+    tasks cheap (float32 H 4096 at batch 32: step 3 292 → 141 µs, step 4 147 → 70 µs). With
+    a few hundred tasks each program's chain of chunk loads is the latency, so the chunk is
+    as wide as a tile of about 8,192 elements allows (one chunk per task when ``K`` is 1),
+    reduced after every chunk.
+    """
+    if n_tasks >= MANY_TASKS:
+        return min(next_pow2(H), 64), 4, True
+    block_t = min(TASK_WIDTH, next_pow2(K))
+    block_h = min(next_pow2(H), max(64, 8192 // block_t))
+    return block_h, 8 if block_t * block_h >= 8192 else 4, False
 
 
 def h_pass_bounds(H: int, block_h: int, h_passes: int) -> list[tuple[int, int]]:
@@ -98,26 +155,40 @@ def passes_for_cache(band_rows: int, H: int, itemsize: int, cache_bytes: int = 1
 def selective_proj_triton(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torch.Tensor,
                           tasks: torch.Tensor, slot_logits: torch.Tensor, *, band_start: int = 0,
                           tasks_per_program: int = 1, block_h: int | None = None,
-                          num_warps: int | None = None, h_passes: int = 1) -> torch.Tensor:
+                          num_warps: int | None = None, h_passes: int = 1, h_split: int = 1,
+                          acc2d: bool | None = None) -> torch.Tensor:
     """Triton launcher of :func:`selective_proj` (same signature and output)."""
-    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes)
+    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes, h_split)
     n_tasks = tasks.shape[0]
     if n_tasks == 0:
         return slot_logits
-    K = slot_tokens.shape[1]
+    n_beams, K = slot_tokens.shape
     H = hidden.shape[1]
     block_t = min(TASK_WIDTH, next_pow2(K))
-    if block_h is None:
-        block_h = min(next_pow2(H), max(64, 8192 // block_t))
-    if num_warps is None:
-        num_warps = 8 if block_t * block_h >= 8192 else 4
-    grid = (cdiv(n_tasks, tasks_per_program),)
+    auto_h, auto_warps, auto_acc2d = default_tuning(n_tasks, K, H)
+    block_h = auto_h if block_h is None else block_h
+    num_warps = auto_warps if num_warps is None else num_warps
+    acc2d = auto_acc2d if acc2d is None else acc2d
+    grid = cdiv(n_tasks, tasks_per_program)
+    chunks = cdiv(H, block_h)
+    args = (hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1))
+    tune = dict(H=H, BLOCK_T=block_t, BLOCK_H=block_h, TASKS_PER_PROG=tasks_per_program, ACC2D=acc2d,
+                num_warps=num_warps)
+    pdl = pdl_args(slot_logits.device)
+    if h_split > 1:
+        per = cdiv(chunks, min(h_split, chunks))
+        n_split = cdiv(chunks, per)
+        part = torch.empty(n_split, n_beams, K, dtype=torch.float32, device=slot_logits.device)
+        _selective_proj_kernel[(grid, n_split)](
+            hidden, weight, slot_tokens, tasks, part, n_tasks, K, band_start, n_beams * K, *args,
+            H_LO=0, N_CHUNKS=per, RESUME=False, **tune, **pdl)
+        _split_sum_kernel[(n_tasks,)](part, slot_tokens, tasks, slot_logits, n_tasks, K, n_beams * K, S=n_split,
+                                      BLOCK_T=block_t, num_warps=1 if block_t <= 32 else 2, **pdl)
+        return slot_logits
     for i, (lo, hi) in enumerate(h_pass_bounds(H, block_h, h_passes)):
-        _selective_proj_kernel[grid](
-            hidden, weight, slot_tokens, tasks, slot_logits, n_tasks, K, band_start,
-            hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1),
-            H=H, BLOCK_T=block_t, BLOCK_H=block_h, TASKS_PER_PROG=tasks_per_program, H_LO=lo, H_HI=hi,
-            RESUME=i > 0, num_warps=num_warps)
+        _selective_proj_kernel[(grid, 1)](
+            hidden, weight, slot_tokens, tasks, slot_logits, n_tasks, K, band_start, 0, *args,
+            H_LO=lo, N_CHUNKS=cdiv(hi - lo, block_h), RESUME=i > 0, **tune, **pdl)
     return slot_logits
 
 
@@ -136,14 +207,15 @@ def covered_slots(tasks: torch.Tensor, n_beams: int, K: int) -> torch.Tensor:
 def selective_proj_reference(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torch.Tensor,
                              tasks: torch.Tensor, slot_logits: torch.Tensor, *, band_start: int = 0,
                              tasks_per_program: int = 1, block_h: int | None = None,
-                             num_warps: int | None = None, h_passes: int = 1) -> torch.Tensor:
+                             num_warps: int | None = None, h_passes: int = 1, h_split: int = 1,
+                             acc2d: bool | None = None) -> torch.Tensor:
     """Pure-PyTorch reference of :func:`selective_proj` (same signature and output).
 
     The tuning arguments are checked like the Triton path's and otherwise ignored.
     Candidates are processed in chunks whose float32 temporaries stay near 4 MB: cache-sized
     chunks run about four times faster on a CPU than one large pass.
     """
-    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes)
+    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes, h_split)
     n_beams, K = slot_tokens.shape
     sel = covered_slots(tasks, n_beams, K) & (slot_tokens >= 0)
     beam, slot = sel.nonzero(as_tuple=True)
@@ -158,7 +230,8 @@ def selective_proj_reference(hidden: torch.Tensor, weight: torch.Tensor, slot_to
 def selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torch.Tensor,
                    tasks: torch.Tensor, slot_logits: torch.Tensor, *, band_start: int = 0,
                    tasks_per_program: int = 1, block_h: int | None = None,
-                   num_warps: int | None = None, h_passes: int = 1) -> torch.Tensor:
+                   num_warps: int | None = None, h_passes: int = 1, h_split: int = 1,
+                   acc2d: bool | None = None) -> torch.Tensor:
     """Compute the logits of the valid slots of every task, in place in ``slot_logits``.
 
     For every task ``(beam, start, count)`` with ``count > 0`` and every slot ``k`` in
@@ -188,17 +261,25 @@ def selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torc
     tasks_per_program : int
         Triton tuning: consecutive tasks per program.
     block_h : int, optional
-        Triton tuning: hidden-dimension chunk (power of two); chosen from ``K`` and ``H``
-        when omitted.
+        Triton tuning: hidden-dimension chunk (power of two); :func:`default_tuning` when
+        omitted.
     num_warps : int, optional
-        Triton tuning: warps per program.
+        Triton tuning: warps per program (:func:`default_tuning` when omitted).
     h_passes : int
         Triton tuning: launch the queue this many times, each over one slice of the hidden
         dimension (cut at ``block_h`` chunks), resuming the float32 sums in ``slot_logits``.
-        Same chunks, same order: the logits are bit-identical to one pass. Each token's head
-        row is gathered once per beam that has it; a pass reads only its slice of the band,
-        which can stay in L2 where the whole band (e.g. 4096 rows × H 4096 in float32, 64 MB)
-        does not (:func:`passes_for_cache`).
+        With ``acc2d=False`` the passes add the same chunks in the same order, so the logits
+        are bit-identical to one pass. Each token's head row is gathered once per beam that
+        has it; a pass reads only its slice of the band, which can stay in L2 where the whole
+        band (e.g. 4096 rows × H 4096 in float32, 64 MB) does not (:func:`passes_for_cache`).
+    h_split : int
+        Triton tuning: split the hidden dimension over this many programs per task, each
+        writing float32 partial sums to a scratch buffer that a second kernel adds in split
+        order (more parallelism for short queues; cannot be combined with ``h_passes``).
+    acc2d : bool, optional
+        Triton tuning: accumulate a (slots × chunk) tile and reduce it once per task rather
+        than after every chunk (:func:`default_tuning` when omitted). Either way the sums
+        are float32; they differ only in rounding order.
 
     Returns
     -------
@@ -207,4 +288,5 @@ def selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torc
     """
     fn = selective_proj_triton if use_triton(slot_tokens) else selective_proj_reference
     return fn(hidden, weight, slot_tokens, tasks, slot_logits, band_start=band_start,
-              tasks_per_program=tasks_per_program, block_h=block_h, num_warps=num_warps, h_passes=h_passes)
+              tasks_per_program=tasks_per_program, block_h=block_h, num_warps=num_warps, h_passes=h_passes,
+              h_split=h_split, acc2d=acc2d)

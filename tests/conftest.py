@@ -5,6 +5,7 @@ import shutil
 import sys
 import tempfile
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,3 +40,11 @@ if not os.environ.get("ZEROGR_CACHE_DIR"):
 
     os.environ["ZEROGR_CACHE_DIR"] = tempfile.mkdtemp(prefix="zerogr-test-cache-")
     atexit.register(shutil.rmtree, os.environ["ZEROGR_CACHE_DIR"], ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _reference_kernels(request, monkeypatch):
+    """``@pytest.mark.reference_kernels``: the test (and the processes it starts) take the kernels'
+    PyTorch references on CPU tensors, as a CPU deployment does, instead of the interpreter."""
+    if request.node.get_closest_marker("reference_kernels") is not None and not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -28,6 +28,7 @@ def test_decode_page_excludes_the_history():
     assert any("excluded during decoding" in c.value and "filter-first **0**" in c.value for c in at.caption)
 
 
+@pytest.mark.reference_kernels
 def test_rebuild_page_live_changes_keep_every_request_valid():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
     at.session_state["cat_sample"] = "search-like-small"

@@ -218,6 +218,24 @@ def test_gpu_run_script_dry_run_packs_results(tmp_path):
     assert "[beam-sweep]" in (out / "summary.txt").read_text()
 
 
+def test_projection_sweep_dry_run_checks_every_tuning_against_the_first(tmp_path):
+    # bench/projection_sweep.py wrote bench/results/projection-sweep/ on the H200; its CPU dry
+    # run (tiny shapes, interpreter) must produce the same record layout, every tuning agreeing
+    out = tmp_path / "sweep.json"
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "bench/projection_sweep.py", "--out", str(out), "--dry-run",
+                             "--shapes", "b32-step4", "--dtypes", "fp32", "--repeats", "2"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert {"gpu", "torch", "triton"} <= set(doc["env"])
+    parts = {r["part"] for r in doc["records"]}
+    assert parts == {"selective", "full"}
+    assert all(r["status"] == "ok" and r["same_mask"] and r["max_abs_diff"] <= 1e-4 for r in doc["records"])
+    assert {"mm", "split-k 2"} <= {r["tuning"] for r in doc["records"] if r["part"] == "full"}
+
+
 def test_topk_paths_option_narrows_the_plan(tmp_path):
     result = run_bench("--quick", "--suite", "headline", "--device", "cpu", "--methods", "zerogr", "--batch", "2",
                        "--topk-paths", "small,wide", "--out", str(tmp_path))

@@ -41,7 +41,7 @@ def _launch_grid():
     from zerogr_kernels.filtering import filter_slots_triton
     from zerogr_kernels.normalize import log_softmax_slots_triton
     from zerogr_kernels.selection import PATHS, topk_gather_triton
-    from zerogr_kernels.selective import selective_proj_triton
+    from zerogr_kernels.selective import MANY_TASKS, selective_proj_triton
 
     e = torch.empty
     # (beams per request, K, beam width): K = 1 and 3, beam width 1, single beams, dense
@@ -91,6 +91,12 @@ def _launch_grid():
         if H == 4096:  # the hidden dimension in cache-sized passes (float32: 4 passes for 4096 rows)
             selective_proj_triton(e(n_beams, H, dtype=dtype), e(K + 5, H, dtype=dtype),
                                   e(n_beams, K, dtype=torch.int32), tasks, e(n_beams, K), h_passes=4)
+        # a queue long enough for the 2-D accumulator, and the hidden dimension split over programs
+        many = torch.zeros(MANY_TASKS, 3, dtype=torch.int32)
+        selective_proj_triton(e(MANY_TASKS, H, dtype=dtype), e(K + 5, H, dtype=dtype),
+                              e(MANY_TASKS, K, dtype=torch.int32), many, e(MANY_TASKS, K))
+        selective_proj_triton(e(n_beams, H, dtype=dtype), e(K + 5, H, dtype=dtype), e(n_beams, K, dtype=torch.int32),
+                              tasks, e(n_beams, K), h_split=2)
 
 
     from zerogr_kernels.beam_attention import cached_self_attention_triton
@@ -129,7 +135,7 @@ def _launch_grid():
 
 
 def record_specs() -> list[tuple]:
-    """``(module, kernel, signature, constexprs, num_warps)`` of every distinct launch over the grid."""
+    """``(module, kernel, signature, constexprs, num_warps, launch_pdl)`` of every distinct launch over the grid."""
     from triton.runtime.jit import JITFunction
 
     specs: dict = {}
@@ -138,7 +144,8 @@ def record_specs() -> list[tuple]:
         params = {p.name for p in self.params}
         constexprs = {k: v for k, v in kwargs.items() if k in params}
         signature = {name: _arg_type(a) for name, a in zip(self.arg_names, args)}
-        spec = (self.fn.__module__, self.fn.__name__, signature, constexprs, kwargs.get("num_warps", 4))
+        spec = (self.fn.__module__, self.fn.__name__, signature, constexprs, kwargs.get("num_warps", 4),
+                bool(kwargs.get("launch_pdl", False)))
         specs.setdefault(repr(spec), spec)
 
     original = JITFunction.run
@@ -158,16 +165,16 @@ def compile_spec(spec: tuple) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module, name, signature, constexprs, warps = spec
+    module, name, signature, constexprs, warps, pdl = spec
     fn = getattr(importlib.import_module(module), name)
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
     try:
         kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=constexprs),
-                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": pdl})
         assert kernel.asm["cubin"], "empty cubin"
     except Exception as exc:  # noqa: BLE001 - report every kernel, not only the first
         first = (str(exc).strip().splitlines() or [""])[0]
-        return f"FAILED {name} {constexprs} num_warps={warps}: {type(exc).__name__}: {first}"
+        return f"FAILED {name} {constexprs} num_warps={warps} launch_pdl={pdl}: {type(exc).__name__}: {first}"
     return ""
 
 
@@ -182,13 +189,18 @@ def compile_all() -> int:
         print(msg)
     names = sorted({name for _, name, *_ in specs})
     print(f"compiled {len(specs) - len(failures)} of {len(specs)} kernel specialisations for sm_90 "
-          f"({len(names)} kernels: {', '.join(names)})")
+          f"({len(names)} kernels: {', '.join(names)}); {sum(s[5] for s in specs)} launched with programmatic "
+          f"dependent launch")
+    print("filter launches (HAS_LOGITS, launch_pdl):",
+          sorted({(c["HAS_LOGITS"], pdl) for _, name, _, c, _, pdl in specs if name.startswith("_filter")}))
     return len(failures)
 
 
 def test_every_launched_specialisation_compiles_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # the decode's kernels as an sm_90 device launches them: with programmatic dependent launch
+    env["ZEROGR_PDL"] = "force"
     result = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
@@ -196,10 +208,28 @@ def test_every_launched_specialisation_compiles_for_hopper():
     # every kernel of the package was reached by the grid
     for kernel in ("_rows_topk_kernel", "_chunk_topk_kernel", "_row_stats_kernel", "_threshold_kernel",
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
-                   "_filter_dense_kernel", "_selective_proj_kernel", "_constrain_kernel", "_constrain_scored_kernel",
-                   "_rms_norm_kernel",
+                   "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
+                   "_constrain_scored_kernel", "_rms_norm_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"
+    pdl = int(out.split(" launched with programmatic dependent launch")[0].rsplit(" ", 1)[-1])
+    assert pdl > 0, out[-2000:]
+    # the filter that copies a band GEMM's logits is the one decode kernel launched without it
+    assert "filter launches (HAS_LOGITS, launch_pdl): [(False, True), (True, False)]" in out, out[-2000:]
+
+
+def test_pdl_switch(monkeypatch):
+    import torch
+
+    from zerogr_kernels._common import pdl_args, pdl_enabled
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("ZEROGR_PDL", "1")
+    assert not pdl_enabled(cpu) and pdl_args(cpu) == {"PDL": False}
+    monkeypatch.setenv("ZEROGR_PDL", "force")
+    assert pdl_args(cpu) == {"PDL": True, "launch_pdl": True}
+    monkeypatch.setenv("ZEROGR_PDL", "0")
+    assert not pdl_enabled(torch.device("cuda", 0))    # off before any device query
 
 
 if __name__ == "__main__":

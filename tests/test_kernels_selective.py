@@ -7,7 +7,7 @@ from kernel_asserts import (assert_kernel_equal, kernel_device, random_dense_tab
                             random_sparse_mapping, random_states)
 from zerogr_kernels import (filter_slots_reference, naive_selective_proj, selective_proj_reference,
                             selective_proj_triton)
-from zerogr_kernels.selective import h_pass_bounds, passes_for_cache
+from zerogr_kernels.selective import MANY_TASKS, covered_slots, default_tuning, h_pass_bounds, passes_for_cache
 
 DEV = kernel_device()
 
@@ -31,7 +31,10 @@ def _head(n_rows, H, dtype, seed):
 CASES = [
     (5, 2, 2, 33, 0, False, {}),                                  # codebook 2, odd H
     (9, 300, 150, 33, 17, False, {"block_h": 16}),                # 3 tasks/beam, band, H chunks
+    (9, 300, 150, 33, 17, False, {"block_h": 16, "acc2d": False}),  # reduce after every chunk
+    (9, 300, 150, 70, 3, False, {"block_h": 16, "h_split": 3}),   # partial sums over 3 programs
     (4, 130, 0, 24, 5, True, {"tasks_per_program": 3}),           # dense blocks with holes
+    (4, 130, 0, 24, 5, True, {"block_h": 8, "h_split": 2}),       # dense holes, split sums
     (3, 16384, 40, 8, 100, False, {}),                            # codebook of 16,384
     (1, 1, 1, 33, 0, False, {}),                                  # single item, beam 1
 ]
@@ -60,10 +63,11 @@ def test_selective_in_hidden_passes_is_bit_identical(dtype, H, block_h, h_passes
     # 200 / 16: 13 chunks in passes of 5/5/3, or one chunk per pass; the last chunk is masked
     slots = _slots(7, 9, 300, 150)
     weight, hidden = _head(300 + 4, H, dtype, 5), _head(9, H, dtype, 6)
+    # with the per-chunk reduction, passes add the same chunks in the same order
     one = selective_proj_triton(hidden, weight, slots.slot_tokens, slots.tasks, slots.slot_logits.clone(),
-                                band_start=4, block_h=block_h)
+                                band_start=4, block_h=block_h, acc2d=False)
     split = selective_proj_triton(hidden, weight, slots.slot_tokens, slots.tasks, slots.slot_logits.clone(),
-                                  band_start=4, block_h=block_h, h_passes=h_passes)
+                                  band_start=4, block_h=block_h, h_passes=h_passes, acc2d=False)
     rows = torch.nonzero(one != split)
     assert rows.numel() == 0, f"first mismatches at {rows[:4].tolist()}"
     exp = selective_proj_reference(hidden, weight, slots.slot_tokens, slots.tasks, slots.slot_logits.clone(),
@@ -84,14 +88,32 @@ def test_hidden_pass_bounds():
                               h_passes=0)
 
 
-def test_selective_skips_tasks_with_zero_count():
+@pytest.mark.parametrize("tuning", [{}, {"h_split": 2, "block_h": 8}])
+def test_selective_skips_tasks_with_zero_count(tuning):
     slots = _slots(5, 6, 100, 90)
     tasks = slots.tasks.clone()
     tasks[::2, 2] = 0
     weight, hidden = _head(100, 20, torch.float32, 3), _head(6, 20, torch.float32, 4)
-    got = selective_proj_triton(hidden, weight, slots.slot_tokens, tasks, slots.slot_logits.clone())
+    got = selective_proj_triton(hidden, weight, slots.slot_tokens, tasks, slots.slot_logits.clone(), **tuning)
     exp = selective_proj_reference(hidden, weight, slots.slot_tokens, tasks, slots.slot_logits.clone())
     assert_kernel_equal(got, exp, name="slot_logits", atol=1e-4)
+    # the slots of a skipped task keep what they held, whatever the split
+    skipped = ~covered_slots(tasks, 6, slots.slot_tokens.shape[1])
+    assert torch.equal(got[skipped], slots.slot_logits[skipped])
+
+
+def test_default_tuning_follows_queue_length():
+    assert default_tuning(MANY_TASKS, 201, 4096) == (64, 4, True)
+    # short queues: one tile of about 8,192 elements per chunk, one chunk when K is 1
+    assert default_tuning(MANY_TASKS - 1, 201, 4096) == (128, 8, False)
+    assert default_tuning(128, 11, 1024) == (512, 8, False)
+    assert default_tuning(128, 1, 1024) == (1024, 4, False)
+    assert default_tuning(10, 24, 24) == (32, 4, False)    # never wider than H
+    with pytest.raises(ValueError, match="h_split"):
+        selective_proj_triton(_head(2, 8, torch.float32, 1), _head(4, 8, torch.float32, 2),
+                              torch.zeros(2, 1, dtype=torch.int32, device=DEV),
+                              torch.zeros(2, 3, dtype=torch.int32, device=DEV), torch.zeros(2, 1, device=DEV),
+                              h_split=2, h_passes=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -184,6 +184,7 @@ def test_package_imports_without_transformers():
     assert "ERR the T5 recommender needs transformers" in done.stdout
 
 
+@pytest.mark.reference_kernels
 def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
     pytest.importorskip("transformers")
     write_sequences(tmp_path / "seq.txt", n_users=30, n_items=20, seed=1)
@@ -391,6 +392,7 @@ def test_top1_disagreements_are_classified_and_consistent():
     assert f"the top-1 items differ for {diag['differ']}" in top1_markdown(diag)
 
 
+@pytest.mark.reference_kernels
 def test_validity_term_ablation_trains_and_is_recorded(tmp_path, capsys):
     pytest.importorskip("transformers")
     from zerogr_core.recsys.t5 import T5Config, T5Recommender
@@ -436,6 +438,7 @@ def test_validity_term_ablation_trains_and_is_recorded(tmp_path, capsys):
         ablation_document([reports[0], tmp_path / "other.json"])
 
 
+@pytest.mark.reference_kernels
 def test_compiled_training_step_follows_the_eager_one(tmp_path):
     """``train --compile`` pads every batch to the full history width and runs it through
     torch.compile: the padding is masked, so (without dropout, as in the tiny preset) each

@@ -32,6 +32,7 @@ def seq(tmp_path):
     return tmp_path / "seq.txt"
 
 
+@pytest.mark.reference_kernels
 def test_two_calls_give_the_one_call_checkpoint(tmp_path, seq, capsys):
     one = tmp_path / "one.pt"
     assert main(["train", "--data", str(seq), "--preset", "tiny", "--out", str(one)]) == 0
@@ -61,6 +62,7 @@ def test_two_calls_give_the_one_call_checkpoint(tmp_path, seq, capsys):
     assert_same_weights(a["state_dict"], torch.load(split, weights_only=True)["state_dict"])
 
 
+@pytest.mark.reference_kernels
 def test_many_calls_follow_the_schedule_of_one_with_dropout_and_the_validity_term(tmp_path, seq):
     """Every RNG the loop uses (shuffles, dropout, the validity term's draws) resumes where it stopped."""
     from zerogr_core.recsys.data import leave_one_out
@@ -153,6 +155,7 @@ def test_cuda_graph_is_refused_on_the_cpu_before_any_work(tmp_path, seq, capsys)
     assert not (tmp_path / "m.pt").exists()
 
 
+@pytest.mark.reference_kernels
 def test_gpu_recipe_script_resumes_across_calls_and_returns_parts(tmp_path, seq):
     """bench/train_beauty_gpu.sh in its CPU dry run: refuses to start without FRESH=1, stops after an epoch,
     resumes, runs quality once training has ended, and its parts re-join on a fresh state folder."""

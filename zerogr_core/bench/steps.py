@@ -219,10 +219,11 @@ def suite_ablation(s: Session, suite: str) -> None:
         # selective and full keep float32 logits (one contract); the naive ablation rounds to the dtype
         agree["passed"] = agree["same_valid_slots"] and agree["max_diff_selective_vs_full"] <= CONTRACT_TOLERANCE \
             and agree["max_diff_naive_vs_full"] <= tol
-        if split_logits:  # the same float32 sums in the same order: bit-identical
+        if split_logits:  # float32 sums of the same products, reduced per pass
             agree["selective_h_passes"] = split_passes
-            agree["h_passes_bit_identical"] = all(torch.equal(v, sel_logits) for v in split_logits.values())
-            agree["passed"] = agree["passed"] and agree["h_passes_bit_identical"]
+            agree["max_diff_h_passes_vs_one_pass"] = max(
+                float((v - sel_logits)[fin].abs().max()) if fin.any() else 0.0 for v in split_logits.values())
+            agree["passed"] = agree["passed"] and agree["max_diff_h_passes_vs_one_pass"] <= CONTRACT_TOLERANCE
         s.emit(suite, "check", wl, dict(methods=["zerogr"], **shape), method="ablation", **shape,
                check="step-2 logits agree", passed=agree["passed"], details=agree)
         valid = int(fin.sum())

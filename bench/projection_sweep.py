@@ -1,0 +1,205 @@
+"""Tuning sweeps of the two projections on shapes of the search-like steps.
+
+**Selective** (``--part selective``).
+
+Each shape is one step of the search-like 2·10^7 catalog at beam 128 (``n_beams`` beams in
+state, ``K`` slots per row, ``mean`` valid slots per beam, a band of ``rows`` head rows),
+drawn at random: every beam gets a sorted sample of distinct band tokens, its count drawn
+around the step's mean and capped at ``K``. Every tuning of
+:func:`zerogr_kernels.selective_proj_triton` (accumulator layout, hidden-dimension chunk,
+warps, hidden splits) is captured in a CUDA graph and its replays timed (median of 30);
+each result is checked against the default tuning.
+
+**Full** (``--part full``): the band GEMM with float32 output at the search-like steps'
+shapes, as :func:`zerogr_kernels.full_proj` runs it (one cuBLAS GEMM) and split over the
+hidden dimension into ``S`` batched GEMMs whose float32 partials are summed (more CTAs for
+the few-row GEMMs of step 1, which read a 128 MiB float32 band).
+
+    python bench/projection_sweep.py --part selective,full --out bench/results/projection-sweep/sweep.json
+
+The JSON holds the environment (GPU, driver, torch, triton) and one record per (shape,
+dtype, tuning).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from zerogr_core.bench.env import environment
+from zerogr_core.timing import median_us, synchronize
+from zerogr_kernels import full_proj, selective_proj_triton
+from zerogr_kernels.filtering import TASK_WIDTH
+
+# (name, n_beams, K, mean valid slots per beam, band rows): search-like steps 1-4 at beam 128
+SHAPES = [
+    ("b32-step2", 4096, 201, 153, 4096),
+    ("b32-step3", 4096, 25, 8, 2048),
+    ("b32-step4", 4096, 11, 2, 2048),
+    ("b8-step2", 1024, 201, 153, 4096),
+    ("b1-step2", 128, 201, 153, 4096),
+    ("b1-step3", 128, 25, 8, 2048),
+    ("b1-step4", 128, 11, 2, 2048),
+    ("b32-step1", 32, 8192, 7861, 8192),
+]
+CONFIGS = {"fp32": (torch.float32, 4096), "fp16": (torch.float16, 1024), "bf16": (torch.bfloat16, 1024)}
+
+
+def draw_slots(n_beams: int, K: int, mean: int, rows: int, device, gen):
+    """(slot_tokens, tasks, pairs): random sparse slot rows whose valid slots lead each row."""
+    spread = max(1, mean // 3)
+    counts = (torch.randn(n_beams, generator=gen, device=device) * spread + mean).round().clamp(1, K).long()
+    toks = torch.rand(n_beams, rows, generator=gen, device=device).argsort(dim=1)[:, :K].sort(dim=1).values
+    cols = torch.arange(K, device=device)
+    slot_tokens = torch.where(cols[None, :] < counts[:, None], toks, -1).to(torch.int32).contiguous()
+    T = -(-K // TASK_WIDTH)
+    start = torch.arange(T, device=device) * TASK_WIDTH
+    cnt = (counts[:, None] - start[None, :]).clamp(0, TASK_WIDTH)
+    beam = torch.arange(n_beams, device=device)[:, None].expand(n_beams, T)
+    tasks = torch.stack([beam, start[None, :].expand(n_beams, T), cnt], dim=2).reshape(-1, 3).to(torch.int32)
+    return slot_tokens, tasks.contiguous(), int(counts.sum())
+
+
+def tunings(H: int):
+    yield "default", {}
+    for acc2d, bh, nw in itertools.product((False, True), (64, 128, 256, 512), (2, 4, 8)):
+        if bh <= H:
+            yield f"{'acc2d' if acc2d else 'acc1d'}/h{bh}/w{nw}", dict(acc2d=acc2d, block_h=bh, num_warps=nw)
+    for split, bh, nw in itertools.product((2, 4, 8), (128, 256) if H > 64 else (16,), (4,)):
+        yield f"acc2d/h{bh}/w{nw}/split{split}", dict(acc2d=True, block_h=bh, num_warps=nw, h_split=split)
+
+
+def sweep_selective(args, dev, records, t_start) -> None:
+    want = set(args.shapes.split(","))
+    for dname in args.dtypes.split(","):
+        dtype, H = CONFIGS[dname]
+        gen = torch.Generator(device=dev).manual_seed(0)
+        if args.dry_run:
+            H = 40
+        for name, n_beams, K, mean, rows in SHAPES:
+            if name not in want:
+                continue
+            if args.dry_run:
+                n_beams, K, mean, rows = min(n_beams, 6), min(K, 70), min(mean, 50), min(rows, 300)
+            slot_tokens, tasks, pairs = draw_slots(n_beams, K, mean, rows, dev, gen)
+            band = 128
+            weight = (torch.randn(band + rows, H, generator=gen, device=dev) / H ** 0.5).to(dtype)
+            hidden = torch.randn(n_beams, H, generator=gen, device=dev).to(dtype)
+            ref = None
+            for label, kw in itertools.islice(tunings(H), 3 if args.dry_run else None):
+                if time.time() - t_start > args.budget_s:
+                    print("budget spent", flush=True)
+                    return
+                logits = torch.full((n_beams, K), float("-inf"), device=dev)
+
+                def call():
+                    selective_proj_triton(hidden, weight, slot_tokens, tasks, logits, band_start=band, **kw)
+
+                ref = measure(call, lambda: logits, ref, args, dev, records,
+                              dict(part="selective", shape=name, dtype=dname, hidden=H, n_beams=n_beams, K=K,
+                                   mean=mean, band_rows=rows, valid_pairs=pairs, tuning=label),
+                              pairs * H * weight.element_size())
+
+
+# (name, rows of hidden states, band rows): the GEMMs of search-like steps 1 and 2
+GEMMS = [("b1-step1", 1, 8192), ("b8-step1", 8, 8192), ("b32-step1", 32, 8192), ("b1-step2", 128, 4096),
+         ("b32-step2", 4096, 4096), ("b32-step3", 4096, 2048)]
+
+
+def split_k_proj(hidden: torch.Tensor, band: torch.Tensor, S: int, out: torch.Tensor) -> torch.Tensor:
+    """``hidden @ band.T`` as ``S`` batched GEMMs over slices of H, float32 partials summed."""
+    M, H = hidden.shape
+    part = torch.bmm(hidden.view(M, S, H // S).transpose(0, 1), band.view(-1, S, H // S).permute(1, 2, 0))
+    return torch.sum(part, dim=0, out=out)
+
+
+def sweep_full(args, dev, records, t_start) -> None:
+    for dname in args.dtypes.split(","):
+        dtype, H = CONFIGS[dname]
+        gen = torch.Generator(device=dev).manual_seed(1)
+        if args.dry_run:
+            H = 64
+        for name, M, V in GEMMS:
+            if args.dry_run:
+                M, V = min(M, 8), min(V, 96)
+            band = (torch.randn(V, H, generator=gen, device=dev) / H ** 0.5).to(dtype)
+            hidden = torch.randn(M, H, generator=gen, device=dev).to(dtype)
+            out = torch.empty(M, V, device=dev)
+            variants = {"mm": lambda: full_proj(hidden, band, 0, V, out=out)}
+            if dtype == torch.float32:
+                for S in (2, 4, 8):
+                    variants[f"split-k {S}"] = (lambda S=S: split_k_proj(hidden, band, S, out))
+            ref = None
+            for label, call in variants.items():
+                if time.time() - t_start > args.budget_s:
+                    print("budget spent", flush=True)
+                    return
+                ref = measure(call, lambda: out, ref, args, dev, records,
+                              dict(part="full", shape=name, dtype=dname, hidden=H, n_beams=M, band_rows=V,
+                                   tuning=label), V * H * band.element_size())
+
+
+def measure(call, result, ref, args, dev, records, rec: dict, nbytes: int):
+    """Run ``call`` once, compare ``result()`` with ``ref`` (the first tuning's), time it; returns ``ref``."""
+    try:
+        call()
+        synchronize(dev)
+        got = result()
+        if ref is None:
+            ref = got.clone()
+        ok = torch.isfinite(ref)
+        diff = float((got[ok] - ref[ok]).abs().max()) if ok.any() else 0.0
+        same_mask = bool(torch.equal(torch.isfinite(got), ok))
+        med = median_us(call, dev, repeats=args.repeats)
+        status = "ok"
+    except Exception as exc:  # noqa: BLE001 - a tuning that fails to compile is recorded
+        if args.dry_run:
+            raise
+        med, diff, same_mask, status = None, None, None, f"error: {type(exc).__name__}: {exc}"[:300]
+    rec.update(median_us=med, max_abs_diff=diff, same_mask=same_mask, status=status,
+               gbps=None if med is None else nbytes / med / 1e3)
+    records.append(rec)
+    print(json.dumps(rec), flush=True)
+    return ref
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--part", default="selective,full")
+    ap.add_argument("--dtypes", default="fp32,fp16")
+    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="selective shapes")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--budget-s", type=float, default=400.0)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU check of this script: tiny shapes under TRITON_INTERPRET=1, three tunings")
+    args = ap.parse_args(argv)
+    dev = torch.device("cpu" if args.dry_run else "cuda")
+    t_start = time.time()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records: list[dict] = []
+    parts = {"selective": sweep_selective, "full": sweep_full}
+    for part in args.part.split(","):
+        parts[part](args, dev, records, t_start)
+        out.write_text(json.dumps(dict(env=environment(dev), command=" ".join(sys.argv), records=records), indent=1))
+    best = {}
+    for r in records:
+        if r["median_us"] is not None:
+            k = (r["part"], r["shape"], r["dtype"])
+            if k not in best or r["median_us"] < best[k]["median_us"]:
+                best[k] = r
+    for (part, shape, dname), r in sorted(best.items()):
+        base = next(x for x in records if (x["part"], x["shape"], x["dtype"]) == (part, shape, dname))
+        print(f"{part} {dname} {shape}: {base['tuning']} {base['median_us']:.1f} us, "
+              f"best {r['tuning']} {r['median_us']:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
