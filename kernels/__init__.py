@@ -28,10 +28,10 @@ Beside the decoding step, three kernels serve the model that feeds it (a T5 deco
 
 Launches: on Hopper and later (compute capability 9+) the step's kernels launch with
 programmatic dependent launch and open with ``_common.pdl_prologue`` (wait for the previous
-kernel, then let the next be scheduled), which hides most of a small kernel's launch gap in a
-replayed graph; ``ZEROGR_PDL=0`` turns it off. The filter that copies a band GEMM's logits
-launches without it (cuBLAS's kernels let dependents start early, and its waiting blocks
-slowed the GEMM's step).
+kernel, then let the next be scheduled), which overlaps each launch with the tail of the
+kernel before it in a replayed graph; ``ZEROGR_PDL=0`` turns it off. The filter that copies
+a band GEMM's logits launches without it (cuBLAS's kernels let dependents start early, and
+its waiting blocks slowed the GEMM's step).
 
 Modules are not named after their ops, so ``zerogr_kernels.filter_slots`` is always the function.
 
