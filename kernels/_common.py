@@ -81,10 +81,6 @@ def check_out(out, specs) -> None:
                      shape=shape, contiguous=True)
 
 
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
 _CAPABILITY: dict = {}
 
 
@@ -105,7 +101,7 @@ def pdl_enabled(device: torch.device) -> bool:
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _CAPABILITY:
-        _CAPABILITY[index] = _capability(index)
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
     return _CAPABILITY[index][0] >= 9
 
 

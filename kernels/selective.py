@@ -275,7 +275,8 @@ def selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torc
     h_split : int
         Triton tuning: split the hidden dimension over this many programs per task, each
         writing float32 partial sums to a scratch buffer that a second kernel adds in split
-        order (more parallelism for short queues; cannot be combined with ``h_passes``).
+        order (more programs for short queues; it won on no search-like shape of the H200
+        sweep, so :func:`default_tuning` never picks it; cannot be combined with ``h_passes``).
     acc2d : bool, optional
         Triton tuning: accumulate a (slots × chunk) tile and reduce it once per task rather
         than after every chunk (:func:`default_tuning` when omitted). Either way the sums
