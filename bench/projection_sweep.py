@@ -179,12 +179,19 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU check of this script: tiny shapes under TRITON_INTERPRET=1, three tunings")
     args = ap.parse_args(argv)
+    parts = {"selective": sweep_selective, "full": sweep_full}
+    for flag, given, known in (("--part", args.part, parts), ("--dtypes", args.dtypes, CONFIGS),
+                               ("--shapes", args.shapes, [s[0] for s in SHAPES])):
+        unknown = [v for v in given.split(",") if v not in known]
+        if unknown:
+            ap.error(f"{flag}: unknown value {unknown[0]!r} (choose from {', '.join(known)})")
+    if not args.dry_run and not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (--dry-run checks the script on a CPU)")
     dev = torch.device("cpu" if args.dry_run else "cuda")
     t_start = time.time()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
-    parts = {"selective": sweep_selective, "full": sweep_full}
     for part in args.part.split(","):
         parts[part](args, dev, records, t_start)
         out.write_text(json.dumps(dict(env=environment(dev), command=" ".join(sys.argv), records=records), indent=1))

@@ -30,8 +30,8 @@ Launches: on Hopper and later (compute capability 9+) the step's kernels launch 
 programmatic dependent launch and open with ``_common.pdl_prologue`` (wait for the previous
 kernel, then let the next be scheduled), which overlaps each launch with the tail of the
 kernel before it in a replayed graph; ``ZEROGR_PDL=0`` turns it off. The filter that copies
-a band GEMM's logits launches without it (cuBLAS's kernels let dependents start early, and
-its waiting blocks slowed the GEMM's step).
+a band GEMM's logits launches without it (with it, the GEMM's step was a fifth slower on the
+H200, most likely because cuBLAS's kernels let dependents start early).
 
 Modules are not named after their ops, so ``zerogr_kernels.filter_slots`` is always the function.
 

@@ -25,7 +25,7 @@ from .filtering import TASK_WIDTH
 
 
 def _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes=1,
-           h_split=1) -> None:
+           h_split=1, acc2d=None) -> None:
     check_tensor("slot_tokens", slot_tokens, dtypes=(torch.int32,), ndim=2, contiguous=True)
     n_beams, K = slot_tokens.shape
     device = slot_tokens.device
@@ -46,6 +46,8 @@ def _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_pe
         raise ValueError(f"h_split must be an int >= 1, got {h_split!r}")
     if h_split > 1 and h_passes > 1:
         raise ValueError("h_split and h_passes cannot be combined")
+    if acc2d not in (None, True, False):
+        raise ValueError(f"acc2d must be a bool or None, got {acc2d!r}")
 
 
 @triton.jit
@@ -158,7 +160,7 @@ def selective_proj_triton(hidden: torch.Tensor, weight: torch.Tensor, slot_token
                           num_warps: int | None = None, h_passes: int = 1, h_split: int = 1,
                           acc2d: bool | None = None) -> torch.Tensor:
     """Triton launcher of :func:`selective_proj` (same signature and output)."""
-    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes, h_split)
+    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes, h_split, acc2d)
     n_tasks = tasks.shape[0]
     if n_tasks == 0:
         return slot_logits
@@ -215,7 +217,7 @@ def selective_proj_reference(hidden: torch.Tensor, weight: torch.Tensor, slot_to
     Candidates are processed in chunks whose float32 temporaries stay near 4 MB: cache-sized
     chunks run about four times faster on a CPU than one large pass.
     """
-    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes, h_split)
+    _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes, h_split, acc2d)
     n_beams, K = slot_tokens.shape
     sel = covered_slots(tasks, n_beams, K) & (slot_tokens >= 0)
     beam, slot = sel.nonzero(as_tuple=True)

@@ -234,6 +234,10 @@ def test_projection_sweep_dry_run_checks_every_tuning_against_the_first(tmp_path
     assert parts == {"selective", "full"}
     assert all(r["status"] == "ok" and r["same_mask"] and r["max_abs_diff"] <= 1e-4 for r in doc["records"])
     assert {"mm", "split-k 2"} <= {r["tuning"] for r in doc["records"] if r["part"] == "full"}
+    bad = subprocess.run([sys.executable, "bench/projection_sweep.py", "--out", str(out), "--dry-run",
+                          "--part", "selectiv"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--part: unknown value 'selectiv'" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_topk_paths_option_narrows_the_plan(tmp_path):

@@ -114,6 +114,11 @@ def test_default_tuning_follows_queue_length():
                               torch.zeros(2, 1, dtype=torch.int32, device=DEV),
                               torch.zeros(2, 3, dtype=torch.int32, device=DEV), torch.zeros(2, 1, device=DEV),
                               h_split=2, h_passes=2)
+    with pytest.raises(ValueError, match="acc2d must be a bool or None, got 'yes'"):
+        selective_proj_triton(_head(2, 8, torch.float32, 1), _head(4, 8, torch.float32, 2),
+                              torch.zeros(2, 1, dtype=torch.int32, device=DEV),
+                              torch.zeros(2, 3, dtype=torch.int32, device=DEV), torch.zeros(2, 1, device=DEV),
+                              acc2d="yes")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
