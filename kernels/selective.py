@@ -219,7 +219,14 @@ def selective_proj_reference(hidden: torch.Tensor, weight: torch.Tensor, slot_to
     """
     _check(hidden, weight, slot_tokens, tasks, slot_logits, band_start, tasks_per_program, h_passes, h_split, acc2d)
     n_beams, K = slot_tokens.shape
-    sel = covered_slots(tasks, n_beams, K) & (slot_tokens >= 0)
+    return slot_dot_products(hidden, weight, slot_tokens, covered_slots(tasks, n_beams, K) & (slot_tokens >= 0),
+                             slot_logits, band_start)
+
+
+def slot_dot_products(hidden: torch.Tensor, weight: torch.Tensor, slot_tokens: torch.Tensor, sel: torch.Tensor,
+                      slot_logits: torch.Tensor, band_start: int) -> torch.Tensor:
+    """``slot_logits[b, k] = hidden[b] . weight[band_start + slot_tokens[b, k]]`` in float32 where
+    ``sel[b, k]`` (the references' arithmetic), in chunks whose temporaries stay near 4 MB."""
     beam, slot = sel.nonzero(as_tuple=True)
     rows = slot_tokens[beam, slot].long() + band_start
     chunk = max(1, (1 << 20) // max(hidden.shape[1], 1))
