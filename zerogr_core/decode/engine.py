@@ -29,13 +29,14 @@ import threading
 
 import torch
 
-from zerogr_kernels import TOPK_PATHS, FilterOut, TopkOut, filter_slots, full_proj, log_softmax_slots, selective_proj, topk_gather
+from zerogr_kernels import (TOPK_PATHS, BeamGroups, FilterOut, TopkOut, filter_slots, full_proj, group_beams,
+                            log_softmax_slots, selective_proj, shared_selective_proj, topk_gather)
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
 from ..timing import capture, warm_up
 from .heads import Heads
-from .options import MODES, PLANNED_TOPK, StepOption, step_options
+from .options import MODES, PLANNED_TOPK, StepOption, shared_group_size, step_options
 from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
 from .planner import DEFAULT_COST_MODEL, Plan, cost_model_summary, make_plan
 from .loop import BeamLoop
@@ -85,6 +86,10 @@ class StepRunner:
         # float32 whatever the head's dtype: every option yields the same logits
         self.logits = (torch.empty(n, mapping.codebook, dtype=torch.float32, device=dev)
                        if option.projection == "full" else None)
+        # sparse+shared: beams sorted by state, and how many one program serves
+        self.groups = (BeamGroups(*(torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3)))
+                       if option.mode == "sparse+shared" else None)
+        self.group_size = shared_group_size(batch)
         #: Optional callable(FilterOut) that kills constrained slots in place, after
         #: filtering and before projection/normalisation (set by a constrained ShapeState),
         #: and callable(FilterOut, scores) -> scores that applies catalog-normalised lists
@@ -111,9 +116,17 @@ class StepRunner:
             if self.constraint is not None:
                 self.constraint(slots)
         with timer(self.level, "project"):
-            selective_proj(hidden, self.weight, slots.slot_tokens, slots.tasks, slots.slot_logits,
-                           band_start=self.band_start)
+            self.selective(states, hidden, slots)
         return slots
+
+    def selective(self, states: torch.Tensor, hidden: torch.Tensor, slots: FilterOut) -> torch.Tensor:
+        """The selective projection of filtered ``slots`` (per beam, or shared by the beams of a state)."""
+        if self.groups is None:
+            return selective_proj(hidden, self.weight, slots.slot_tokens, slots.tasks, slots.slot_logits,
+                                  band_start=self.band_start)
+        group_beams(states, out=self.groups)
+        return shared_selective_proj(hidden, self.weight, slots.slot_tokens, slots.slot_logits, self.groups,
+                                     band_start=self.band_start, group_size=self.group_size)
 
     def select(self, slots: FilterOut, scores: torch.Tensor, prefixes=None) -> TopkOut:
         """Fused log-softmax over valid slots + beam score, top-M and gather (and, with
@@ -163,8 +176,7 @@ class StepRunner:
                                                     out=self.logits)
             parts["filter copy"] = lambda: filter_slots(states, self.K, **self.args, logits=self.logits, out=fo)
         else:
-            parts["projection"] = lambda: selective_proj(hidden, self.weight, fo.slot_tokens, fo.tasks,
-                                                         fo.slot_logits, band_start=self.band_start)
+            parts["projection"] = lambda: self.selective(states, hidden, fo)
         return parts
 
 
@@ -277,16 +289,18 @@ class GpuEngine:
         """Candidate options per step for ``batch`` (the override narrows them)."""
         out = []
         for level, mapping in enumerate(self.index.steps):
-            opts = step_options(mapping, 1 if level == 0 else self.beam_width, self.beam_width, self.topk_paths)
+            beams_in = 1 if level == 0 else self.beam_width
+            opts = step_options(mapping, beams_in, self.beam_width, self.topk_paths, batch)
             if self.plan_override is not None:
                 want = self.plan_override[level]
-                if want in ("full", "selective"):
-                    mode = "sparse+selective" if want == "selective" else \
-                        ("dense+full" if mapping.kind == "dense" else "sparse+full")
+                if want == "selective":  # either selective kernel; the planner picks
+                    opts = [o for o in opts if o.projection == "selective"]
+                elif want == "full":
+                    mode = "dense+full" if mapping.kind == "dense" else "sparse+full"
                     opts = [o for o in opts if o.mode == mode]
                 else:
                     want = want if isinstance(want, StepOption) else StepOption.parse(want)
-                    every = step_options(mapping, 1 if level == 0 else self.beam_width, self.beam_width, TOPK_PATHS)
+                    every = step_options(mapping, beams_in, self.beam_width, TOPK_PATHS, batch)
                     if want not in every:
                         raise ZeroGRError(f"step {level + 1}: option {want.label} is not available "
                                           f"(choose from {', '.join(o.label for o in every)})")
@@ -295,13 +309,14 @@ class GpuEngine:
         return out
 
     def plan_key(self, batch: int) -> dict:
-        """What a stored plan of ``batch`` must match: machine, catalog statistics, shape, planner."""
+        """What a stored plan of ``batch`` must match: machine, catalog statistics, shape, planner
+        (its modes too, so a plan stored before a mode existed is timed again)."""
         batch_, beam, dtype, hidden = self.key(batch)
         override = None if self.plan_override is None else [
             o.label if isinstance(o, StepOption) else str(o) for o in self.plan_override]
         return dict(machine=device_fingerprint(self.index.device), catalog=catalog_fingerprint(self.index, self.heads),
                     shape=dict(batch=batch_, beam=beam, dtype=dtype, hidden=hidden),
-                    planner=dict(topk_paths=list(self.topk_paths), override=override,
+                    planner=dict(modes=list(MODES), topk_paths=list(self.topk_paths), override=override,
                                  cost_model=cost_model_summary(self.cost_model)))
 
     def plan(self, hidden_fn: HiddenFn, batch: int):

@@ -13,7 +13,18 @@ from zerogr_kernels import SMALL_MAX, TOPK_PATHS, small_tile
 from ..errors import ZeroGRError
 from ..index.layout import StepMapping
 
-MODES = ("dense+full", "sparse+full", "sparse+selective")
+MODES = ("dense+full", "sparse+full", "sparse+selective", "sparse+shared")
+"""``sparse+shared`` is the selective projection that reads a head row once per group of
+beams in one state (:func:`zerogr_kernels.shared_selective_proj`); beams of one request
+never share a state, so it is offered only to batches of two requests or more, and only
+where the step has few states for its beams (``SHARED_STATES_PER_BEAM``)."""
+
+SHARED_GROUP = 2
+"""Beams per group of the shared projection: pairs (states that three or more requests
+reach are rare, and each member's accumulator costs registers)."""
+SHARED_STATES_PER_BEAM = 8
+"""The shared projection is offered at a step whose states number at most this many per
+beam entering it: beams spread evenly over more states would almost never meet."""
 
 
 @dataclass(frozen=True)
@@ -29,8 +40,8 @@ class StepOption:
 
     @property
     def projection(self) -> str:
-        """``"full"`` (band GEMM, dense or sparse filter) or ``"selective"``: what the
-        reference decoder takes for this step."""
+        """``"full"`` (band GEMM, dense or sparse filter) or ``"selective"`` (either
+        selective kernel): what the reference decoder takes for this step."""
         return "full" if self.mode.endswith("full") else "selective"
 
     @classmethod
@@ -48,10 +59,19 @@ PLANNED_TOPK = TOPK_PATHS
 (``GpuEngine(topk_paths=...)``, ``bench --topk-paths``) measures what one path adds."""
 
 
+def shared_group_size(batch: int) -> int:
+    """Beams per group of the ``sparse+shared`` projection for ``batch`` requests (a state
+    holds at most one beam of each request)."""
+    return min(SHARED_GROUP, 1 << max(0, batch - 1).bit_length())
+
+
 def step_options(mapping: StepMapping, beams_in: int, beam_width: int,
-                 paths: tuple = PLANNED_TOPK) -> list[StepOption]:
-    """Every option among ``paths`` that can serve ``mapping`` with ``beams_in`` beams per request."""
+                 paths: tuple = PLANNED_TOPK, batch: int = 1) -> list[StepOption]:
+    """Every option among ``paths`` that can serve ``mapping`` with ``beams_in`` beams per
+    request, for ``batch`` requests."""
     modes = (["dense+full"] if mapping.kind == "dense" else []) + ["sparse+full", "sparse+selective"]
+    meet = batch >= 2 and mapping.n_states <= SHARED_STATES_PER_BEAM * batch * beams_in
+    modes += ["sparse+shared"] if meet else []
     out = []
     for mode in modes:
         width = mapping.codebook if mode == "dense+full" else mapping.max_segment

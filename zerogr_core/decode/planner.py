@@ -1,9 +1,10 @@
 """The hybrid planner: time the options of every step at warm-up, keep the fastest.
 
 Options per step (:mod:`zerogr_core.decode.options`) are dense+full (dense steps only),
-sparse+full and sparse+selective, each with the small (one program per request, when the
-request's candidates fit one tile), wide (torch.topk), split (chunked tl.topk tournament)
-or prune (threshold, then a small tournament) selection.
+sparse+full, sparse+selective and (batches of two or more) sparse+shared, each with the
+small (one program per request, when the request's candidates fit one tile), wide
+(torch.topk), split (chunked tl.topk tournament) or prune (threshold, then a small
+tournament) selection.
 
 1. A cost model (:class:`CostModel`) predicts each option's time from its work and skips
    the options predicted far slower than the best, before anything compiles.
@@ -27,7 +28,7 @@ import torch
 
 from ..errors import ZeroGRError
 from ..timing import median_us
-from .options import StepOption
+from .options import SHARED_GROUP, StepOption
 
 REPEATS = 20
 PLAN_SOURCES = ("timed", "store", "fixed")
@@ -110,7 +111,9 @@ class CostModel:
       ``slot_bytes`` at ``slot_gbps``;
     * a full projection adds a GEMM of ``2·n·V·H`` flops at ``gemm_tflops`` of the head dtype;
     * a selective projection adds ``2·n·s·H`` flops of gathered dot products at
-      ``gather_tflops``.
+      ``gather_tflops``; a shared one (``sparse+shared``) at a step with one state (where
+      the ``n`` beams form groups of up to ``SHARED_GROUP``) divides it by the group
+      size, and elsewhere, where the sharing depends on the requests, costs the same.
 
     Top-k paths cost the same here (their differences are within the planner's timing).
     The rule: keep every option predicted at most ``ratio`` × the best prediction of its
@@ -137,7 +140,10 @@ class CostModel:
             t += 2.0 * n_beams * mapping.codebook * hidden / (rate * 1e6)
         else:
             mean_segment = mapping.n_entries / max(1, mapping.n_states)
-            t += 2.0 * n_beams * mean_segment * hidden / (self.gather_tflops * 1e6)
+            # a shared projection gathers a row once per group; only at the root is the
+            # sharing known in advance (every beam is in its one state)
+            share = min(n_beams, SHARED_GROUP) if option.mode == "sparse+shared" and mapping.n_states == 1 else 1
+            t += 2.0 * n_beams * mean_segment * hidden / (self.gather_tflops * 1e6 * share)
         return t
 
     def select(self, options: list, predicted: dict) -> tuple[list, list]:
