@@ -116,7 +116,8 @@ group_tests() {
   log "group tests: budget ${b}s"
   # the whole kernel suite (and engine/decoder/index) on CUDA, then the other GPU-marked tests
   local suite=(tests/test_kernels_filter.py tests/test_kernels_normalize.py tests/test_kernels_selection.py
-               tests/test_kernels_selective.py tests/test_kernels_full_projection.py tests/test_contract.py
+               tests/test_kernels_selective.py tests/test_kernels_shared_selective.py
+               tests/test_kernels_full_projection.py tests/test_contract.py
                tests/test_engine.py tests/test_decode.py tests/test_index.py tests/test_crosscheck.py)
   # GPU-marked tests of the modules that import without polars/streamlit (absent on the
   # lent machine's image; tests/test_app_gpu.py needs streamlit wheels carried in)

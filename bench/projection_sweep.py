@@ -10,12 +10,20 @@ around the step's mean and capped at ``K``. Every tuning of
 warps, hidden splits) is captured in a CUDA graph and its replays timed (median of 30);
 each result is checked against the default tuning.
 
+**Shared** (``--part shared``): search-like step 2 (7,861 states, each with its own sorted
+segment of about 153 of 4,096 band tokens) for batches of 32 and 128 requests at beam 128,
+every request on 128 distinct states drawn uniformly, so beams of different requests meet
+in a state as often as independent requests do. The per-beam kernel at its default tuning
+against :func:`zerogr_kernels.shared_selective_proj_triton` at several group sizes and tunings,
+each timed with its :func:`zerogr_kernels.group_beams` sort inside the graph, as the engine
+runs it.
+
 **Full** (``--part full``): the band GEMM with float32 output at the search-like steps'
 shapes, as :func:`zerogr_kernels.full_proj` runs it (one cuBLAS GEMM) and split over the
 hidden dimension into ``S`` batched GEMMs whose float32 partials are summed (more CTAs for
 the few-row GEMMs of step 1, which read a 128 MiB float32 band).
 
-    python bench/projection_sweep.py --part selective,full --out bench/results/projection-sweep/sweep.json
+    python bench/projection_sweep.py --part selective,full,shared --out bench/results/projection-sweep/sweep.json
 
 The JSON holds the environment (GPU, driver, torch, triton) and one record per (shape,
 dtype, tuning).
@@ -33,7 +41,8 @@ import torch
 
 from zerogr_core.bench.env import environment
 from zerogr_core.timing import median_us, synchronize
-from zerogr_kernels import full_proj, selective_proj_triton
+from zerogr_kernels import (BeamGroups, full_proj, group_beams, selective_proj_triton,
+                            shared_selective_proj_triton)
 from zerogr_kernels.filtering import TASK_WIDTH
 
 # (name, n_beams, K, mean valid slots per beam, band rows): search-like steps 1-4 at beam 128
@@ -57,12 +66,16 @@ def draw_slots(n_beams: int, K: int, mean: int, rows: int, device, gen):
     toks = torch.rand(n_beams, rows, generator=gen, device=device).argsort(dim=1)[:, :K].sort(dim=1).values
     cols = torch.arange(K, device=device)
     slot_tokens = torch.where(cols[None, :] < counts[:, None], toks, -1).to(torch.int32).contiguous()
-    T = -(-K // TASK_WIDTH)
-    start = torch.arange(T, device=device) * TASK_WIDTH
+    return slot_tokens, work_queue(counts, K), int(counts.sum())
+
+
+def work_queue(counts: torch.Tensor, K: int) -> torch.Tensor:
+    """The filter's ``(n * ceil(K / 64), 3)`` queue for rows whose ``counts`` valid slots lead them."""
+    n, T = counts.numel(), -(-K // TASK_WIDTH)
+    start = torch.arange(T, device=counts.device) * TASK_WIDTH
     cnt = (counts[:, None] - start[None, :]).clamp(0, TASK_WIDTH)
-    beam = torch.arange(n_beams, device=device)[:, None].expand(n_beams, T)
-    tasks = torch.stack([beam, start[None, :].expand(n_beams, T), cnt], dim=2).reshape(-1, 3).to(torch.int32)
-    return slot_tokens, tasks.contiguous(), int(counts.sum())
+    beam = torch.arange(n, device=counts.device)[:, None].expand(n, T)
+    return torch.stack([beam, start[None, :].expand(n, T), cnt], dim=2).reshape(-1, 3).to(torch.int32).contiguous()
 
 
 def tunings(H: int):
@@ -103,6 +116,54 @@ def sweep_selective(args, dev, records, t_start) -> None:
                 ref = measure(call, lambda: logits, ref, args, dev, records,
                               dict(part="selective", shape=name, dtype=dname, hidden=H, n_beams=n_beams, K=K,
                                    mean=mean, band_rows=rows, valid_pairs=pairs, tuning=label),
+                              pairs * H * weight.element_size())
+
+
+# (name, batch, beam, states, K, mean valid slots per state, band rows): search-like step 2
+SHARED_SHAPES = [("b32-step2", 32, 128, 7861, 201, 153, 4096), ("b128-step2", 128, 128, 7861, 201, 153, 4096)]
+SHARED_TUNINGS = [("g1/h64/w4", 1, 64, 4), ("g2/h64/w4", 2, 64, 4), ("g2/h64/w8", 2, 64, 8), ("g2/h32/w4", 2, 32, 4),
+                  ("g4/h32/w4", 4, 32, 4), ("g4/h64/w8", 4, 64, 8), ("g4/h32/w8", 4, 32, 8)]
+
+
+def draw_shared(batch: int, beam: int, n_states: int, K: int, mean: int, rows: int, device, gen):
+    """(states, slot_tokens, tasks, pairs): every request's beams on distinct random states, every
+    state's valid tokens a fixed sorted sample of the band, so beams in one state share their row."""
+    seg_tokens, _, _ = draw_slots(n_states, K, mean, rows, device, gen)
+    states = torch.rand(batch, n_states, generator=gen, device=device).argsort(dim=1)[:, :beam].reshape(-1)
+    slot_tokens = seg_tokens[states].contiguous()
+    counts = (slot_tokens >= 0).sum(1)
+    return states, slot_tokens, work_queue(counts, K), int(counts.sum())
+
+
+def sweep_shared(args, dev, records, t_start) -> None:
+    for dname in args.dtypes.split(","):
+        dtype, H = CONFIGS[dname]
+        gen = torch.Generator(device=dev).manual_seed(2)
+        if args.dry_run:
+            H = 40
+        for name, batch, beam, n_states, K, mean, rows in SHARED_SHAPES:
+            if args.dry_run:
+                batch, beam, n_states, K, mean, rows = 3, 4, 6, 70, 50, 300
+            states, slot_tokens, tasks, pairs = draw_shared(batch, beam, n_states, K, mean, rows, dev, gen)
+            n = states.numel()
+            weight = (torch.randn(rows, H, generator=gen, device=dev) / H ** 0.5).to(dtype)
+            hidden = torch.randn(n, H, generator=gen, device=dev).to(dtype)
+            groups = BeamGroups(*(torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3)))
+            logits = torch.full((n, K), float("-inf"), device=dev)
+            rec = dict(part="shared", shape=name, dtype=dname, hidden=H, n_beams=n, K=K, mean=mean, band_rows=rows,
+                       valid_pairs=pairs, distinct_states=int(torch.unique(states).numel()))
+            variants = {"per-beam default": lambda: selective_proj_triton(hidden, weight, slot_tokens, tasks, logits)}
+            for label, g, bh, nw in SHARED_TUNINGS[:3] if args.dry_run else SHARED_TUNINGS:
+                variants[label] = (lambda g=g, bh=bh, nw=nw: shared_selective_proj_triton(
+                    hidden, weight, slot_tokens, logits, group_beams(states, out=groups), group_size=g, block_h=bh,
+                    num_warps=nw))
+            ref = None
+            for label, call in variants.items():
+                if time.time() - t_start > args.budget_s:
+                    print("budget spent", flush=True)
+                    return
+                logits.fill_(float("-inf"))
+                ref = measure(call, lambda: logits, ref, args, dev, records, dict(rec, tuning=label),
                               pairs * H * weight.element_size())
 
 
@@ -179,7 +240,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU check of this script: tiny shapes under TRITON_INTERPRET=1, three tunings")
     args = ap.parse_args(argv)
-    parts = {"selective": sweep_selective, "full": sweep_full}
+    parts = {"selective": sweep_selective, "full": sweep_full, "shared": sweep_shared}
     for flag, given, known in (("--part", args.part, parts), ("--dtypes", args.dtypes, CONFIGS),
                                ("--shapes", args.shapes, [s[0] for s in SHAPES])):
         unknown = [v for v in given.split(",") if v not in known]

@@ -225,15 +225,19 @@ def test_projection_sweep_dry_run_checks_every_tuning_against_the_first(tmp_path
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "bench/projection_sweep.py", "--out", str(out), "--dry-run",
-                             "--shapes", "b32-step4", "--dtypes", "fp32", "--repeats", "2"],
+                             "--part", "selective,full,shared", "--shapes", "b32-step4", "--dtypes", "fp32",
+                             "--repeats", "2"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert {"gpu", "torch", "triton"} <= set(doc["env"])
     parts = {r["part"] for r in doc["records"]}
-    assert parts == {"selective", "full"}
+    assert parts == {"selective", "full", "shared"}
     assert all(r["status"] == "ok" and r["same_mask"] and r["max_abs_diff"] <= 1e-4 for r in doc["records"])
     assert {"mm", "split-k 2"} <= {r["tuning"] for r in doc["records"] if r["part"] == "full"}
+    shared = [r for r in doc["records"] if r["part"] == "shared"]
+    assert {"per-beam default", "g2/h64/w4"} <= {r["tuning"] for r in shared}
+    assert all(r["distinct_states"] < r["n_beams"] for r in shared)   # the requests meet in states
     bad = subprocess.run([sys.executable, "bench/projection_sweep.py", "--out", str(out), "--dry-run",
                           "--part", "selectiv"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--part: unknown value 'selectiv'" in bad.stderr
