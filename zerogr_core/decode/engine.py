@@ -36,7 +36,7 @@ from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
 from ..timing import capture, warm_up
 from .heads import Heads
-from .options import MODES, PLANNED_TOPK, StepOption, shared_group_size, step_options
+from .options import MODES, PLANNED_TOPK, SHARED_GROUP, StepOption, step_options
 from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
 from .planner import DEFAULT_COST_MODEL, Plan, cost_model_summary, make_plan
 from .loop import BeamLoop
@@ -86,10 +86,9 @@ class StepRunner:
         # float32 whatever the head's dtype: every option yields the same logits
         self.logits = (torch.empty(n, mapping.codebook, dtype=torch.float32, device=dev)
                        if option.projection == "full" else None)
-        # sparse+shared: beams sorted by state, and how many one program serves
+        # sparse+shared: the beams sorted by state
         self.groups = (BeamGroups(*(torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3)))
                        if option.mode == "sparse+shared" else None)
-        self.group_size = shared_group_size(batch)
         #: Optional callable(FilterOut) that kills constrained slots in place, after
         #: filtering and before projection/normalisation (set by a constrained ShapeState),
         #: and callable(FilterOut, scores) -> scores that applies catalog-normalised lists
@@ -126,7 +125,7 @@ class StepRunner:
                                   band_start=self.band_start)
         group_beams(states, out=self.groups)
         return shared_selective_proj(hidden, self.weight, slots.slot_tokens, slots.slot_logits, self.groups,
-                                     band_start=self.band_start, group_size=self.group_size)
+                                     band_start=self.band_start, group_size=SHARED_GROUP)
 
     def select(self, slots: FilterOut, scores: torch.Tensor, prefixes=None) -> TopkOut:
         """Fused log-softmax over valid slots + beam score, top-M and gather (and, with

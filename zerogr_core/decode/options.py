@@ -59,12 +59,6 @@ PLANNED_TOPK = TOPK_PATHS
 (``GpuEngine(topk_paths=...)``, ``bench --topk-paths``) measures what one path adds."""
 
 
-def shared_group_size(batch: int) -> int:
-    """Beams per group of the ``sparse+shared`` projection for ``batch`` requests (a state
-    holds at most one beam of each request)."""
-    return min(SHARED_GROUP, 1 << max(0, batch - 1).bit_length())
-
-
 def step_options(mapping: StepMapping, beams_in: int, beam_width: int,
                  paths: tuple = PLANNED_TOPK, batch: int = 1) -> list[StepOption]:
     """Every option among ``paths`` that can serve ``mapping`` with ``beams_in`` beams per
