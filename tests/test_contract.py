@@ -68,7 +68,8 @@ def option_plans(index):
     """Plans in which every option of ``step_options`` (every mode x every top-k path
     that fits) is forced at every step at least once: plan ``j`` takes option ``j``
     (cycling) at each step."""
-    per_step = [step_options(m, 1 if l == 0 else BEAM, BEAM, TOPK_PATHS, BATCH) for l, m in enumerate(index.steps)]
+    per_step = [step_options(m, 1 if l == 0 else BEAM, BEAM, TOPK_PATHS, BATCH, planned=False)
+                for l, m in enumerate(index.steps)]
     assert any(o.mode == "dense+full" for o in per_step[0])
     assert all(any(o.mode == "sparse+shared" for o in opts) for opts in per_step)
     assert all(any(o.topk == "prune" for o in opts) for opts in per_step[1:])

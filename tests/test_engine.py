@@ -46,7 +46,8 @@ def test_every_plan_matches_reference(shared):
     ref_sel = Decoder(index, heads, beam, engine="reference").decode(hidden_fn, batch)
     h = Heads.build(heads, index.codebook_sizes)
     # every path, a plan with "prune" at every later step included
-    per_step = [step_options(m, 1 if l == 0 else beam, beam, TOPK_PATHS, batch) for l, m in enumerate(index.steps)]
+    per_step = [step_options(m, 1 if l == 0 else beam, beam, TOPK_PATHS, batch, planned=False)
+                for l, m in enumerate(index.steps)]
     assert any(o.topk == "prune" for o in per_step[1]) and any(o.mode == "sparse+shared" for o in per_step[1])
     combos = list(itertools.product(*per_step))
     rng = np.random.default_rng(0)

@@ -299,7 +299,7 @@ class GpuEngine:
                     opts = [o for o in opts if o.mode == mode]
                 else:
                     want = want if isinstance(want, StepOption) else StepOption.parse(want)
-                    every = step_options(mapping, beams_in, self.beam_width, TOPK_PATHS, batch)
+                    every = step_options(mapping, beams_in, self.beam_width, TOPK_PATHS, batch, planned=False)
                     if want not in every:
                         raise ZeroGRError(f"step {level + 1}: option {want.label} is not available "
                                           f"(choose from {', '.join(o.label for o in every)})")

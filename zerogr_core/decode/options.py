@@ -16,12 +16,18 @@ from ..index.layout import StepMapping
 MODES = ("dense+full", "sparse+full", "sparse+selective", "sparse+shared")
 """``sparse+shared`` is the selective projection that reads a head row once per group of
 beams in one state (:func:`zerogr_kernels.shared_selective_proj`); beams of one request
-never share a state, so it is offered only to batches of two requests or more, and only
-where the step has few states for its beams (``SHARED_STATES_PER_BEAM``)."""
+never share a state, so it is available only to batches of two requests or more, and only
+where the step has few states for its beams (``SHARED_STATES_PER_BEAM``); the planner times
+it only where many beams enter the step (``SHARED_MIN_BEAMS``)."""
 
 SHARED_GROUP = 2
 """Beams per group of the shared projection: pairs (states that three or more requests
 reach are rare, and each member's accumulator costs registers)."""
+SHARED_MIN_BEAMS = 2048
+"""Beams entering a step from which the planner times the shared projection: on the H200 it
+won step 2 of the anchor catalog at 2,048 and 4,096 beams (FP32 batches 16 and 32: 640
+against 655 µs, 1,065 against 1,230) and lost at 1,024 (batch 8: 428 against 346 µs;
+``bench/results/headline/``), where the sort costs more than the pairs save."""
 SHARED_STATES_PER_BEAM = 8
 """The shared projection is offered at a step whose states number at most this many per
 beam entering it: beams spread evenly over more states would almost never meet."""
@@ -60,11 +66,14 @@ PLANNED_TOPK = TOPK_PATHS
 
 
 def step_options(mapping: StepMapping, beams_in: int, beam_width: int,
-                 paths: tuple = PLANNED_TOPK, batch: int = 1) -> list[StepOption]:
+                 paths: tuple = PLANNED_TOPK, batch: int = 1, planned: bool = True) -> list[StepOption]:
     """Every option among ``paths`` that can serve ``mapping`` with ``beams_in`` beams per
-    request, for ``batch`` requests."""
+    request, for ``batch`` requests; with ``planned``, only those worth timing (the shared
+    projection from ``SHARED_MIN_BEAMS`` beams)."""
     modes = (["dense+full"] if mapping.kind == "dense" else []) + ["sparse+full", "sparse+selective"]
-    meet = batch >= 2 and mapping.n_states <= SHARED_STATES_PER_BEAM * batch * beams_in
+    n_beams = batch * beams_in
+    meet = batch >= 2 and mapping.n_states <= SHARED_STATES_PER_BEAM * n_beams
+    meet &= not planned or n_beams >= SHARED_MIN_BEAMS
     modes += ["sparse+shared"] if meet else []
     out = []
     for mode in modes:
