@@ -1,16 +1,25 @@
-"""Time :func:`zerogr_kernels.group_beams` (the sort behind the shared selective projection) on the GPU.
+"""Time :func:`zerogr_kernels.group_beams` (the grouping behind the shared selective projection) on the GPU.
 
-    python bench/group_beams_cost.py    # prints µs per call (CUDA-graph replays) for 16,384 / 4,096 / 1,024 beams
+    python bench/group_beams_cost.py    # µs per call (CUDA-graph replays), 16,384 / 4,096 / 1,024 beams
 
 States are drawn uniformly from the 7,861 first tokens of the search-like catalog, as the beams
-of step 2 are; results: bench/results/shared-ab/group_beams_cost.txt.
+of step 2 are. Each size is timed for the counting sort that the engine runs and for the
+stable ``torch.sort`` it replaced (the reference's sort and binary search, graph-safe);
+results: bench/results/shared-ab/group_beams_cost.txt.
 """
 import sys
 
 import torch
 
 from zerogr_core.timing import median_us
-from zerogr_kernels import BeamGroups, group_beams
+from zerogr_kernels import BeamGroups, group_beams_triton
+
+N_STATES = 7861
+
+
+def stable_sort(q: torch.Tensor, out: BeamGroups) -> None:
+    torch.sort(q, stable=True, out=(out.states, out.order))
+    torch.searchsorted(out.states, out.states, out=out.first)
 
 
 def main() -> int:
@@ -18,11 +27,15 @@ def main() -> int:
         print("group_beams_cost: needs a CUDA GPU", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
+    print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
     for n in (16384, 4096, 1024):
-        q = torch.randint(0, 7861, (n,), device=dev, dtype=torch.int64)
-        out = BeamGroups(*(torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3)))
-        t = median_us(lambda: group_beams(q, out=out), dev, 50)
-        print(f"group_beams n={n}: {t:.1f} us (graph); distinct {torch.unique(q).numel()}/{n}")
+        q = torch.randint(0, N_STATES, (n,), device=dev, dtype=torch.int64)
+        out = BeamGroups.empty(n, N_STATES, dev)
+        count = median_us(lambda: group_beams_triton(q, N_STATES, out=out), dev, 50)
+        ok = torch.equal(out.states, torch.sort(q).values) and torch.equal(q[out.order], out.states)
+        sort = median_us(lambda: stable_sort(q, out), dev, 50)
+        print(f"group_beams n={n}: counting sort {count:.1f} us, stable torch.sort {sort:.1f} us (graph); "
+              f"distinct {torch.unique(q).numel()}/{n}; sorted {ok}")
     return 0
 
 

@@ -148,15 +148,15 @@ def sweep_shared(args, dev, records, t_start) -> None:
             n = states.numel()
             weight = (torch.randn(rows, H, generator=gen, device=dev) / H ** 0.5).to(dtype)
             hidden = torch.randn(n, H, generator=gen, device=dev).to(dtype)
-            groups = BeamGroups(*(torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3)))
+            groups = BeamGroups.empty(n, n_states, dev)
             logits = torch.full((n, K), float("-inf"), device=dev)
             rec = dict(part="shared", shape=name, dtype=dname, hidden=H, n_beams=n, K=K, mean=mean, band_rows=rows,
                        valid_pairs=pairs, distinct_states=int(torch.unique(states).numel()))
             variants = {"per-beam default": lambda: selective_proj_triton(hidden, weight, slot_tokens, tasks, logits)}
             for label, g, bh, nw in SHARED_TUNINGS[:3] if args.dry_run else SHARED_TUNINGS:
                 variants[label] = (lambda g=g, bh=bh, nw=nw: shared_selective_proj_triton(
-                    hidden, weight, slot_tokens, logits, group_beams(states, out=groups), group_size=g, block_h=bh,
-                    num_warps=nw))
+                    hidden, weight, slot_tokens, logits, group_beams(states, n_states, out=groups), group_size=g,
+                    block_h=bh, num_warps=nw))
             ref = None
             for label, call in variants.items():
                 if time.time() - t_start > args.budget_s:

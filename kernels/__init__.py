@@ -16,9 +16,9 @@ Per decoding step (docs/design.md §4), op (module):
    ``constraints.constrain_scored_slots`` after step 2 for catalog-normalised requests).
 2. :func:`selective_proj` (``selective``), or :func:`shared_selective_proj`
    (``shared_selective``: one gather of a head row for the beams of several requests in one
-   state, after :func:`group_beams`), or :func:`full_proj` (``full_projection``) followed by
-   ``filter_slots(logits=...)``, or the ablation :func:`naive_selective_proj`
-   (``naive_selective``) - logits of the valid slots.
+   state, after :func:`group_beams` (``beam_groups``) sorts the beams by state), or
+   :func:`full_proj` (``full_projection``) followed by ``filter_slots(logits=...)``, or the
+   ablation :func:`naive_selective_proj` (``naive_selective``) - logits of the valid slots.
 3. :func:`log_softmax_slots` (``normalize``) - normalisation plus beam scores.
 4. :func:`topk_gather` (``selection``) - top-M per request and the next beams; with
    ``beam_scores`` it fuses step 3, with ``prefixes`` it also writes the next step's
@@ -57,8 +57,8 @@ from .naive_selective import naive_selective_proj
 from .memory_attention import request_attention, request_attention_reference, request_attention_triton
 from .rms_norm import rms_layer_norm, rms_layer_norm_reference, rms_layer_norm_triton
 from .selective import selective_proj, selective_proj_reference, selective_proj_triton
-from .shared_selective import (BeamGroups, group_beams, shared_selective_proj, shared_selective_proj_reference,
-                               shared_selective_proj_triton)
+from .beam_groups import BeamGroups, group_beams, group_beams_reference, group_beams_triton
+from .shared_selective import shared_selective_proj, shared_selective_proj_reference, shared_selective_proj_triton
 from .selection import (PATHS as TOPK_PATHS, SMALL_AUTO_MAX, SMALL_MAX, SPLIT_CHUNK_MAX, SPLIT_CHUNK_MIN,
                         TopkOut, extend_prefixes, small_tile, split_first_stage, split_plan, topk_gather,
                         topk_gather_reference, topk_gather_triton)
@@ -70,7 +70,8 @@ __all__ = [
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
     "num_tasks", "full_proj", "full_proj_reference", "log_softmax_slots", "log_softmax_slots_reference",
     "log_softmax_slots_triton", "naive_selective_proj", "selective_proj",
-    "selective_proj_reference", "selective_proj_triton", "BeamGroups", "group_beams", "shared_selective_proj",
+    "selective_proj_reference", "selective_proj_triton", "BeamGroups", "group_beams",
+    "group_beams_reference", "group_beams_triton", "shared_selective_proj",
     "shared_selective_proj_reference", "shared_selective_proj_triton", "SMALL_AUTO_MAX", "SMALL_MAX",
     "SPLIT_CHUNK_MAX", "SPLIT_CHUNK_MIN", "TOPK_PATHS", "TopkOut", "extend_prefixes", "small_tile",
     "split_first_stage", "split_plan", "topk_gather", "topk_gather_reference", "topk_gather_triton",

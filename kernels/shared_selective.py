@@ -10,8 +10,8 @@ its dot products with all of their hidden vectors. The head rows are what bounds
 selective projection (on the H200, float32 H 4096 at batch 32, step 2 reads about 10 GB
 of gathered rows), so the bytes saved are the beams that found a partner.
 
-Grouping: :func:`group_beams` sorts the beams by state (one sort and one binary search,
-no host synchronisation). A beam whose rank inside its state's run of the sorted order is
+Grouping: :func:`zerogr_kernels.group_beams` sorts the beams by state (a counting sort, no
+host synchronisation). A beam whose rank inside its state's run of the sorted order is
 a multiple of ``group_size`` (at most :data:`MAX_GROUP`) leads the next ``group_size``
 beams of its state. One program per (sorted position, 64-slot column block) does the work
 of a leader and exits at once otherwise.
@@ -24,51 +24,14 @@ does not depend on the batch's other requests.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, pdl_args, pdl_prologue, use_triton
+from .beam_groups import BeamGroups
 from .filtering import TASK_WIDTH
 from .selective import slot_dot_products
-
-
-class BeamGroups(NamedTuple):
-    """Beams sorted by state, from :func:`group_beams`.
-
-    Attributes
-    ----------
-    order : torch.Tensor
-        ``(n_beams,)`` int64: beam at each sorted position.
-    states : torch.Tensor
-        ``(n_beams,)`` int64: state at each sorted position (ascending; -1, dead, first).
-    first : torch.Tensor
-        ``(n_beams,)`` int64: sorted position where the state's run starts.
-    """
-
-    order: torch.Tensor
-    states: torch.Tensor
-    first: torch.Tensor
-
-
-def group_beams(states: torch.Tensor, out: BeamGroups | None = None) -> BeamGroups:
-    """Sort ``(n_beams,)`` int64 beam states and find where each state's run starts.
-
-    With ``out`` (preallocated :class:`BeamGroups` buffers, as a CUDA graph needs) the
-    results are written there. No host synchronisation.
-    """
-    check_tensor("states", states, dtypes=(torch.int64,), ndim=1, contiguous=True)
-    if out is None:
-        sorted_states, order = torch.sort(states, stable=True)
-        return BeamGroups(order, sorted_states, torch.searchsorted(sorted_states, sorted_states))
-    for name, t in zip(BeamGroups._fields, out):
-        check_tensor(f"out.{name}", t, dtypes=(torch.int64,), ndim=1, device=states.device,
-                     shape=states.shape, contiguous=True)
-    torch.sort(states, stable=True, out=(out.states, out.order))
-    torch.searchsorted(out.states, out.states, out=out.first)
-    return out
 
 
 def _check(hidden, weight, slot_tokens, slot_logits, groups, band_start, group_size) -> None:
@@ -81,7 +44,7 @@ def _check(hidden, weight, slot_tokens, slot_logits, groups, band_start, group_s
                  shape=(n_beams, K), contiguous=True)
     if not isinstance(groups, BeamGroups):
         raise TypeError(f"groups must be a BeamGroups from group_beams, got {type(groups).__name__}")
-    for name, t in zip(BeamGroups._fields, groups):
+    for name, t in zip(BeamGroups._fields[:3], groups):
         check_tensor(f"groups.{name}", t, dtypes=(torch.int64,), ndim=1, device=device, shape=(n_beams,),
                      contiguous=True)
     if not 0 <= band_start < max(weight.shape[0], 1):
@@ -233,7 +196,7 @@ def shared_selective_proj(hidden: torch.Tensor, weight: torch.Tensor, slot_token
     slot_logits : torch.Tensor
         ``(n_beams, K)`` float32, contiguous; updated in place.
     groups : BeamGroups
-        :func:`group_beams` of the beams' states.
+        :func:`zerogr_kernels.group_beams` of the beams' states.
     band_start : int
         First row of the step's band in ``weight``.
     group_size : int

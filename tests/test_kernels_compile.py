@@ -97,13 +97,15 @@ def _launch_grid():
                               e(MANY_TASKS, K, dtype=torch.int32), many, e(MANY_TASKS, K))
         selective_proj_triton(e(n_beams, H, dtype=dtype), e(K + 5, H, dtype=dtype), e(n_beams, K, dtype=torch.int32),
                               tasks, e(n_beams, K), h_split=2)
-    from zerogr_kernels.shared_selective import BeamGroups, shared_selective_proj_triton
+    from zerogr_kernels.beam_groups import BeamGroups, group_beams_triton
+    from zerogr_kernels.shared_selective import shared_selective_proj_triton
 
+    group_beams_triton(e(4096, dtype=torch.int64), 7861)
     # the engine's group sizes; rows of 1, 11, 201 and 8,192 slots
     for (K, H), g, dtype in itertools.product([(1, 48), (11, 1024), (201, 4096), (8192, 1024)], (1, 2, 4),
                                               (torch.float16, torch.bfloat16, torch.float32)):
         n_beams = 64
-        groups = BeamGroups(*(e(n_beams, dtype=torch.int64) for _ in range(3)))
+        groups = BeamGroups.empty(n_beams, 10, "cpu")
         shared_selective_proj_triton(e(n_beams, H, dtype=dtype), e(K + 5, H, dtype=dtype),
                                      e(n_beams, K, dtype=torch.int32), e(n_beams, K), groups, group_size=g)
 

@@ -6,8 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel_asserts import assert_kernel_equal, kernel_device, random_dense_table, random_sparse_mapping
-from zerogr_kernels import (BeamGroups, filter_slots_reference, group_beams, selective_proj_reference,
-                            shared_selective_proj, shared_selective_proj_reference, shared_selective_proj_triton)
+from zerogr_kernels import (BeamGroups, filter_slots_reference, group_beams, group_beams_reference, group_beams_triton,
+                            selective_proj_reference, shared_selective_proj, shared_selective_proj_reference,
+                            shared_selective_proj_triton)
 from zerogr_kernels.shared_selective import default_tuning
 
 DEV = kernel_device()
@@ -64,7 +65,7 @@ def test_shared_matches_reference(dtype, n_beams, vocab, max_len, distinct, H, b
     slots, states = _slots(n_beams + vocab, n_beams, vocab, max_len, distinct, dense, kill)
     weight = _head(band_start + vocab + 3, H, dtype, 1)
     hidden = _head(2 * n_beams, H, dtype, 2)[::2]          # strided rows
-    groups = group_beams(states)
+    groups = group_beams(states, 6 if not dense else 3)
     got = shared_selective_proj_triton(hidden, weight, slots.slot_tokens, slots.slot_logits.clone(), groups,
                                        band_start=band_start, group_size=group_size, **tuning)
     exp = shared_selective_proj_reference(hidden, weight, slots.slot_tokens, slots.slot_logits.clone(), groups,
@@ -91,29 +92,55 @@ def test_a_beam_logits_do_not_depend_on_its_partners(group_size):
     for states in (alone, shared):
         fo = filter_slots_reference(states, K, tokens=tokens, offsets=offsets)
         out.append(shared_selective_proj_triton(hidden, weight, fo.slot_tokens, fo.slot_logits.clone(),
-                                                group_beams(states), group_size=group_size)[0])
+                                                group_beams(states, 4), group_size=group_size)[0])
     bad = torch.nonzero(out[0] != out[1])
     assert bad.numel() == 0, f"first mismatches at slots {bad[:4].flatten().tolist()}"
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(-1, 6), min_size=1, max_size=40))
-def test_group_beams_sorts_and_finds_run_starts(states):
-    q = torch.tensor(states, dtype=torch.int64, device=DEV)
-    g = group_beams(q)
-    assert sorted(g.order.tolist()) == list(range(len(states)))
-    assert torch.equal(q[g.order], g.states)
+def _check_groups(g, states, n_states):
+    """``g`` sorts ``states`` by state, each run's start and end right (any order inside a run)."""
+    n = len(states)
+    assert sorted(g.order.tolist()) == list(range(n)), "order is not a permutation"
     assert g.states.tolist() == sorted(states)
+    assert g.states.tolist() == [states[b] for b in g.order.tolist()]
     for i, s in enumerate(g.states.tolist()):
         f = int(g.first[i])
-        assert g.states[f] == s and (f == 0 or g.states[f - 1] != s)
-    # stable: equal states keep beam order, so a state's leader is its lowest beam
+        assert g.states[f] == s and (f == 0 or g.states[f - 1] != s), f"first[{i}] = {f}"
+    ends = [sum(1 for s in states if s < state) for state in range(n_states + 1)]
+    assert g.ends.tolist() == ends
+    assert not g.fill.any(), "the work buffer is not left at zero"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(-1, 6), max_size=40), st.integers(0, 3))
+def test_group_beams_sorts_and_finds_runs(states, spare):
+    n_states = 7 + spare                      # states with no beam, and trailing ones
+    q = torch.tensor(states, dtype=torch.int64, device=DEV)
+    ref = group_beams_reference(q, n_states)
+    _check_groups(ref, states, n_states)
+    # the reference is stable: equal states keep beam order
     for i in range(1, len(states)):
-        if g.states[i] == g.states[i - 1]:
-            assert g.order[i] > g.order[i - 1]
-    # into preallocated buffers, as a CUDA graph needs
-    buf = BeamGroups(*(torch.full((len(states),), 7, dtype=torch.int64, device=DEV) for _ in range(3)))
-    assert all(torch.equal(a, b) for a, b in zip(group_beams(q, out=buf), g))
+        if ref.states[i] == ref.states[i - 1]:
+            assert ref.order[i] > ref.order[i - 1]
+    got = group_beams_triton(q, n_states)
+    _check_groups(got, states, n_states)
+    # into preallocated buffers, as a CUDA graph needs, twice (the work buffer comes back to zero)
+    buf = BeamGroups(*(torch.full_like(t, 7) for t in ref))
+    for fn in (group_beams_triton, group_beams_triton, group_beams_reference):
+        assert fn(q, n_states, out=buf) is buf
+        _check_groups(buf, states, n_states)
+
+
+def test_group_beams_arguments():
+    q = torch.zeros(3, dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match="n_states must be a non-negative int, got -1"):
+        group_beams(q, -1)
+    with pytest.raises(TypeError, match="states must have dtype in \\(int64\\)"):
+        group_beams(q.int(), 2)
+    with pytest.raises(ValueError, match="out.ends must have shape \\(3\\), got \\(6,\\)"):
+        group_beams(q, 2, out=BeamGroups.empty(3, 5, DEV))
+    with pytest.raises(ValueError, match="states must lie in \\[-1, 2\\)"):
+        group_beams_reference(q + 2, 2)
 
 
 def test_default_tuning():
@@ -123,7 +150,7 @@ def test_default_tuning():
 
 def test_argument_checks():
     slots, _ = _slots(1, 3, 10, 5, 2)
-    groups = group_beams(torch.zeros(3, dtype=torch.int64, device=DEV))
+    groups = group_beams(torch.zeros(3, dtype=torch.int64, device=DEV), 1)
     w, h = torch.zeros(10, 4, device=DEV), torch.zeros(3, 4, device=DEV)
     with pytest.raises(ValueError, match="group_size must be 1, 2 or 4, got 3"):
         shared_selective_proj(h, w, slots.slot_tokens, slots.slot_logits, groups, group_size=3)

@@ -87,7 +87,7 @@ class StepRunner:
         self.logits = (torch.empty(n, mapping.codebook, dtype=torch.float32, device=dev)
                        if option.projection == "full" else None)
         # sparse+shared: the beams sorted by state
-        self.groups = (BeamGroups(*(torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3)))
+        self.groups = (BeamGroups.empty(n, sparse[1].numel() - 1, dev)
                        if option.mode == "sparse+shared" else None)
         #: Optional callable(FilterOut) that kills constrained slots in place, after
         #: filtering and before projection/normalisation (set by a constrained ShapeState),
@@ -123,7 +123,7 @@ class StepRunner:
         if self.groups is None:
             return selective_proj(hidden, self.weight, slots.slot_tokens, slots.tasks, slots.slot_logits,
                                   band_start=self.band_start)
-        group_beams(states, out=self.groups)
+        group_beams(states, self.groups.ends.numel() - 1, out=self.groups)
         return shared_selective_proj(hidden, self.weight, slots.slot_tokens, slots.slot_logits, self.groups,
                                      band_start=self.band_start, group_size=SHARED_GROUP)
 
