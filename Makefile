@@ -18,6 +18,9 @@ PORT ?= 8501
 # The app listens on this machine only; ZEROGR_HOST=0.0.0.0 (or one interface's address) opens it
 # to the network: see "The app on a shared machine" in README.md for what that exposes.
 ZEROGR_HOST ?= 127.0.0.1
+# pytest-xdist workers of `make test` (auto: one per core; the suite is CPU-bound, mostly
+# kernels in Triton's interpreter, and took 31 minutes on one core of a 2-core machine)
+TEST_WORKERS ?= auto
 
 .PHONY: install run test test-gpu browser clean
 
@@ -41,7 +44,7 @@ run: install
 	  --browser.gatherUsageStats false
 
 test: install browser
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis test-artifacts
