@@ -244,6 +244,32 @@ def test_projection_sweep_dry_run_checks_every_tuning_against_the_first(tmp_path
     assert "Traceback" not in bad.stderr
 
 
+def test_profile_decode_quick_run_and_its_interval_arithmetic(tmp_path):
+    # bench/profile_decode.py profiled the headline shapes on the H200; on the CPU it decodes
+    # a small catalog through the kernels' references (no profile) to check the script
+    out = tmp_path / "profile.json"
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "bench/profile_decode.py", "--quick", "--shapes", "fp16:1,fp32:2",
+                             "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert [(r["dtype"], r["batch"]) for r in doc["runs"]] == [("fp16", 1), ("fp32", 2)]
+    assert all(len(r["plan"]) == 5 and r["median_ms"] > 0 for r in doc["runs"])
+    bad = subprocess.run([sys.executable, "bench/profile_decode.py", "--quick", "--shapes", "fp8:1", "--out",
+                          str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--shapes: 'fp8:1' is not DTYPE:BATCH" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from profile_decode import union_us
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    # overlapping (PDL) and disjoint kernels: busy time counts each instant once
+    assert union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert union_us([]) == 0
+
+
 def test_topk_paths_option_narrows_the_plan(tmp_path):
     result = run_bench("--quick", "--suite", "headline", "--device", "cpu", "--methods", "zerogr", "--batch", "2",
                        "--topk-paths", "small,wide", "--out", str(tmp_path))

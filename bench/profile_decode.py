@@ -1,0 +1,135 @@
+"""Where a zerogr decode's time goes, kernel by kernel, at the headline shapes.
+
+    python bench/profile_decode.py --shapes fp16:1,fp16:32,fp32:32 --out bench/results/profile-decode/headline.json
+
+For each ``dtype:batch`` shape (search-like 19,269,255 SIDs, beam 128, H 1024 for fp16/bf16
+and 4096 for fp32, as in the headline suite) the engine plans and captures the whole decode
+in one CUDA graph, as ``bench --suite headline`` does. Then:
+
+- the median of graph replays (CUDA events, ``zerogr_core.timing``);
+- ``torch.profiler`` over a few replays: per decode, the kernels (and memsets) that ran, their
+  summed GPU time, the time the GPU was busy with at least one of them (programmatic
+  dependent launch lets neighbours overlap), and the span from the first start to the last
+  end. ``span - busy`` is the time between kernels: launch latency and dependency waits;
+- the same kernels grouped by name, largest first.
+
+``--quick`` decodes a 2,000-SID catalog at beam 4 on the CPU (no profile there), to check the script.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HIDDEN = {"fp16": 1024, "bf16": 1024, "fp32": 4096}
+
+
+def parse_shapes(text: str) -> list[tuple[str, int]]:
+    shapes = []
+    for part in text.split(","):
+        dtype, _, batch = part.partition(":")
+        if dtype not in HIDDEN or not batch.isdigit() or int(batch) < 1:
+            raise SystemExit(f"profile_decode: --shapes: {part!r} is not DTYPE:BATCH with DTYPE in "
+                             f"{', '.join(HIDDEN)} and BATCH >= 1")
+        shapes.append((dtype, int(batch)))
+    return shapes
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def kernel_table(events, reps: int, top: int) -> dict:
+    """Per-decode figures of the GPU events of ``reps`` identical graph replays."""
+    gpu = sorted((ev for ev in events if ev.device_type.name == "CUDA"), key=lambda ev: ev.time_range.start)
+    if not gpu or len(gpu) % reps:
+        return dict(kernels_per_decode=len(gpu) / reps, note="events do not split into equal replays")
+    n = len(gpu) // reps
+    spans, busy = [], []
+    for r in range(reps):
+        chunk = [(ev.time_range.start, ev.time_range.end) for ev in gpu[r * n:(r + 1) * n]]
+        spans.append(max(e for _, e in chunk) - min(s for s, _ in chunk))
+        busy.append(union_us(chunk))
+    total, count = defaultdict(float), defaultdict(int)
+    for ev in gpu:
+        total[ev.name] += ev.device_time / reps
+        count[ev.name] += 1
+    return dict(kernels_per_decode=n, kernel_us_sum=round(sum(total.values()), 1),
+                busy_us=round(statistics.median(busy), 1), span_us=round(statistics.median(spans), 1),
+                gap_us=round(statistics.median(s - b for s, b in zip(spans, busy)), 1),
+                kernels=[dict(name=k[:160], us=round(total[k], 1), calls=count[k] / reps)
+                         for k in sorted(total, key=total.get, reverse=True)[:top]])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="fp16:1,fp16:32,fp32:32", help="comma list of DTYPE:BATCH")
+    p.add_argument("--reps", type=int, default=10, help="graph replays profiled per shape")
+    p.add_argument("--top", type=int, default=30, help="kernel names kept per shape")
+    p.add_argument("--quick", action="store_true", help="2,000 SIDs, beam 4, on the CPU, no profile")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+
+    import torch
+
+    from zerogr_core.bench.env import environment
+    from zerogr_core.bench.methods import ReplayModel, ZeroGRRunner
+    from zerogr_core.bench.workload import CatalogSpec, Workload
+    from zerogr_core.timing import summarize, time_runs
+
+    cuda = torch.cuda.is_available() and not args.quick
+    if not cuda and not args.quick:
+        print("profile_decode: needs a CUDA GPU (or --quick)", file=sys.stderr)
+        return 2
+    device = torch.device("cuda" if cuda else "cpu")
+    spec = CatalogSpec("search-like", 2000 if args.quick else 19_269_255, 0, None)
+    workload = Workload(spec, device)
+    beam = 4 if args.quick else 128
+    report = dict(command=shlex.join(["python", "bench/profile_decode.py", *(argv or sys.argv[1:])]),
+                  env=environment(device), catalog=spec.label, beam=beam, runs=[])
+    for dtype, batch in shapes:
+        hidden = 40 if args.quick else HIDDEN[dtype]
+        ctx = workload.context(dtype, hidden, beam, batch, n_sets=1)
+        runner = ZeroGRRunner(ctx.engine, ReplayModel(ctx.sets, batch), batch)
+        runner.capture()
+        replay = runner.graph.replay if runner.graph is not None else runner.eager
+        stats = summarize(time_runs(replay, device, warmup=5, repeats=5 if args.quick else 50))
+        entry = dict(dtype=dtype, hidden=hidden, batch=batch, graph=runner.graph is not None,
+                     plan=[s.option.label for s in runner.plan.steps], median_ms=stats["median_ms"])
+        if cuda:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.reps):
+                    replay()
+                torch.cuda.synchronize()
+            entry.update(kernel_table(prof.events(), args.reps, args.top))
+        report["runs"].append(entry)
+        print(f"{dtype}/H{hidden} batch {batch}: {entry['median_ms'] * 1e3:.1f} us; "
+              f"{entry.get('kernels_per_decode', '-')} kernels, busy {entry.get('busy_us', '-')} us, "
+              f"span {entry.get('span_us', '-')} us, gaps {entry.get('gap_us', '-')} us; plan {' '.join(entry['plan'])}",
+              flush=True)
+        for k in entry.get("kernels", [])[:15]:
+            print(f"    {k['us']:8.1f} us {k['calls']:5.1f}x  {k['name'][:100]}", flush=True)
+        runner.release()
+        ctx.release()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
