@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 HIDDEN = {"fp16": 1024, "bf16": 1024, "fp32": 4096}
@@ -39,39 +37,6 @@ def parse_shapes(text: str) -> list[tuple[str, int]]:
     return shapes
 
 
-def union_us(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of ``(start, end)`` intervals."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
-
-
-def kernel_table(events, reps: int, top: int) -> dict:
-    """Per-decode figures of the GPU events of ``reps`` identical graph replays."""
-    gpu = sorted((ev for ev in events if ev.device_type.name == "CUDA"), key=lambda ev: ev.time_range.start)
-    if not gpu or len(gpu) % reps:
-        return dict(kernels_per_decode=len(gpu) / reps, note="events do not split into equal replays")
-    n = len(gpu) // reps
-    spans, busy = [], []
-    for r in range(reps):
-        chunk = [(ev.time_range.start, ev.time_range.end) for ev in gpu[r * n:(r + 1) * n]]
-        spans.append(max(e for _, e in chunk) - min(s for s, _ in chunk))
-        busy.append(union_us(chunk))
-    total, count = defaultdict(float), defaultdict(int)
-    for ev in gpu:
-        total[ev.name] += ev.device_time / reps
-        count[ev.name] += 1
-    return dict(kernels_per_decode=n, kernel_us_sum=round(sum(total.values()), 1),
-                busy_us=round(statistics.median(busy), 1), span_us=round(statistics.median(spans), 1),
-                gap_us=round(statistics.median(s - b for s, b in zip(spans, busy)), 1),
-                kernels=[dict(name=k[:160], us=round(total[k], 1), calls=count[k] / reps)
-                         for k in sorted(total, key=total.get, reverse=True)[:top]])
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="fp16:1,fp16:32,fp32:32", help="comma list of DTYPE:BATCH")
@@ -85,6 +50,7 @@ def main(argv=None) -> int:
     import torch
 
     from zerogr_core.bench.env import environment
+    from zerogr_core.bench.kernel_profile import kernel_table
     from zerogr_core.bench.methods import ReplayModel, ZeroGRRunner
     from zerogr_core.bench.workload import CatalogSpec, Workload
     from zerogr_core.timing import summarize, time_runs

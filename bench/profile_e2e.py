@@ -16,7 +16,6 @@ import json
 import shlex
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 
@@ -24,6 +23,7 @@ def main(argv=None) -> int:
     import torch
 
     from zerogr_core.bench.e2e import E2EConfig, Workbench, build_catalog
+    from zerogr_core.bench.kernel_profile import kernel_table
     from zerogr_core.bench.env import environment
     from zerogr_core.timing import summarize, time_runs
 
@@ -64,18 +64,10 @@ def main(argv=None) -> int:
                     for _ in range(reps):
                         run(ids, mask)
                     torch.cuda.synchronize()
-                total, count = defaultdict(float), defaultdict(int)
-                for ev in prof.events():
-                    if ev.device_type.name == "CUDA":
-                        total[ev.name] += ev.device_time / reps
-                        count[ev.name] += 1
-                entry["kernel_us_per_decode"] = round(sum(total.values()), 1)
-                entry["kernels_per_decode"] = sum(count.values()) / reps
-                for k in sorted(total, key=total.get, reverse=True)[:args.top]:
-                    entry["kernels"].append(dict(name=k[:160], us=round(total[k], 1), calls=count[k] / reps))
+                entry.update(kernel_table(prof.events(), reps, args.top))
             report["runs"].append(entry)
             print(f"{name:5s} {method:11s} {stats['median_ms']:8.3f} ms  kernels "
-                  f"{entry.get('kernels_per_decode', '-')} sum {entry.get('kernel_us_per_decode', '-')} us  ({loop})",
+                  f"{entry.get('kernels_per_decode', '-')} sum {entry.get('kernel_us_sum', '-')} us  ({loop})",
                   flush=True)
             for k in entry["kernels"][:12]:
                 print(f"      {k['us']:9.1f} us {k['calls']:6.1f}x  {k['name'][:110]}", flush=True)

@@ -260,14 +260,29 @@ def test_profile_decode_quick_run_and_its_interval_arithmetic(tmp_path):
                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--shapes: 'fp8:1' is not DTYPE:BATCH" in bad.stderr
     assert "Traceback" not in bad.stderr
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from profile_decode import union_us
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    from zerogr_core.bench.kernel_profile import union_us
+
     # overlapping (PDL) and disjoint kernels: busy time counts each instant once
     assert union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
     assert union_us([]) == 0
+
+
+def test_kernel_table_splits_identical_decodes():
+    from types import SimpleNamespace as NS
+
+    from zerogr_core.bench.kernel_profile import kernel_table
+
+    def ev(name, start, end, kind="CUDA"):
+        return NS(name=name, device_type=NS(name=kind), time_range=NS(start=start, end=end), device_time=end - start)
+
+    # two decodes of three kernels (the second overlaps the first, as under PDL), one host event
+    events = [ev("a", 0, 10), ev("b", 8, 12), ev("c", 15, 20), ev("host", 0, 100, "CPU"),
+              ev("a", 100, 110), ev("b", 108, 112), ev("c", 115, 21 + 100)]
+    t = kernel_table(events, 2, top=2)
+    assert t["kernels_per_decode"] == 3 and t["kernel_us_sum"] == 19.5
+    assert (t["busy_us"], t["span_us"], t["gap_us"]) == (17.5, 20.5, 3.0)
+    assert [k["name"] for k in t["kernels"]] == ["a", "c"] and t["kernels"][0]["calls"] == 1
+    assert kernel_table(events[:2], 3, top=2)["note"] == "events do not split into equal decodes"
 
 
 def test_topk_paths_option_narrows_the_plan(tmp_path):

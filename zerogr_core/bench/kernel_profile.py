@@ -1,0 +1,60 @@
+"""Kernel tables from ``torch.profiler`` events of repeated, identical decodes (graph replays or
+eager calls), for ``bench/profile_decode.py`` and ``bench/profile_e2e.py``."""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+
+def union_us(intervals) -> float:
+    """Length of the union of ``(start, end)`` intervals (µs)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def kernel_table(events, reps: int, top: int) -> dict:
+    """Per-decode figures of the GPU events of ``reps`` identical decodes.
+
+    Parameters
+    ----------
+    events : sequence of torch.autograd.profiler_util.FunctionEvent
+        ``prof.events()`` of a profile around the ``reps`` decodes (only GPU events count:
+        kernels and memsets).
+    reps : int
+        Decodes profiled.
+    top : int
+        Kernel names kept, largest total first.
+
+    Returns
+    -------
+    dict
+        ``kernels_per_decode``, ``kernel_us_sum`` (summed kernel time per decode), ``busy_us``
+        (time at least one kernel ran: with programmatic dependent launch neighbours overlap,
+        and a kernel's time includes its wait for the one before), ``span_us`` (first start
+        to last end), ``gap_us`` (``span - busy``: launch latency and waits between kernels;
+        medians over the decodes) and ``kernels`` (name, µs and calls per decode). When the
+        events do not split into ``reps`` equal decodes, only ``kernels_per_decode`` and ``note``.
+    """
+    gpu = sorted((ev for ev in events if ev.device_type.name == "CUDA"), key=lambda ev: ev.time_range.start)
+    if not gpu or len(gpu) % reps:
+        return dict(kernels_per_decode=len(gpu) / reps, note="events do not split into equal decodes")
+    n = len(gpu) // reps
+    spans, busy = [], []
+    for r in range(reps):
+        chunk = [(ev.time_range.start, ev.time_range.end) for ev in gpu[r * n:(r + 1) * n]]
+        spans.append(max(e for _, e in chunk) - min(s for s, _ in chunk))
+        busy.append(union_us(chunk))
+    total, count = defaultdict(float), defaultdict(int)
+    for ev in gpu:
+        total[ev.name] += ev.device_time / reps
+        count[ev.name] += 1
+    return dict(kernels_per_decode=n, kernel_us_sum=round(sum(total.values()), 1),
+                busy_us=round(statistics.median(busy), 1), span_us=round(statistics.median(spans), 1),
+                gap_us=round(statistics.median(s - b for s, b in zip(spans, busy)), 1),
+                kernels=[dict(name=k[:160], us=round(total[k], 1), calls=count[k] / reps)
+                         for k in sorted(total, key=total.get, reverse=True)[:top]])
