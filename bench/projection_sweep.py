@@ -103,20 +103,15 @@ def sweep_selective(args, dev, records, t_start) -> None:
             band = 128
             weight = (torch.randn(band + rows, H, generator=gen, device=dev) / H ** 0.5).to(dtype)
             hidden = torch.randn(n_beams, H, generator=gen, device=dev).to(dtype)
-            ref = None
-            for label, kw in itertools.islice(tunings(H), 3 if args.dry_run else None):
-                if time.time() - t_start > args.budget_s:
-                    print("budget spent", flush=True)
-                    return
-                logits = torch.full((n_beams, K), float("-inf"), device=dev)
-
-                def call():
-                    selective_proj_triton(hidden, weight, slot_tokens, tasks, logits, band_start=band, **kw)
-
-                ref = measure(call, lambda: logits, ref, args, dev, records,
-                              dict(part="selective", shape=name, dtype=dname, hidden=H, n_beams=n_beams, K=K,
-                                   mean=mean, band_rows=rows, valid_pairs=pairs, tuning=label),
-                              pairs * H * weight.element_size())
+            logits = torch.empty(n_beams, K, device=dev)
+            variants = {label: (lambda kw=kw: selective_proj_triton(hidden, weight, slot_tokens, tasks, logits,
+                                                                    band_start=band, **kw))
+                        for label, kw in itertools.islice(tunings(H), 3 if args.dry_run else None)}
+            rec = dict(part="selective", shape=name, dtype=dname, hidden=H, n_beams=n_beams, K=K, mean=mean,
+                       band_rows=rows, valid_pairs=pairs)
+            if not measure_variants(variants, logits, rec, pairs * H * weight.element_size(), args, dev, records,
+                                    t_start):
+                return
 
 
 # (name, batch, beam, states, K, mean valid slots per state, band rows): search-like step 2
@@ -149,7 +144,7 @@ def sweep_shared(args, dev, records, t_start) -> None:
             weight = (torch.randn(rows, H, generator=gen, device=dev) / H ** 0.5).to(dtype)
             hidden = torch.randn(n, H, generator=gen, device=dev).to(dtype)
             groups = BeamGroups.empty(n, n_states, dev)
-            logits = torch.full((n, K), float("-inf"), device=dev)
+            logits = torch.empty(n, K, device=dev)
             rec = dict(part="shared", shape=name, dtype=dname, hidden=H, n_beams=n, K=K, mean=mean, band_rows=rows,
                        valid_pairs=pairs, distinct_states=int(torch.unique(states).numel()))
             variants = {"per-beam default": lambda: selective_proj_triton(hidden, weight, slot_tokens, tasks, logits)}
@@ -157,14 +152,9 @@ def sweep_shared(args, dev, records, t_start) -> None:
                 variants[label] = (lambda g=g, bh=bh, nw=nw: shared_selective_proj_triton(
                     hidden, weight, slot_tokens, logits, group_beams(states, n_states, out=groups), group_size=g,
                     block_h=bh, num_warps=nw))
-            ref = None
-            for label, call in variants.items():
-                if time.time() - t_start > args.budget_s:
-                    print("budget spent", flush=True)
-                    return
-                logits.fill_(float("-inf"))
-                ref = measure(call, lambda: logits, ref, args, dev, records, dict(rec, tuning=label),
-                              pairs * H * weight.element_size())
+            if not measure_variants(variants, logits, rec, pairs * H * weight.element_size(), args, dev, records,
+                                    t_start):
+                return
 
 
 # (name, rows of hidden states, band rows): the GEMMs of search-like steps 1 and 2
@@ -195,14 +185,23 @@ def sweep_full(args, dev, records, t_start) -> None:
             if dtype == torch.float32:
                 for S in (2, 4, 8):
                     variants[f"split-k {S}"] = (lambda S=S: split_k_proj(hidden, band, S, out))
-            ref = None
-            for label, call in variants.items():
-                if time.time() - t_start > args.budget_s:
-                    print("budget spent", flush=True)
-                    return
-                ref = measure(call, lambda: out, ref, args, dev, records,
-                              dict(part="full", shape=name, dtype=dname, hidden=H, n_beams=M, band_rows=V,
-                                   tuning=label), V * H * band.element_size())
+            rec = dict(part="full", shape=name, dtype=dname, hidden=H, n_beams=M, band_rows=V)
+            if not measure_variants(variants, out, rec, V * H * band.element_size(), args, dev, records, t_start):
+                return
+
+
+def measure_variants(variants: dict, result: torch.Tensor, rec: dict, nbytes: int, args, dev, records,
+                     t_start: float) -> bool:
+    """Measure each ``label -> call`` of ``variants`` (which write ``result``) against the first,
+    one record each (``rec`` plus ``tuning``); False once the time budget is spent."""
+    ref = None
+    for label, call in variants.items():
+        if time.time() - t_start > args.budget_s:
+            print("budget spent", flush=True)
+            return False
+        result.fill_(float("-inf"))  # slots a variant does not write stay -inf, as the engine's
+        ref = measure(call, lambda: result, ref, args, dev, records, dict(rec, tuning=label), nbytes)
+    return True
 
 
 def measure(call, result, ref, args, dev, records, rec: dict, nbytes: int):
