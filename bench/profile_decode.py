@@ -45,6 +45,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="2,000 SIDs, beam 4, on the CPU, no profile")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.reps < 1 or args.top < 1:
+        p.error(f"--reps and --top must be at least 1, got {args.reps} and {args.top}")
     shapes = parse_shapes(args.shapes)
 
     import torch

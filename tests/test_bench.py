@@ -260,6 +260,10 @@ def test_profile_decode_quick_run_and_its_interval_arithmetic(tmp_path):
                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--shapes: 'fp8:1' is not DTYPE:BATCH" in bad.stderr
     assert "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, "bench/profile_decode.py", "--quick", "--reps", "0", "--out", str(out)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--reps and --top must be at least 1, got 0 and 30" in bad.stderr
+    assert "Traceback" not in bad.stderr
     from zerogr_core.bench.kernel_profile import union_us
 
     # overlapping (PDL) and disjoint kernels: busy time counts each instant once
