@@ -18,11 +18,7 @@ from ..errors import ZeroGRError
 from .data import REPO_ROOT
 
 DEFAULT_CHECKPOINTS = (REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model.pt",
-                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu.pt",
-                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-2epoch.pt",
-                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-rerun.pt",
-                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-validity.pt",
-                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu-validity-rerun.pt")
+                       REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu.pt")
 DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "beauty-learning-curves.md"
 
 
