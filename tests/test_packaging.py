@@ -1,5 +1,6 @@
 """The wheel built from this checkout ships every subpackage and decodes from a plain install."""
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -62,8 +63,16 @@ DECODE = textwrap.dedent("""
 
 
 def test_wheel_ships_every_subpackage_and_decodes_when_installed(tmp_path):
-    wheels, target = tmp_path / "wheels", tmp_path / "site"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), ROOT],
+    # setuptools builds in the source folder (build/, *.egg-info): build from a copy of what a
+    # clone holds, which also keeps stray files of this checkout out of the wheel.
+    source, wheels, target = tmp_path / "source", tmp_path / "wheels", tmp_path / "site"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(os.path.join(ROOT, name), source / name)
+    for folder in INSTALLED_AS:
+        shutil.copytree(os.path.join(ROOT, folder), source / folder, ignore=skip)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)],
         cwd=tmp_path)
     (wheel,) = wheels.glob("zerogr-*.whl")
     with zipfile.ZipFile(wheel) as archive:
