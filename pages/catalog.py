@@ -9,7 +9,7 @@ import streamlit as st
 
 from pages._common import (active_source, cached_catalog, cached_step_stats, cpu_banner, fmt_bytes, get_catalog,
                            get_index, guarded, set_active_source)
-from zerogr_core.app_support import movielens
+from zerogr_core.recsys import movielens
 from zerogr_core.app_support.sources import (HOW_TO_ADD_ROOT, SAMPLE_CHOICES, SAMPLE_CREDITS, UPLOAD_TYPES,
                                              app_settings, catalog_summary, parse_codebook_sizes, roots_line, sample_source,
                                              server_file_source, stage_upload)

@@ -9,7 +9,7 @@ import torch
 from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, cpu_banner,
                            decode_inputs, device, fmt_ms, get_catalog, get_index, guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
-from zerogr_core.app_support import movielens
+from zerogr_core.recsys import movielens
 from zerogr_core.app_support.charts import metrics_figure, stage_figure, top_k_columns
 from zerogr_core.app_support.profile import (comparison, invalid_mass, k_values, profiled_decode, steady_cpu_timing,
                                              time_decoder)

@@ -20,7 +20,7 @@ LIVE_KEY = "rebuild_live"
 def live_section(catalog, source) -> None:
     """Live catalog versions: deletes, adds and replaces while threads keep decoding."""
     from zerogr_core.bench.live import run_load_test
-    from zerogr_core.catalog.store import CatalogStore
+    from zerogr_core.decode.store import CatalogStore
 
     st.subheader("Live catalog: deletes and adds while decoding")
     st.write("Decoders keep serving from a `CatalogStore` while the catalog changes: **deletes** take effect at "

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from zerogr_core.app_support import movielens
+from zerogr_core.recsys import movielens
 
 ROOT = Path(__file__).resolve().parents[1]
 

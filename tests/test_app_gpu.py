@@ -10,7 +10,7 @@ from zerogr_core import Decoder, build_index
 from zerogr_core.app_support import gpu
 from zerogr_core.app_support.profile import comparison, profiled_decode, time_decoder
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
-from zerogr_core.app_support.requests import random_heads, random_hidden_fn
+from zerogr_core.decode.random_requests import random_heads, random_hidden_fn
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
 from zerogr_core.catalog.synth import generate
 

@@ -18,7 +18,8 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from zerogr_core.app_support import benchview, movielens
+from zerogr_core.app_support import benchview
+from zerogr_core.recsys import movielens
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 180
@@ -327,7 +328,7 @@ def test_decode_both_orders_on_the_bundled_model():
 
 
 def test_decode_both_orders_on_the_bundled_beauty_model():
-    from zerogr_core.app_support import beauty
+    from zerogr_core.recsys import beauty
 
     if not beauty.available():
         pytest.skip("the bundled Beauty checkpoint is missing")

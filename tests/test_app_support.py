@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from zerogr_core import Catalog, Decoder, build_index
-from zerogr_core.app_support import benchview, gpu, movielens
+from zerogr_core.app_support import benchview, gpu
+from zerogr_core.recsys import movielens
 from zerogr_core.app_support.density import beam_weighted_density, histogram_counts, total_waste
 from zerogr_core.app_support.profile import STAGES, comparison, k_values, profiled_decode
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
-from zerogr_core.app_support.requests import random_heads, random_hidden_fn
+from zerogr_core.decode.random_requests import random_heads, random_hidden_fn
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory, release_object
 from zerogr_core.app_support.sources import (CatalogSource, load_source, parse_codebook_sizes, sample_source,
                                              server_file_source, stage_upload)
@@ -177,7 +178,7 @@ def test_movielens_missing_checkpoint_is_one_clear_message(monkeypatch, tmp_path
 
 
 def test_beauty_missing_checkpoint_is_one_clear_message(monkeypatch, tmp_path):
-    from zerogr_core.app_support import beauty
+    from zerogr_core.recsys import beauty
 
     monkeypatch.setenv(beauty.CHECKPOINT_ENV, str(tmp_path / "absent.pt"))
     assert not beauty.available()
@@ -193,7 +194,7 @@ def test_beauty_model_decodes_the_app_catalog_through_its_step_model():
     """The app's Beauty sample catalog is the bundled T5's; its test users decode through the
     step model (KV cache) to the same beams as the recomputing hidden_fn."""
     pytest.importorskip("transformers")
-    from zerogr_core.app_support import beauty
+    from zerogr_core.recsys import beauty
     from zerogr_core.app_support.requests import study_inputs
 
     if not beauty.available():

@@ -219,12 +219,12 @@ def test_gpu_run_script_dry_run_packs_results(tmp_path):
 
 
 def test_projection_sweep_dry_run_checks_every_tuning_against_the_first(tmp_path):
-    # bench/projection_sweep.py wrote bench/results/projection-sweep/ on the H200; its CPU dry
+    # zerogr_core.bench.projection_sweep wrote bench/results/projection-sweep/ on the H200; its CPU dry
     # run (tiny shapes, interpreter) must produce the same record layout, every tuning agreeing
     out = tmp_path / "sweep.json"
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "bench/projection_sweep.py", "--out", str(out), "--dry-run",
+    result = subprocess.run([sys.executable, "-m", "zerogr_core.bench.projection_sweep", "--out", str(out), "--dry-run",
                              "--part", "selective,full,shared", "--shapes", "b32-step4", "--dtypes", "fp32",
                              "--repeats", "2"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -238,29 +238,29 @@ def test_projection_sweep_dry_run_checks_every_tuning_against_the_first(tmp_path
     shared = [r for r in doc["records"] if r["part"] == "shared"]
     assert {"per-beam default", "g2/h64/w4"} <= {r["tuning"] for r in shared}
     assert all(r["distinct_states"] < r["n_beams"] for r in shared)   # the requests meet in states
-    bad = subprocess.run([sys.executable, "bench/projection_sweep.py", "--out", str(out), "--dry-run",
+    bad = subprocess.run([sys.executable, "-m", "zerogr_core.bench.projection_sweep", "--out", str(out), "--dry-run",
                           "--part", "selectiv"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--part: unknown value 'selectiv'" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 
 def test_profile_decode_quick_run_and_its_interval_arithmetic(tmp_path):
-    # bench/profile_decode.py profiled the headline shapes on the H200; on the CPU it decodes
+    # zerogr_core.bench.profile_decode profiled the headline shapes on the H200; on the CPU it decodes
     # a small catalog through the kernels' references (no profile) to check the script
     out = tmp_path / "profile.json"
     env = dict(os.environ, TRITON_INTERPRET="0",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "bench/profile_decode.py", "--quick", "--shapes", "fp16:1,fp32:2",
+    result = subprocess.run([sys.executable, "-m", "zerogr_core.bench.profile_decode", "--quick", "--shapes", "fp16:1,fp32:2",
                              "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert [(r["dtype"], r["batch"]) for r in doc["runs"]] == [("fp16", 1), ("fp32", 2)]
     assert all(len(r["plan"]) == 5 and r["median_ms"] > 0 for r in doc["runs"])
-    bad = subprocess.run([sys.executable, "bench/profile_decode.py", "--quick", "--shapes", "fp8:1", "--out",
+    bad = subprocess.run([sys.executable, "-m", "zerogr_core.bench.profile_decode", "--quick", "--shapes", "fp8:1", "--out",
                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--shapes: 'fp8:1' is not DTYPE:BATCH" in bad.stderr
     assert "Traceback" not in bad.stderr
-    bad = subprocess.run([sys.executable, "bench/profile_decode.py", "--quick", "--reps", "0", "--out", str(out)],
+    bad = subprocess.run([sys.executable, "-m", "zerogr_core.bench.profile_decode", "--quick", "--reps", "0", "--out", str(out)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--reps and --top must be at least 1, got 0 and 30" in bad.stderr
     assert "Traceback" not in bad.stderr
@@ -305,15 +305,15 @@ def test_topk_paths_option_narrows_the_plan(tmp_path):
 
 
 def test_cpu_decode_orders_script_writes_its_record(tmp_path):
-    """bench/cpu_decode_orders.py (the README's CPU figures) runs and records its command."""
+    """zerogr_core.app_support.cpu_decode_orders (the README's CPU figures) runs and records its command."""
     out = tmp_path / "orders.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "cpu_decode_orders.py"), "--batch", "1",
+    result = subprocess.run([sys.executable, "-m", "zerogr_core.app_support.cpu_decode_orders", "--batch", "1",
                              "--repeats", "1", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
-    assert data["run_command"].startswith("python bench/cpu_decode_orders.py --batch 1")
+    assert data["run_command"].startswith("python -m zerogr_core.app_support.cpu_decode_orders --batch 1")
     assert {r["batch"] for r in data["records"]} == {1}
     assert {r.get("method") for r in data["records"] if r["kind"] == "cpu-decode"} == \
         {"filter-first (CPU plan)", "filter-first (default projection)", "score-first"}

@@ -8,7 +8,7 @@ from zerogr_core import build_index
 from zerogr_core.app_support import benchview, charts
 from zerogr_core.app_support.density import beam_weighted_density, segment_lengths
 from zerogr_core.app_support.profile import STAGES, comparison, profiled_decode
-from zerogr_core.app_support.requests import random_heads, random_hidden_fn
+from zerogr_core.decode.random_requests import random_heads, random_hidden_fn
 from zerogr_core.catalog.samples import tiny_catalog
 from zerogr_core.catalog.synth import generate
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from zerogr_core.app_support import movielens
+from zerogr_core.recsys import movielens
 
 pytestmark = pytest.mark.skipif(not movielens.available(), reason="the bundled MovieLens model is not there")
 

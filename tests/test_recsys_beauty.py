@@ -474,3 +474,14 @@ def test_a_compile_failure_is_one_line(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--compile: torch.compile could not build the training step" in err
     assert "no C++ compiler found" in err and "Traceback" not in err and not (tmp_path / "m.pt").exists()
+
+
+def test_bundled_beauty_sid_file_matches_its_maker():
+    """sample_catalogs/amazon-beauty/sid_catalog.csv is what bundled_sid_catalog writes."""
+    from zerogr_core.catalog.samples import open_catalog
+    from zerogr_core.recsys.sequences import bundled_sid_catalog
+
+    on_disk, fresh = open_catalog("amazon-beauty"), bundled_sid_catalog("amazon-beauty")
+    assert np.array_equal(on_disk.sids, fresh.sids)
+    assert np.array_equal(on_disk.item_ids.astype(str), fresh.item_ids.astype(str))
+    assert on_disk.codebook_sizes == fresh.codebook_sizes

@@ -104,7 +104,7 @@ def test_catalog_pushes_are_validated():
 def rec():
     import os
 
-    from zerogr_core.app_support import movielens
+    from zerogr_core.recsys import movielens
     from zerogr_core.serve.recommender import Recommender
 
     if not movielens.available():

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from zerogr_core.app_support import movielens
+from zerogr_core.recsys import movielens
 
 pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.skipif(not movielens.available(), reason="the bundled MovieLens model is not there")

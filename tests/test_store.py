@@ -6,7 +6,7 @@ import torch
 
 from zerogr_core import Catalog, CatalogError, Decoder
 from zerogr_core.bench.live import new_items, run_load_test
-from zerogr_core.catalog.store import CatalogStore
+from zerogr_core.decode.store import CatalogStore
 
 SIZES = (8, 6, 5)
 

@@ -340,7 +340,7 @@ def _describe_source(engine, plan) -> str:
 def _run_plan(args: argparse.Namespace) -> None:
     import torch
 
-    from .app_support.requests import random_heads, random_hidden_fn, resolve_dtype
+    from .decode.random_requests import random_heads, random_hidden_fn, resolve_dtype
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
 
@@ -407,7 +407,7 @@ def register_warmup(subparsers) -> None:
 
 
 def _run_warmup(args: argparse.Namespace) -> None:
-    from .app_support.requests import random_heads, random_hidden_fn, resolve_dtype
+    from .decode.random_requests import random_heads, random_hidden_fn, resolve_dtype
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
     from .timing import Stopwatch

@@ -70,7 +70,7 @@ class LiveSweep:
         try:
             import torch
 
-            from ..bench.env import environment
+            from ..environment import environment
             from ..bench.results import ResultWriter
             from ..bench.session import Session
 

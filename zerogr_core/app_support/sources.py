@@ -390,7 +390,7 @@ def load_source(source: CatalogSource, limits: LoadLimits | None = None) -> Cata
     """
     if source.kind == "sample":
         if source.name == MOVIELENS:
-            from .movielens import bundled_catalog
+            from ..recsys.movielens import bundled_catalog
 
             return bundled_catalog()
         from ..catalog.samples import open_catalog

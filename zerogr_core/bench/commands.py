@@ -218,7 +218,7 @@ def run_bench(args: argparse.Namespace) -> int:
     options = parse_options(args)
     import torch
 
-    from .env import environment
+    from ..environment import environment
     from .results import ResultWriter
     from .session import Session
     from .summary import summary_text

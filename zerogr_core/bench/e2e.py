@@ -312,7 +312,7 @@ def run_e2e(args: argparse.Namespace) -> int:
     import torch
 
     from ..errors import ZeroGRError
-    from .env import environment
+    from ..environment import environment
     from .results import ResultWriter
 
     try:

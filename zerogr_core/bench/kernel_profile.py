@@ -1,5 +1,5 @@
 """Kernel tables from ``torch.profiler`` events of repeated, identical decodes (graph replays or
-eager calls), for ``bench/profile_decode.py`` and ``bench/profile_e2e.py``."""
+eager calls), for ``python -m zerogr_core.bench.profile_decode`` and ``python -m zerogr_core.bench.profile_e2e``."""
 from __future__ import annotations
 
 import statistics

@@ -1,7 +1,7 @@
 """Load test of a live catalog: threads decode while the catalog changes.
 
 :func:`run_load_test` runs ``threads`` decoding loops on a
-:class:`~zerogr_core.catalog.store.CatalogStore`, first with no changes (idle), then while
+:class:`~zerogr_core.decode.store.CatalogStore`, first with no changes (idle), then while
 a writer changes the catalog every ``change_every_s`` seconds, cycling through deletes,
 adds and full replaces. Every result is checked against the version it ran on:
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from ..catalog.catalog import Catalog
 from ..timing import summarize
-from ..catalog.store import DEFAULT_COMPACT_FRACTION, CatalogStore, StoreResult
+from ..decode.store import DEFAULT_COMPACT_FRACTION, CatalogStore, StoreResult
 
 
 def _packed(sids: np.ndarray, bits: list[int]) -> np.ndarray:

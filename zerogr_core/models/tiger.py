@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
-from ..recsys.model import pack_histories
 from .protocol import keep_static, reorder_rows, safe_parents
 
 
@@ -158,3 +157,27 @@ class TigerStepModel:
                 found = (keys[pos] == key) & ~bad
                 x = x + m.node_emb[step - 2](torch.where(found, pos, keys.numel()))
         return x
+
+
+def pack_histories(histories: Sequence[np.ndarray], max_history: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-align the newest ``max_history`` items of each history into one padded tensor.
+
+    Parameters
+    ----------
+    histories : sequence of np.ndarray (h_b,) int64, each h_b ≥ 1
+    max_history : int
+
+    Returns
+    -------
+    items : torch.Tensor, shape (B, T), int64
+        T = the longest kept history; padding is 0.
+    lengths : torch.Tensor, shape (B,), int64
+    """
+    kept = [np.asarray(h, dtype=np.int64)[-max_history:] for h in histories]
+    if any(k.size == 0 for k in kept):
+        raise ZeroGRError("histories: every request needs at least one past item")
+    lengths = np.array([k.size for k in kept], dtype=np.int64)
+    items = np.zeros((len(kept), int(lengths.max())), dtype=np.int64)
+    for row, k in enumerate(kept):
+        items[row, :k.size] = k
+    return torch.from_numpy(items), torch.from_numpy(lengths)

@@ -30,6 +30,7 @@ from torch import nn
 
 from ..catalog import Catalog
 from ..errors import ZeroGRError
+from ..models.tiger import pack_histories
 
 
 @dataclass(frozen=True)
@@ -381,27 +382,3 @@ class SIDRecommender(nn.Module):
         """Config, codebook sizes and parameter count, for reports."""
         return dict(config=asdict(self.config), codebook_sizes=list(self.codebook_sizes),
                     parameters=int(sum(p.numel() for p in self.parameters())))
-
-
-def pack_histories(histories: Sequence[np.ndarray], max_history: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-align the newest ``max_history`` items of each history into one padded tensor.
-
-    Parameters
-    ----------
-    histories : sequence of np.ndarray (h_b,) int64, each h_b ≥ 1
-    max_history : int
-
-    Returns
-    -------
-    items : torch.Tensor, shape (B, T), int64
-        T = the longest kept history; padding is 0.
-    lengths : torch.Tensor, shape (B,), int64
-    """
-    kept = [np.asarray(h, dtype=np.int64)[-max_history:] for h in histories]
-    if any(k.size == 0 for k in kept):
-        raise ZeroGRError("histories: every request needs at least one past item")
-    lengths = np.array([k.size for k in kept], dtype=np.int64)
-    items = np.zeros((len(kept), int(lengths.max())), dtype=np.int64)
-    for row, k in enumerate(kept):
-        items[row, :k.size] = k
-    return torch.from_numpy(items), torch.from_numpy(lengths)

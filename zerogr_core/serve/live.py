@@ -4,7 +4,7 @@ A push is declarative: :class:`CatalogPush` names the version label, the catalog
 the deleted ids the replica must serve, whatever it served before. Ray Serve hands a
 replica that starts later (a restart, a new replica) the same ``user_config``, so it
 reaches the same state. :class:`LiveCatalog` turns a push into the fewest
-:class:`~zerogr_core.catalog.store.CatalogStore` changes (deletes at once through the
+:class:`~zerogr_core.decode.store.CatalogStore` changes (deletes at once through the
 deny list; a new catalog, or an un-delete, by a rebuild off to the side) and maps the
 store's internal version numbers to the pushed labels that results carry.
 """

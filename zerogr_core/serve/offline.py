@@ -91,7 +91,7 @@ def read_users(path: str | Path) -> Users:
 def movielens_users(study) -> Users:
     """The leave-one-out test users of the bundled MovieLens data (visible histories), for
     the bundled model ``study``."""
-    from ..app_support.movielens import test_users
+    from ..recsys.movielens import test_users
 
     users = test_users(study)
     ids = study.catalog.item_ids
@@ -211,7 +211,7 @@ def decode_dataset(config: ServeConfig, out: str | Path, *, users_file: str | No
             rank_decode, rank_ready = [decode_s], [ready_s]
         summary = _write(out, rec.catalog, users, rows.numpy(), scores.numpy(), errors, version)
         wall = time.perf_counter() - start
-        from ..bench.env import environment
+        from ..environment import environment
 
         summary.update(world_size=ranks.world, backend=ranks.backend or "none", device=str(ranks.device),
                        k=k, beam=config.beam, batch_size=config.max_batch, engine=config.engine,

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..catalog.store import CatalogStore
+from ..decode.store import CatalogStore
 from ..errors import CatalogError, ZeroGRError
 from .batching import chunks, pad, padded_size
 from .config import ServeConfig
@@ -65,7 +65,7 @@ def load_model(checkpoint: str | None, device):
         Missing or foreign file, or weights of another model version.
     """
     if checkpoint is None:
-        from ..app_support.movielens import bundled_study
+        from ..recsys.movielens import bundled_study
 
         return bundled_study(device)
     from ..recsys import seqrec, train
@@ -176,7 +176,7 @@ class Recommender:
         model = self.study.model
         if self._steps is None:
             return model.hidden_fn_for(histories, sids)
-        from ..recsys.model import pack_histories
+        from ..models.tiger import pack_histories
 
         size, longest = len(histories), model.config.max_history
         items, lengths = pack_histories(histories, longest)

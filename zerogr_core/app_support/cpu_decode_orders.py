@@ -12,8 +12,8 @@ clock and of its thread CPU time (model included; what the process itself spent,
 processes on a shared machine disturb least), and the median over rounds of each method's
 decode time and thread CPU time over scoring first's in the same round.
 
-    python bench/cpu_decode_orders.py                  # writes bench/cpu_results/decode-orders__movielens.json
-    python bench/cpu_decode_orders.py --batch 1,8 --beam 32 --repeats 9
+    python -m zerogr_core.app_support.cpu_decode_orders                  # writes bench/cpu_results/decode-orders__movielens.json
+    python -m zerogr_core.app_support.cpu_decode_orders --batch 1,8 --beam 32 --repeats 9
 """
 from __future__ import annotations
 
@@ -26,20 +26,18 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
+from ..decode.decoder import default_projection
+from ..decode.heads import Heads
+from ..decode.ops import REFERENCE
+from ..decode.reference_plan import make_reference_plan, plan_projection, plan_rows
+from ..environment import environment
+from ..index import build_index
+from ..recsys import movielens
+from .profile import profiled_decode, steady_cpu_timing
 
-from zerogr_core import build_index  # noqa: E402
-from zerogr_core.app_support import movielens  # noqa: E402
-from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing  # noqa: E402
-from zerogr_core.bench.env import environment  # noqa: E402
-from zerogr_core.decode.decoder import default_projection  # noqa: E402
-from zerogr_core.decode.heads import Heads  # noqa: E402
-from zerogr_core.decode.ops import REFERENCE  # noqa: E402
-from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, plan_rows  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "bench" / "cpu_results" / "decode-orders__movielens.json"
 BASELINE = "score-first"
 
@@ -130,7 +128,7 @@ def main(argv=None) -> int:
     # 1-minute load averages when the run started and ended: above ~1 other work shared the cores
     env["load_average_1min"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     out.write_text(json.dumps(dict(format="zerogr-cpu-decode/1", env=env,
-                                   run_command=shlex.join(["python", "bench/cpu_decode_orders.py",
+                                   run_command=shlex.join(["python", "-m", "zerogr_core.app_support.cpu_decode_orders",
                                                            *(sys.argv[1:] if argv is None else argv)]),
                                    records=records), indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out}")

@@ -1,6 +1,6 @@
 """Time :func:`zerogr_kernels.group_beams` (the grouping behind the shared selective projection) on the GPU.
 
-    python bench/group_beams_cost.py    # µs per call (CUDA-graph replays), 16,384 / 4,096 / 1,024 beams
+    python -m zerogr_core.bench.group_beams_cost    # µs per call (CUDA-graph replays), 16,384 / 4,096 / 1,024 beams
 
 States are drawn uniformly from the 7,861 first tokens of the search-like catalog, as the beams
 of step 2 are. Each size is timed for the counting sort that the engine runs and for the

@@ -1,6 +1,6 @@
 """Where a zerogr decode's time goes, kernel by kernel, at the headline shapes.
 
-    python bench/profile_decode.py --shapes fp16:1,fp16:32,fp32:32 --out bench/results/profile-decode/headline.json
+    python -m zerogr_core.bench.profile_decode --shapes fp16:1,fp16:32,fp32:32 --out bench/results/profile-decode/headline.json
 
 For each ``dtype:batch`` shape (search-like 19,269,255 SIDs, beam 128, H 1024 for fp16/bf16
 and 4096 for fp32, as in the headline suite) the engine plans and captures the whole decode
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from zerogr_core.bench.env import environment
+    from zerogr_core.environment import environment
     from zerogr_core.bench.kernel_profile import kernel_table
     from zerogr_core.bench.methods import ReplayModel, ZeroGRRunner
     from zerogr_core.bench.workload import CatalogSpec, Workload
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     spec = CatalogSpec("search-like", 2000 if args.quick else 19_269_255, 0, None)
     workload = Workload(spec, device)
     beam = 4 if args.quick else 128
-    report = dict(command=shlex.join(["python", "bench/profile_decode.py", *(argv or sys.argv[1:])]),
+    report = dict(command=shlex.join(["python", "-m", "zerogr_core.bench.profile_decode", *(argv or sys.argv[1:])]),
                   env=environment(device), catalog=spec.label, beam=beam, runs=[])
     for dtype, batch in shapes:
         hidden = 40 if args.quick else HIDDEN[dtype]

@@ -1,6 +1,6 @@
 """Count the operators one eager training step of the `tiger` preset's T5 dispatches, on the CPU.
 
-    python bench/count_train_ops.py [--batch 64] [--out bench/cpu_results/train-step-ops.json]
+    python -m zerogr_core.bench.count_train_ops [--batch 64] [--out bench/cpu_results/train-step-ops.json]
 
 Every ATen operator the forward pass, the backward pass and gradient clipping dispatch is
 counted (on a GPU each is at least one kernel launch); the optimizer is left out because
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     result = dict(preset="tiger", batch=args.batch, history_items=width, counts=counts,
                   total_operators=sum(v["operators"] for v in counts.values()),
                   torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
-                  command="python bench/count_train_ops.py " + " ".join(argv or []))
+                  command="python -m zerogr_core.bench.count_train_ops " + " ".join(argv or []))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(counts), "total", result["total_operators"])

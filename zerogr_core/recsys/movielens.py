@@ -20,7 +20,7 @@ MISSING = ("the bundled MovieLens recommender (sample_catalogs/movielens/model.p
 
 #: Environment variable naming another checkpoint (a model trained with train-movielens).
 CHECKPOINT_ENV = "ZEROGR_MOVIELENS_CHECKPOINT"
-MODEL = bundled.BundledRecommender(CHECKPOINT_ENV, "..recsys.train:BUNDLED_CHECKPOINT", "..recsys.train:load_checkpoint",
+MODEL = bundled.BundledRecommender(CHECKPOINT_ENV, ".train:BUNDLED_CHECKPOINT", ".train:load_checkpoint",
                                    MISSING, "python -m zerogr_core train-movielens")
 checkpoint_path = MODEL.checkpoint_path
 available = MODEL.available
@@ -71,7 +71,7 @@ class TestUsers:
 
 def test_users(study) -> TestUsers:
     """Test requests of every user of the data the bundled model was trained on."""
-    from ..recsys.data import leave_one_out, load_movielens
+    from .data import leave_one_out, load_movielens
 
     data = load_movielens(None)
     split = leave_one_out(data)

@@ -4,7 +4,7 @@ Profiles graph replays of ``bench-e2e``'s loop methods (T5, TIGER catalog) with
 ``torch.profiler`` and writes, per method and model dtype, the kernels grouped by name
 with their total GPU time per decode, plus the median latency from CUDA events:
 
-    python bench/profile_e2e.py --batch 32 --beam 128 --dtype fp32,tf32,bf16 --out bench/results/e2e/profile.json
+    python -m zerogr_core.bench.profile_e2e --batch 32 --beam 128 --dtype fp32,tf32,bf16 --out bench/results/e2e/profile.json
 
 ``tf32`` is the FP32 model with TF32 tensor-core matmuls allowed. ``--quick`` runs the
 quick preset on the CPU (no kernel table there, just the run).
@@ -24,7 +24,7 @@ def main(argv=None) -> int:
 
     from zerogr_core.bench.e2e import E2EConfig, Workbench, build_catalog
     from zerogr_core.bench.kernel_profile import kernel_table
-    from zerogr_core.bench.env import environment
+    from zerogr_core.environment import environment
     from zerogr_core.timing import summarize, time_runs
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     cfg = E2EConfig.preset("quick" if args.quick else "tiger")
     catalog = build_catalog(cfg, "tiger", 0, None)
-    report = dict(command=shlex.join(["python", "bench/profile_e2e.py", *sys.argv[1:]]), env=environment(device),
+    report = dict(command=shlex.join(["python", "-m", "zerogr_core.bench.profile_e2e", *sys.argv[1:]]),
+                  env=environment(device),
                   batch=args.batch, beam=args.beam, prefill=args.prefill, runs=[])
     for name in args.dtype.split(","):
         torch.backends.cuda.matmul.allow_tf32 = name == "tf32"

@@ -28,8 +28,9 @@ from typing import Callable
 
 import numpy as np
 
+from ..catalog.catalog import Catalog
 from ..errors import CatalogError, ZeroGRError
-from .catalog import Catalog
+from ..index import build_index
 
 
 DEFAULT_COMPACT_FRACTION = 0.05
@@ -221,8 +222,6 @@ class CatalogStore:
                                  band_offsets=base.band_offsets, name=base.name)
 
     def _build(self, catalog: Catalog, version: int, note) -> CatalogVersion:
-        from ..index import build_index
-
         kwargs = {} if self.index_config is None else {"config": self.index_config}
         index = build_index(catalog, device=self.device, **kwargs)
         decoder = self.make_decoder(catalog, index)

@@ -13,8 +13,8 @@ records every latency and status. Phases:
 The result (machine, settings, per phase p50/p90/p99, throughput, failures, pushes) goes
 to ``bench/results/serve/load-<host>.json``::
 
-    python bench/serve_load.py                      # defaults: 8 clients, 20 s per phase
-    python bench/serve_load.py --clients 16 --seconds 30 --replicas 1,2,4 --gpu   # on a GPU host
+    python -m zerogr_core.serve.load_test                      # defaults: 8 clients, 20 s per phase
+    python -m zerogr_core.serve.load_test --clients 16 --seconds 30 --replicas 1,2,4 --gpu   # on a GPU host
 
 A figure of this file is only as good as the machine: on a shared 2-core CPU box the
 replicas compete with the clients and the proxy for the same cores.
@@ -27,15 +27,13 @@ import json
 import os
 import platform
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 FORMAT = "zerogr-serve-load-1"
 
@@ -124,12 +122,12 @@ def main(argv=None) -> int:
     import ray
     import torch
 
-    from zerogr_core.app_support.movielens import bundled_study
-    from zerogr_core.bench.env import environment
-    from zerogr_core.serve import app
-    from zerogr_core.serve.config import ServeConfig
-    from zerogr_core.serve.live import CatalogPush
-    from zerogr_core.serve.offline import movielens_users
+    from ..environment import environment
+    from ..recsys.movielens import bundled_study
+    from . import app
+    from .config import ServeConfig
+    from .live import CatalogPush
+    from .offline import movielens_users
 
     study = bundled_study("cpu")
     users = movielens_users(study)

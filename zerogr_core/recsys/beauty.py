@@ -19,8 +19,8 @@ MISSING = ("the bundled Amazon Beauty recommender (sample_catalogs/amazon-beauty
            "sample_catalogs/amazon-beauty/model.pt`, or pick the random head")
 #: Environment variable naming another checkpoint (a model trained with ``train --dataset amazon-beauty``).
 CHECKPOINT_ENV = "ZEROGR_BEAUTY_CHECKPOINT"
-MODEL = bundled.BundledRecommender(CHECKPOINT_ENV, "..recsys.seqrec:BEAUTY_CHECKPOINT",
-                                   "..recsys.seqrec:load_sequence_checkpoint", MISSING,
+MODEL = bundled.BundledRecommender(CHECKPOINT_ENV, ".seqrec:BEAUTY_CHECKPOINT",
+                                   ".seqrec:load_sequence_checkpoint", MISSING,
                                    "python -m zerogr_core train --dataset amazon-beauty --preset tiger")
 checkpoint_path = MODEL.checkpoint_path
 available = MODEL.available
@@ -35,8 +35,8 @@ def test_users(study) -> TestUsers:
     ZeroGRError
         The checkpoint was trained on other data.
     """
-    from ..recsys.data import leave_one_out
-    from ..recsys.seqrec import load_data, rows_for
+    from .data import leave_one_out
+    from .seqrec import load_data, rows_for
 
     data = load_data(None, None, DATASET)
     split = leave_one_out(data)

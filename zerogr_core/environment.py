@@ -1,0 +1,72 @@
+"""What every benchmark and serving record carries about the machine and the software."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpu_driver() -> str:
+    """The NVIDIA driver version: pynvml if importable, else nvidia-smi, else ``"n/a"``."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001 - any failure falls through to the next source
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "n/a"
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "n/a"
+
+
+def environment(device: torch.device) -> dict:
+    """GPU name, driver, torch/triton/CUDA versions, host and TF32 settings."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001
+        triton_version = "n/a"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        gpu = torch.cuda.get_device_name(device)
+        extra = dict(gpu_memory_gb=round(props.total_memory / 2**30, 1), gpu_sms=props.multi_processor_count,
+                     cuda=torch.version.cuda)
+        driver = gpu_driver()
+    else:
+        gpu = "none (CPU run)"
+        extra = dict(cuda=torch.version.cuda or "n/a")
+        driver = gpu_driver() if torch.cuda.is_available() else "n/a"
+    return dict(gpu=gpu, driver=driver, torch=torch.__version__, triton=triton_version,
+                python=platform.python_version(), host_cpus=os.cpu_count(), platform=platform.platform(),
+                tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32), git_commit=_git_commit(),
+                triton_interpret=os.environ.get("TRITON_INTERPRET", ""), **extra)
+
