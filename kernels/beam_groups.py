@@ -6,7 +6,7 @@ per beam where that projection is offered), so a counting sort does it in three 
 no comparison sort: count the beams of each state with atomic adds, take the running sum of
 the counts (where each state's run ends), then place every beam by a second atomic on its
 state's counter. On the H200 the stable ``torch.sort`` this replaces costs 46 µs for 4,096
-beams inside a CUDA graph (one thread block sorts them all, ``bench/results/shared-ab/``).
+beams inside a CUDA graph (one thread block sorts them all, ``runs/results/shared-ab/``).
 
 The order of the beams inside a state's run is whatever order the atomics served them in,
 so it may change from run to run; the shared projection computes every beam's logits by the

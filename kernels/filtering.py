@@ -209,7 +209,7 @@ def filter_slots_triton(states: torch.Tensor, K: int, *, tokens: torch.Tensor | 
     lg_strides = (logits.stride(0), logits.stride(1)) if has_logits else (0, 0)
     # after a band GEMM (logits given) the launch stays serialised: with PDL here the GEMM's
     # step took a fifth longer on the H200 (step 2, FP16 batch 32: 118 -> 142 µs,
-    # bench/results/pdl-ab/), most likely because cuBLAS's Hopper kernels let dependents start
+    # runs/results/pdl-ab/), most likely because cuBLAS's Hopper kernels let dependents start
     # early and this kernel's waiting blocks then hold SM slots
     pdl = pdl_args(states.device) if logits is None else {"PDL": False}
     if table is None:

@@ -125,7 +125,7 @@ MANY_TASKS = 2048
 def default_tuning(n_tasks: int, K: int, H: int) -> tuple[int, int, bool]:
     """``(block_h, num_warps, acc2d)`` for a queue of ``n_tasks`` tasks over rows of ``K`` slots.
 
-    From the H200 sweep (``bench/results/projection-sweep/``, slot rows shaped like the
+    From the H200 sweep (``runs/results/projection-sweep/``, slot rows shaped like the
     search-like steps). With thousands of tasks the GPU is full: a narrow chunk (64 columns)
     with the 2-D accumulator keeps each program's registers low and the masked rows of sparse
     tasks cheap (float32 H 4096 at batch 32: step 3 292 → 141 µs, step 4 147 → 70 µs). With

@@ -132,7 +132,7 @@ def _shared_proj_kernel(hidden_ptr, weight_ptr, slot_tok_ptr, order_ptr, sstate_
 def default_tuning(K: int, H: int) -> tuple[int, int]:
     """``(block_h, num_warps)`` for rows of ``K`` slots and hidden size ``H``: 32-column chunks
     on 4 warps, the best of the H200 sweep on search-like step 2 for pairs and for groups of
-    four, in float32 and float16 (``bench/results/projection-sweep/shared.json``; 64 columns
+    four, in float32 and float16 (``runs/results/projection-sweep/shared.json``; 64 columns
     with 8 warps was 12 % slower for pairs in float32 at batch 32, 14 % at batch 128)."""
     return min(next_pow2(H), 32), 4
 

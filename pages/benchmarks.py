@@ -35,7 +35,7 @@ def show_records(records: list[dict], prefix: str) -> None:
 def recorded_section(live: bool) -> None:
     files = benchview.result_files()
     if not files:
-        st.warning("No recorded results in `bench/results/` yet. Run `python -m zerogr_core bench` on a GPU "
+        st.warning("No recorded results in `runs/results/` yet. Run `python -m zerogr_core bench` on a GPU "
                    "machine to produce them.")
         return
     origin = benchview.provenance(files)
@@ -43,7 +43,7 @@ def recorded_section(live: bool) -> None:
     if not live:
         st.info(f"**No GPU on this machine — these are recorded results, not measured now.** They were measured on "
                 f"**{', '.join(gpus)}** ({when}){' (plus CPU runs, marked as such)' if cpu_runs else ''} and "
-                "committed under `bench/results/`.", icon=":material/folder:")
+                "committed under `runs/results/`.", icon=":material/folder:")
     else:
         st.caption(f"Recorded results: {', '.join(gpus)} ({when}).")
     st.dataframe(pd.DataFrame(files), hide_index=True, column_config={
@@ -54,7 +54,7 @@ def recorded_section(live: bool) -> None:
 def live_section() -> None:
     st.subheader("Run a sweep on this GPU")
     st.caption("Runs `python -m zerogr_core bench` in the app's process (same code path, results in a temporary "
-               "folder, never over `bench/results/`). Cached indexes and decoders of the other pages are released "
+               "folder, never over `runs/results/`). Cached indexes and decoders of the other pages are released "
                "first so the sweep has the GPU's memory.")
     st.session_state.setdefault("bench_suite", "headline")
     st.session_state.setdefault("bench_catalog", "search-like")

@@ -201,12 +201,12 @@ def test_bench_runs_without_polars_or_plotly(tmp_path):
 
 
 def test_gpu_run_script_dry_run_packs_results(tmp_path):
-    # bench/gpu_run.sh is what spends the lent GPU's time: a CPU dry run (BENCH_QUICK=1)
+    # runs/gpu_run.sh is what spends the lent GPU's time: a CPU dry run (BENCH_QUICK=1)
     # of two groups must pack their results, logs and summary into OUT
     out, work = tmp_path / "out", tmp_path / "work"
     env = dict(os.environ, BENCH_QUICK="1", PYTHON=sys.executable, OUT=str(out), BENCH_WORK=str(work),
                BENCH_BUDGET_S="200", RESULTS_TAG="dry", TRITON_INTERPRET="0")
-    result = subprocess.run(["bash", "bench/gpu_run.sh", "beams", "memoryless"], cwd=ROOT, env=env,
+    result = subprocess.run(["bash", "runs/gpu_run.sh", "beams", "memoryless"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "unknown group 'memoryless'" in result.stdout
@@ -219,7 +219,7 @@ def test_gpu_run_script_dry_run_packs_results(tmp_path):
 
 
 def test_projection_sweep_dry_run_checks_every_tuning_against_the_first(tmp_path):
-    # zerogr_core.bench.projection_sweep wrote bench/results/projection-sweep/ on the H200; its CPU dry
+    # zerogr_core.bench.projection_sweep wrote runs/results/projection-sweep/ on the H200; its CPU dry
     # run (tiny shapes, interpreter) must produce the same record layout, every tuning agreeing
     out = tmp_path / "sweep.json"
     env = dict(os.environ, TRITON_INTERPRET="1",

@@ -1,7 +1,7 @@
 """The README's latency tables quote the committed result files.
 
 Every "X ms (R×)" cell of the two decode-latency tables in README.md must round from the
-median latency (best of graph and eager) of the latest run's matching records in ``bench/results/``,
+median latency (best of graph and eager) of the latest run's matching records in ``runs/results/``,
 and R from the ratio of the baseline's to zerogr's. A rerun that changes the files, or a
 README edit that drifts from them, fails here.
 """
@@ -25,7 +25,7 @@ def medians():
     measured each cell (the best median of that run's records): a rerun with newer code
     replaces an older, perhaps faster, figure instead of hiding behind it."""
     latest: dict = {}
-    for rec in load_results(ROOT / "bench" / "results"):
+    for rec in load_results(ROOT / "runs" / "results"):
         if rec.get("kind") != "latency" or rec.get("status", "ok") != "ok" or rec.get("quick"):
             continue
         key = (rec["catalog_label"], rec["dtype"], rec["batch"], rec["beam"], rec["method"])
@@ -120,9 +120,9 @@ def test_other_catalogs_table_quotes_the_results(medians):
 
 #: README quality tables: the line the table follows → the report it quotes.
 QUALITY_TABLES = {
-    "### Quality: filtering first vs scoring first on MovieLens": "bench/results/quality.json",
-    "**`tiger` preset, trained on the H200**": "bench/results/quality-amazon-beauty-tiger.json",
-    "**`cpu` preset, trained here**": "bench/cpu_results/quality-amazon-beauty-cpu.json",
+    "### Quality: filtering first vs scoring first on MovieLens": "runs/results/quality.json",
+    "**`tiger` preset, trained on the H200**": "runs/results/quality-amazon-beauty-tiger.json",
+    "**`cpu` preset, trained here**": "runs/cpu_results/quality-amazon-beauty-cpu.json",
 }
 
 

@@ -285,7 +285,7 @@ def test_quality_bars_follow_the_data_set():
     assert b["preset"] == "amazon-beauty" and b["recall_gap_ok"] and b["ndcg_gap_ok"]
     assert not b["overlap_ok"] and not b["recall_ok"] and not b["ndcg_ok"] and b["beats_popularity"]
     # The committed report of the shipped model: accuracy and gaps met, overlap missed.
-    report = json.loads((ROOT / "bench" / "results" / "quality-amazon-beauty-tiger.json").read_text())
+    report = json.loads((ROOT / "runs" / "results" / "quality-amazon-beauty-tiger.json").read_text())
     b = bars(report, beauty)
     assert b["recall_ok"] and b["ndcg_ok"] and b["recall_gap_ok"] and b["ndcg_gap_ok"] and not b["overlap_ok"]
     assert report["bars"] == b and report["skip_seen"] is True and report["users"] == 22363

@@ -157,7 +157,7 @@ def test_cuda_graph_is_refused_on_the_cpu_before_any_work(tmp_path, seq, capsys)
 
 @pytest.mark.reference_kernels
 def test_gpu_recipe_script_resumes_across_calls_and_returns_parts(tmp_path, seq):
-    """bench/train_beauty_gpu.sh in its CPU dry run: refuses to start without FRESH=1, stops after an epoch,
+    """runs/train_beauty_gpu.sh in its CPU dry run: refuses to start without FRESH=1, stops after an epoch,
     resumes, runs quality once training has ended, and its parts re-join on a fresh state folder."""
     import hashlib
     import os
@@ -165,7 +165,7 @@ def test_gpu_recipe_script_resumes_across_calls_and_returns_parts(tmp_path, seq)
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "bench" / "train_beauty_gpu.sh"
+    script = Path(__file__).resolve().parents[1] / "runs" / "train_beauty_gpu.sh"
 
     def call(out: str, state: str = "state", **env) -> subprocess.CompletedProcess:
         full = dict(os.environ, DRY_RUN="1", DRY_DATA=str(seq), PYTHON=sys.executable, OUT=str(tmp_path / out),

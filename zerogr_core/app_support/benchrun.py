@@ -4,7 +4,7 @@
 and the CLI cannot drift apart), runs the :class:`~zerogr_core.bench.session.Session` in a
 background thread, and exposes the records and log lines as they arrive so the page can
 draw progress and partial charts. Results go to a folder of the caller's choice, never
-over the committed ``bench/results``.
+over the committed ``runs/results``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Recorded benchmark results for the app's Benchmarks page.
 
-Reads the result files of :mod:`zerogr_core.bench` (``bench/results/*.json``, format
+Reads the result files of :mod:`zerogr_core.bench` (``runs/results/*.json``, format
 ``zerogr-bench/1``): which GPU, when, with what command, and the records themselves;
 and finds the Plotly figure builders of :mod:`zerogr_core.bench.figures`.
 """
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS_DIR = ROOT / "bench" / "results"
+RESULTS_DIR = ROOT / "runs" / "results"
 
 
 def result_files(folder: str | Path | None = None) -> list[dict]:

@@ -12,7 +12,7 @@ clock and of its thread CPU time (model included; what the process itself spent,
 processes on a shared machine disturb least), and the median over rounds of each method's
 decode time and thread CPU time over scoring first's in the same round.
 
-    python -m zerogr_core.app_support.cpu_decode_orders                  # writes bench/cpu_results/decode-orders__movielens.json
+    python -m zerogr_core.app_support.cpu_decode_orders                  # writes runs/cpu_results/decode-orders__movielens.json
     python -m zerogr_core.app_support.cpu_decode_orders --batch 1,8 --beam 32 --repeats 9
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..recsys import movielens
 from .profile import profiled_decode, steady_cpu_timing
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "bench" / "cpu_results" / "decode-orders__movielens.json"
+OUT = ROOT / "runs" / "cpu_results" / "decode-orders__movielens.json"
 BASELINE = "score-first"
 
 

@@ -6,7 +6,7 @@ Examples::
     python -m zerogr_core bench --suite headline --catalog search-like --scale 2e7
     python -m zerogr_core bench --suite stages,ablation,steps --batch 1,8,32
     python -m zerogr_core bench --suite codebook-sweep --codebook 2048,4096,8192,16384
-    python -m zerogr_core bench --summarize bench/results                 # tables from saved files
+    python -m zerogr_core bench --summarize runs/results                 # tables from saved files
 
 Only the standard library is imported when the CLI starts; torch and the kernels load in
 the handler.
@@ -55,7 +55,7 @@ def register(subparsers) -> None:
                         "(default 2048,4096,8192,16384)")
     p.add_argument("--json", default=None, metavar="FILE", help="JSON result file (default OUT/<name>.json)")
     p.add_argument("--csv", default=None, metavar="FILE", help="CSV result file (default OUT/<name>.csv)")
-    p.add_argument("--out", default="bench/results", metavar="DIR", help="result folder (default bench/results)")
+    p.add_argument("--out", default="runs/results", metavar="DIR", help="result folder (default runs/results)")
     p.add_argument("--quick", action="store_true",
                    help="CPU/CI mode: tiny catalogs (codebook 32), small hidden sizes, batches 1,2, beam 4, "
                         "3 repeats; every code path still runs")

@@ -1,6 +1,6 @@
 """Count the operators one eager training step of the `tiger` preset's T5 dispatches, on the CPU.
 
-    python -m zerogr_core.bench.count_train_ops [--batch 64] [--out bench/cpu_results/train-step-ops.json]
+    python -m zerogr_core.bench.count_train_ops [--batch 64] [--out runs/cpu_results/train-step-ops.json]
 
 Every ATen operator the forward pass, the backward pass and gradient clipping dispatch is
 counted (on a GPU each is at least one kernel launch); the optimizer is left out because
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--out", default="bench/cpu_results/train-step-ops.json")
+    p.add_argument("--out", default="runs/cpu_results/train-step-ops.json")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     preset = SeqPreset.preset("tiger")

@@ -269,8 +269,8 @@ def register(subparsers) -> None:
                    help="start no new measurement after S seconds (shared out between models and catalogs)")
     p.add_argument("--seed", default="0")
     p.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
-    p.add_argument("--out", default="bench/results/e2e", metavar="DIR",
-                   help="result folder (default bench/results/e2e)")
+    p.add_argument("--out", default="runs/results/e2e", metavar="DIR",
+                   help="result folder (default runs/results/e2e)")
     p.set_defaults(handler=run_e2e)
 
 

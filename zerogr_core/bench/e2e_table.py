@@ -1,6 +1,6 @@
 """The README's end-to-end table, printed from ``bench-e2e`` result files.
 
-    python -m zerogr_core.bench.e2e_table bench/results/e2e [--shapes 1x128,32x128] [--dtypes float32,tf32]
+    python -m zerogr_core.bench.e2e_table runs/results/e2e [--shapes 1x128,32x128] [--dtypes float32,tf32]
 
 One row per model, catalog, model dtype, prefill placement and shape (batch × beam), with
 each method's median from its latest run and its ratio to ZeroGR's median **in that same run**

@@ -6,8 +6,8 @@ it), so the README, the app's benchmark page and :func:`save_figures` share them
 
 Command line::
 
-    python -m zerogr_core.bench.figures bench/results            # HTML (+ PNG if kaleido works)
-    python -m zerogr_core.bench.figures bench/results --out DIR --no-png
+    python -m zerogr_core.bench.figures runs/results            # HTML (+ PNG if kaleido works)
+    python -m zerogr_core.bench.figures runs/results --out DIR --no-png
 """
 from __future__ import annotations
 

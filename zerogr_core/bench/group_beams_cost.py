@@ -5,7 +5,7 @@
 States are drawn uniformly from the 7,861 first tokens of the search-like catalog, as the beams
 of step 2 are. Each size is timed for the counting sort that the engine runs and for the
 stable ``torch.sort`` it replaced (the reference's sort and binary search, graph-safe);
-results: bench/results/shared-ab/group_beams_cost.txt.
+results: runs/results/shared-ab/group_beams_cost.txt.
 """
 import sys
 

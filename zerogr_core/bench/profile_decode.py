@@ -1,6 +1,6 @@
 """Where a zerogr decode's time goes, kernel by kernel, at the headline shapes.
 
-    python -m zerogr_core.bench.profile_decode --shapes fp16:1,fp16:32,fp32:32 --out bench/results/profile-decode/headline.json
+    python -m zerogr_core.bench.profile_decode --shapes fp16:1,fp16:32,fp32:32 --out runs/results/profile-decode/headline.json
 
 For each ``dtype:batch`` shape (search-like 19,269,255 SIDs, beam 128, H 1024 for fp16/bf16
 and 4096 for fp32, as in the headline suite) the engine plans and captures the whole decode

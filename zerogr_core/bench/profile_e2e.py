@@ -4,7 +4,7 @@ Profiles graph replays of ``bench-e2e``'s loop methods (T5, TIGER catalog) with
 ``torch.profiler`` and writes, per method and model dtype, the kernels grouped by name
 with their total GPU time per decode, plus the median latency from CUDA events:
 
-    python -m zerogr_core.bench.profile_e2e --batch 32 --beam 128 --dtype fp32,tf32,bf16 --out bench/results/e2e/profile.json
+    python -m zerogr_core.bench.profile_e2e --batch 32 --beam 128 --dtype fp32,tf32,bf16 --out runs/results/e2e/profile.json
 
 ``tf32`` is the FP32 model with TF32 tensor-core matmuls allowed. ``--quick`` runs the
 quick preset on the CPU (no kernel table there, just the run).
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", default="inside", choices=("inside", "outside"))
     p.add_argument("--top", type=int, default=25, help="kernels listed per run")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default="bench/results/e2e/profile.json")
+    p.add_argument("--out", default="runs/results/e2e/profile.json")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     cfg = E2EConfig.preset("quick" if args.quick else "tiger")

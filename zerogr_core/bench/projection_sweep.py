@@ -23,7 +23,7 @@ shapes, as :func:`zerogr_kernels.full_proj` runs it (one cuBLAS GEMM) and split 
 hidden dimension into ``S`` batched GEMMs whose float32 partials are summed (more CTAs for
 the few-row GEMMs of step 1, which read a 128 MiB float32 band).
 
-    python -m zerogr_core.bench.projection_sweep --part selective,full,shared --out bench/results/projection-sweep/sweep.json
+    python -m zerogr_core.bench.projection_sweep --part selective,full,shared --out runs/results/projection-sweep/sweep.json
 
 The JSON holds the environment (GPU, driver, torch, triton) and one record per (shape,
 dtype, tuning).

@@ -29,7 +29,7 @@ with the grouping of that time (a stable sort, 46 µs at 4,096 beams), it won st
 anchor catalog at 2,048 and 4,096 beams (FP32 batches 16 and 32: 640 against 655 µs, 1,065
 against 1,230) and lost at 1,024 (batch 8: 428 against 346 µs). The counting sort that
 replaced it (12 µs) won again at 2,048 and 4,096 beams (606 against 651, 1,037 against 1,243;
-``bench/results/headline/``); 1,024 beams have not been timed with it."""
+``runs/results/headline/``); 1,024 beams have not been timed with it."""
 SHARED_STATES_PER_BEAM = 8
 """The shared projection is offered at a step whose states number at most this many per
 beam entering it: beams spread evenly over more states would almost never meet."""

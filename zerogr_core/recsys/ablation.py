@@ -7,7 +7,7 @@ step, training), each report's per-K table and the invalid mass per step. The RE
 summary table; a test checks that it matches the committed reports.
 
 ``python -m zerogr_core.recsys.ablation [REPORT ...] [--out FILE]`` (default: the two Amazon
-Beauty ``cpu`` preset reports under ``bench/results/beauty-ablation/``).
+Beauty ``cpu`` preset reports under ``runs/results/beauty-ablation/``).
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from pathlib import Path
 from ..errors import ZeroGRError
 from .data import REPO_ROOT
 
-ABLATION_DIR = REPO_ROOT / "bench" / "results" / "beauty-ablation"
-DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "beauty-ablation.md"
+ABLATION_DIR = REPO_ROOT / "runs" / "results" / "beauty-ablation"
+DEFAULT_OUT = REPO_ROOT / "runs" / "results" / "beauty-ablation.md"
 #: The script that trains the checkpoints and writes the default reports and document.
-SCRIPT = REPO_ROOT / "bench" / "beauty_ablation.sh"
+SCRIPT = REPO_ROOT / "runs" / "beauty_ablation.sh"
 DEFAULT_REPORTS = (ABLATION_DIR / "quality-amazon-beauty-cpu.json",
                    ABLATION_DIR / "rerun" / "quality-amazon-beauty-cpu.json",
                    ABLATION_DIR / "quality-amazon-beauty-cpu-validity0.625.json",

@@ -7,9 +7,9 @@ per step (what scoring first leaves on tokens that lead to no item) comes from a
 report's ``invalid_mass`` rows.
 
 ``python -m zerogr_core.recsys.analysis [--quality FILE ...] [--out FILE]`` writes the
-markdown tables (default ``bench/results/beauty-density.md``); ``--top1-users N`` runs
+markdown tables (default ``runs/results/beauty-density.md``); ``--top1-users N`` runs
 :func:`top1_disagreements` on N evenly spread test users of the bundled model and saves it
-(``bench/results/beauty-top1.json``), which the tables then include.
+(``runs/results/beauty-top1.json``), which the tables then include.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from .data import REPO_ROOT, leave_one_out
 from .semantic_ids import SIDConfig
 from .sequences import BEAUTY_DIR, load_sequences, sequence_semantic_ids
 
-DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "beauty-density.md"
-DEFAULT_TOP1 = REPO_ROOT / "bench" / "results" / "beauty-top1.json"
+DEFAULT_OUT = REPO_ROOT / "runs" / "results" / "beauty-density.md"
+DEFAULT_TOP1 = REPO_ROOT / "runs" / "results" / "beauty-top1.json"
 
 
 def beauty_catalogs() -> dict[str, Catalog]:
@@ -246,7 +246,7 @@ def main(argv=None) -> None:
                         help="quality reports (JSON) whose invalid mass per step to tabulate")
     parser.add_argument("--top1-users", type=int, metavar="N",
                         help="diagnose the top-1 disagreements of the bundled Beauty model on N test users and save "
-                             "the diagnosis to --top1 (default bench/results/beauty-top1.json)")
+                             "the diagnosis to --top1 (default runs/results/beauty-top1.json)")
     parser.add_argument("--beam", type=int, default=128, help="beam width of that diagnosis (default 128)")
     parser.add_argument("--top1", metavar="FILE", default=str(DEFAULT_TOP1),
                         help="diagnosis JSON to tabulate (written first with --top1-users; skipped when absent)")

@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "runs" / "results"
 
 
 def register(subparsers) -> None:
@@ -83,7 +83,7 @@ def register(subparsers) -> None:
                    "(the default), or the request's remaining tokens")
     q.add_argument("--device", default="cpu", help="torch device (default cpu; 'auto' picks cuda if present)")
     q.add_argument("--results", metavar="DIR", default=str(RESULTS_DIR),
-                   help="where the report goes (default bench/results): quality.json and quality.html for "
+                   help="where the report goes (default runs/results): quality.json and quality.html for "
                    "MovieLens, quality-<data>-<preset>[-validity<W>].json for a sequence checkpoint")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
     q.set_defaults(handler=run_quality)

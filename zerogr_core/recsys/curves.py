@@ -19,7 +19,7 @@ from .data import REPO_ROOT
 
 DEFAULT_CHECKPOINTS = (REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model.pt",
                        REPO_ROOT / "sample_catalogs" / "amazon-beauty" / "model-cpu.pt")
-DEFAULT_OUT = REPO_ROOT / "bench" / "results" / "beauty-learning-curves.md"
+DEFAULT_OUT = REPO_ROOT / "runs" / "results" / "beauty-learning-curves.md"
 
 
 def read_history(path: str | Path) -> dict:

@@ -167,7 +167,7 @@ class SeqPreset:
         if name == "tiger":
             # Patience 100 exceeds the 40 evaluations of 200 epochs, so the budget ends the run: validation
             # NDCG still improves when the 12.5-minute cosine anneals. A 2e-3 peak makes the training loss
-            # climb mid-schedule (bench/results/beauty-tiger-graph-lr2e-3/).
+            # climb mid-schedule (runs/results/beauty-tiger-graph-lr2e-3/).
             return cls("tiger", T5Config(), SeqTrainConfig(epochs=200, batch_size=512, lr=1e-3, warmup_steps=500,
                                                            eval_every=5, eval_users=4000, eval_beam=20, patience=100,
                                                            max_minutes=12.5))

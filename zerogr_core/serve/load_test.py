@@ -11,7 +11,7 @@ records every latency and status. Phases:
    and no answer labelled with a version may hold an item that version deleted.
 
 The result (machine, settings, per phase p50/p90/p99, throughput, failures, pushes) goes
-to ``bench/results/serve/load-<host>.json``::
+to ``runs/results/serve/load-<host>.json``::
 
     python -m zerogr_core.serve.load_test                      # defaults: 8 clients, 20 s per phase
     python -m zerogr_core.serve.load_test --clients 16 --seconds 30 --replicas 1,2,4 --gpu   # on a GPU host
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--gpu", action="store_true", help="one GPU per replica (default: one CPU each)")
-    p.add_argument("--out", default=None, help="result file (default bench/results/serve/load-<host>.json)")
+    p.add_argument("--out", default=None, help="result file (default runs/results/serve/load-<host>.json)")
     args = p.parse_args(argv)
     replica_counts = [int(r) for r in args.replicas.split(",")]
 
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         app.shutdown()
 
     host = platform.node() or "host"
-    out = Path(args.out) if args.out else ROOT / "bench" / "results" / "serve" / f"load-{host}.json"
+    out = Path(args.out) if args.out else ROOT / "runs" / "results" / "serve" / f"load-{host}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     machine = environment(torch.device("cuda" if args.gpu else "cpu"))
     machine.update(ray=ray.__version__, cpu_model=_cpu_model(), note="CPU cores shared with the clients, the "

@@ -2,7 +2,7 @@
 # Offline decoding (`decode-dataset`) on 1..N GPUs of one host, torchrun + NCCL, and whether the
 # outputs agree. Run it on the lent 2-GPU machine:
 #
-#   bash bench/decode_scaling.sh            # GPUS="1 2", the Beauty checkpoint, every test user
+#   bash runs/decode_scaling.sh            # GPUS="1 2", the Beauty checkpoint, every test user
 #
 # A short one-GPU run first fills the plan store and Triton's cache, so every measured run starts
 # equally warm; each run's `<out>.summary.json` (per-rank setup and decode seconds, users/s, GPU,
@@ -23,7 +23,7 @@ WORK=$(mktemp -d /tmp/zerogr_scaling.XXXXXX)
 mkdir -p "$OUT"
 # empty caches of this run's own, so the warm-up below is what fills them
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$WORK/triton} ZEROGR_CACHE_DIR=${ZEROGR_CACHE_DIR:-$WORK/cache}
-source "$ROOT/bench/checkout_env.sh"   # zerogr_kernels from this checkout
+source "$ROOT/runs/checkout_env.sh"   # zerogr_kernels from this checkout
 users=()
 [[ -n "${USERS:-}" ]] && users=(--users "$USERS")
 common=(decode-dataset --checkpoint "$CKPT" --input "$INPUT" --k "$K")
@@ -52,7 +52,7 @@ for g in gpus[1:]:
     gap = max((abs(a - b) for u, r in recs[base].items() if u in recs[g]
                for a, b in zip(r["scores"], recs[g][u]["scores"])), default=0.0)
     agreement[g] = dict(users_same_items=same, users=len(recs[base]), max_abs_score_diff=gap)
-report = dict(command="bash bench/decode_scaling.sh", runs=runs,
+report = dict(command="bash runs/decode_scaling.sh", runs=runs,
               speedup_decode={g: round(runs[base]["slowest_rank_decode_s"] / r["slowest_rank_decode_s"], 3)
                               for g, r in runs.items()},
               speedup_wall={g: round(runs[base]["wall_s"] / r["wall_s"], 3) for g, r in runs.items()},

@@ -5,11 +5,11 @@
 # decodes 2,000 evenly spread test users with the shipped plain model-cpu.pt and the three new checkpoints
 # (the committed results are of the previous cpu recipe, whose plain model is model-cpu-2epoch.pt; a rerun
 # trains the current recipe, about 12 minutes per model)
-# in both orders; writes bench/results/beauty-ablation.md from the four reports and the learning curves.
+# in both orders; writes runs/results/beauty-ablation.md from the four reports and the learning curves.
 set -euo pipefail
 PY=${PYTHON:-python}
 D=sample_catalogs/amazon-beauty
-R=bench/results/beauty-ablation
+R=runs/results/beauty-ablation
 $PY -m zerogr_core train --dataset amazon-beauty --preset cpu --validity-weight 0.625 --device cpu --out $D/model-cpu-validity.pt
 $PY -m zerogr_core train --dataset amazon-beauty --preset cpu --device cpu --out $D/model-cpu-rerun.pt
 $PY -m zerogr_core train --dataset amazon-beauty --preset cpu --validity-weight 0.625 --device cpu --out $D/model-cpu-validity-rerun.pt

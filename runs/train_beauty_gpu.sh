@@ -32,8 +32,8 @@
 #
 # How the coordinator runs it (device tool `run`, kind nvidia-h200, timeout_s 600), one session, calls back
 # to back so that the machine stays warm (no `carry` needed: the script and data are tracked):
-#   call 1:  FRESH=1 OUT=$OUT bash bench/train_beauty_gpu.sh     # starts the schedule (discards a state)
-#   call 2…: OUT=$OUT bash bench/train_beauty_gpu.sh              # resumes; refuses if the state is gone
+#   call 1:  FRESH=1 OUT=$OUT bash runs/train_beauty_gpu.sh     # starts the schedule (discards a state)
+#   call 2…: OUT=$OUT bash runs/train_beauty_gpu.sh              # resumes; refuses if the state is gone
 # A session has 30 minutes of device time, machine start included. The `tiger` preset carries its own
 # 12.5-minute budget (the cosine anneals within it); with GRAPH=1 an epoch takes ~5.8 s on the H200 (9.7 s
 # eager FP32/TF32, 14.7 s under bf16 autocast: the steps of this 4.6 M-parameter model are bound by kernel
@@ -41,8 +41,8 @@
 # 3.9 minutes of training, then quality). TOTAL_MINUTES overrides the budget; like every option it cannot
 # change after call 1 (a state is refused by a call with other options).
 # Repeat the second form until the output says "quality written" (a call that ends training may leave the
-# quality run to the next call). Then, here: copy FILES_AT/train.log to bench/results/logs/beauty-train-tiger.log,
-# re-join model.pt into sample_catalogs/amazon-beauty/model.pt, copy the report to bench/results/, and run
+# quality run to the next call). Then, here: copy FILES_AT/train.log to runs/results/logs/beauty-train-tiger.log,
+# re-join model.pt into sample_catalogs/amazon-beauty/model.pt, copy the report to runs/results/, and run
 # `python -m zerogr_core.recsys.curves` for the learning curves.
 #
 # Environment:
@@ -57,7 +57,7 @@
 #   TOTAL_MINUTES  wall-clock budget of the whole schedule over every call (--max-minutes; default: none,
 #                  the preset's 200 epochs with early stopping)
 #   AMP            autocast of the training passes: bf16, or empty (the default: FP32 with TF32 matmuls;
-#                  on the H200 a bf16 epoch took 14.7 s against 9.7 s, bench/results/beauty-tiger-bf16/)
+#                  on the H200 a bf16 epoch took 14.7 s against 9.7 s, runs/results/beauty-tiger-bf16/)
 #   COMPILE=1      train with `--compile` (torch.compile of each batch at one static shape; not yet timed on
 #                  a GPU: time it first, e.g. `train --preset tiger --max-minutes 1.5 --compile` against the same
 #                  without it, and compare the epoch seconds in the two logs)
@@ -82,7 +82,7 @@ AMP=${AMP-}
 PART_SIZE=${PART_SIZE:-12M}
 mkdir -p "$OUT" "$STATE_DIR"
 export PYTHONUNBUFFERED=1
-source "$ROOT/bench/checkout_env.sh"   # zerogr_kernels from this checkout, Triton cache
+source "$ROOT/runs/checkout_env.sh"   # zerogr_kernels from this checkout, Triton cache
 LOG="$STATE_DIR/train.log"
 log() { echo "[train_beauty_gpu $(date -u +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$LOG"; }
 

@@ -2,9 +2,9 @@
 # The one script to run on the lent GPU (NVIDIA H200): GPU tests, then the benchmark suites in
 # priority order, each under its own time budget, results written as they come.
 #
-#   bash bench/gpu_run.sh                      # every group, in priority order, within BENCH_BUDGET_S
-#   bash bench/gpu_run.sh tests headline detail
-#   bash bench/gpu_run.sh watch beams codebooks scale
+#   bash runs/gpu_run.sh                      # every group, in priority order, within BENCH_BUDGET_S
+#   bash runs/gpu_run.sh tests headline detail
+#   bash runs/gpu_run.sh watch beams codebooks scale
 #
 # Groups (priority order; each is one `python3 -m zerogr_core bench` call unless noted):
 #   tests     GPU-marked tests and the whole kernel/engine suite on CUDA (pytest), log with GPU + versions
@@ -27,7 +27,7 @@
 #   OUT             folder whose files come back (default ./gpu_out). At most 4 files land there:
 #                   gpu_run.log, gpu_tests.log, summary.txt, bench_results.tar.gz (re-packed after every
 #                   group; it holds results/<group>/*.json|jsonl|csv and results/logs/; unpack it with
-#                   `tar xzf bench_results.tar.gz -C bench/` to land in bench/results/)
+#                   `tar xzf bench_results.tar.gz -C runs/` to land in runs/results/)
 #   BENCH_BUDGET_S  total seconds for the whole script (default 540); groups stop starting new work when it
 #                   is spent, and each group is capped by BUDGET_<GROUP> (e.g. BUDGET_HEADLINE=200)
 #   BENCH_BIG_SCALE SIDs of the scale group (default 1e8)
@@ -54,7 +54,7 @@ EXTRA=${BENCH_ARGS:-}
 mkdir -p "$OUT" "$WORK/results/logs"
 LOG="$OUT/gpu_run.log"
 export PYTHONUNBUFFERED=1
-source "$ROOT/bench/checkout_env.sh"   # zerogr_kernels from this checkout, Triton cache
+source "$ROOT/runs/checkout_env.sh"   # zerogr_kernels from this checkout, Triton cache
 START=$(date +%s)
 
 log() { echo "[gpu_run $(date +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
