@@ -5,12 +5,15 @@ is unit-tested directly:
 
 * :mod:`.resources` — one live heavy object per slot, released (GPU memory freed) when replaced;
 * :mod:`.sources` — catalog sources (bundled samples, uploads, server files) and their loading;
-* :mod:`.requests` — random heads and requests for models other than the bundled one;
+* :mod:`.requests` — what a page decodes: random requests or a bundled recommender's test users;
 * :mod:`.profile` — a stage-timed decode of either order, overlap@K and Recall@K;
 * :mod:`.density` — catalog-level and beam-weighted density, wasted logits;
 * :mod:`.charts` — the tables and Plotly figures of the pages (and of ``docs/analysis.ipynb``);
-* :mod:`.movielens` — the bundled MovieLens recommender and its test users;
-* :mod:`.beauty` — the bundled Amazon Beauty recommender (T5) and its test users;
 * :mod:`.rebuild` — catalog refresh and rebuild-while-decoding;
-* :mod:`.gpu` — NVML and torch memory readings.
+* :mod:`.gpu` — NVML and torch memory readings;
+* :mod:`.cpu_decode_orders` — the Decode page's CPU figures, measured
+  (``python -m zerogr_core.app_support.cpu_decode_orders``).
+
+The bundled recommenders the pages decode with are the studies'
+(:mod:`zerogr_core.recsys.movielens`, :mod:`zerogr_core.recsys.beauty`).
 """

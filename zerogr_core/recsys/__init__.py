@@ -9,7 +9,9 @@ Modules, in pipeline order:
   :class:`zerogr_core.Decoder`;
 * :mod:`.train` - training, the checkpoint format and its loader;
 * :mod:`.validity` and :mod:`.quality` - the study's metrics and invalid mass;
-* :mod:`.commands` - the ``train-movielens`` and ``quality`` CLI commands.
+* :mod:`.commands` - the ``train-movielens`` and ``quality`` CLI commands;
+* :mod:`.movielens`, :mod:`.beauty` (on :mod:`.bundled`) - the bundled MovieLens and Amazon
+  Beauty recommenders and their test users, which the app, serving and the CLI share.
 
 Submodules are imported on demand: :mod:`.data` needs Polars, while :mod:`.model` (the
 decoding path) needs torch and numpy only.
