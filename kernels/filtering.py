@@ -59,6 +59,13 @@ class FilterOut(NamedTuple):
     seg_len: torch.Tensor
     tasks: torch.Tensor
 
+    @classmethod
+    def empty(cls, n_beams: int, K: int, device) -> "FilterOut":
+        """Buffers for ``filter_slots(states, K, ..., out=...)`` over ``n_beams`` beams (as a CUDA
+        graph needs: allocated once, written by every replay)."""
+        return cls(*(torch.empty(shape, dtype=dtype, device=device)
+                     for _, shape, dtype, _ in _out_specs(n_beams, K, device)))
+
 
 def num_tasks(n_beams: int, K: int) -> int:
     """Capacity of the work queue for ``n_beams`` slot rows of width ``K``."""
@@ -101,10 +108,9 @@ def _prepare(states, K, tokens, offsets, table, logits, out) -> FilterOut:
     if logits is not None:
         check_tensor("logits", logits, dtypes=FLOAT_DTYPES, ndim=2, device=device,
                      shape=(n_beams, None if sparse else K))
-    specs = _out_specs(n_beams, K, device)
     if out is None:
-        return FilterOut(*(torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype, _ in specs))
-    check_out(out, specs)
+        return FilterOut.empty(n_beams, K, device)
+    check_out(out, _out_specs(n_beams, K, device))
     return FilterOut(*out)
 
 

@@ -100,6 +100,20 @@ class TopkOut(NamedTuple):
     tokens: torch.Tensor
     succ: torch.Tensor
 
+    @classmethod
+    def empty(cls, batch: int, beam_width: int, device) -> "TopkOut":
+        """Buffers for ``topk_gather(..., out=...)`` of ``batch`` requests and ``beam_width``
+        beams (as a CUDA graph needs: allocated once, written by every replay)."""
+        return cls(*(torch.empty(shape, dtype=dtype, device=device)
+                     for _, shape, dtype, _ in _topk_specs(batch, beam_width, device)))
+
+
+def _topk_specs(batch: int, beam_width: int, device):
+    return [("scores", (batch, beam_width), torch.float32, device),
+            ("parents", (batch, beam_width), torch.int64, device),
+            ("tokens", (batch, beam_width), torch.int32, device),
+            ("succ", (batch, beam_width), torch.int64, device)]
+
 
 def _block_cols(K: int) -> int:
     # a (ROWS, 1) tile reshaped for tl.topk fails Triton 3.6's layout pass on sm_90
@@ -208,13 +222,9 @@ def _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, pat
                      shape=(batch, n_beams // batch, level), contiguous=True)
         check_tensor("prefixes[1]", nxt, dtypes=(torch.int64,), ndim=3, device=device,
                      shape=(batch, beam_width, level + 1), contiguous=True)
-    specs = [("scores", (batch, beam_width), torch.float32, device),
-             ("parents", (batch, beam_width), torch.int64, device),
-             ("tokens", (batch, beam_width), torch.int32, device),
-             ("succ", (batch, beam_width), torch.int64, device)]
     if out is None:
-        return TopkOut(*(torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype, _ in specs))
-    check_out(out, specs)
+        return TopkOut.empty(batch, beam_width, device)
+    check_out(out, _topk_specs(batch, beam_width, device))
     return TopkOut(*out)
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from zerogr_core import Catalog, Decoder, build_index
-from zerogr_core.decode.engine import GpuEngine, step_options
+from zerogr_core.decode.engine import GpuEngine
+from zerogr_core.decode.options import step_options
 from zerogr_core.decode.heads import Heads
 from zerogr_core.decode.ops import REFERENCE
 from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, reference_options

@@ -8,7 +8,8 @@ import torch
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.index import INDEX_PRESETS
 from zerogr_kernels import TOPK_PATHS
-from zerogr_core.decode.engine import GpuEngine, StepOption, StepRunner, step_options
+from zerogr_core.decode.engine import GpuEngine, StepRunner
+from zerogr_core.decode.options import StepOption, step_options
 from zerogr_core.decode.heads import Heads
 from zerogr_core.decode.planner import make_plan
 
@@ -71,7 +72,7 @@ def test_planner_reports_an_option_that_fails_and_never_picks_it(monkeypatch):
         return real(self, slots, scores, prefixes)
 
     monkeypatch.setattr(StepRunner, "select", broken_split)
-    plan = make_plan(engine, hidden_fn, 1)
+    plan = make_plan(engine.plan_shape(hidden_fn, 1))
     for choice in plan.steps:
         assert choice.option.topk != "split" and choice.failed
         assert all("split does not compile here" in err for err in choice.failed.values())
@@ -80,7 +81,7 @@ def test_planner_reports_an_option_that_fails_and_never_picks_it(monkeypatch):
 def test_planner_times_every_option_and_caches_per_shape():
     catalog, index, heads, hidden_fn = setup(seed=3, sizes=(6, 4), n=20, hidden=8)
     engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 3, use_graph=False)
-    plan = make_plan(engine, hidden_fn, 1)
+    plan = make_plan(engine.plan_shape(hidden_fn, 1))
     assert len(plan.steps) == 2
     for level, choice in enumerate(plan.steps):
         labels = {o.label for o in step_options(index.steps[level], 1 if level == 0 else 3, 3)}
@@ -136,7 +137,7 @@ def test_graph_replay_matches_eager_and_reference_on_gpu(dtype):
 def test_topk_paths_choose_what_the_planner_times():
     catalog, index, heads, hidden_fn = setup(seed=3, sizes=(6, 4), n=20, hidden=8)
     h = Heads.build(heads, index.codebook_sizes)
-    plan = make_plan(GpuEngine(index, h, 3, use_graph=False, topk_paths=("prune", "wide")), hidden_fn, 1)
+    plan = make_plan(GpuEngine(index, h, 3, use_graph=False, topk_paths=("prune", "wide")).plan_shape(hidden_fn, 1))
     assert {s.option.topk for s in plan.steps[1:]} <= {"prune", "wide"}
     assert any(label.endswith("prune") for label in plan.steps[1].times_us)
     with pytest.raises(ZeroGRError, match="topk paths"):

@@ -191,7 +191,7 @@ def test_cost_model_cut_and_fallback_when_every_kept_option_fails(monkeypatch):
     catalog, index, raw, heads, hidden_fn = setup()
     engine = GpuEngine(index, heads, 3, use_graph=False, plan_store=False)
     strict = CostModel(keep=1, ratio=1.0)
-    plan = make_plan(engine, hidden_fn, 1, cost_model=strict)
+    plan = make_plan(engine.plan_shape(hidden_fn, 1), cost_model=strict)
     assert any(s.skipped for s in plan.steps)
     for s in plan.steps:
         assert not set(s.skipped) & set(s.times_us)
@@ -215,7 +215,7 @@ def test_cost_model_cut_and_fallback_when_every_kept_option_fails(monkeypatch):
 
     monkeypatch.setattr(StepRunner, "select", broken)
     monkeypatch.setattr(GpuEngine, "record_inputs", record)
-    step = make_plan(engine, hidden_fn, 1, cost_model=strict).steps[1]
+    step = make_plan(engine.plan_shape(hidden_fn, 1), cost_model=strict).steps[1]
     assert step.option.label in skipped and set(step.failed) == kept and not step.skipped
     every = {o.label for o in step_options(index.steps[1], 3, 3)}
     assert set(step.times_us) | set(step.failed) == every
@@ -261,7 +261,7 @@ def test_every_option_runs_in_compile_only_mode():
     # kernels wrote (on a GPU that would be a device-side assert, not an exception)
     catalog, index, raw, heads, hidden_fn = setup(sizes=(12, 6, 5), n=150, hidden=24)
     engine = GpuEngine(index, heads, 6, use_graph=False, plan_store=False)
-    calls = [functools.partial(planner._run_on_zeros, engine, level, o, 2)
+    calls = [functools.partial(planner._run_on_zeros, engine.plan_shape(hidden_fn, 2), level, o)
              for level, opts in enumerate(engine.options_for(2)) for o in opts]
     assert precompile(calls, "cpu") == len(calls)
 
@@ -327,7 +327,7 @@ def test_precompile_leaves_nothing_to_compile_on_gpu(monkeypatch):
     def hidden_fn(step, prefixes):  # pure GPU work
         return table[((prefixes.clamp(min=0) * 7 + 3).sum(-1) + step * 13) % 64]
     engine = GpuEngine(index, heads, 24, use_graph=False, plan_store=False, cost_model=None)
-    calls = [functools.partial(planner._run_on_zeros, engine, level, o, 3)
+    calls = [functools.partial(planner._run_on_zeros, engine.plan_shape(hidden_fn, 3), level, o)
              for level, opts in enumerate(engine.options_for(3)) for o in opts]
     compiles = []
 

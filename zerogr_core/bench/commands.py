@@ -189,7 +189,7 @@ def parse_options(args):
             budgets[name] = float(value)
         except ValueError:
             raise UsageError(f"--suite-budgets: {item!r} is not SUITE=SECONDS") from None
-    from ..decode.engine import PLANNED_TOPK
+    from ..decode.options import PLANNED_TOPK
     from zerogr_kernels import TOPK_PATHS
 
     topk_paths = PLANNED_TOPK if args.topk_paths is None else tuple(_list(args.topk_paths, "--topk-paths",

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decode.engine import PLANNED_TOPK
+from ..decode.options import PLANNED_TOPK
 from .methods import METHODS
 
 FAST_METHODS = ["zerogr", "static", "static-adapted", "unconstrained"]

@@ -11,7 +11,7 @@ BASE = ["python", "-m", "zerogr_core", "bench"]
 
 def _tail(o) -> list[str]:
     """What every command spells out last: a device other than CUDA, narrowed top-k paths."""
-    from ..decode.engine import PLANNED_TOPK
+    from ..decode.options import PLANNED_TOPK
 
     parts = []
     if o.device.type != "cuda":

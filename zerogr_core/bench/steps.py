@@ -7,7 +7,8 @@ import torch
 from zerogr_kernels import filter_slots, full_proj, naive_selective_proj, selective_proj, topk_gather
 from zerogr_kernels.selective import passes_for_cache
 
-from ..decode.engine import StepOption, StepRunner, step_options
+from ..decode.engine import StepRunner
+from ..decode.options import StepOption, step_options
 from ..timing import time_step
 from .checks import CONTRACT_TOLERANCE, TOLERANCE
 from .methods import CAPTURABLE, ReplayModel, ZeroGRRunner, make_runner

@@ -15,7 +15,8 @@ import torch
 
 from ..catalog.catalog import Catalog
 from ..catalog.synth import SYNTH_PRESETS, generate
-from ..decode.engine import PLANNED_TOPK, GpuEngine
+from ..decode.engine import GpuEngine
+from ..decode.options import PLANNED_TOPK
 from ..decode.heads import HIDDEN_STD, Heads, random_heads
 from ..errors import ZeroGRError
 from ..index import INDEX_PRESETS, StaticIndex, build_index

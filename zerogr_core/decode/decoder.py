@@ -13,7 +13,7 @@ from ..index.layout import StepIndex
 from .heads import Heads
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
 from .reference_plan import make_reference_plan, plan_projection
-from .search import DecodeResult, HiddenFn, beam_search
+from .search import DecodeModel, DecodeResult, beam_search
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
 ENGINES = ("auto", "reference", "graph", "eager")
@@ -26,7 +26,7 @@ def default_projection(index: StepIndex) -> tuple[str, ...]:
 
 def _projection_of(option) -> str:
     """The projection ("full"/"selective") of a per-step engine option or projection name."""
-    from .engine import StepOption
+    from .options import StepOption
 
     if isinstance(option, str) and "/" in option:
         option = StepOption.parse(option)
@@ -54,7 +54,7 @@ class Decoder:
         the reference path with ``engine="auto"``, else full on dense steps and selective
         on sparse ones; the GPU engine plans its own). Per step the GPU
         engine also takes a whole option, ``"sparse+selective/small"`` or a
-        :class:`~zerogr_core.decode.engine.StepOption`; the reference path keeps its
+        :class:`~zerogr_core.decode.options.StepOption`; the reference path keeps its
         projection part.
     source : StaticIndex or HostTrie, optional
         For score-first: where valid tokens come from (default: ``index`` itself).
@@ -119,19 +119,20 @@ class Decoder:
             self.gpu_engine = GpuEngine(index, self.heads, beam_width, plan_override=self.projection,
                                     use_graph=engine != "eager")
 
-    def plan(self, hidden_fn: HiddenFn, batch: int):
-        """The plan that serves ``batch`` requests: the GPU engine's, or on the reference path
+    def plan(self, model: DecodeModel, batch: int):
+        """The plan that serves ``batch`` requests of ``model`` (a ``hidden_fn`` or a prefilled
+        step model, as :meth:`decode` takes it): the GPU engine's, or on the reference path
         the timed choice of projection per step (:mod:`.reference_plan`); ``None`` when the
         reference path does not plan (a fixed projection, another order, or the interpreter).
         Timed at the first call per shape, then cached."""
         if self.gpu_engine is not None:
-            return self.gpu_engine.plan(hidden_fn, batch)
+            return self.gpu_engine.plan(model, batch)
         if not self.plan_reference:
             return None
         key = self.heads.shape_key(batch, self.beam_width)
         with self._plan_lock:
             if key not in self.plans:
-                self.plans[key] = make_reference_plan(self.index, self.heads, self.beam_width, hidden_fn, batch)
+                self.plans[key] = make_reference_plan(self.index, self.heads, self.beam_width, model, batch)
             return self.plans[key]
 
     def step_fn(self, projection: Sequence[str] | None = None):
@@ -156,14 +157,14 @@ class Decoder:
         return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise)
 
     @torch.no_grad()
-    def decode(self, hidden_fn: HiddenFn, batch_size: int, *, allow_items=None, deny_items=None,
+    def decode(self, model: DecodeModel, batch_size: int, *, allow_items=None, deny_items=None,
                lists=None, normalise: str = "request") -> DecodeResult:
         """Decode ``batch_size`` requests, optionally under per-request item constraints.
 
         Parameters
         ----------
-        hidden_fn : callable(step, prefixes) -> torch.Tensor, or StepModel
-            ``prefixes``: int64 (batch, beams_at_step, step), -1 for unfilled beams;
+        model : callable(step, prefixes) -> torch.Tensor, or StepModel
+            A ``hidden_fn``: ``prefixes`` int64 (batch, beams_at_step, step), -1 for unfilled beams;
             ``beams_at_step`` is 1 at step 0 and ``beam_width`` afterwards. Returns the
             hidden states (batch, beams_at_step, H). Or a step model
             (:class:`zerogr_core.models.StepModel`) prefilled with the ``batch_size``
@@ -198,18 +199,18 @@ class Decoder:
             self._check_constrainable(lists, batch_size)
         from .loop import is_step_model
 
-        if is_step_model(hidden_fn) and getattr(hidden_fn, "batch", batch_size) != batch_size:
-            raise ZeroGRError(f"step model: prefilled with {getattr(hidden_fn, 'batch')} requests, "
+        if is_step_model(model) and getattr(model, "batch", batch_size) != batch_size:
+            raise ZeroGRError(f"step model: prefilled with {getattr(model, 'batch')} requests, "
                               f"batch_size is {batch_size}")
         if self.gpu_engine is not None:
-            return self.gpu_engine.decode(hidden_fn, batch_size, lists=lists)
-        plan = self.plan(hidden_fn, batch_size) if self.plan_reference else None
+            return self.gpu_engine.decode(model, batch_size, lists=lists)
+        plan = self.plan(model, batch_size) if self.plan_reference else None
         step_fn = self.step_fn(plan_projection(plan) if plan is not None else None)
         if lists is not None:
             from .constraints import SlotConstraint
 
             step_fn.constraint = SlotConstraint(self.index, lists)
-        result = beam_search(step_fn, hidden_fn, batch_size=batch_size, beam_width=self.beam_width,
+        result = beam_search(step_fn, model, batch_size=batch_size, beam_width=self.beam_width,
                              n_levels=self.index.n_levels, hidden_size=self.heads.hidden_size,
                              device=self.index.device)
         if self.order == "unconstrained":

@@ -38,13 +38,13 @@ from ..timing import capture, warm_up
 from .heads import Heads
 from .options import MODES, PLANNED_TOPK, SHARED_GROUP, StepOption, step_options
 from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
-from .planner import DEFAULT_COST_MODEL, Plan, cost_model_summary, make_plan
+from .planner import DEFAULT_COST_MODEL, Plan, PlanShape, cost_model_summary, make_plan
 from .loop import BeamLoop
 from .ops import no_timer
 from .precompile import precompile
-from .search import DecodeResult, HiddenFn
+from .search import DecodeModel, DecodeResult
 
-__all__ = ["GpuEngine", "MODES", "PLANNED_TOPK", "ShapeState", "StepOption", "StepRunner", "step_options"]
+__all__ = ["GpuEngine", "ShapeState", "StepRunner"]
 
 
 class StepRunner:
@@ -79,10 +79,7 @@ class StepRunner:
         self.K = mapping.codebook if dense else mapping.max_segment
         n = batch * beams_in
         dev = weight.device
-        self.filter_out = FilterOut(
-            torch.empty(n, self.K, dtype=torch.int32, device=dev), torch.empty(n, self.K, dtype=torch.int64, device=dev),
-            torch.empty(n, self.K, dtype=torch.float32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
-            torch.empty(n * -(-self.K // 64), 3, dtype=torch.int32, device=dev))
+        self.filter_out = FilterOut.empty(n, self.K, dev)
         # float32 whatever the head's dtype: every option yields the same logits
         self.logits = (torch.empty(n, mapping.codebook, dtype=torch.float32, device=dev)
                        if option.projection == "full" else None)
@@ -95,10 +92,7 @@ class StepRunner:
         #: after projection.
         self.constraint = None
         self.rescore = None
-        self.top = TopkOut(torch.empty(batch, beam_width, dtype=torch.float32, device=dev),
-                           torch.empty(batch, beam_width, dtype=torch.int64, device=dev),
-                           torch.empty(batch, beam_width, dtype=torch.int32, device=dev),
-                           torch.empty(batch, beam_width, dtype=torch.int64, device=dev))
+        self.top = TopkOut.empty(batch, beam_width, dev)
 
     def project(self, states: torch.Tensor, hidden: torch.Tensor, timer=no_timer) -> FilterOut:
         """Filter + projection: slot logits of every beam (raw, not normalised)."""
@@ -269,7 +263,7 @@ class GpuEngine:
         return StepRunner(self.index.steps[level], self.sparse_view(level), weight, band_start,
                           option, batch, 1 if level == 0 else self.beam_width, self.beam_width, level)
 
-    def record_inputs(self, hidden_fn: HiddenFn, batch: int, options, compile_also=()) -> list[tuple]:
+    def record_inputs(self, model: DecodeModel, batch: int, options, compile_also=()) -> list[tuple]:
         """Real (states, hidden, scores) of every step, from one eager decode with ``options``.
 
         Its kernels compile together with those of the calls ``compile_also`` first
@@ -278,7 +272,7 @@ class GpuEngine:
         record: list[tuple] = []
         probe = ShapeState(self, batch, options)
         precompile(self._shape_calls(probe) + list(compile_also), self.index.device)
-        probe.run(hidden_fn, record=record)
+        probe.run(model, record=record)
         return record
 
     def key(self, batch: int) -> tuple:
@@ -318,11 +312,11 @@ class GpuEngine:
                     planner=dict(modes=list(MODES), topk_paths=list(self.topk_paths), override=override,
                                  cost_model=cost_model_summary(self.cost_model)))
 
-    def plan(self, hidden_fn: HiddenFn, batch: int):
+    def plan(self, model: DecodeModel, batch: int):
         """The plan for ``batch``: from memory, else from the plan store, else timed (and stored)."""
         key = self.key(batch)
         if key not in self.plans:
-            self.plans[key] = self._stored_plan(batch) or self._timed_plan(hidden_fn, batch)
+            self.plans[key] = self._stored_plan(batch) or self._timed_plan(model, batch)
         return self.plans[key]
 
     def _stored_plan(self, batch: int):
@@ -343,8 +337,19 @@ class GpuEngine:
             return None
         return Plan(self.key(batch), plan.steps, str(self.index.device), "store")
 
-    def _timed_plan(self, hidden_fn: HiddenFn, batch: int):
-        plan = make_plan(self, hidden_fn, batch, cost_model=self.cost_model, progress=self.progress)
+    def plan_shape(self, model: DecodeModel, batch: int) -> PlanShape:
+        """What the planner needs to plan ``batch`` requests of ``model`` (and nothing else of the engine)."""
+        beams = [batch * (1 if level == 0 else self.beam_width) for level in range(len(self.index.steps))]
+        return PlanShape(
+            key=self.key(batch), device=self.index.device, options=self.options_for(batch),
+            work=list(zip(self.index.steps, beams)), hidden_size=self.heads.hidden_size,
+            dtype=str(self.heads.dtype).replace("torch.", ""),
+            step_runner=lambda level, option: self.step_runner(level, option, batch),
+            zero_inputs=lambda level: (*self.zero_inputs(level, batch), self.zero_prefixes(level, batch)),
+            record_inputs=lambda options, compile_also=(): self.record_inputs(model, batch, options, compile_also))
+
+    def _timed_plan(self, model: DecodeModel, batch: int):
+        plan = make_plan(self.plan_shape(model, batch), cost_model=self.cost_model, progress=self.progress)
         if self.plan_store is not None and plan.source == "timed":
             self.plan_store.save(self.plan_key(batch), plan.to_dict())
         return plan
@@ -368,10 +373,10 @@ class GpuEngine:
                                           (shape.prefixes[level], shape.prefixes[level + 1]))
                 for level, r in enumerate(shape.runners)]
 
-    def shape_state(self, hidden_fn: HiddenFn, batch: int) -> ShapeState:
+    def shape_state(self, model: DecodeModel, batch: int) -> ShapeState:
         key = self.key(batch)
         if key not in self._shapes:
-            plan = self.plan(hidden_fn, batch)
+            plan = self.plan(model, batch)
             shape = ShapeState(self, batch, [s.option for s in plan.steps])
             if self.progress is not None:
                 self.progress(1.0, "compiling the plan's kernels")
@@ -385,7 +390,7 @@ class GpuEngine:
         self.plans.clear()
         self._sparse.clear()
 
-    def constrained_shape(self, hidden_fn: HiddenFn, batch: int, lists) -> ShapeState:
+    def constrained_shape(self, model: DecodeModel, batch: int, lists) -> ShapeState:
         """The shape with static list buffers that hold ``lists`` (grown and re-captured
         when a call lists more rows than its capacity), with ``lists`` copied in. Each
         normalisation has its own shape, so request-normalised lists never run the
@@ -395,20 +400,20 @@ class GpuEngine:
         key = self.key(batch) + ("lists", lists.normalise)
         shape = self._shapes.get(key)
         if shape is None or shape.capacity < lists.total_rows:
-            plan = self.plan(hidden_fn, batch)
+            plan = self.plan(model, batch)
             shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity_for(lists.total_rows),
                                lists.normalise)
             self._shapes[key] = shape
         load_lists(shape.lists, lists)
         return shape
 
-    def decode(self, hidden_fn: HiddenFn, batch_size: int, lists=None) -> DecodeResult:
+    def decode(self, model: DecodeModel, batch_size: int, lists=None) -> DecodeResult:
         """Decode ``batch_size`` requests; thread-safe: one decode at a time per engine (its
         static buffers and graphs serve one call), concurrent callers wait on a lock.
 
         Parameters
         ----------
-        hidden_fn : callable(step, prefixes) -> (batch, beams, H), or StepModel
+        model : callable(step, prefixes) -> (batch, beams, H), or StepModel
             A step model must already hold the batch (``prefill``); its steps run inside
             the captured graph, which replays as long as its static buffers stay the same.
         batch_size : int
@@ -419,40 +424,40 @@ class GpuEngine:
         DecodeResult
         """
         with self._lock:
-            return self._decode(hidden_fn, batch_size, lists)
+            return self._decode(model, batch_size, lists)
 
-    def _decode(self, hidden_fn: HiddenFn, batch_size: int, lists=None) -> DecodeResult:
+    def _decode(self, model: DecodeModel, batch_size: int, lists=None) -> DecodeResult:
         if batch_size < 1:
             raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
-        shape = self.shape_state(hidden_fn, batch_size)
+        shape = self.shape_state(model, batch_size)
         if lists is not None:
-            shape = self.constrained_shape(hidden_fn, batch_size, lists)
+            shape = self.constrained_shape(model, batch_size, lists)
         if self.use_graph and shape.graph_error is None:
-            key = getattr(hidden_fn, "_static_key", None)
-            if shape.graph is None or shape.graph_fn is not hidden_fn or shape.graph_key != key:
-                self._capture(shape, hidden_fn, batch_size)
+            key = getattr(model, "_static_key", None)
+            if shape.graph is None or shape.graph_fn is not model or shape.graph_key != key:
+                self._capture(shape, model, batch_size)
             if shape.graph is not None:
                 shape.graph.replay()
                 tokens, scores, rows = shape.outputs
                 return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
-        tokens, scores, rows = shape.run(hidden_fn)
+        tokens, scores, rows = shape.run(model)
         return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
 
-    def _warm_up(self, shape: ShapeState, hidden_fn: HiddenFn) -> None:
+    def _warm_up(self, shape: ShapeState, model: DecodeModel) -> None:
         """Two eager decodes on a side stream: compiles every Triton variant before capture."""
-        warm_up(lambda: shape.run(hidden_fn), 2)
+        warm_up(lambda: shape.run(model), 2)
 
-    def _record_graph(self, shape: ShapeState, hidden_fn: HiddenFn):
+    def _record_graph(self, shape: ShapeState, model: DecodeModel):
         """Capture all steps in one CUDA graph; returns ``(graph, outputs)``."""
-        return capture(lambda: shape.run(hidden_fn), warmup=0)
+        return capture(lambda: shape.run(model), warmup=0)
 
-    def _capture(self, shape: ShapeState, hidden_fn: HiddenFn, batch: int) -> None:
+    def _capture(self, shape: ShapeState, model: DecodeModel, batch: int) -> None:
         """Warm up and capture; on failure record why in the shape's plan and fall back to
         eager decoding for this shape for good (no warm-up or capture is tried again)."""
-        self._warm_up(shape, hidden_fn)
+        self._warm_up(shape, model)
         try:
-            graph, outputs = self._record_graph(shape, hidden_fn)
-        except Exception as exc:  # a hidden_fn that syncs with the host cannot be captured
+            graph, outputs = self._record_graph(shape, model)
+        except Exception as exc:  # a model that syncs with the host cannot be captured
             reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
             self.graph_error = shape.graph_error = reason
             key = self.key(batch)
@@ -462,5 +467,5 @@ class GpuEngine:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             return
-        shape.graph, shape.graph_fn, shape.outputs = graph, hidden_fn, outputs
-        shape.graph_key = getattr(hidden_fn, "_static_key", None)
+        shape.graph, shape.graph_fn, shape.outputs = graph, model, outputs
+        shape.graph_key = getattr(model, "_static_key", None)

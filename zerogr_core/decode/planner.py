@@ -170,15 +170,50 @@ def cost_model_summary(model: CostModel | None) -> dict | None:
 
 
 # ---------------------------------------------------------------------------- planning
-def make_plan(engine, hidden_fn, batch: int, *, cost_model: CostModel | None = DEFAULT_COST_MODEL,
+@dataclass(frozen=True, eq=False)
+class PlanShape:
+    """What the planner needs of one serving shape (``GpuEngine.plan_shape`` makes it).
+
+    Attributes
+    ----------
+    key : tuple
+        The shape's key (batch, beam width, dtype, hidden size).
+    device : torch.device
+    options : list of list of StepOption
+        Candidate options per step.
+    work : list of (StepMapping, int)
+        Per step, its mapping and the number of beams that enter it (what the cost model reads).
+    hidden_size : int
+    dtype : str
+        The heads' dtype, e.g. ``"float16"``.
+    step_runner : callable(level, option) -> StepRunner
+        A fresh runner of step ``level`` (its own buffers), called as
+        ``runner(states, hidden, scores, prefixes)``.
+    zero_inputs : callable(level) -> (states, hidden, scores, prefixes)
+        Zero inputs of the step's shapes, for compiling ahead of real inputs.
+    record_inputs : callable(options, compile_also) -> list of (states, hidden, scores)
+        Real inputs of every step, from one eager decode of the shape's requests with one
+        option per step; the calls ``compile_also`` compile with its kernels first.
+    """
+
+    key: tuple
+    device: torch.device
+    options: list
+    work: list
+    hidden_size: int
+    dtype: str
+    step_runner: Callable
+    zero_inputs: Callable
+    record_inputs: Callable
+
+
+def make_plan(shape: PlanShape, *, cost_model: CostModel | None = DEFAULT_COST_MODEL,
               progress: Callable[[float, str], None] | None = None, repeats: int = REPEATS) -> Plan:
-    """Time the options per step for ``batch`` (after the cost model's cut) and fix the fastest.
+    """Time the options per step of ``shape`` (after the cost model's cut) and fix the fastest.
 
     Parameters
     ----------
-    engine : GpuEngine
-    hidden_fn : callable(step, prefixes) -> (batch, beams, H)
-    batch : int
+    shape : PlanShape
     cost_model : CostModel or None
         ``None`` times every option.
     progress : callable(fraction, text), optional
@@ -187,18 +222,16 @@ def make_plan(engine, hidden_fn, batch: int, *, cost_model: CostModel | None = D
         Timed replays per option.
     """
     say = progress or (lambda fraction, text: None)
-    options = engine.options_for(batch)
-    dev = engine.index.device
+    options, dev = shape.options, shape.device
     if all(len(o) == 1 for o in options):
         steps = tuple(StepChoice(level, o[0]) for level, o in enumerate(options))
-        return Plan(engine.key(batch), steps, str(dev), "fixed")
+        return Plan(shape.key, steps, str(dev), "fixed")
     n_levels = len(options)
-    dtype = str(engine.heads.dtype).replace("torch.", "")
     kept, skipped, predicted = [], [], []
     for level, opts in enumerate(options):
-        n_beams = batch * (1 if level == 0 else engine.beam_width)
-        pred = {o.label: (cost_model or DEFAULT_COST_MODEL).predict_us(o, engine.index.steps[level], n_beams,
-                                                                       engine.heads.hidden_size, dtype)
+        mapping, n_beams = shape.work[level]
+        pred = {o.label: (cost_model or DEFAULT_COST_MODEL).predict_us(o, mapping, n_beams, shape.hidden_size,
+                                                                       shape.dtype)
                 for o in opts}
         k, s = cost_model.select(opts, pred) if cost_model is not None else (list(opts), [])
         kept.append(k)
@@ -209,16 +242,16 @@ def make_plan(engine, hidden_fn, batch: int, *, cost_model: CostModel | None = D
     n_kept = sum(len(k) for k in kept)
     say(0.0, f"compiling the kernels of {n_kept} options over {n_levels} steps"
         + (f" ({sum(len(s) for s in skipped)} skipped by the cost model)" if cost_model is not None else ""))
-    calls = [functools.partial(_run_on_zeros, engine, level, o, batch) for level, k in enumerate(kept) for o in k]
-    record = engine.record_inputs(hidden_fn, batch, probe, compile_also=calls)
+    calls = [functools.partial(_run_on_zeros, shape, level, o) for level, k in enumerate(kept) for o in k]
+    record = shape.record_inputs(probe, calls)
     steps = []
     for level, opts in enumerate(kept):
         say(0.4 + 0.6 * level / n_levels, f"step {level + 1} of {n_levels}: timing {len(opts)} options")
         states, hidden, scores = record[level]
-        times, failed = _time_options(engine, level, batch, opts, (states, hidden, scores), dev, repeats)
+        times, failed = _time_options(shape, level, opts, (states, hidden, scores), repeats)
         rest = skipped[level]
         if not times and rest:  # every kept option failed: the cost model must not lose the step
-            t2, f2 = _time_options(engine, level, batch, rest, (states, hidden, scores), dev, repeats)
+            t2, f2 = _time_options(shape, level, rest, (states, hidden, scores), repeats)
             times.update(t2)
             failed.update(f2)
             rest = []
@@ -228,25 +261,24 @@ def make_plan(engine, hidden_fn, batch: int, *, cost_model: CostModel | None = D
         steps.append(StepChoice(level, best, times, failed,
                                 {o.label: round(predicted[level][o.label], 2) for o in rest}))
     say(1.0, "plan fixed")
-    return Plan(engine.key(batch), tuple(steps), str(dev))
+    return Plan(shape.key, tuple(steps), str(dev))
 
 
-def _run_on_zeros(engine, level: int, option: StepOption, batch: int) -> None:
+def _run_on_zeros(shape: PlanShape, level: int, option: StepOption) -> None:
     """One call of a fresh runner on zero inputs (what the compile-only pass makes)."""
-    engine.step_runner(level, option, batch)(*engine.zero_inputs(level, batch), engine.zero_prefixes(level, batch))
+    shape.step_runner(level, option)(*shape.zero_inputs(level))
 
 
-def _time_options(engine, level: int, batch: int, options, inputs: tuple, dev: torch.device,
-                  repeats: int) -> tuple[dict, dict]:
+def _time_options(shape: PlanShape, level: int, options, inputs: tuple, repeats: int) -> tuple[dict, dict]:
     """µs of each option on ``inputs`` (one runner at a time, so their buffers never pile
     up); an option that cannot compile or run here is reported (label -> error), never chosen."""
     times, failed = {}, {}
     # with prefix buffers, as a decode calls the step: the kernels timed are the kernels served
-    prefixes = engine.zero_prefixes(level, batch)
+    prefixes = shape.zero_inputs(level)[3]
     for opt in options:
         try:
-            runner = engine.step_runner(level, opt, batch)
-            times[opt.label] = median_us(lambda r=runner: r(*inputs, prefixes), dev, repeats)
+            runner = shape.step_runner(level, opt)
+            times[opt.label] = median_us(lambda r=runner: r(*inputs, prefixes), shape.device, repeats)
         except Exception as exc:  # noqa: BLE001
             failed[opt.label] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return times, failed

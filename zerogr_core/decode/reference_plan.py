@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..index.layout import StepIndex
-from .engine import StepOption
+from .options import StepOption
 from .heads import Heads
 from .ops import DISPATCH, KernelOps
 from .orders import PROJECTIONS, FilterFirst

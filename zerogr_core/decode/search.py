@@ -1,4 +1,5 @@
-"""What every decode returns and takes: :class:`DecodeResult`, ``hidden_fn``, candidate functions.
+"""What every decode returns and takes: :class:`DecodeResult`, the model (:data:`DecodeModel`:
+a ``hidden_fn`` or a :class:`StepModel`), candidate functions.
 
 The loop itself is :class:`zerogr_core.decode.loop.BeamLoop`; :func:`beam_search` runs it
 eagerly with one candidate function per step (the reference path's entry point).
@@ -6,7 +7,7 @@ eagerly with one candidate function per step (the reference path's entry point).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Union, runtime_checkable
 
 import numpy as np
 import torch
@@ -16,6 +17,36 @@ from .loop import BeamLoop, SelectStep
 from .ops import DISPATCH, KernelOps, no_timer
 
 HiddenFn = Callable[[int, torch.Tensor], torch.Tensor]
+"""``hidden_fn(step, prefixes)``: ``prefixes`` int64 (batch, beams_at_step, step), -1 for
+unfilled beams, to hidden states (batch, beams_at_step, H)."""
+
+
+@runtime_checkable
+class StepModel(Protocol):
+    """A KV-cache model the beam loop drives step by step (:mod:`zerogr_core.models.protocol`).
+
+    Attributes
+    ----------
+    hidden_size : int
+        H, the width of the hidden states the heads read.
+    n_levels : int
+        L, the SID length; ``step`` is called for steps 0 … L-1.
+    """
+
+    hidden_size: int
+    n_levels: int
+
+    def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                beam_width: int) -> None:
+        """Read a batch of requests and size every buffer for ``beam_width`` beams."""
+
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states of step ``step``: (batch, H) at step 0, (batch * M, H) after."""
+
+
+DecodeModel = Union[HiddenFn, StepModel]
+"""What a decode runs: a ``hidden_fn`` (:data:`HiddenFn`), or a :class:`StepModel` prefilled
+with the batch's requests (the loop hands it the tokens and parents each step selected)."""
 
 
 @dataclass

@@ -33,34 +33,10 @@ each beam's parent from two consecutive prefix tensors.
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
-
 import torch
 
+from ..decode.search import StepModel  # noqa: F401 (the protocol lives where the loop consumes it)
 from ..errors import ZeroGRError
-
-
-@runtime_checkable
-class StepModel(Protocol):
-    """A model the beam loop drives step by step (see the module docstring).
-
-    Attributes
-    ----------
-    hidden_size : int
-        H, the width of the hidden states the heads read.
-    n_levels : int
-        L, the SID length; ``step`` is called for steps 0 … L-1.
-    """
-
-    hidden_size: int
-    n_levels: int
-
-    def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                beam_width: int) -> None:
-        """Read a batch of requests and size every buffer for ``beam_width`` beams."""
-
-    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
-        """Hidden states of step ``step``: (batch, H) at step 0, (batch * M, H) after."""
 
 
 def safe_parents(parents: torch.Tensor, beams_prev: int) -> torch.Tensor:
