@@ -99,7 +99,7 @@ def test_bench_e2e_tf32_is_an_fp32_model_recorded_as_tf32(tmp_path):
 def test_hf_cache_agreement_counts_shared_beams_and_their_gap():
     import torch
 
-    from zerogr_core.bench.e2e import hf_cache_agreement
+    from zerogr_core.bench.e2e_command import hf_cache_agreement
 
     ninf = float("-inf")
     ours = (torch.tensor([[1, 2, 3], [4, 5, -1]]), torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -2.0, ninf]]))

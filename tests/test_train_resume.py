@@ -67,7 +67,8 @@ def test_many_calls_follow_the_schedule_of_one_with_dropout_and_the_validity_ter
     """Every RNG the loop uses (shuffles, dropout, the validity term's draws) resumes where it stopped."""
     from zerogr_core.recsys.data import leave_one_out
     from zerogr_core.recsys.semantic_ids import SIDConfig
-    from zerogr_core.recsys.seqrec import RunControl, SeqPreset, train_t5
+    from zerogr_core.recsys.seqrec import SeqPreset
+    from zerogr_core.recsys.seqrec_train import RunControl, train_t5
     from zerogr_core.recsys.sequences import load_sequences, sequence_semantic_ids
 
     base = SeqPreset.preset("tiny")
@@ -143,7 +144,7 @@ def test_amp_is_refused_on_the_cpu(tmp_path, seq, capsys):
     assert capsys.readouterr().err == ("error: --amp bf16 needs a CUDA device (training runs on cpu); "
                                        "drop --amp on the CPU\n")
     assert not (tmp_path / "m.pt").exists()
-    from zerogr_core.recsys.seqrec import check_amp
+    from zerogr_core.recsys.seqrec_train import check_amp
     with pytest.raises(ZeroGRError, match="--amp: 'fp16' is not supported"):
         check_amp("fp16", torch.device("cuda"))
 
@@ -206,7 +207,8 @@ def test_inverse_sqrt_schedule_and_the_tiger_paper_preset():
     import math
 
     from zerogr_core.recsys.commands import register
-    from zerogr_core.recsys.seqrec import PRESETS, SeqPreset, SeqTrainConfig, learning_rate
+    from zerogr_core.recsys.seqrec import PRESETS, SeqPreset, SeqTrainConfig
+    from zerogr_core.recsys.seqrec_train import learning_rate
 
     paper = SeqPreset.preset("tiger-paper")
     assert paper.model == SeqPreset.preset("tiger").model

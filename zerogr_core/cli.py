@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from .bench.commands import register as register_bench
-from .bench.e2e import register as register_bench_e2e
+from .bench.e2e_command import register as register_bench_e2e
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLE_NAMES, open_catalog, parse_count
 from .catalog.synth import SYNTH_PRESETS, generate
