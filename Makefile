@@ -16,7 +16,7 @@ TORCH_SPEC := torch==2.13.0 triton==3.6.0
 endif
 PORT ?= 8501
 # The app listens on this machine only; ZEROGR_HOST=0.0.0.0 (or one interface's address) opens it
-# to the network: see "The app on a shared machine" in README.md for what that exposes.
+# to the network: see "The app on a shared machine" in docs/app.md for what that exposes.
 ZEROGR_HOST ?= 127.0.0.1
 # pytest-xdist workers of `make test` (auto: one per core; the suite is CPU-bound, mostly
 # kernels in Triton's interpreter, and took 31 minutes on one core of a 2-core machine)

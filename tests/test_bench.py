@@ -305,7 +305,7 @@ def test_topk_paths_option_narrows_the_plan(tmp_path):
 
 
 def test_cpu_decode_orders_script_writes_its_record(tmp_path):
-    """zerogr_core.app_support.cpu_decode_orders (the README's CPU figures) runs and records its command."""
+    """zerogr_core.app_support.cpu_decode_orders (docs/results.md's CPU figures) runs and records its command."""
     out = tmp_path / "orders.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-m", "zerogr_core.app_support.cpu_decode_orders", "--batch", "1",

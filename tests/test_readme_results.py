@@ -1,9 +1,9 @@
-"""The README's latency tables quote the committed result files.
+"""The tables of docs/results.md quote the committed result files.
 
-Every "X ms (R×)" cell of the two decode-latency tables in README.md must round from the
+Every "X ms (R×)" cell of the two decode-latency tables in docs/results.md must round from the
 median latency (best of graph and eager) of the latest run's matching records in ``runs/results/``,
-and R from the ratio of the baseline's to zerogr's. A rerun that changes the files, or a
-README edit that drifts from them, fails here.
+and R from the ratio of the baseline's to zerogr's. A rerun that changes the files, or an
+edit that drifts from them, fails here.
 """
 import re
 from pathlib import Path
@@ -13,6 +13,8 @@ import pytest
 from zerogr_core.bench.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The document whose tables quote the results (the README links to it).
+RESULTS_DOC = ROOT / "docs" / "results.md"
 CELL = re.compile(r"\*{0,2}([\d.,]+) ms\*{0,2}(?: \(([\d.]+)×\))?")
 HEADLINE_METHODS = ["zerogr", "static", "static-adapted", "unconstrained", "cpu-trie"]
 OTHER_METHODS = ["zerogr", "static", "static-adapted", "unconstrained"]
@@ -39,7 +41,7 @@ def medians():
 
 def table_rows(heading: str) -> list[list[str]]:
     """Body rows of the first Markdown table after the line that starts with ``heading``."""
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    lines = RESULTS_DOC.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(heading))
     rows, seen = [], False
     for line in lines[start + 1:]:
@@ -69,18 +71,18 @@ def check_cells(cells: list[str], methods: list[str], labels: list[str], dtype: 
     for method, cell in zip(methods, cells):
         if cell == NOT_RUN:  # allowed only where the results hold no measurement at all
             assert not any((lab, dtype, batch, beam, method) in medians for lab in labels), \
-                f"README shows {method} {labels[0]} {dtype} b{batch} as not run, but results exist"
+                f"results.md: shows {method} {labels[0]} {dtype} b{batch} as not run, but results exist"
             continue
         m = CELL.fullmatch(cell)
-        assert m, f"README cell {cell!r} ({method}) is not 'X ms (R×)'"
+        assert m, f"results.md: cell {cell!r} ({method}) is not 'X ms (R×)'"
         ms = float(m.group(1).replace(",", ""))
         options = median(method)
         assert any(abs(v - ms) <= shown_precision(m.group(1)) + 1e-9 for v in options), \
-            f"README {method} {labels[0]} {dtype} b{batch} beam {beam}: {ms} ms, results {options}"
+            f"results.md: {method} {labels[0]} {dtype} b{batch} beam {beam}: {ms} ms, results {options}"
         if m.group(2):
             ratios = [v / z for v in options for z in zerogr_options]
             assert any(abs(r - float(m.group(2))) <= shown_precision(m.group(2)) + 1e-9 for r in ratios), \
-                f"README {method} {labels[0]} {dtype} b{batch}: ×{m.group(2)}, results {ratios}"
+                f"results.md: {method} {labels[0]} {dtype} b{batch}: ×{m.group(2)}, results {ratios}"
 
 
 def setting(text: str) -> tuple[str, int, int]:
@@ -91,7 +93,7 @@ def setting(text: str) -> tuple[str, int, int]:
 
 
 def test_headline_table_quotes_the_results(medians):
-    rows = table_rows("### Decode latency on one NVIDIA H200")
+    rows = table_rows("## Decode latency on one NVIDIA H200")
     assert len(rows) >= 3
     for row in rows:
         dtype, batch, beam = setting(row[0])
@@ -105,7 +107,7 @@ def labels_of(text: str) -> list[str]:
     if text in CATALOGS:
         return CATALOGS[text]
     v = re.fullmatch(r"synthetic-7, 10\^7 SIDs, V (\d+)", text)
-    assert v, f"unknown catalog in README table: {text!r}"
+    assert v, f"unknown catalog in results.md table: {text!r}"
     return ["synthetic-7-1e7", f"synthetic-7-1e7-V{v.group(1)}"] if v.group(1) == "2048" \
         else [f"synthetic-7-1e7-V{v.group(1)}"]
 
@@ -118,9 +120,9 @@ def test_other_catalogs_table_quotes_the_results(medians):
         check_cells(row[2:6], OTHER_METHODS, labels_of(row[0]), dtype, batch, beam, medians)
 
 
-#: README quality tables: the line the table follows → the report it quotes.
+#: Quality tables of results.md: the line the table follows → the report it quotes.
 QUALITY_TABLES = {
-    "### Quality: filtering first vs scoring first on MovieLens": "runs/results/quality.json",
+    "## Quality: filtering first vs scoring first on MovieLens": "runs/results/quality.json",
     "**`tiger` preset, trained on the H200**": "runs/results/quality-amazon-beauty-tiger.json",
     "**`cpu` preset, trained here**": "runs/cpu_results/quality-amazon-beauty-cpu.json",
 }
@@ -128,16 +130,16 @@ QUALITY_TABLES = {
 
 @pytest.mark.parametrize("heading", list(QUALITY_TABLES))
 def test_quality_tables_quote_the_reports(heading):
-    """Every cell of a README quality table rounds from its committed report."""
+    """Every cell of a quality table of results.md rounds from its committed report."""
     import json
 
     from zerogr_core.recsys.quality import TABLE_ROWS
 
     path = ROOT / QUALITY_TABLES[heading]
-    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    lines = RESULTS_DOC.read_text(encoding="utf-8").splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith(heading)]
-    assert len(starts) == 1, f"README: expected one line starting with {heading!r}"
-    assert path.is_file(), f"README quotes {path.relative_to(ROOT)}, which is not in the tree"
+    assert len(starts) == 1, f"results.md: expected one line starting with {heading!r}"
+    assert path.is_file(), f"results.md: quotes {path.relative_to(ROOT)}, which is not in the tree"
     report = json.loads(path.read_text())
     table = []
     for line in lines[starts[0] + 1:]:
@@ -155,30 +157,30 @@ def test_quality_tables_quote_the_reports(heading):
             shown = cell.removesuffix(" %")
             value = 100 * report[key][k] if key == "overlap" else report[key][k]
             assert abs(float(shown) - value) <= shown_precision(shown) + 1e-9, \
-                f"README {row[0]} K={k}: {cell}, {path.name} has {value}"
+                f"results.md: {row[0]} K={k}: {cell}, {path.name} has {value}"
 
 
 def test_ablation_table_quotes_the_reports():
-    """The README's validity-term ablation table is the one the committed reports give, and the
+    """The validity-term ablation table is the one the committed reports give, and the
     committed ablation document is what ``python -m zerogr_core.recsys.ablation`` writes."""
     import json
 
     from zerogr_core.recsys.ablation import DEFAULT_OUT, DEFAULT_REPORTS, ablation_document, summary_table
 
     table = summary_table([json.loads(p.read_text()) for p in DEFAULT_REPORTS])
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert readme.count(table) == 1, "README's ablation table differs from summary_table of the reports"
+    readme = RESULTS_DOC.read_text(encoding="utf-8")
+    assert readme.count(table) == 1, "results.md's ablation table differs from summary_table of the reports"
     assert DEFAULT_OUT.read_text() == ablation_document(DEFAULT_REPORTS), "rerun python -m zerogr_core.recsys.ablation"
 
 
 def test_end_to_end_table_is_what_its_command_prints(capsys):
-    """The README's end-to-end table equals what the command it quotes prints from the results."""
+    """The end-to-end table of results.md equals what the command it quotes prints from the results."""
     import shlex
 
     from zerogr_core.bench import e2e_table
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### End to end with a model"):]
+    text = RESULTS_DOC.read_text(encoding="utf-8")
+    section = text[text.index("## End to end with a model"):]
     command = re.search(r"`python -m zerogr_core\.bench\.e2e_table ([^`]+)`", section)
     assert command, "the end-to-end section must quote the command that prints its table"
     args = shlex.split(command.group(1))
@@ -192,4 +194,4 @@ def test_end_to_end_table_is_what_its_command_prints(capsys):
         if not line.startswith("|"):
             break
         shown.append(line)
-    assert shown == printed, "README end-to-end table differs from the results; rerun the quoted command"
+    assert shown == printed, "results.md's end-to-end table differs from the results; rerun the quoted command"

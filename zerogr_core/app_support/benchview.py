@@ -96,7 +96,7 @@ def figures_of(records: list[dict]) -> list[tuple[str, object]]:
 
 
 def headline_table(records: list[dict]) -> list[dict]:
-    """The README/app latency table (``figures.headline_rows``), or ``[]``."""
+    """The results/app latency table (``figures.headline_rows``), or ``[]``."""
     try:
         from ..bench.figures import headline_rows
 

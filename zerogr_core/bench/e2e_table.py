@@ -1,4 +1,4 @@
-"""The README's end-to-end table, printed from ``bench-e2e`` result files.
+"""The end-to-end table of docs/results.md, printed from ``bench-e2e`` result files.
 
     python -m zerogr_core.bench.e2e_table runs/results/e2e [--shapes 1x128,32x128] [--dtypes float32,tf32]
 
@@ -6,7 +6,7 @@ One row per model, catalog, model dtype, prefill placement and shape (batch × b
 each method's median from its latest run and its ratio to ZeroGR's median **in that same run**
 (the model alone: its median only), so that no ratio mixes two runs; the ZeroGR column is its
 latest run. ``tests/test_readme_results.py`` reruns the
-command the README quotes and compares the output with the README's table.
+command docs/results.md quotes and compares the output with its table.
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def _shapes(text: str | None):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Print the README's end-to-end table from bench-e2e results.")
+    p = argparse.ArgumentParser(description="Print the end-to-end table of docs/results.md from bench-e2e results.")
     p.add_argument("folders", nargs="+", help="folders holding e2e-*.json result files")
     p.add_argument("--shapes", default=None, help="comma list of BATCHxBEAM (default: all)")
     p.add_argument("--dtypes", default=None, help="comma list of model dtypes (float32, tf32, bfloat16)")

@@ -2,7 +2,7 @@
 
 Every ``figure_*`` function takes the records of :func:`load_results` and returns a
 ``plotly.graph_objects.Figure`` (with a "no data" note when the records hold nothing for
-it), so the README, the app's benchmark page and :func:`save_figures` share them.
+it), so docs/results.md, the app's benchmark page and :func:`save_figures` share them.
 
 Command line::
 
@@ -70,7 +70,7 @@ def _best(per_mode: dict):
 
 
 def headline_rows(records: list[dict], suites=("headline",)) -> list[dict]:
-    """Rows for the README/app table: per catalog, config and batch, every method's best
+    """Rows for the results/app table: per catalog, config and batch, every method's best
     median (graph replay where captured) and zerogr's speedup over each baseline."""
     rows = []
     for (cat, cfg, beam, cb, batch), methods in sorted(latency_table(records, suites).items(),

@@ -3,7 +3,7 @@
 Two quality reports of the same recipe, data and user sample, one per checkpoint (written by
 ``python -m zerogr_core quality ... --results DIR``), become one Markdown document: a side-by-side
 summary (overlap, Recall and NDCG of both orders, the gaps between the orders, invalid mass per
-step, training), each report's per-K table and the invalid mass per step. The README quotes the
+step, training), each report's per-K table and the invalid mass per step. docs/results.md quotes the
 summary table; a test checks that it matches the committed reports.
 
 ``python -m zerogr_core.recsys.ablation [REPORT ...] [--out FILE]`` (default: the two Amazon

@@ -371,7 +371,7 @@ def bars(report: dict, spec: QualityBars | None = None) -> dict:
     return out
 
 
-#: Rows of the README's quality tables: label → report key (overlap in per cent).
+#: Rows of the quality tables of docs/results.md: label → report key (overlap in per cent).
 TABLE_ROWS = (("overlap@K (filter-first vs score-first)", "overlap"), ("Recall@K filter-first", "recall_filter_first"),
               ("Recall@K score-first", "recall_score_first"), ("NDCG@K filter-first", "ndcg_filter_first"),
               ("NDCG@K score-first", "ndcg_score_first"), ("Recall@K popularity", "recall_popularity"),
@@ -379,7 +379,7 @@ TABLE_ROWS = (("overlap@K (filter-first vs score-first)", "overlap"), ("Recall@K
 
 
 def markdown_table(report: dict, rows=TABLE_ROWS) -> str:
-    """The README's table of a study report: one column per K, overlap in per cent (two
+    """The results table of a study report: one column per K, overlap in per cent (two
     decimals), Recall and NDCG with four decimals."""
     ks = [str(k) for k in report["k"]]
     lines = ["| K | " + " | ".join(ks) + " |", "|" + " --- |" * (1 + len(ks))]
