@@ -72,8 +72,8 @@ def test_wheel_ships_every_subpackage_and_decodes_when_installed(tmp_path):
         shutil.copy2(os.path.join(ROOT, name), source / name)
     for folder in INSTALLED_AS:
         shutil.copytree(os.path.join(ROOT, folder), source / folder, ignore=skip)
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(source)],
-        cwd=tmp_path)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+         str(source)], cwd=tmp_path)
     (wheel,) = wheels.glob("zerogr-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = {os.path.dirname(n).replace("/", ".") for n in archive.namelist() if n.endswith("/__init__.py")}

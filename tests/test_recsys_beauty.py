@@ -347,7 +347,7 @@ def test_shipped_beauty_checkpoints_and_their_learning_curves():
     assert [r["train"].get("validity_weight", 0.0) for r in runs] == [0.0, 0.0, 0.0, 0.0, 0.625, 0.625]
     # The shipped cpu checkpoint is the current recipe's, trained within the preset's budget
     # (settings added since, such as the schedule, read back as their defaults).
-    from zerogr_core.recsys.seqrec import SeqPreset, SeqTrainConfig
+    from zerogr_core.recsys.seqrec_config import SeqPreset, SeqTrainConfig
 
     cpu = SeqPreset.preset("cpu")
     assert SeqTrainConfig(**runs[1]["train"]) == cpu.train

@@ -67,7 +67,7 @@ def test_many_calls_follow_the_schedule_of_one_with_dropout_and_the_validity_ter
     """Every RNG the loop uses (shuffles, dropout, the validity term's draws) resumes where it stopped."""
     from zerogr_core.recsys.data import leave_one_out
     from zerogr_core.recsys.semantic_ids import SIDConfig
-    from zerogr_core.recsys.seqrec import SeqPreset
+    from zerogr_core.recsys.seqrec_config import SeqPreset
     from zerogr_core.recsys.seqrec_train import RunControl, train_t5
     from zerogr_core.recsys.sequences import load_sequences, sequence_semantic_ids
 
@@ -207,7 +207,7 @@ def test_inverse_sqrt_schedule_and_the_tiger_paper_preset():
     import math
 
     from zerogr_core.recsys.commands import register
-    from zerogr_core.recsys.seqrec import PRESETS, SeqPreset, SeqTrainConfig
+    from zerogr_core.recsys.seqrec_config import PRESETS, SeqPreset, SeqTrainConfig
     from zerogr_core.recsys.seqrec_train import learning_rate
 
     paper = SeqPreset.preset("tiger-paper")

@@ -34,7 +34,7 @@ class _Count(TorchDispatchMode):
 def main(argv=None) -> int:
     import transformers
 
-    from zerogr_core.recsys.seqrec import SeqPreset
+    from zerogr_core.recsys.seqrec_config import SeqPreset
     from zerogr_core.recsys.t5 import T5Recommender
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -13,7 +13,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,11 +20,9 @@ import torch
 from ..catalog import Catalog
 from ..errors import ZeroGRError, first_line
 from .data import LeaveOneOut
+from .seqrec_config import SeqPreset, SeqTrainConfig
 from .t5 import T5Recommender
 from .train import StudyModel, ValidityTables, fixed_users, read_checkpoint
-
-if TYPE_CHECKING:
-    from .seqrec import SeqPreset, SeqTrainConfig
 
 STATE_FORMAT = "zerogr-seqrec-state-1"
 
