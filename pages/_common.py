@@ -13,6 +13,7 @@ import torch
 
 from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.app_support import beauty, movielens
+from zerogr_core.app_support.bounds import work_limits
 from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
 from zerogr_core.app_support.sources import CatalogSource, default_source, load_source, sample_source
@@ -34,6 +35,11 @@ PERSISTENT_PREFIXES = ("cat_", "den_", "idx_", "dec_", "reb_", "bench_", "gpu_")
 # ---------------------------------------------------------------------------- device
 def device() -> torch.device:
     return torch.device("cuda") if gpu_info.has_gpu() else torch.device("cpu")
+
+
+def check_work(catalog, batch: int, beam: int) -> None:
+    """Refuse, in one line, a decode of ``batch`` × ``beam`` on ``catalog`` too large for this machine."""
+    work_limits(gpu_info.has_gpu()).check_decode(batch, beam, catalog.codebook_sizes)
 
 
 def cpu_banner(what: str = "") -> None:
@@ -182,6 +188,7 @@ def guarded(body: Callable[[], None]) -> None:
                      icon=":material/memory:")
         else:
             log.error("unexpected error in a page:\n%s", traceback.format_exc())
+            slots().drop_all()  # a half-built index or engine must not outlive the failed run
             first = first_line(err, limit=300)
             st.error(f"Something went wrong: {type(err).__name__}{': ' + first if first else ''}. "
                      "The app keeps running; change the settings and try again.", icon=":material/warning:")

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, cpu_banner,
+from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, check_work, cpu_banner,
                            decode_inputs, device, fmt_ms, get_catalog, get_index, guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.app_support import movielens
@@ -89,6 +89,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     stage chart both come from it), the invalid mass scoring first meets, and on a GPU the
     timed CUDA-graph decodes."""
     dev = device()
+    check_work(catalog, cfg["batch"], cfg["beam"])
     index = get_index(catalog, source)
     bar = st.progress(0, text="Preparing the model and requests…")
     inputs = decode_inputs(catalog, dev, bundled=cfg["dataset"] is not None, batch=cfg["batch"], seed=cfg["seed"],

@@ -5,8 +5,8 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._common import (cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded,
-                           overrides)
+from pages._common import (check_work, cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index,
+                           guarded, overrides)
 from zerogr_core import Decoder
 from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
@@ -94,6 +94,7 @@ def main() -> None:
                                       help="Small catalogs rebuild in milliseconds, shorter than one decode, so the "
                                            "rebuild repeats back to back for at least this long."))
     if st.button("Refresh and rebuild while decoding", type="primary", key="btn_reb_run"):
+        check_work(catalog, batch, beam)
         bar = st.progress(0, text="Refreshing the catalog…")
         refreshed, change = refresh_catalog(catalog, add / 100, remove / 100, seed=0)
         index = get_index(catalog, source)

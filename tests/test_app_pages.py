@@ -123,7 +123,20 @@ BAD_UPLOADS = [
     ("parquet-missing-value", "holes.parquet",
      _parquet_bytes(pl.DataFrame({"item_id": [1, 2], "s1": [0, None]}, schema={"item_id": pl.Int64, "s1": pl.Int64})),
      "", ["holes.parquet", "row 2", "column 's1'", "missing value"]),
+    ("too-many-levels", "wide.csv",
+     ("item_id," + ",".join(f"s{i}" for i in range(1, 2001)) + "\n" + "".join(
+         f"{r}," + ",".join(str((r + i) % 5) for i in range(2000)) + "\n" for r in range(50))).encode(), "",
+     ["wide.csv", "2,000 SID levels, over the limit of 16"]),
+    ("too-many-levels-sid", "widesid.csv", b"item_id,sid\n1," + b" ".join([b"0"] * 17) + b"\n", "",
+     ["widesid.csv", "17 SID levels, over the limit of 16"]),
+    ("huge-token", "huge.csv", b"item_id,s1,s2\n1,0,0\n2,0,99999999\n", "",
+     ["huge.csv", "level 2 has a codebook of 100,000,000 tokens, over the limit of 65,536"]),
+    ("huge-declared-codebook", "declared.csv", b"item_id,s1\n1,0\n", "70000",
+     ["declared.csv", "level 1 has a codebook of 70,000 tokens"]),
 ]
+
+
+BAD_UPLOADS_BY_ID = {c[0]: dict(name=c[1], data=c[2]) for c in BAD_UPLOADS}
 
 
 @pytest.mark.parametrize("name,data,sizes,expected", [c[1:] for c in BAD_UPLOADS], ids=[c[0] for c in BAD_UPLOADS])
@@ -233,6 +246,37 @@ def test_limits_are_on_the_page_and_bound_uploads(monkeypatch):
     assert_clean(at)
     assert any("uploads up to 1 MB" in c.value and "up to 2 rows" in c.value for c in at.caption)
     assert errors(at) == ["rows.csv: 3 rows, over the limit of 2 rows"]
+
+
+def test_a_2000_level_upload_is_refused_quickly():
+    """The finding of issue 32: 50 rows × 2,000 levels ran Density for minutes; now one line, fast."""
+    import time
+
+    data = dict(BAD_UPLOADS_BY_ID["too-many-levels"])
+    at = new_app().run()
+    at.session_state["cat_kind"] = "Upload a file"
+    at.session_state["upload_payload"] = dict(id="wide", name="wide.csv", data=data["data"])
+    start = time.perf_counter()
+    at.run()
+    elapsed = time.perf_counter() - start
+    assert len(errors(at)) == 1 and "over the limit of 16" in errors(at)[0]
+    assert elapsed < 5, elapsed  # generous for a shared CPU; the browser test holds the 2 s bound
+    at = open_page(at, "density")
+    assert_clean(at)
+    assert not any("2,000" in e for e in errors(at))  # the refused file never became the catalog
+
+
+def test_decode_work_over_the_limit_is_refused_before_it_starts(monkeypatch):
+    monkeypatch.setenv("ZEROGR_MAX_DECODE_LOGITS", "1000")
+    at = new_app(cat_sample="search-like-small").run()
+    at = open_page(at, "decode", dec_batch=4, dec_beam=4)
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    msgs = errors(at)
+    assert len(msgs) == 1 and "batch 4 × beam 4" in msgs[0] and "over this machine's limit of 1,000" in msgs[0], msgs
+    assert "decode_runs" not in at.session_state
+    at = open_page(at, "density", den_batch=4, den_beam=4)
+    assert any("over this machine's limit" in e for e in errors(at))
 
 
 # ---------------------------------------------------------------------------- density, index
