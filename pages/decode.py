@@ -11,7 +11,7 @@ from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached
 from zerogr_core import Decoder
 from zerogr_core.app_support import movielens
 from zerogr_core.app_support.charts import latency_figure, metrics_figure, stage_figure, top_k_columns
-from zerogr_core.app_support.latency import LATENCY_PROTOCOLS, order_runs, time_orders, winner
+from zerogr_core.app_support.latency import LATENCY_PROTOCOLS, PROTOCOL_LABELS, order_runs, time_orders, winner
 from zerogr_core.app_support.profile import comparison, invalid_mass, k_values, profile_decode, steady_cpu_timing
 from zerogr_core.app_support.requests import DTYPES, history_lists
 
@@ -72,12 +72,17 @@ def settings(catalog, source) -> dict:
         help="A per-request deny list enforced during decoding: prefixes with no item outside the history below "
              "them are never scored or kept. Filtering first keeps the catalog's normalisation, so the other "
              "items rank as with the history kept (the quality study's protocol).")
+    st.session_state.setdefault("dec_timing", "page")
+    timing = st.radio("Latency measurement", list(PROTOCOL_LABELS), format_func=PROTOCOL_LABELS.get,
+                      key="dec_timing", horizontal=True,
+                      help="Whole decodes of the two orders run in turns, so both see the same load; the page "
+                           "names a faster order only when the two spreads do not overlap.")
     if bundled:
         hidden, dtype = None, "float32"
     return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model,
                 dataset=dataset if bundled else None, hidden=hidden,
                 dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed,
-                exclude_history=bool(exclude))
+                exclude_history=bool(exclude), timing=timing)
 
 
 def run_comparison(catalog, source, cfg: dict) -> dict:
@@ -117,7 +122,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
                 out["invalid"] = invalid_mass(catalog, decoders["score-first"], fn, batch)
                 bar.progress(45, text="Warming up the timed decodes…")
                 runs, out["notes"] = order_runs(catalog, decoders, fn, batch, lists=lists)
-                protocol = LATENCY_PROTOCOLS["page"]
+                protocol = LATENCY_PROTOCOLS[cfg.get("timing", "page")]
                 out["latency"] = time_orders(runs, dev, protocol, progress=lambda f: bar.progress(
                     50 + int(49 * f), text=f"Timing whole decodes in turns (≥ {protocol.min_repeats} each, "
                                            f"≥ {protocol.min_seconds:g} s of work)…"))

@@ -419,8 +419,9 @@ def test_study_inputs_serve_the_bundled_model_through_its_kv_cache():
         torch.testing.assert_close(got.scores, want[order].scores, rtol=1e-5, atol=1e-5)
     got = Decoder(index, inputs.heads, 5, engine="reference").decode(inputs.hidden_fn, 2)
     assert torch.equal(got.item_rows, want["filter-first"].item_rows)
-    mass = invalid_mass(study.catalog, index, inputs.heads, 5, inputs.hidden_fn, 2)
-    for a, b in zip(mass, invalid_mass(study.catalog, index, inputs.heads, 5, recompute, 2), strict=True):
+    scoring = Decoder(index, inputs.heads, 5, order="score-first")
+    mass = invalid_mass(study.catalog, scoring, inputs.hidden_fn, 2)
+    for a, b in zip(mass, invalid_mass(study.catalog, scoring, recompute, 2), strict=True):
         assert a["beams"] == b["beams"] and a["beam_density"] == b["beam_density"]
         assert a["mean"] == pytest.approx(b["mean"], rel=1e-4) and a["max"] == pytest.approx(b["max"], rel=1e-4)
 

@@ -13,16 +13,11 @@ from ..index.layout import StepIndex
 from .heads import Heads
 from .ops import DISPATCH, REFERENCE, KernelOps, no_timer
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
-from .reference_plan import make_reference_plan, plan_projection, plan_rows
+from .reference_plan import default_projection, make_reference_plan, plan_projection, plan_rows
 from .search import DecodeResult, HiddenFn, beam_search
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
 ENGINES = ("auto", "reference", "graph", "eager")
-
-
-def default_projection(index: StepIndex) -> tuple[str, ...]:
-    """Reference projection per step: a GEMM on dense steps, selective on sparse ones."""
-    return tuple("full" if s.kind == "dense" else "selective" for s in index.steps)
 
 
 def _projection_of(option) -> str:

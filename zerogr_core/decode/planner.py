@@ -21,6 +21,7 @@ The decode loop then makes no per-request decisions. Plans persist on disk
 from __future__ import annotations
 
 import functools
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -229,6 +230,39 @@ def make_plan(engine, hidden_fn, batch: int, *, cost_model: CostModel | None = D
                                 {o.label: round(predicted[level][o.label], 2) for o in rest}))
     say(1.0, "plan fixed")
     return Plan(engine.key(batch), tuple(steps), str(dev))
+
+
+def beyond_noise(samples_us: dict, default: str) -> str:
+    """The option to keep: ``default``, unless another is faster by more than the timing noise.
+
+    The noise is the larger spread (median − least) of the two options' samples: a CPU
+    shared with other work stretches single calls, so least times within that spread of
+    each other say nothing about which option is faster, and picking the least of them
+    would pick on noise (and differ from run to run).
+
+    Parameters
+    ----------
+    samples_us : dict of str to list of float
+        Every timed call of each option (µs), e.g. :func:`zerogr_core.timing.interleaved_us`.
+    default : str
+        The label of the option kept unless beaten; must be in ``samples_us``.
+
+    Returns
+    -------
+    str
+        A label of ``samples_us``.
+    """
+    def least(label):
+        return min(samples_us[label])
+
+    def spread(label):
+        return statistics.median(samples_us[label]) - least(label)
+
+    best = min(samples_us, key=least)
+    if best == default:
+        return default
+    noise = max(spread(best), spread(default))
+    return best if least(best) + noise < least(default) else default
 
 
 def _run_on_zeros(engine, level: int, option: StepOption, batch: int) -> None:
