@@ -10,8 +10,7 @@ import streamlit as st
 
 from pages._common import device, guarded, slots
 from zerogr_core.app_support import benchview
-from zerogr_core.app_support.benchrun import LiveSweep
-from zerogr_core.bench.registry import APP_SUITES
+from zerogr_core.app_support.benchrun import LiveSweep, app_suites
 
 LIVE_KEY = "bench_live_records"
 

@@ -10,9 +10,7 @@ from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, fmt_rat
 from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.app_support.charts import breakdown_figure, build_rows, bytes_comparison_figure, index_step_rows
 from zerogr_core.errors import ZeroGRError
-from zerogr_core.index import BUILDERS, IndexConfig, build_index
-from zerogr_core.index.builders import h2d_gbps
-from zerogr_core.index.layout import dense_bytes, sparse_bytes
+from zerogr_core.index import BUILDERS, IndexConfig, build_index, dense_bytes, h2d_gbps, sparse_bytes
 
 AUTO = "auto (memory rule)"
 CHOICES = (AUTO, "sparse", "dense")

@@ -10,8 +10,7 @@ from pages._common import (check_work, cpu_banner, decode_inputs, device, fmt_by
 from zerogr_core import Decoder
 from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
-from zerogr_core.index import IndexConfig
-from zerogr_core.index.builders import build_phases
+from zerogr_core.index import IndexConfig, build_phases
 
 REPORT_KEY = "rebuild_report"
 LIVE_KEY = "rebuild_live"
@@ -19,11 +18,10 @@ LIVE_KEY = "rebuild_live"
 
 def live_section(catalog, source) -> None:
     """Live catalog versions: deletes, adds and replaces while threads keep decoding."""
-    from zerogr_core.bench.live import run_load_test
-    from zerogr_core.catalog.store import CatalogStore
+    from zerogr_core.app_support.rebuild import live_load_test
 
     st.subheader("Live catalog: deletes and adds while decoding")
-    st.write("Decoders keep serving from a `CatalogStore` while the catalog changes: **deletes** take effect at "
+    st.write("Decoders keep serving from a versioned catalog store while the catalog changes: **deletes** take effect at "
              "once (a global deny set merged into every request's lists, no rebuild), **adds** and full "
              "**replaces** build a new index beside the old one and swap it in atomically. Every result carries "
              "the version it ran on and is checked against it.")
@@ -48,11 +46,11 @@ def live_section(catalog, source) -> None:
             dec.decode(fn, 4, lists=dec.request_lists(4))
 
         with st.spinner("Decoding while the catalog changes…"):
-            store = CatalogStore(catalog, make_decoder, device=dev, warmup=warmup if gpu else None)
             count = max(1, int(catalog.n_items * share / 100))
             # The CPU path runs one decoding thread (the PyTorch reference shares the cores).
-            report = run_load_test(store, fn, 4, threads=4 if gpu else 1, seconds=seconds, change_every_s=every,
-                                   deletes_per_change=count, adds_per_change=count)
+            report = live_load_test(catalog, make_decoder, fn, 4, device=dev, warmup=warmup if gpu else None,
+                                    threads=4 if gpu else 1, seconds=seconds, change_every_s=every,
+                                    changes_per_step=count)
         st.session_state[LIVE_KEY] = dict(source=source, report=report)
     saved = st.session_state.get(LIVE_KEY)
     if not saved or saved["source"] != source:

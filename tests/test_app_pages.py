@@ -422,6 +422,20 @@ def test_decode_random_head_on_a_synthetic_catalog():
     assert any("settings changed" in c.value for c in at.caption)
 
 
+@pytest.mark.reference_kernels  # the CPU deployment's path, as `make run` serves it
+def test_the_same_run_twice_reports_the_same_winner():
+    at = new_app(cat_sample="tiny").run()
+    open_page(at, "decode", dec_beam=4, dec_batch=4, dec_hidden=16)
+    verdicts = []
+    for _ in range(2):
+        at.button(key="btn_dec_run").click().run()
+        assert_clean(at)
+        res = at.session_state["decode_runs"]
+        assert all(len(lat.samples_ms) >= 20 and sum(lat.samples_ms) >= 1000 for lat in res["latency"].values())
+        verdicts.append(metrics(at)["Faster order"])
+    assert verdicts[0] == verdicts[1], verdicts
+
+
 def test_decode_says_when_a_run_was_interrupted():
     at = new_app(cat_sample="tiny").run()
     # what a run leaves behind when the user switches page before it finishes
