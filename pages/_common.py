@@ -206,6 +206,31 @@ def fmt_ratio(x: float) -> str:
     return f"{x:.1f}×" if x >= 10 else f"{x:.2f}×" if x >= 1 else f"{x:.3f}×"
 
 
+def fmt_relative(size: float, other: float, other_name: str) -> str:
+    """``size`` against ``other`` in words that say which way: "2.1× smaller than the SID table",
+    "1.66× larger than …", "the same size as …"."""
+    if size <= 0 or other <= 0:
+        return "—"
+    if round(size / other, 3) == 1:
+        return f"the same size as {other_name}"
+    if size < other:
+        return f"{fmt_ratio(other / size)} smaller than {other_name}"
+    return f"{fmt_ratio(size / other)} larger than {other_name}"
+
+
+def fmt_codebooks(sizes) -> str:
+    """Codebook sizes per level, runs of equal sizes folded: "3 × 256, then 64"; "256 / 1,024"."""
+    runs: list[list] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    if all(n == 1 for _, n in runs):
+        return " / ".join(f"{v:,}" for v in sizes)
+    return ", then ".join(f"{n} × {v:,}" if n > 1 else f"{v:,}" for v, n in runs)
+
+
 def fmt_ms(ms: float | None) -> str:
     if ms is None or ms != ms:
         return "n/a"

@@ -140,7 +140,8 @@ def main() -> None:
     m[1].metric("Rebuild time (median)", fmt_ms(report.rebuild_s * 1e3), help=f"{len(report.builds)} rebuild(s) "
                 f"back to back during the window; builder: {report.builder}")
     rate = report.h2d_gbps
-    m[2].metric("H2D bandwidth", "n/a (CPU)" if rate is None else f"{rate:,.1f} GB/s")
+    m[2].metric("Copy to the GPU", "— (CPU: nothing to copy)" if rate is None else f"{rate:,.1f} GB/s",
+                help="Host-to-device (H2D) bandwidth of the index upload during the rebuild.")
     lat = report.latency_rows()
     during = next(r for r in lat if r["phase"] == "during")
     before = next(r for r in lat if r["phase"] == "before")

@@ -60,11 +60,11 @@ def test_catalog_default_is_the_bundled_movielens_catalog():
     assert_clean(at)
     assert at.title[0].value == "Catalog"
     m = metrics(at)
-    assert "Items" in m and "Codebook sizes" in m
+    assert "Items" in m and "Tokens per level" in m
     if movielens.available():
         assert at.session_state["active_source"].is_movielens
         assert "MovieLens SID catalog" in at.subheader[0].value
-        assert m["Items"] == "9,742"
+        assert m["Items"] == "9,742" and m["Tokens per level"] == "3 × 128, then 24"
     assert any("No GPU on this machine" in i.value for i in at.info) or torch.cuda.is_available()
 
 
@@ -77,7 +77,7 @@ def test_catalog_bundled_samples(name, items, levels):
     assert m["Items"] == items and m["Levels (SID length)"] == str(levels)
     assert any(s.value.startswith("Loaded ") for s in at.success)
     steps = at.dataframe[0].value
-    assert len(steps) == levels and "catalog-level density" in steps.columns
+    assert len(steps) == levels and "share of tokens valid" in steps.columns
 
 
 def _parquet_bytes(frame: pl.DataFrame) -> bytes:
@@ -308,13 +308,16 @@ def test_index_page_and_overrides():
     open_page(at, "index")
     assert_clean(at)
     m = metrics(at)
-    assert {"This index", "STATIC-style index", "Raw SID table (int16)"} <= set(m)
+    assert {"This index", "STATIC-style index", "Plain ID table"} <= set(m)
+    # every ratio says which way
+    assert m["This index, compared"].endswith("than STATIC-style") or m["This index, compared"].startswith("the same")
+    assert " than the plain ID table" in m["Planned index vs plain IDs"]
     assert len(at.get("plotly_chart")) == 3
     steps = at.dataframe[0].value
     assert len(steps) == 3
     before = m["Planned index"]
     # with nothing overridden the plan is this index: both ratios read the same, rounded one way
-    assert m["vs STATIC-style"] == m["Planned vs STATIC-style"]
+    assert m["This index, compared"] == m["Planned index, compared"]
     at.selectbox(key="idx_ov_3").select("sparse" if steps["representation"][2] == "dense" else "dense").run()
     assert_clean(at)
     after = metrics(at)["Planned index"]
@@ -512,7 +515,7 @@ def test_rebuild_page():
     assert_clean(at)
     m = metrics(at)
     assert m["Items"] == "21,000"
-    assert m["H2D bandwidth"] == ("n/a (CPU)" if not torch.cuda.is_available() else m["H2D bandwidth"])
+    assert m["Copy to the GPU"] == ("— (CPU: nothing to copy)" if not torch.cuda.is_available() else m["Copy to the GPU"])
     table = at.dataframe[0].value
     assert list(table["phase"]) == ["before", "during", "after"] and (table["decodes"] > 0).all()
     assert len(at.get("plotly_chart")) == 2
