@@ -496,6 +496,12 @@ def test_benchmarks_page_with_the_committed_results():
     at = new_app().run()
     open_page(at, "benchmarks")
     assert_clean(at)
+    labels = [t.label for t in at.tabs]
+    assert labels and all(label.endswith("?") for label in labels), labels  # one question per chart
+    assert len(at.get("plotly_chart")) == len(labels)
+    headline = at.dataframe[0].value
+    assert "command" not in headline.columns  # the result-file table is not at the top
+    assert not headline.isna().any().any() and "None" not in headline.astype(str).values
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU message")
