@@ -11,6 +11,7 @@ from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached
 from zerogr_core import Decoder
 from zerogr_core.app_support import movielens
 from zerogr_core.app_support.charts import latency_figure, metrics_figure, stage_figure, top_k_columns
+from zerogr_core.app_support.labels import NO_TITLES_NOTE, has_real_titles, popularity_labels
 from zerogr_core.app_support.latency import LATENCY_PROTOCOLS, PROTOCOL_LABELS, order_runs, time_orders, winner
 from zerogr_core.app_support.profile import comparison, invalid_mass, k_values, profile_decode, steady_cpu_timing
 from zerogr_core.app_support.requests import DTYPES, history_lists
@@ -184,10 +185,15 @@ def show_latency(res: dict) -> None:
     st.plotly_chart(latency_figure(latency), key="dec_fig_distribution")
 
 
-def titles_for(catalog, dataset):
-    if dataset is not None:
-        return cached_test_users(str(device()), dataset).titles
-    return catalog.titles
+def titles_for(catalog, dataset) -> tuple:
+    """Item labels of the lists (titles where the data has them, else number and popularity),
+    and whether they are real titles."""
+    if dataset is None:
+        return catalog.titles, catalog.titles is not None
+    users = cached_test_users(str(device()), dataset)
+    if has_real_titles(users.titles, catalog.item_ids):
+        return users.titles, True
+    return popularity_labels(catalog.item_ids, users.histories), False
 
 
 def top_k_table(catalog, titles, runs: dict, request: int, k: int, target) -> pd.DataFrame:
@@ -229,7 +235,7 @@ def show_results(catalog, source, res: dict) -> None:
     show_latency(res)
     if res.get("histories") is not None:
         show_history_hits(res, cfg)
-    titles = titles_for(catalog, cfg.get("dataset"))
+    titles, real_titles = titles_for(catalog, cfg.get("dataset"))
     n = cfg["batch"]
     labels = [f"request {i + 1}" + (f" (user {res['user_ids'][i]})" if res["user_ids"] is not None else "")
               for i in range(n)]
@@ -245,6 +251,8 @@ def show_results(catalog, source, res: dict) -> None:
         "score-first log-prob": st.column_config.NumberColumn(format="%.4f")})
     st.caption("Filtering first normalises over the valid tokens only, so its log-probabilities are higher than "
                "scoring first's; the question is whether the *ranking* changes.")
+    if cfg.get("dataset") and not real_titles:
+        st.caption(NO_TITLES_NOTE)
 
     left, right = st.columns(2)
     fig = metrics_figure(metrics, ks, n)
