@@ -28,6 +28,10 @@ def planned_kinds(report: dict, chosen: dict) -> list[str]:
     return kinds
 
 
+#: Session-state key of the confirmation shown once after "Apply and rebuild".
+APPLIED_KEY = "index_applied_note"
+
+
 def main() -> None:
     st.title("Index")
     catalog, source = get_catalog()
@@ -126,8 +130,15 @@ def main() -> None:
                               f"{fmt_bytes(limit)} this app allows on {dev}; keep the large steps sparse")
         st.session_state[OVERRIDES_KEY] = chosen
         st.session_state.pop("decode_runs", None)
-        get_index(catalog, source, over=chosen)
+        with st.spinner("Rebuilding the index with the new representation per step…"):
+            index = get_index(catalog, source, over=chosen)
+        st.session_state[APPLIED_KEY] = (f"Index rebuilt in {index.build['total_s'] * 1e3:,.1f} ms: "
+                                         f"{fmt_bytes(index.report()['total_bytes'])}; the Decode and Rebuild pages "
+                                         "use it now.")
         st.rerun()
+    applied_note = st.session_state.pop(APPLIED_KEY, None)
+    if applied_note:
+        st.success(applied_note, icon=":material/check_circle:")
     st.caption(f"Kept in memory for this browser session: {', '.join(slots().slots()) or 'nothing'}; released "
                f"so far: {slots().releases}.")
 

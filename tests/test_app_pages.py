@@ -326,6 +326,7 @@ def test_index_page_and_overrides():
     assert planned["planned"][2] != planned["now"][2]
     at.button(key="btn_idx_apply").click().run()
     assert_clean(at)
+    assert any(s.value.startswith("Index rebuilt in") for s in at.success)  # confirmed, not silent
     assert at.dataframe[0].value["representation"][2] == planned["planned"][2]
     assert metrics(at)["This index"] == after
     assert at.session_state["index_overrides"] == {3: planned["planned"][2]}
