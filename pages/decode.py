@@ -14,18 +14,29 @@ from zerogr_core.app_support.charts import latency_figure, metrics_figure, stage
 from zerogr_core.app_support.labels import NO_TITLES_NOTE, has_real_titles, popularity_labels
 from zerogr_core.app_support.latency import LATENCY_PROTOCOLS, PROTOCOL_LABELS, order_runs, time_orders, winner
 from zerogr_core.app_support.profile import comparison, invalid_mass, k_values, profile_decode, steady_cpu_timing
+from zerogr_core.app_support.own_model import OFFSETS_FILE, load_model, model_folder, own_model_inputs, parse_offsets
 from zerogr_core.app_support.requests import DTYPES, history_lists
+from zerogr_core.app_support.sources import app_settings
+from zerogr_core.errors import ZeroGRError
 
 ORDERS = ("filter-first", "score-first")
 BUNDLED = "Bundled MovieLens recommender"
 #: The model choice of each catalog that comes with a trained recommender.
 BUNDLED_LABELS = {"movielens": BUNDLED, "amazon-beauty": "Bundled Amazon Beauty recommender (T5, tiger preset)"}
-RANDOM = "Random head"
+RANDOM = "Random head (latency only: random weights, overlap is meaningless)"
+OWN = "Your model (a transformers checkpoint folder on the server)"
+RANDOM_PROMPTS = "Random prompts (seeded token ids)"
 USERS = "Random test users"
 ONE_USER = "One test user"
 RANDOM_REQ = "Random requests"
 #: Session-state key set while a decode runs, so the page can say when one was cut short.
 PENDING_KEY = "decode_pending"
+
+
+@st.cache_resource(max_entries=1, show_spinner="Loading your model…")
+def cached_own_model(folder, device_name: str):
+    """The user's checkpoint, loaded once per folder state and device (one kept at a time)."""
+    return load_model(folder, device_name)
 
 
 def order_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
@@ -38,7 +49,7 @@ def order_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
 def settings(catalog, source) -> dict:
     gpu = device().type == "cuda"
     dataset = bundled_dataset(source)
-    models = [BUNDLED_LABELS[dataset], RANDOM] if dataset else [RANDOM]
+    models = ([BUNDLED_LABELS[dataset]] if dataset else []) + [RANDOM, OWN]
     if st.session_state.get("dec_model") not in models:
         st.session_state["dec_model"] = models[0]
     st.session_state.setdefault("dec_hidden", 1024 if gpu else 64)
@@ -49,13 +60,17 @@ def settings(catalog, source) -> dict:
     st.session_state.setdefault("dec_seed", 0)
     c = st.columns([2, 1, 1, 1, 1])
     model = c[0].selectbox("Model", models, key="dec_model")
-    bundled = model != RANDOM
-    hidden = int(c[1].number_input("Hidden size", 8, 8192, step=8, key="dec_hidden", disabled=bundled))
-    dtype = c[2].selectbox("dtype", list(DTYPES), key="dec_dtype", disabled=bundled)
+    own = model == OWN
+    bundled = model not in (RANDOM, OWN)
+    hidden = int(c[1].number_input("Hidden size", 8, 8192, step=8, key="dec_hidden", disabled=model != RANDOM))
+    dtype = c[2].selectbox("dtype", list(DTYPES), key="dec_dtype", disabled=model != RANDOM)
     beam = int(c[3].number_input("Beam width M", 1, 1024, key="dec_beam"))
     c[4].number_input("K (top-K shown)", 1, 1024, key="dec_k")  # read when the results are shown
     c = st.columns([2, 1, 2, 1])
-    requests = [USERS, ONE_USER] if bundled else [RANDOM_REQ]
+    folder = offsets = None
+    if own:
+        folder, offsets = own_model_settings(catalog)
+    requests = [USERS, ONE_USER] if bundled else [RANDOM_PROMPTS] if own else [RANDOM_REQ]
     if st.session_state.get("dec_request") not in requests:
         st.session_state["dec_request"] = requests[0]
     request = c[0].selectbox("Requests", requests, key="dec_request")
@@ -78,12 +93,32 @@ def settings(catalog, source) -> dict:
                       key="dec_timing", horizontal=True,
                       help="Whole decodes of the two orders run in turns, so both see the same load; the page "
                            "names a faster order only when the two spreads do not overlap.")
-    if bundled:
+    if model != RANDOM:
         hidden, dtype = None, "float32"
     return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model,
                 dataset=dataset if bundled else None, hidden=hidden,
                 dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed,
-                exclude_history=bool(exclude), timing=timing)
+                exclude_history=bool(exclude), timing=timing, folder=folder, offsets=offsets)
+
+
+def own_model_settings(catalog):
+    """The checkpoint folder and SID token offsets of the user's model, or (None, None) until given."""
+    roots = app_settings().roots
+    st.caption(f"A folder written by `save_pretrained` (T5 or a causal LM) below a data folder "
+               f"({', '.join(f'`{r}`' for r in roots)}), whose vocabulary holds the SID tokens. A `{OFFSETS_FILE}` "
+               "beside the weights may give the offsets: `{\"token_offsets\": [10, 266, 522]}`.")
+    c = st.columns([3, 2])
+    path = c[0].text_input("Checkpoint folder", key="dec_model_path", placeholder=str(roots[-1] / "my_model"))
+    if not path.strip():
+        st.info("Give the folder of your model to decode with it.", icon=":material/folder_open:")
+        return None, None
+    folder = model_folder(path, roots)
+    if folder.token_offsets is not None and not st.session_state.get("dec_offsets"):
+        st.session_state["dec_offsets"] = ", ".join(map(str, folder.token_offsets))
+    text = c[1].text_input(f"SID token offsets ({catalog.n_levels} levels)", key="dec_offsets",
+                           help="Vocabulary id of token 0 of each SID level: level ℓ's token t is id "
+                                "offset[ℓ] + t.")
+    return folder, parse_offsets(text)
 
 
 def run_comparison(catalog, source, cfg: dict) -> dict:
@@ -95,9 +130,15 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     index = get_index(catalog, source)
     with st.status("Comparing the two orders…", expanded=True) as status:
         bar = st.progress(0, text="Preparing the model and requests…")
-        inputs = decode_inputs(catalog, dev, bundled=cfg["dataset"] is not None, batch=cfg["batch"],
-                               seed=cfg["seed"], hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"],
-                               dataset=cfg["dataset"], beam=cfg["beam"])
+        if cfg["model"] == OWN:
+            if cfg["folder"] is None:
+                raise ZeroGRError("model folder: give the folder of your model first")
+            inputs = own_model_inputs(cached_own_model(cfg["folder"], str(dev)), cfg["folder"], cfg["offsets"],
+                                      catalog, dev, cfg["batch"], cfg["beam"], cfg["seed"])
+        else:
+            inputs = decode_inputs(catalog, dev, bundled=cfg["dataset"] is not None, batch=cfg["batch"],
+                                   seed=cfg["seed"], hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"],
+                                   dataset=cfg["dataset"], beam=cfg["beam"])
         fn, batch = inputs.hidden_fn, cfg["batch"]
         histories, lists = None, None
         if inputs.user_ids is not None:

@@ -415,7 +415,8 @@ def test_decode_one_test_user():
 def test_decode_random_head_on_a_synthetic_catalog():
     at = new_app(cat_sample="search-like-small").run()
     open_page(at, "decode", dec_beam=3, dec_batch=2, dec_hidden=16, dec_dtype="bfloat16")
-    assert at.selectbox(key="dec_model").options == ["Random head"]
+    assert at.selectbox(key="dec_model").value.startswith("Random head (latency only: random weights, overlap is "
+                                                          "meaningless)")
     at.button(key="btn_dec_run").click().run()
     assert_clean(at)
     top = at.dataframe[0].value
@@ -425,6 +426,7 @@ def test_decode_random_head_on_a_synthetic_catalog():
     assert list(invalid["step"]) == [1, 2, 3, 4, 5]
     assert ((invalid["mean"] >= 0) & (invalid["mean"] <= 1)).all() and invalid["mean"].max() > 0.5
     assert any("A random head knows nothing of the catalog" in c.value for c in at.caption)
+    assert any("Latency only: random weights, overlap is meaningless" in w.value for w in at.warning)
     at.number_input(key="dec_beam").set_value(5).run()
     assert any("settings changed" in c.value for c in at.caption)
 
@@ -441,6 +443,46 @@ def test_the_same_run_twice_reports_the_same_winner():
         assert all(len(lat.samples_ms) >= 20 and sum(lat.samples_ms) >= 1000 for lat in res["latency"].values())
         verdicts.append(metrics(at)["Faster order"])
     assert verdicts[0] == verdicts[1], verdicts
+
+
+@pytest.mark.reference_kernels
+@pytest.mark.parametrize("kind", ["t5", "gpt2"])
+def test_your_own_transformers_model_decodes_in_both_orders(tmp_path, monkeypatch, kind):
+    """A tiny checkpoint saved to a data root, its SID offsets in zerogr.json, decoded from the page."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    vocab, offsets = 14, [2, 6, 10]  # the tiny sample: 3 levels of 4 tokens
+    if kind == "t5":
+        config = transformers.T5Config(vocab_size=vocab, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                       num_decoder_layers=1, num_heads=2, decoder_start_token_id=0, pad_token_id=0,
+                                       eos_token_id=1, dropout_rate=0.0)
+        model = transformers.T5ForConditionalGeneration(config)
+    else:
+        config = transformers.GPT2Config(vocab_size=vocab, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                                         bos_token_id=2, eos_token_id=1, pad_token_id=0)
+        model = transformers.GPT2LMHeadModel(config)
+    root = tmp_path / "models"
+    model.save_pretrained(root / "mine")
+    (root / "mine" / "zerogr.json").write_text(json.dumps({"token_offsets": offsets}))
+    monkeypatch.setenv("ZEROGR_DATA_DIR", str(root))
+    at = new_app(cat_sample="tiny").run()
+    at = open_page(at, "decode", dec_model="Your model (a transformers checkpoint folder on the server)",
+                   dec_model_path="mine", dec_beam=4, dec_batch=2, dec_timing="quick")
+    assert_clean(at)
+    assert at.text_input(key="dec_offsets").value == "2, 6, 10"
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    res = at.session_state["decode_runs"]
+    assert set(res["runs"]) == {"filter-first", "score-first"} and not res["random"]
+    for run in res["runs"].values():
+        rows = run.result.item_rows
+        assert rows.shape == (2, 4) and bool((rows >= 0).all())  # 12 items, beam 4: every beam an item
+    top = at.dataframe[0].value
+    assert len(top) == 4 and (top["filter-first log-prob"] >= top["score-first log-prob"] - 1e-4).all()
+    # a folder outside the data roots is refused in one line
+    at.text_input(key="dec_model_path").set_value(str(tmp_path)).run()
+    assert any("no transformers checkpoint" in e for e in errors(at))
 
 
 def test_decode_says_when_a_run_was_interrupted():
