@@ -238,7 +238,7 @@ def test_app_in_browser(page, tmp_path):
     go(pg, "Decode")
     no_exception(pg)
     pg.get_by_role("button", name="Run both orders").click()
-    pg.get_by_text("Overlap@").first.wait_for(timeout=120_000)
+    pg.get_by_text("Lists that agree").first.wait_for(timeout=120_000)
     wait_idle(pg)
     charts_rendered(pg, 2)
     no_exception(pg)
