@@ -124,7 +124,8 @@ def show_summary(catalog, stats, source) -> None:
     st.dataframe(table, hide_index=True, column_config={
         "tokens": st.column_config.NumberColumn(help="Codebook size |V_ℓ| of this level."),
         "prefixes": st.column_config.NumberColumn(help="States S_ℓ: distinct SID prefixes before this step."),
-        "prefix → token pairs": st.column_config.NumberColumn(help="Entries E_ℓ: valid (prefix, next token) pairs."),
+        "prefix → token pairs": st.column_config.NumberColumn(
+            help="Entries E_ℓ: valid (prefix, next token) pairs."),
         "share of tokens valid": st.column_config.NumberColumn(
             format="%.5f", help="Catalog-level density E_ℓ / (S_ℓ·|V_ℓ|): the share of the codebook a prefix "
                                 "can continue with, every prefix counted once."),

@@ -152,7 +152,8 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
                    histories=histories)
         engine = decoders["filter-first"].gpu_engine
         if engine is not None:
-            engine.progress = lambda fraction, text: bar.progress(5 + int(15 * fraction), text=f"GPU warm-up: {text}…")
+            engine.progress = lambda fraction, text: bar.progress(5 + int(15 * fraction),
+                                                                  text=f"GPU warm-up: {text}…")
         try:
             bar.progress(5, text="Planning filtering first for this shape…")
             with steady_cpu_timing(dev):

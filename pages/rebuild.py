@@ -21,8 +21,8 @@ def live_section(catalog, source) -> None:
     from zerogr_core.app_support.rebuild import live_load_test
 
     st.subheader("Live catalog: deletes and adds while decoding")
-    st.write("Decoders keep serving from a versioned catalog store while the catalog changes: **deletes** take effect at "
-             "once (a global deny set merged into every request's lists, no rebuild), **adds** and full "
+    st.write("Decoders keep serving from a versioned catalog store while the catalog changes: **deletes** take "
+             "effect at once (a global deny set merged into every request's lists, no rebuild), **adds** and full "
              "**replaces** build a new index beside the old one and swap it in atomically. Every result carries "
              "the version it ran on and is checked against it.")
     dev = device()
