@@ -266,6 +266,24 @@ def test_a_2000_level_upload_is_refused_quickly():
     assert not any("2,000" in e for e in errors(at))  # the refused file never became the catalog
 
 
+def test_a_catalog_at_the_level_limit_runs_every_page():
+    """16 levels, the most a file may have: Density, Index and Decode draw it."""
+    rows = "".join(f"{r}," + ",".join(str((r >> (i % 8)) % 2 if i < 8 else (r * 7 + i) % 3) for i in range(16)) + "\n"
+                   for r in range(200))
+    data = ("item_id," + ",".join(f"s{i}" for i in range(1, 17)) + "\n" + rows).encode()
+    at = new_app(cat_kind="Upload a file", upload_payload=dict(id="deep", name="deep.csv", data=data)).run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    assert metrics(at)["Levels (SID length)"] == "16"
+    for page, state in (("density", dict(den_beam=4, den_batch=2)), ("index", {}),
+                        ("decode", dict(dec_beam=4, dec_batch=2, dec_hidden=8, dec_timing="quick"))):
+        at = open_page(at, page, **state)
+        if page == "decode":
+            at.button(key="btn_dec_run").click().run()
+        assert_clean(at)
+        assert not errors(at), (page, errors(at))
+
+
 def test_decode_work_over_the_limit_is_refused_before_it_starts(monkeypatch):
     monkeypatch.setenv("ZEROGR_MAX_DECODE_LOGITS", "1000")
     at = new_app(cat_sample="search-like-small").run()
