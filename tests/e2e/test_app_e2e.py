@@ -167,7 +167,8 @@ def shot(pg, name: str) -> None:
     pg.wait_for_timeout(1200)  # plotly re-lays out on resize; data grids draw their canvas
     # visible grids only: one in a closed expander or a hidden tab never draws
     pg.wait_for_function("Array.from(document.querySelectorAll('[data-testid=\"stDataFrame\"]'))"
-                         ".every(d => d.offsetParent === null || d.querySelector('canvas'))", timeout=20_000)
+                         ".every(d => d.offsetParent === null || (d.closest('details') && !d.closest('details').open)"
+                         " || d.querySelector('canvas'))", timeout=20_000)
     pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
     pg.set_viewport_size({"width": width, "height": 1000})
 
