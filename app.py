@@ -21,7 +21,7 @@ import streamlit as st  # noqa: E402
 from pages._common import PERSISTENT_PREFIXES, active_source  # noqa: E402
 from zerogr_core.app_support.gpu import device_label, has_gpu  # noqa: E402
 
-st.set_page_config(page_title="ZeroGR", page_icon=":material/target:", layout="wide")
+st.set_page_config(page_title="ZeroGR", page_icon="🎯", layout="wide")
 
 # Widget values live only while their widget is on screen; re-saving them here keeps each
 # page's settings when the user switches pages and comes back.

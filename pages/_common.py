@@ -13,6 +13,7 @@ import torch
 
 from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.recsys import beauty, movielens
+from zerogr_core.app_support.bounds import work_limits
 from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
 from zerogr_core.app_support.sources import CatalogSource, default_source, load_source, sample_source
@@ -34,6 +35,11 @@ PERSISTENT_PREFIXES = ("cat_", "den_", "idx_", "dec_", "reb_", "bench_", "gpu_")
 # ---------------------------------------------------------------------------- device
 def device() -> torch.device:
     return torch.device("cuda") if gpu_info.has_gpu() else torch.device("cpu")
+
+
+def check_work(catalog, batch: int, beam: int) -> None:
+    """Refuse, in one line, a decode of ``batch`` × ``beam`` on ``catalog`` too large for this machine."""
+    work_limits(gpu_info.has_gpu()).check_decode(batch, beam, catalog.codebook_sizes)
 
 
 def cpu_banner(what: str = "") -> None:
@@ -182,6 +188,7 @@ def guarded(body: Callable[[], None]) -> None:
                      icon=":material/memory:")
         else:
             log.error("unexpected error in a page:\n%s", traceback.format_exc())
+            slots().drop_all()  # a half-built index or engine must not outlive the failed run
             first = first_line(err, limit=300)
             st.error(f"Something went wrong: {type(err).__name__}{': ' + first if first else ''}. "
                      "The app keeps running; change the settings and try again.", icon=":material/warning:")
@@ -197,6 +204,31 @@ def fmt_ratio(x: float) -> str:
     if x >= 100:
         return f"{x:,.0f}×"
     return f"{x:.1f}×" if x >= 10 else f"{x:.2f}×" if x >= 1 else f"{x:.3f}×"
+
+
+def fmt_relative(size: float, other: float, other_name: str) -> str:
+    """``size`` against ``other`` in words that say which way: "2.1× smaller than the SID table",
+    "1.66× larger than …", "the same size as …"."""
+    if size <= 0 or other <= 0:
+        return "—"
+    if round(size / other, 3) == 1:
+        return f"the same size as {other_name}"
+    if size < other:
+        return f"{fmt_ratio(other / size)} smaller than {other_name}"
+    return f"{fmt_ratio(size / other)} larger than {other_name}"
+
+
+def fmt_codebooks(sizes) -> str:
+    """Codebook sizes per level, runs of equal sizes folded: "3 × 256, then 64"; "256 / 1,024"."""
+    runs: list[list] = []
+    for size in sizes:
+        if runs and runs[-1][0] == size:
+            runs[-1][1] += 1
+        else:
+            runs.append([size, 1])
+    if all(n == 1 for _, n in runs):
+        return " / ".join(f"{v:,}" for v in sizes)
+    return ", then ".join(f"{n} × {v:,}" if n > 1 else f"{v:,}" for v, n in runs)
 
 
 def fmt_ms(ms: float | None) -> str:

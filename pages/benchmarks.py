@@ -10,25 +10,34 @@ import streamlit as st
 
 from pages._common import device, guarded, slots
 from zerogr_core.app_support import benchview
-from zerogr_core.app_support.benchrun import LiveSweep
-from zerogr_core.bench.registry import APP_SUITES
+from zerogr_core.app_support.benchrun import LiveSweep, app_suites
 
 LIVE_KEY = "bench_live_records"
 
 
+def unmeasured_as_dash(table: list[dict]) -> pd.DataFrame:
+    """The table with "—" in every cell that was not measured (instead of None or NaN)."""
+    frame = pd.DataFrame(table)
+    return frame.astype(object).where(frame.notna(), "—")
+
+
 def show_records(records: list[dict], prefix: str) -> None:
+    """The headline table, then one tab per figure, each titled with the question it answers."""
     table = benchview.headline_table(records)
     if table:
         st.markdown("**Whole-decode latency (ms, median) and speedup**")
-        st.dataframe(pd.DataFrame(table), hide_index=True)
-    drawn = 0
-    for i, (title, fig) in enumerate(benchview.figures_of(records)):
+        st.dataframe(unmeasured_as_dash(table), hide_index=True)
+        st.caption("— : not measured at that shape.")
+    figures = benchview.figures_of(records)
+    drawable = [(title, fig) for title, fig in figures if not isinstance(fig, Exception)]
+    for title, fig in figures:
         if isinstance(fig, Exception):
             st.caption(f"{title}: not drawn ({type(fig).__name__}: {fig}).")
-            continue
-        st.plotly_chart(fig, key=f"{prefix}_{i}")
-        drawn += 1
-    if not drawn and not table:
+    if drawable:
+        for i, (tab, (title, fig)) in enumerate(zip(st.tabs([t for t, _ in drawable]), drawable)):
+            with tab:
+                st.plotly_chart(fig, key=f"{prefix}_{i}")
+    if not drawable and not table:
         st.caption("These records hold nothing the figures can draw.")
 
 
@@ -46,9 +55,11 @@ def recorded_section(live: bool) -> None:
                 "committed under `runs/results/`.", icon=":material/folder:")
     else:
         st.caption(f"Recorded results: {', '.join(gpus)} ({when}).")
-    st.dataframe(pd.DataFrame(files), hide_index=True, column_config={
-        "command": st.column_config.TextColumn(width="large")})
-    show_records(benchview.load_records(), "bench_fig_rec")
+    with st.spinner("Reading the recorded results and drawing their figures…"):
+        show_records(benchview.load_records(), "bench_fig_rec")
+    with st.expander("Where these numbers come from: the result files and the commands that wrote them"):
+        st.dataframe(pd.DataFrame(files), hide_index=True, column_config={
+            "command": st.column_config.TextColumn(width="large")})
 
 
 def live_section() -> None:
@@ -66,7 +77,7 @@ def live_section() -> None:
     st.session_state.setdefault("bench_methods", "zerogr,static,unconstrained")
     st.session_state.setdefault("bench_budget", 120)
     c = st.columns(5)
-    suite = c[0].selectbox("Suite", APP_SUITES, key="bench_suite")
+    suite = c[0].selectbox("Suite", app_suites(), key="bench_suite")
     catalog = c[1].text_input("Catalog", key="bench_catalog", help="search-like, watch-like, synthetic-7, a sample "
                                                                    "name, synth:KIND:N or a file")
     scale = c[2].text_input("Scale (SIDs)", key="bench_scale")

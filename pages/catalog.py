@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from pages._common import (active_source, cached_catalog, cached_step_stats, cpu_banner, fmt_bytes, get_catalog,
-                           get_index, guarded, set_active_source)
+from pages._common import (active_source, cached_catalog, cached_step_stats, cpu_banner, fmt_bytes, fmt_codebooks,
+                           get_catalog, get_index, guarded, set_active_source)
 from zerogr_core.recsys import movielens
 from zerogr_core.app_support.sources import (HOW_TO_ADD_ROOT, SAMPLE_CHOICES, SAMPLE_CREDITS, UPLOAD_TYPES,
                                              app_settings, catalog_summary, parse_codebook_sizes, roots_line, sample_source,
@@ -103,11 +103,11 @@ def show_summary(catalog, stats, source) -> None:
     cols[0].metric("Items", f"{summary['items']:,}")
     cols[1].metric("Levels (SID length)", summary["levels"])
     sizes = summary["codebook_sizes"]
-    compact = " / ".join(f"{v:,}" for v in sizes)
-    if len(compact) > 16:
-        compact = f"{len(sizes)} × {sizes[0]:,}" if len(set(sizes)) == 1 else f"up to {max(sizes):,}"
-    cols[2].metric("Codebook sizes", compact, help="|V_ℓ| per level: " + " / ".join(f"{v:,}" for v in sizes))
-    cols[3].metric("SID table as int16", fmt_bytes(summary["sid_table_int16_bytes"]))
+    cols[2].metric("Tokens per level", fmt_codebooks(sizes),
+                   help="Codebook size |V_ℓ| of each level, first to last: " + " / ".join(f"{v:,}" for v in sizes))
+    cols[3].metric("Plain ID table", fmt_bytes(summary["sid_table_int16_bytes"]),
+                   help="The semantic IDs as a table of int16 (items × levels × 2 bytes): the yardstick the Index "
+                        "page compares every index with.")
     notes = ["codebooks |V_ℓ| " + " / ".join(f"{v:,}" for v in sizes)]
     if summary["shared_head"]:
         notes.append(f"one shared head with bands at rows {', '.join(map(str, catalog.band_offsets))}")
@@ -118,12 +118,20 @@ def show_summary(catalog, stats, source) -> None:
     notes.append("titles included" if summary["titles"] else "no titles")
     st.caption("; ".join(notes) + ".")
     table = pd.DataFrame(stats).rename(columns={
-        "step": "step", "codebook": "|V|", "states": "states S", "entries": "entries E",
-        "density": "catalog-level density", "max_segment": "longest segment", "mean_segment": "mean segment"})
+        "step": "step", "codebook": "tokens", "states": "prefixes", "entries": "prefix → token pairs",
+        "density": "share of tokens valid", "max_segment": "most next tokens", "mean_segment": "mean next tokens"})
     st.markdown("**Per-step prefix tree**")
     st.dataframe(table, hide_index=True, column_config={
-        "catalog-level density": st.column_config.NumberColumn(format="%.5f"),
-        "mean segment": st.column_config.NumberColumn(format="%.2f")})
+        "tokens": st.column_config.NumberColumn(help="Codebook size |V_ℓ| of this level."),
+        "prefixes": st.column_config.NumberColumn(help="States S_ℓ: distinct SID prefixes before this step."),
+        "prefix → token pairs": st.column_config.NumberColumn(
+            help="Entries E_ℓ: valid (prefix, next token) pairs."),
+        "share of tokens valid": st.column_config.NumberColumn(
+            format="%.5f", help="Catalog-level density E_ℓ / (S_ℓ·|V_ℓ|): the share of the codebook a prefix "
+                                "can continue with, every prefix counted once."),
+        "most next tokens": st.column_config.NumberColumn(help="Longest segment: the most valid next tokens of "
+                                                               "any prefix."),
+        "mean next tokens": st.column_config.NumberColumn(format="%.2f", help="Mean segment length.")})
     n = min(12, catalog.n_items)
     preview = {"item_id": catalog.item_ids[:n]}
     for level in range(catalog.n_levels):

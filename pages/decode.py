@@ -6,25 +6,26 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, cpu_banner,
+from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, check_work, cpu_banner,
                            decode_inputs, device, fmt_ms, get_catalog, get_index, guarded, index_key, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.recsys import movielens
-from zerogr_core.app_support.charts import metrics_figure, stage_figure, top_k_columns
-from zerogr_core.app_support.profile import (comparison, invalid_mass, k_values, profiled_decode, steady_cpu_timing,
-                                             time_decoder)
-from zerogr_core.app_support.requests import DTYPES
-from zerogr_core.decode.constraints import RequestLists
-from zerogr_core.decode.heads import Heads
-from zerogr_core.decode.ops import REFERENCE
-from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, plan_rows
-from zerogr_core.recsys.quality import SEEN_NORMALISE
+from zerogr_core.app_support.charts import latency_figure, metrics_figure, stage_figure, top_k_columns
+from zerogr_core.app_support.labels import NO_TITLES_NOTE, has_real_titles, popularity_labels
+from zerogr_core.app_support.latency import LATENCY_PROTOCOLS, PROTOCOL_LABELS, order_runs, time_orders, winner
+from zerogr_core.app_support.profile import comparison, invalid_mass, k_values, profile_decode, steady_cpu_timing
+from zerogr_core.app_support.own_model import OFFSETS_FILE, load_model, model_folder, own_model_inputs, parse_offsets
+from zerogr_core.app_support.requests import DTYPES, history_lists
+from zerogr_core.app_support.sources import app_settings
+from zerogr_core.errors import ZeroGRError
 
 ORDERS = ("filter-first", "score-first")
 BUNDLED = "Bundled MovieLens recommender"
 #: The model choice of each catalog that comes with a trained recommender.
 BUNDLED_LABELS = {"movielens": BUNDLED, "amazon-beauty": "Bundled Amazon Beauty recommender (T5, tiger preset)"}
-RANDOM = "Random head"
+RANDOM = "Random head (latency only: random weights, overlap is meaningless)"
+OWN = "Your model (a transformers checkpoint folder on the server)"
+RANDOM_PROMPTS = "Random prompts (seeded token ids)"
 USERS = "Random test users"
 ONE_USER = "One test user"
 RANDOM_REQ = "Random requests"
@@ -32,8 +33,15 @@ RANDOM_REQ = "Random requests"
 PENDING_KEY = "decode_pending"
 
 
-def gpu_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
-    """Decoders of both orders on the GPU (filter-first plans and captures a CUDA graph)."""
+@st.cache_resource(max_entries=1, show_spinner="Loading your model…")
+def cached_own_model(folder, device_name: str):
+    """The user's checkpoint, loaded once per folder state and device (one kept at a time)."""
+    return load_model(folder, device_name)
+
+
+def order_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
+    """Decoders of both orders over the active index (on a GPU, filtering first plans and
+    captures a CUDA graph at its first decode), kept in the session's slot."""
     return slots().get("decoders", key, lambda: {o: Decoder(index, heads, beam, order=o, band_offsets=bands)
                                                  for o in ORDERS})
 
@@ -41,7 +49,7 @@ def gpu_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
 def settings(catalog, source) -> dict:
     gpu = device().type == "cuda"
     dataset = bundled_dataset(source)
-    models = [BUNDLED_LABELS[dataset], RANDOM] if dataset else [RANDOM]
+    models = ([BUNDLED_LABELS[dataset]] if dataset else []) + [RANDOM, OWN]
     if st.session_state.get("dec_model") not in models:
         st.session_state["dec_model"] = models[0]
     st.session_state.setdefault("dec_hidden", 1024 if gpu else 64)
@@ -52,13 +60,17 @@ def settings(catalog, source) -> dict:
     st.session_state.setdefault("dec_seed", 0)
     c = st.columns([2, 1, 1, 1, 1])
     model = c[0].selectbox("Model", models, key="dec_model")
-    bundled = model != RANDOM
-    hidden = int(c[1].number_input("Hidden size", 8, 8192, step=8, key="dec_hidden", disabled=bundled))
-    dtype = c[2].selectbox("dtype", list(DTYPES), key="dec_dtype", disabled=bundled)
+    own = model == OWN
+    bundled = model not in (RANDOM, OWN)
+    hidden = int(c[1].number_input("Hidden size", 8, 8192, step=8, key="dec_hidden", disabled=model != RANDOM))
+    dtype = c[2].selectbox("dtype", list(DTYPES), key="dec_dtype", disabled=model != RANDOM)
     beam = int(c[3].number_input("Beam width M", 1, 1024, key="dec_beam"))
     c[4].number_input("K (top-K shown)", 1, 1024, key="dec_k")  # read when the results are shown
     c = st.columns([2, 1, 2, 1])
-    requests = [USERS, ONE_USER] if bundled else [RANDOM_REQ]
+    folder = offsets = None
+    if own:
+        folder, offsets = own_model_settings(catalog)
+    requests = [USERS, ONE_USER] if bundled else [RANDOM_PROMPTS] if own else [RANDOM_REQ]
     if st.session_state.get("dec_request") not in requests:
         st.session_state["dec_request"] = requests[0]
     request = c[0].selectbox("Requests", requests, key="dec_request")
@@ -76,68 +88,93 @@ def settings(catalog, source) -> dict:
         help="A per-request deny list enforced during decoding: prefixes with no item outside the history below "
              "them are never scored or kept. Filtering first keeps the catalog's normalisation, so the other "
              "items rank as with the history kept (the quality study's protocol).")
-    if bundled:
+    st.session_state.setdefault("dec_timing", "page")
+    timing = st.radio("Latency measurement", list(PROTOCOL_LABELS), format_func=PROTOCOL_LABELS.get,
+                      key="dec_timing", horizontal=True,
+                      help="Whole decodes of the two orders run in turns, so both see the same load; the page "
+                           "names a faster order only when the two spreads do not overlap.")
+    if model != RANDOM:
         hidden, dtype = None, "float32"
     return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model,
                 dataset=dataset if bundled else None, hidden=hidden,
                 dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed,
-                exclude_history=bool(exclude))
+                exclude_history=bool(exclude), timing=timing, folder=folder, offsets=offsets)
+
+
+def own_model_settings(catalog):
+    """The checkpoint folder and SID token offsets of the user's model, or (None, None) until given."""
+    roots = app_settings().roots
+    st.caption(f"A folder written by `save_pretrained` (T5 or a causal LM) below a data folder "
+               f"({', '.join(f'`{r}`' for r in roots)}), whose vocabulary holds the SID tokens. A `{OFFSETS_FILE}` "
+               "beside the weights may give the offsets: `{\"token_offsets\": [10, 266, 522]}`.")
+    c = st.columns([3, 2])
+    path = c[0].text_input("Checkpoint folder", key="dec_model_path", placeholder=str(roots[-1] / "my_model"))
+    if not path.strip():
+        st.info("Give the folder of your model to decode with it.", icon=":material/folder_open:")
+        return None, None
+    folder = model_folder(path, roots)
+    if folder.token_offsets is not None and not st.session_state.get("dec_offsets"):
+        st.session_state["dec_offsets"] = ", ".join(map(str, folder.token_offsets))
+    text = c[1].text_input(f"SID token offsets ({catalog.n_levels} levels)", key="dec_offsets",
+                           help="Vocabulary id of token 0 of each SID level: level ℓ's token t is id "
+                                "offset[ℓ] + t.")
+    return folder, parse_offsets(text)
 
 
 def run_comparison(catalog, source, cfg: dict) -> dict:
-    """Both orders on the same requests: a stage-profiled decode each (the top-K lists and the
-    stage chart both come from it), the invalid mass scoring first meets, and on a GPU the
-    timed CUDA-graph decodes."""
+    """Both orders on the same requests, through one :class:`~zerogr_core.Decoder` each: a
+    stage-profiled decode (the top-K lists and the stage chart come from it), the invalid
+    mass scoring first meets, and whole decodes timed in turns until the ranking is stable."""
     dev = device()
+    check_work(catalog, cfg["batch"], cfg["beam"])
     index = get_index(catalog, source)
-    bar = st.progress(0, text="Preparing the model and requests…")
-    inputs = decode_inputs(catalog, dev, bundled=cfg["dataset"] is not None, batch=cfg["batch"], seed=cfg["seed"],
-                           hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"], dataset=cfg["dataset"],
-                           beam=cfg["beam"])
-    heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn
-    histories, lists = None, None
-    if inputs.user_ids is not None:
-        users = cached_test_users(str(dev), cfg["dataset"])
-        histories = [users.histories[int(np.flatnonzero(users.user_ids == u)[0])] for u in inputs.user_ids]
-        if cfg.get("exclude_history"):
-            lists = RequestLists.from_rows(deny=histories, normalise=SEEN_NORMALISE)
-    out = dict(cfg=cfg, targets=inputs.targets, user_ids=inputs.user_ids, runs={}, timing={}, plan=None,
-               graph_error=None, random=inputs.random, invalid=None, graph_differs=[], histories=histories)
-    projection = None
-    if dev.type != "cuda":
-        bar.progress(5, text="CPU: timing full against selective projection per step (once per shape)…")
-        plan = cpu_plan(index, heads, bands, cfg, fn, (index_key(source, overrides(), dev), inputs.model_key))
-        projection = plan_projection(plan)
-        out["plan"] = plan_rows(plan)
-    for i, order in enumerate(ORDERS):
-        bar.progress(10 + 30 * i, text=f"{order}: decoding {cfg['batch']} request(s) with beam {cfg['beam']}…")
-        with steady_cpu_timing(dev):
-            out["runs"][order] = profiled_decode(index, heads, cfg["beam"], order, fn, cfg["batch"],
-                                                 band_offsets=bands, lists=lists,
-                                                 projection=projection if order == "filter-first" else None)
-    bar.progress(70, text="Invalid mass under scoring first…")
-    out["invalid"] = invalid_mass(catalog, index, heads, cfg["beam"], fn, cfg["batch"], band_offsets=bands)
-    if dev.type == "cuda":
-        bar.progress(85, text="GPU: warm-up plan, CUDA-graph capture and timed replays…")
-        decoders = gpu_decoders(index, heads, bands, cfg["beam"],
-                                (index_key(source, overrides(), dev), inputs.model_key, cfg["beam"]))
-
-        def warm_up_progress(fraction, text):  # the engine plans and compiles at its first decode
-            bar.progress(85 + int(10 * fraction), text=f"GPU warm-up: {text}…")
-
-        for order in ORDERS:
-            result, timing = time_decoder(decoders[order], fn, cfg["batch"], progress=warm_up_progress,
-                                          lists=lists)
-            out["timing"][order] = timing
-            if not torch.equal(result.item_rows.cpu(), out["runs"][order].result.item_rows.cpu()):
-                out["graph_differs"].append(order)
+    with st.status("Comparing the two orders…", expanded=True) as status:
+        bar = st.progress(0, text="Preparing the model and requests…")
+        if cfg["model"] == OWN:
+            if cfg["folder"] is None:
+                raise ZeroGRError("model folder: give the folder of your model first")
+            inputs = own_model_inputs(cached_own_model(cfg["folder"], str(dev)), cfg["folder"], cfg["offsets"],
+                                      catalog, dev, cfg["batch"], cfg["beam"], cfg["seed"])
+        else:
+            inputs = decode_inputs(catalog, dev, bundled=cfg["dataset"] is not None, batch=cfg["batch"],
+                                   seed=cfg["seed"], hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"],
+                                   dataset=cfg["dataset"], beam=cfg["beam"])
+        fn, batch = inputs.hidden_fn, cfg["batch"]
+        histories, lists = None, None
+        if inputs.user_ids is not None:
+            users = cached_test_users(str(dev), cfg["dataset"])
+            histories = [users.histories[int(np.flatnonzero(users.user_ids == u)[0])] for u in inputs.user_ids]
+            if cfg.get("exclude_history"):
+                lists = history_lists(histories)
+        decoders = order_decoders(index, inputs.heads, inputs.band_offsets, cfg["beam"],
+                                  (index_key(source, overrides(), dev), inputs.model_key, cfg["beam"]))
+        out = dict(cfg=cfg, targets=inputs.targets, user_ids=inputs.user_ids, runs={}, random=inputs.random,
+                   histories=histories)
         engine = decoders["filter-first"].gpu_engine
         if engine is not None:
-            plan = engine.plans.get(engine.key(cfg["batch"]))  # this shape's (a failed capture is in it)
-            out["plan"] = plan.table() if plan is not None else None
-            out["graph_error"] = plan.graph_error if plan is not None else None
-    bar.progress(100, text="Done")
-    bar.empty()
+            engine.progress = lambda fraction, text: bar.progress(5 + int(15 * fraction),
+                                                                  text=f"GPU warm-up: {text}…")
+        try:
+            bar.progress(5, text="Planning filtering first for this shape…")
+            with steady_cpu_timing(dev):
+                out["plan"] = decoders["filter-first"].plan_table(fn, batch)
+                for i, order in enumerate(ORDERS):
+                    bar.progress(20 + 10 * i, text=f"{order}: a stage-timed decode of {batch} request(s)…")
+                    out["runs"][order] = profile_decode(decoders[order], fn, batch, lists=lists)
+                bar.progress(40, text="Invalid mass under scoring first…")
+                out["invalid"] = invalid_mass(catalog, decoders["score-first"], fn, batch)
+                bar.progress(45, text="Warming up the timed decodes…")
+                runs, out["notes"] = order_runs(catalog, decoders, fn, batch, lists=lists)
+                protocol = LATENCY_PROTOCOLS[cfg.get("timing", "page")]
+                out["latency"] = time_orders(runs, dev, protocol, progress=lambda f: bar.progress(
+                    50 + int(49 * f), text=f"Timing whole decodes in turns (≥ {protocol.min_repeats} each, "
+                                           f"≥ {protocol.min_seconds:g} s of work)…"))
+        finally:
+            if engine is not None:
+                engine.progress = None
+        out["graph_error"] = decoders["filter-first"].graph_error(batch)
+        bar.empty()
+        status.update(label="Both orders compared", state="complete", expanded=False)
     return out
 
 
@@ -164,21 +201,41 @@ def show_invalid_mass(res: dict) -> None:
                    "none at all, renormalising over the valid tokens changes no ranking.")
 
 
-def cpu_plan(index, heads, bands, cfg: dict, fn, key: tuple):
-    """The reference path's per-step plan for this shape: full against selective projection
-    timed once on the CPU (one torch thread, as the profiled decodes run), then kept."""
-    def factory():
-        with steady_cpu_timing(index.device):
-            return make_reference_plan(index, Heads.build(heads, index.codebook_sizes, bands), cfg["beam"],
-                                       fn, cfg["batch"], ops=REFERENCE)
+def show_latency(res: dict) -> None:
+    """Median latency of each order with its spread, which implementation ran, the winner (if
+    any beyond noise) and every timed run as a distribution."""
+    latency = res["latency"]
+    best, ratio = winner(latency)
+    cols = st.columns(len(ORDERS) + 1)
+    for col, order in zip(cols, ORDERS):
+        lat = latency[order]
+        stats = lat.stats
+        col.metric(f"{order} latency (median)", fmt_ms(stats["median_ms"]),
+                   help=f"{lat.implementation}. Median of {stats['n']} whole decodes (model forward included), "
+                        f"timed in turns with the other order; 10–90 % of the runs took "
+                        f"{fmt_ms(stats['p10_ms'])} – {fmt_ms(stats['p90_ms'])}.")
+        col.caption(f"{lat.implementation}; 10–90 %: {fmt_ms(stats['p10_ms'])} – {fmt_ms(stats['p90_ms'])}")
+    if best is None:
+        cols[-1].metric("Faster order", "no clear winner", help="The 10–90 % bands of the two orders overlap: "
+                        "the difference is within the run-to-run noise, and another run could rank them either way.")
+    else:
+        cols[-1].metric("Faster order", best, help="Its slowest 10 % of runs are still faster than the other "
+                        "order's fastest 10 %.")
+        cols[-1].caption(f"{ratio:.2f}× faster (median) than the other order")
+    for note in res.get("notes") or ():
+        st.caption(note)
+    st.plotly_chart(latency_figure(latency), key="dec_fig_distribution")
 
-    return slots().get("cpu_plan", key + (cfg["beam"], cfg["batch"], cfg["dtype"], cfg["hidden"]), factory)
 
-
-def titles_for(catalog, dataset):
-    if dataset is not None:
-        return cached_test_users(str(device()), dataset).titles
-    return catalog.titles
+def titles_for(catalog, dataset) -> tuple:
+    """Item labels of the lists (titles where the data has them, else number and popularity),
+    and whether they are real titles."""
+    if dataset is None:
+        return catalog.titles, catalog.titles is not None
+    users = cached_test_users(str(device()), dataset)
+    if has_real_titles(users.titles, catalog.item_ids):
+        return users.titles, True
+    return popularity_labels(catalog.item_ids, users.histories), False
 
 
 def top_k_table(catalog, titles, runs: dict, request: int, k: int, target) -> pd.DataFrame:
@@ -206,24 +263,21 @@ def show_results(catalog, source, res: dict) -> None:
     k = min(int(st.session_state.get("dec_k", 10)), limit)
     ks = sorted(set(k_values(limit) + [k]))
     metrics = comparison(runs["filter-first"], runs["score-first"], ks, res["targets"])
-    gpu = bool(res["timing"])
-    m = st.columns(4)
-    m[0].metric(f"Overlap@{k}", f"{100 * metrics['overlap'][k]:.1f} %")
-    m[1].metric(f"Requests whose top-{k} sets differ", f"{100 * metrics['share_differ'][k]:.0f} %")
-    for col, order in zip(m[2:], ORDERS):
-        if gpu:
-            t = res["timing"][order]
-            label = "CUDA graph" if order == "filter-first" and not res.get("graph_error") else "eager"
-            col.metric(f"{order} latency ({label})", fmt_ms(t["median_ms"]),
-                       help=f"median of {t['runs']} synchronised decodes; first call (plan + capture) "
-                            f"{fmt_ms(t['warmup_ms'])}; model forward included")
-        else:
-            col.metric(f"{order} latency (CPU, reference)", fmt_ms(runs[order].total_ms),
-                       help="sum of the stage timings below, model forward included")
-
+    gpu = device().type == "cuda"
+    m = st.columns(2)
+    m[0].metric(f"Lists that agree (overlap@{k})", f"{100 * metrics['overlap'][k]:.1f} %",
+                help=f"Overlap@{k}: the share of the top-{k} items the two orders have in common, averaged over "
+                     "the requests. 100 % means the order of filtering and scoring never changed a list.")
+    m[1].metric(f"Requests whose top-{k} differs", f"{100 * metrics['share_differ'][k]:.0f} %",
+                help=f"Requests whose top-{k} item sets are not the same under the two orders.")
+    if res.get("random"):
+        st.warning("**Latency only: random weights, overlap is meaningless.** A random head knows nothing of the "
+                   "catalog, so how often the two orders agree says nothing about a trained recommender. Pick a "
+                   "bundled recommender to compare the lists.", icon=":material/casino:")
+    show_latency(res)
     if res.get("histories") is not None:
         show_history_hits(res, cfg)
-    titles = titles_for(catalog, cfg.get("dataset"))
+    titles, real_titles = titles_for(catalog, cfg.get("dataset"))
     n = cfg["batch"]
     labels = [f"request {i + 1}" + (f" (user {res['user_ids'][i]})" if res["user_ids"] is not None else "")
               for i in range(n)]
@@ -239,38 +293,40 @@ def show_results(catalog, source, res: dict) -> None:
         "score-first log-prob": st.column_config.NumberColumn(format="%.4f")})
     st.caption("Filtering first normalises over the valid tokens only, so its log-probabilities are higher than "
                "scoring first's; the question is whether the *ranking* changes.")
+    if cfg.get("dataset") and not real_titles:
+        st.caption(NO_TITLES_NOTE)
 
     left, right = st.columns(2)
     fig = metrics_figure(metrics, ks, n)
     left.plotly_chart(fig, key="dec_fig_metrics")
     fig = stage_figure(runs)
     right.plotly_chart(fig, key="dec_fig_latency")
-    if res.get("graph_differs"):
-        st.warning("The timed CUDA-graph decode of " + " and ".join(res["graph_differs"]) + " returned other items "
-                   "than the profiled decode shown above (rounding on near-ties can reorder beams).")
-    st.caption(f"Stage timings: {runs['filter-first'].path}" + (
-        ", synchronised around each stage (an eager profile; the metrics above time the CUDA-graph replay)"
-        if gpu else " with one torch thread; the model's forward pass is the *model* stage. On a CPU the "
-        "reference selective projection (a gather per candidate) can cost more than one small GEMM over the "
-        "codebook, so filtering first times both per step (the plan below) and keeps the faster, as the GPU "
-        "engine does at warm-up; these CPU latencies still say little about the GPU engine."))
+    st.caption(f"Per-stage profile: {runs['filter-first'].path}, one decode per order" + (
+        ", the device synchronised around each stage (an eager profile; the latency above times whole graphs)"
+        if gpu else " with one torch thread; the model's forward pass is the *model* stage") + ".")
 
-    st.subheader("Warm-up plan per step")
+    st.subheader("How filtering first runs each step")
+    plan = pd.DataFrame(res["plan"]).rename(columns={
+        "representation": "index layout", "projection": "scores computed", "planned": "chosen by"})
+    if "scores computed" in plan:
+        plan["scores computed"] = plan["scores computed"].map(
+            {"full": "whole codebook (one GEMM)", "selective": "valid tokens only"}).fillna(plan["scores computed"])
+    st.dataframe(plan, hide_index=True, column_config={
+        "index layout": st.column_config.TextColumn(help="How the step-sliced index stores this step: *dense* (a "
+                                                         "row of slots per prefix) or *sparse* (CSR segments)."),
+        "scores computed": st.column_config.TextColumn(help="Projection: *full* multiplies the hidden state by the "
+                                                            "whole level head, *selective* only the valid rows.")})
     if gpu:
-        if res["plan"]:
-            st.dataframe(pd.DataFrame(res["plan"]), hide_index=True)
-            st.caption("Timed at warm-up for this shape (batch, beam, dtype, hidden size); the fastest option per "
-                       "step is fixed and the whole decode is captured in one CUDA graph.")
+        st.caption("Timed at warm-up for this shape (batch, beam, dtype, hidden size); the fastest option per "
+                   "step is fixed and the whole decode is captured in one CUDA graph.")
         if res.get("graph_error"):
             st.warning(f"The decode could not be captured in a CUDA graph and runs eagerly (this shape is not "
                        f"captured again): {res['graph_error']}")
     else:
-        st.dataframe(pd.DataFrame(res["plan"]), hide_index=True)
-        st.caption("No GPU: filtering first runs the PyTorch reference ops. Each step's projection — one GEMM "
-                   "over the level's codebook, or selective projection of the valid tokens only — was timed once "
-                   "for this shape (batch, beam, dtype, hidden size) on this CPU and the faster one is used; both "
-                   "give the same float32 logits, so the plan changes the latency, never the beams. Top-k is "
-                   "torch's stable sort.")
+        st.caption("No GPU: filtering first runs the PyTorch reference ops. Outside the test interpreter each "
+                   "step's two projections are timed on this CPU and the faster is kept only when it beats the "
+                   "default by more than the timing noise; both give the same float32 logits, so the plan changes "
+                   "the latency, never the beams.")
 
     show_invalid_mass(res)
 

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from pages._common import (bundled_dataset, cached_segment_lengths, cached_step_stats, cpu_banner, decode_inputs, device,
-                           get_catalog, get_index, guarded)
+from pages._common import (bundled_dataset, cached_segment_lengths, cached_step_stats, check_work, cpu_banner,
+                           decode_inputs, device, get_catalog, get_index, guarded)
 from zerogr_core.app_support.charts import (density_figure, density_rows, histogram_figure, shared_head_rows,
                                             waste_figure)
 from zerogr_core.app_support.density import beam_weighted_density, total_waste
@@ -67,6 +67,7 @@ def main() -> None:
     hidden = int(c[3].number_input("Hidden size (random head)", 8, 4096, step=8, key="den_hidden",
                                    disabled=beams_from != RANDOM))
 
+    check_work(catalog, batch, beam)
     stats = cached_step_stats(source, catalog)
     index = get_index(catalog, source)
     with st.spinner("Decoding a few requests to place the beams…"):

@@ -5,14 +5,12 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, fmt_ratio, get_catalog, get_index, guarded,
-                           overrides, slots)
+from pages._common import (OVERRIDES_KEY, cpu_banner, device, fmt_bytes, fmt_relative, get_catalog, get_index,
+                           guarded, overrides, slots)
 from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.app_support.charts import breakdown_figure, build_rows, bytes_comparison_figure, index_step_rows
 from zerogr_core.errors import ZeroGRError
-from zerogr_core.index import BUILDERS, IndexConfig, build_index
-from zerogr_core.index.builders import h2d_gbps
-from zerogr_core.index.layout import dense_bytes, sparse_bytes
+from zerogr_core.index import BUILDERS, IndexConfig, build_index, dense_bytes, h2d_gbps, sparse_bytes
 
 AUTO = "auto (memory rule)"
 CHOICES = (AUTO, "sparse", "dense")
@@ -28,6 +26,10 @@ def planned_kinds(report: dict, chosen: dict) -> list[str]:
         kinds.append(want if want in ("sparse", "dense") else
                      rule.choose(row["step"] - 1, row["codebook"], row["states"], row["entries"]))
     return kinds
+
+
+#: Session-state key of the confirmation shown once after "Apply and rebuild".
+APPLIED_KEY = "index_applied_note"
 
 
 def main() -> None:
@@ -49,8 +51,11 @@ def main() -> None:
     m[1].metric("STATIC-style index", fmt_bytes(report["static_style_bytes"]),
                 help=f"Dense V² tables over the whole vocabulary V = {report['static_vocab']:,} for the first two "
                      "steps, then CSR [token, next state] int32 pairs (docs/design.md §3, the index layout).")
-    m[2].metric("Raw SID table (int16)", fmt_bytes(report["sid_table_int16_bytes"]))
-    m[3].metric("vs STATIC-style", fmt_ratio(report['static_style_bytes'] / max(report['total_bytes'], 1)) + " smaller")
+    m[2].metric("Plain ID table", fmt_bytes(report["sid_table_int16_bytes"]),
+                help="The catalog's semantic IDs as a table of int16 (items × levels × 2 bytes): the least any "
+                     "index of the catalog could hold.")
+    m[3].metric("This index, compared", fmt_relative(report["total_bytes"], report["static_style_bytes"],
+                                                     "STATIC-style"))
     steps = pd.DataFrame(index_step_rows(report))
     st.dataframe(steps, hide_index=True, column_config={"density": st.column_config.NumberColumn(format="%.2e")})
     fig = bytes_comparison_figure(report, fmt_bytes)
@@ -61,10 +66,11 @@ def main() -> None:
     rows = build_rows(f"{build.get('builder', 'layout')} ({build.get('device', dev)})", build)
     right.plotly_chart(breakdown_figure(rows, "Build time of this index (ms)"), key="idx_fig_build")
     rate = h2d_gbps(build)
-    h2d = "n/a (CPU)" if dev.type != "cuda" else f"{rate or 0:,.1f} GB/s"
+    copy = ("nothing is copied to a GPU on this machine" if dev.type != "cuda"
+            else f"copied to the GPU at {rate or 0:,.1f} GB/s")
     st.caption(f"Total build {build.get('total_s', 0) * 1e3:,.2f} ms · layout pass "
                f"{build.get('layout_pass_s', 0) * 1e3:,.2f} ms · fill {build.get('fill_s', 0) * 1e3:,.2f} ms · "
-               f"H2D {h2d}.")
+               f"{copy}.")
     if st.button("Time all three builders (layout, host-copy, serial)", key="btn_idx_time_builders"):
         timed = []
         bar = st.progress(0, text="Timing builders…")
@@ -105,8 +111,9 @@ def main() -> None:
     p[0].metric("Planned index", fmt_bytes(total_planned),
                 delta=None if delta == 0 else ("+" if delta > 0 else "−") + fmt_bytes(abs(delta)),
                 delta_color="inverse")
-    p[1].metric("Planned vs STATIC-style", fmt_ratio(report['static_style_bytes'] / max(total_planned, 1)) + " smaller")
-    p[2].metric("Planned vs SID table", fmt_ratio(total_planned / max(report['sid_table_int16_bytes'], 1)))
+    p[1].metric("Planned index, compared", fmt_relative(total_planned, report["static_style_bytes"], "STATIC-style"))
+    p[2].metric("Planned index vs plain IDs", fmt_relative(total_planned, report["sid_table_int16_bytes"],
+                                                           "the plain ID table"))
     long = plan.melt(id_vars="step", value_vars=["bytes now", "bytes planned"], var_name="index", value_name="bytes")
     fig = px.bar(long, x="step", y="bytes", color="index", barmode="group", log_y=True,
                  title="Bytes per step: now vs planned (log scale)")
@@ -123,9 +130,17 @@ def main() -> None:
                               f"{fmt_bytes(limit)} this app allows on {dev}; keep the large steps sparse")
         st.session_state[OVERRIDES_KEY] = chosen
         st.session_state.pop("decode_runs", None)
-        get_index(catalog, source, over=chosen)
+        with st.spinner("Rebuilding the index with the new representation per step…"):
+            index = get_index(catalog, source, over=chosen)
+        st.session_state[APPLIED_KEY] = (f"Index rebuilt in {index.build['total_s'] * 1e3:,.1f} ms: "
+                                         f"{fmt_bytes(index.report()['total_bytes'])}; the Decode and Rebuild pages "
+                                         "use it now.")
         st.rerun()
-    st.caption(f"Live objects: {', '.join(slots().slots()) or 'none'}; released so far: {slots().releases}.")
+    applied_note = st.session_state.pop(APPLIED_KEY, None)
+    if applied_note:
+        st.success(applied_note, icon=":material/check_circle:")
+    st.caption(f"Kept in memory for this browser session: {', '.join(slots().slots()) or 'nothing'}; released "
+               f"so far: {slots().releases}.")
 
 
 guarded(main)

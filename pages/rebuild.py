@@ -5,13 +5,12 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._common import (cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded,
-                           overrides)
+from pages._common import (check_work, cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index,
+                           guarded, overrides)
 from zerogr_core import Decoder
 from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
-from zerogr_core.index import IndexConfig
-from zerogr_core.index.builders import build_phases
+from zerogr_core.index import IndexConfig, build_phases
 
 REPORT_KEY = "rebuild_report"
 LIVE_KEY = "rebuild_live"
@@ -19,12 +18,11 @@ LIVE_KEY = "rebuild_live"
 
 def live_section(catalog, source) -> None:
     """Live catalog versions: deletes, adds and replaces while threads keep decoding."""
-    from zerogr_core.bench.live import run_load_test
-    from zerogr_core.decode.store import CatalogStore
+    from zerogr_core.app_support.rebuild import live_load_test
 
     st.subheader("Live catalog: deletes and adds while decoding")
-    st.write("Decoders keep serving from a `CatalogStore` while the catalog changes: **deletes** take effect at "
-             "once (a global deny set merged into every request's lists, no rebuild), **adds** and full "
+    st.write("Decoders keep serving from a versioned catalog store while the catalog changes: **deletes** take "
+             "effect at once (a global deny set merged into every request's lists, no rebuild), **adds** and full "
              "**replaces** build a new index beside the old one and swap it in atomically. Every result carries "
              "the version it ran on and is checked against it.")
     dev = device()
@@ -48,11 +46,11 @@ def live_section(catalog, source) -> None:
             dec.decode(fn, 4, lists=dec.request_lists(4))
 
         with st.spinner("Decoding while the catalog changes…"):
-            store = CatalogStore(catalog, make_decoder, device=dev, warmup=warmup if gpu else None)
             count = max(1, int(catalog.n_items * share / 100))
             # The CPU path runs one decoding thread (the PyTorch reference shares the cores).
-            report = run_load_test(store, fn, 4, threads=4 if gpu else 1, seconds=seconds, change_every_s=every,
-                                   deletes_per_change=count, adds_per_change=count)
+            report = live_load_test(catalog, make_decoder, fn, 4, device=dev, warmup=warmup if gpu else None,
+                                    threads=4 if gpu else 1, seconds=seconds, change_every_s=every,
+                                    changes_per_step=count)
         st.session_state[LIVE_KEY] = dict(source=source, report=report)
     saved = st.session_state.get(LIVE_KEY)
     if not saved or saved["source"] != source:
@@ -94,6 +92,7 @@ def main() -> None:
                                       help="Small catalogs rebuild in milliseconds, shorter than one decode, so the "
                                            "rebuild repeats back to back for at least this long."))
     if st.button("Refresh and rebuild while decoding", type="primary", key="btn_reb_run"):
+        check_work(catalog, batch, beam)
         bar = st.progress(0, text="Refreshing the catalog…")
         refreshed, change = refresh_catalog(catalog, add / 100, remove / 100, seed=0)
         index = get_index(catalog, source)
@@ -141,7 +140,8 @@ def main() -> None:
     m[1].metric("Rebuild time (median)", fmt_ms(report.rebuild_s * 1e3), help=f"{len(report.builds)} rebuild(s) "
                 f"back to back during the window; builder: {report.builder}")
     rate = report.h2d_gbps
-    m[2].metric("H2D bandwidth", "n/a (CPU)" if rate is None else f"{rate:,.1f} GB/s")
+    m[2].metric("Copy to the GPU", "— (CPU: nothing to copy)" if rate is None else f"{rate:,.1f} GB/s",
+                help="Host-to-device (H2D) bandwidth of the index upload during the rebuild.")
     lat = report.latency_rows()
     during = next(r for r in lat if r["phase"] == "during")
     before = next(r for r in lat if r["phase"] == "before")

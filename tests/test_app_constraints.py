@@ -10,11 +10,12 @@ from zerogr_core.recsys import movielens
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.reference_kernels  # the CPU deployment's path: the constraint kernels' references
 @pytest.mark.skipif(not movielens.available(), reason="the bundled MovieLens checkpoint is missing")
 def test_decode_page_excludes_the_history():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180).run()
     at.switch_page("pages/decode.py")
-    for key, value in dict(dec_beam=8, dec_batch=3, dec_k=8, dec_exclude=True).items():
+    for key, value in dict(dec_beam=8, dec_batch=3, dec_k=8, dec_exclude=True, dec_timing="quick").items():
         at.session_state[key] = value
     at.run()
     at.button(key="btn_dec_run").click().run()
@@ -57,7 +58,7 @@ def test_catalog_page_accepts_asin_ids_and_decodes_with_them():
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert {m.label: m.value for m in at.metric}["Items"] == "3"
     at.switch_page("pages/decode.py")
-    for key, value in dict(dec_beam=4, dec_batch=2, dec_hidden=8).items():
+    for key, value in dict(dec_beam=4, dec_batch=2, dec_hidden=8, dec_timing="quick").items():
         at.session_state[key] = value
     at.run()
     at.button(key="btn_dec_run").click().run()

@@ -8,7 +8,8 @@ import torch
 
 from zerogr_core import Decoder, build_index
 from zerogr_core.app_support import gpu
-from zerogr_core.app_support.profile import comparison, profiled_decode, time_decoder
+from zerogr_core.app_support.latency import GPU_GRAPH, STATIC_GRAPH, LatencyProtocol, order_runs, time_orders
+from zerogr_core.app_support.profile import comparison, profile_decode
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
 from zerogr_core.decode.random_requests import random_heads, random_hidden_fn
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
@@ -29,18 +30,32 @@ def setup():
 def test_profiled_decode_on_the_gpu_matches_the_decoder(setup, order):
     catalog, index, heads, bands = setup
     fn = random_hidden_fn(8, 256, catalog.codebook_sizes, "float16", "cuda", seed=1)
-    run = profiled_decode(index, heads, 32, order, fn, 8, band_offsets=bands)
     dec = Decoder(index, heads, 32, order=order, band_offsets=bands)
-    result, timing = time_decoder(dec, fn, 8, repeats=3)
+    result = dec.decode(fn, 8)  # on a GPU engine: plan, capture, replay
+    run = profile_decode(dec, fn, 8)  # the same decoder, stage by stage and eagerly
     assert run.path.startswith("Triton")
     overlap = comparison(run, type(run)(order, result, []), [1, 10, 32])["overlap"]
     assert overlap[32] >= 0.97, overlap   # same items; fp16 ties may swap a few
-    assert timing["median_ms"] > 0 and timing["warmup_ms"] >= timing["min_ms"]
+    table = dec.plan_table(fn, 8)
+    assert [r["step"] for r in table] == [1, 2, 3, 4, 5]
+    assert all(r["projection"] in ("full", "selective") for r in table)
     if order == "filter-first":
-        assert dec.gpu_engine is not None and dec.gpu_engine.plans
-        table = next(iter(dec.gpu_engine.plans.values())).table()
-        assert [r["step"] for r in table] == [1, 2, 3, 4, 5] and all(r["mode"] for r in table)
+        assert dec.gpu_engine is not None and all(r["mode"] for r in table)
+        assert run.projection == tuple(r["projection"] for r in table)
         dec.gpu_engine.release()
+
+
+def test_both_orders_time_as_cuda_graphs(setup):
+    """Like for like: filtering first as the engine's graph, scoring first as the suite's
+    graphed STATIC-style baseline, both timed in turns (no timing is asserted)."""
+    catalog, index, heads, bands = setup
+    fn = random_hidden_fn(8, 256, catalog.codebook_sizes, "float16", "cuda", seed=1)
+    decoders = {o: Decoder(index, heads, 32, order=o, band_offsets=bands) for o in ("filter-first", "score-first")}
+    runs, notes = order_runs(catalog, decoders, fn, 8)
+    assert runs["filter-first"][0] == GPU_GRAPH and runs["score-first"][0] == STATIC_GRAPH, (runs, notes)
+    got = time_orders(runs, "cuda", LatencyProtocol(min_repeats=3, min_seconds=0.0))
+    assert all(len(lat.samples_ms) >= 3 and lat.median_ms > 0 for lat in got.values())
+    decoders["filter-first"].gpu_engine.release()
 
 
 def test_rebuild_while_decoding_streams_to_the_gpu(setup):

@@ -420,7 +420,20 @@ def test_study_inputs_serve_the_bundled_model_through_its_kv_cache():
         torch.testing.assert_close(got.scores, want[order].scores, rtol=1e-5, atol=1e-5)
     got = Decoder(index, inputs.heads, 5, engine="reference").decode(inputs.hidden_fn, 2)
     assert torch.equal(got.item_rows, want["filter-first"].item_rows)
-    mass = invalid_mass(study.catalog, index, inputs.heads, 5, inputs.hidden_fn, 2)
-    for a, b in zip(mass, invalid_mass(study.catalog, index, inputs.heads, 5, recompute, 2), strict=True):
+    scoring = Decoder(index, inputs.heads, 5, order="score-first")
+    mass = invalid_mass(study.catalog, scoring, inputs.hidden_fn, 2)
+    for a, b in zip(mass, invalid_mass(study.catalog, scoring, recompute, 2), strict=True):
         assert a["beams"] == b["beams"] and a["beam_density"] == b["beam_density"]
         assert a["mean"] == pytest.approx(b["mean"], rel=1e-4) and a["max"] == pytest.approx(b["max"], rel=1e-4)
+
+
+def test_work_limits_refuse_in_one_line_and_read_the_environment():
+    from zerogr_core.app_support.bounds import WORK_PRESETS, work_limits
+
+    assert work_limits(False, {}) == WORK_PRESETS["cpu"] and work_limits(True, {}) == WORK_PRESETS["gpu"]
+    limits = work_limits(False, {"ZEROGR_MAX_DECODE_LOGITS": "1e3"})
+    limits.check_decode(2, 2, (100, 150))  # 1,000 logits: at the limit, allowed
+    with pytest.raises(ZeroGRError, match=r"batch 2 × beam 3 × 250 tokens .* 1,500 logits .* limit of 1,000"):
+        limits.check_decode(2, 3, (100, 150))
+    with pytest.raises(ZeroGRError, match="ZEROGR_MAX_DECODE_LOGITS='many' is not a number"):
+        work_limits(False, {"ZEROGR_MAX_DECODE_LOGITS": "many"})

@@ -16,7 +16,8 @@ from zerogr_core.decode.engine import GpuEngine
 from zerogr_core.decode.options import step_options
 from zerogr_core.decode.heads import Heads
 from zerogr_core.decode.ops import REFERENCE
-from zerogr_core.decode.reference_plan import make_reference_plan, plan_projection, reference_options
+from zerogr_core.decode.reference_plan import (default_projection, make_reference_plan, plan_projection, projection_of,
+                                              reference_options)
 from zerogr_kernels import TOPK_PATHS
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -122,7 +123,9 @@ def test_the_cpu_plan_chooses_among_equal_options():
     for level, choice in enumerate(plan.steps):
         labels = {o.label for o in reference_options(index, level)}
         assert set(choice.times_us) == labels and choice.option.label in labels
-        assert choice.times_us[choice.option.label] == min(choice.times_us.values())
+        # the fastest, or the reference default kept because the other is not faster beyond noise
+        assert (choice.times_us[choice.option.label] == min(choice.times_us.values())
+                or projection_of(choice.option) == default_projection(index)[level])
     ref = Decoder(index, heads, BEAM, engine="reference").decode(hidden_fn, BATCH)
     got = Decoder(index, heads, BEAM, engine="reference", projection=plan_projection(plan)).decode(hidden_fn, BATCH)
     assert_same(got, ref, "CPU plan")

@@ -8,10 +8,13 @@
   as it will under whole-decode replay;
 * :func:`median_us` is the planner's figure of merit for one option;
 * :class:`Stopwatch` is a synchronised wall clock around a block (first decodes, stage
-  spans, whole decodes seen by a caller).
+  spans, whole decodes seen by a caller);
+* :class:`StageTimer` keeps a stopwatch row per stage of a decode
+  (``Decoder.decode(..., timer=)``).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Callable
@@ -126,19 +129,31 @@ def fastest_us(fns: dict, device, rounds: int = 6) -> dict:
     -------
     dict of str to float
     """
+    return {k: min(v) for k, v in interleaved_us(fns, device, rounds).items()}
+
+
+def interleaved_us(fns: dict, device, rounds: int = 6) -> dict:
+    """Every timed call (µs) of each alternative of :func:`fastest_us`, in the order they ran.
+
+    On CUDA one sample per alternative: the median of its graph replays.
+
+    Returns
+    -------
+    dict of str to list of float
+    """
     device = torch.device(device)
     if device.type == "cuda":
-        return {k: median_us(fn, device, 4 * rounds) for k, fn in fns.items()}
+        return {k: [median_us(fn, device, 4 * rounds)] for k, fn in fns.items()}
     names = list(fns)
-    best = dict.fromkeys(names, float("inf"))
+    samples: dict = {name: [] for name in names}
     for fn in fns.values():
         fn()
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             t0 = time.perf_counter()
             fns[name]()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return {k: v * 1e6 for k, v in best.items()}
+            samples[name].append((time.perf_counter() - t0) * 1e6)
+    return samples
 
 
 def time_step(fn: Callable[[], object], device, repeats: int, *, graph: bool) -> dict:
@@ -188,3 +203,31 @@ class Stopwatch:
     @property
     def seconds(self) -> float | None:
         return None if self.ms is None else self.ms / 1e3
+
+
+class StageTimer:
+    """A decode timer (``timer(step, stage)``, see :mod:`zerogr_core.decode.ops`) that keeps a row per span.
+
+    Each span is a :class:`Stopwatch`, so on a GPU the device is synchronised around every
+    stage: the rows are an eager profile, not the latency of an uninterrupted decode.
+
+    Attributes
+    ----------
+    rows : list of dict
+        ``step`` (1-based), ``stage``, ``ms``, in the order the spans ran.
+    """
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+        self.rows: list[dict] = []
+
+    @contextlib.contextmanager
+    def __call__(self, step: int, stage: str):
+        with Stopwatch(self.device) as watch:
+            yield
+        self.rows.append(dict(step=step + 1, stage=stage, ms=watch.ms))
+
+    @property
+    def total_ms(self) -> float:
+        """The sum of every span (ms)."""
+        return sum(r["ms"] for r in self.rows)

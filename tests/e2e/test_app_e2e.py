@@ -27,6 +27,17 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
+#: URLs the browser requested (filled by every browser context of this module).
+REQUESTS: list[str] = []
+
+
+def outbound(urls) -> list[str]:
+    """The URLs that would leave the machine: anything but the local server and inline data."""
+    from urllib.parse import urlsplit
+
+    return [u for u in urls if urlsplit(u).scheme not in ("data", "blob", "about")
+            and urlsplit(u).hostname not in ("127.0.0.1", "localhost", "::1")]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -92,6 +103,8 @@ def _browse(pw, url: str):
     browser = pw.chromium.launch(executable_path=CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium"),
                                  args=CHROMIUM_ARGS, headless=True)
     context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    # every request the page makes, from its first load on: the app must work offline
+    context.on("request", lambda request: REQUESTS.append(request.url))
     pg = context.new_page()
     pg.set_default_timeout(60_000)
     pg.goto(url)
@@ -152,8 +165,10 @@ def shot(pg, name: str) -> None:
                          ".map(e => e.scrollHeight), 800)")
     pg.set_viewport_size({"width": width, "height": min(int(height) + 40, 7000)})
     pg.wait_for_timeout(1200)  # plotly re-lays out on resize; data grids draw their canvas
+    # visible grids only: one in a closed expander or a hidden tab never draws
     pg.wait_for_function("Array.from(document.querySelectorAll('[data-testid=\"stDataFrame\"]'))"
-                         ".every(d => d.querySelector('canvas'))", timeout=20_000)
+                         ".every(d => d.offsetParent === null || (d.closest('details') && !d.closest('details').open)"
+                         " || d.querySelector('canvas'))", timeout=20_000)
     pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
     pg.set_viewport_size({"width": width, "height": 1000})
 
@@ -190,6 +205,22 @@ def test_app_in_browser(page, tmp_path):
     no_exception(pg)
     assert "upload: my_catalog.csv" in pg.get_by_text("The catalog in use stays").inner_text()
     shot(pg, "1c_catalog_upload_error")
+    # 50 rows × 2,000 levels: once accepted, it kept the server busy for minutes; now one line, at once
+    wide = tmp_path / "wide_catalog.csv"
+    wide.write_text("item_id," + ",".join(f"s{i}" for i in range(1, 2001)) + "\n" + "".join(
+        f"{r}," + ",".join(str((r * 7 + i) % 5) for i in range(2000)) + "\n" for r in range(50)))
+    start = time.time()
+    uploader.set_input_files(str(wide))
+    refusal = pg.locator('[data-testid="stAlertContentError"]').filter(has_text="wide_catalog.csv").first
+    refusal.wait_for(timeout=10_000)
+    elapsed = time.time() - start
+    # the box reads the icon's name ("error"), then the message: one line
+    lines = [line for line in refusal.inner_text().splitlines() if line.strip() and line.strip() != "error"]
+    assert len(lines) == 1 and "2,000 SID levels, over the limit of 16" in lines[0], lines
+    assert elapsed < 2, f"the 2,000-level upload took {elapsed:.2f} s to refuse"
+    wait_idle(pg)
+    no_exception(pg)
+    assert "upload: my_catalog.csv" in pg.get_by_text("The catalog in use stays").inner_text()
 
     # -- back to the bundled MovieLens catalog (the default sample)
     pg.get_by_text("Bundled sample", exact=True).click()
@@ -209,7 +240,7 @@ def test_app_in_browser(page, tmp_path):
     go(pg, "Decode")
     no_exception(pg)
     pg.get_by_role("button", name="Run both orders").click()
-    pg.get_by_text("Overlap@").first.wait_for(timeout=120_000)
+    pg.get_by_text("Lists that agree").first.wait_for(timeout=120_000)
     wait_idle(pg)
     charts_rendered(pg, 2)
     no_exception(pg)
@@ -231,6 +262,7 @@ def test_app_in_browser(page, tmp_path):
     no_exception(pg)
     shot(pg, "7_rebuild")
     assert time.time() - t0 < 180, f"the browser run took {time.time() - t0:.0f} s"
+    assert REQUESTS and not outbound(REQUESTS), f"requests that leave the machine: {outbound(REQUESTS)[:5]}"
 
 
 # ---------------------------------------------------------------------------- server files

@@ -7,6 +7,10 @@ is unit-tested directly:
 * :mod:`.sources` — catalog sources (bundled samples, uploads, server files) and their loading;
 * :mod:`.requests` — what a page decodes: random requests or a bundled recommender's test users;
 * :mod:`.profile` — a stage-timed decode of either order, overlap@K and Recall@K;
+* :mod:`.latency` — both orders timed in turns until the ranking holds, and the winner beyond noise;
+* :mod:`.bounds` — how much decode work one page run may start;
+* :mod:`.own_model` — the user's ``transformers`` checkpoint folder as the Decode page's model;
+* :mod:`.labels` — item labels for catalogs without titles;
 * :mod:`.density` — catalog-level and beam-weighted density, wasted logits;
 * :mod:`.charts` — the tables and Plotly figures of the pages (and of ``docs/analysis.ipynb``);
 * :mod:`.rebuild` — catalog refresh and rebuild-while-decoding;

@@ -16,6 +16,13 @@ from pathlib import Path
 from ..errors import ZeroGRError, first_line
 
 
+def app_suites() -> tuple[str, ...]:
+    """The benchmark suites the app can run live (:data:`zerogr_core.bench.registry.APP_SUITES`)."""
+    from ..bench.registry import APP_SUITES
+
+    return APP_SUITES
+
+
 class LiveSweep:
     """One benchmark run in a background thread.
 

@@ -59,8 +59,26 @@ def figure_builders() -> list[tuple[str, object]]:
     return out
 
 
+#: The question each benchmark figure answers (its tab title on the Benchmarks page).
+QUESTIONS = {
+    "speedup": "How much faster is filtering first?",
+    "latency": "How long does a whole decode take?",
+    "beam_sweep": "How does latency grow with the beam width?",
+    "codebook_sweep": "How does latency grow with the codebook?",
+    "steps": "Which step costs the most?",
+    "stages": "Where does a step's time go?",
+    "ablation": "Which projection wins at step 2?",
+    "memory": "How much memory does each index take?",
+    "build": "How fast is the index built?",
+    "interference": "Does a rebuild slow decoding down?",
+    "e2e": "How long is a request, model included?",
+}
+
+
 def title_of(name: str) -> str:
-    return name.removeprefix("figure_").replace("_", " ").capitalize()
+    """The question a ``figure_<name>`` answers, or its name in words when it has none."""
+    key = name.removeprefix("figure_")
+    return QUESTIONS.get(key, key.replace("_", " ").capitalize())
 
 
 def figures_of(records: list[dict]) -> list[tuple[str, object]]:

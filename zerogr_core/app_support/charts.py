@@ -216,3 +216,16 @@ def invalid_mass_figure(rows: Sequence[Mapping]):
                       yaxis=dict(tickformat=".1%", title="invalid mass"), height=360, legend_title_text="",
                       margin=dict(t=60, b=40))
     return fig
+
+
+def latency_figure(latencies: Mapping):
+    """Every timed whole decode of each order as points over a box (``latencies``: order → Latency)."""
+    import pandas as pd
+    import plotly.express as px
+
+    orders = [o for o in ORDERS if o in latencies]
+    data = pd.DataFrame([dict(order=o, ms=ms) for o in orders for ms in latencies[o].samples_ms])
+    fig = px.box(data, x="order", y="ms", color="order", points="all", category_orders={"order": orders},
+                 title="Whole-decode latency, every timed run (ms)")
+    fig.update_layout(showlegend=False, height=380, margin=dict(t=60, b=40), xaxis_title="", yaxis_title="ms")
+    return fig

@@ -205,3 +205,25 @@ def rebuild_while_decoding(catalog: Catalog, decode_once: Callable[[StepIndex | 
         report.after_ms.append(timed(report.index))
     say(1.0, "done")
     return report
+
+
+def live_load_test(catalog: Catalog, make_decoder: Callable, hidden_fn, batch: int, *, device, warmup=None,
+                   threads: int, seconds: float, change_every_s: float, changes_per_step: int):
+    """Decode from a versioned catalog store while items are deleted and added.
+
+    A :class:`~zerogr_core.decode.store.CatalogStore` over ``catalog`` serves the
+    decoders ``make_decoder(catalog, index)`` builds; the serving suite's load test
+    (:func:`zerogr_core.bench.live.run_load_test`) decodes ``batch`` requests per call on
+    ``threads`` threads for ``seconds`` per phase, deleting and adding
+    ``changes_per_step`` items every ``change_every_s`` seconds.
+
+    Returns
+    -------
+    The load test's report.
+    """
+    from ..bench.live import run_load_test
+    from ..decode.store import CatalogStore
+
+    store = CatalogStore(catalog, make_decoder, device=device, warmup=warmup)
+    return run_load_test(store, hidden_fn, batch, threads=threads, seconds=seconds, change_every_s=change_every_s,
+                         deletes_per_change=changes_per_step, adds_per_change=changes_per_step)

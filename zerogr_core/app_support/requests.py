@@ -69,3 +69,22 @@ def study_inputs(study, users, rows: np.ndarray, device, beam_width: int, name: 
         step_model = TigerStepModel(model)
         step_model.prefill_rows(histories, study.sids, beam_width=beam_width)
     return DecodeInputs(model.head_weights(), None, step_model, (name, str(device)), targets, users.user_ids[rows])
+
+
+def history_lists(histories):
+    """Deny lists that drop each request's history (item rows) during decoding, under the
+    quality study's normalisation (:data:`zerogr_core.recsys.quality.SEEN_NORMALISE`).
+
+    Parameters
+    ----------
+    histories : sequence of int arrays
+        Item rows per request.
+
+    Returns
+    -------
+    RequestLists
+    """
+    from ..decode.constraints import RequestLists
+    from ..recsys.quality import SEEN_NORMALISE
+
+    return RequestLists.from_rows(deny=histories, normalise=SEEN_NORMALISE)

@@ -60,7 +60,7 @@ ENV_DATA_DIR = "ZEROGR_DATA_DIR"
 #: Path of the app's settings file (default :data:`CONFIG_FILE`).
 ENV_CONFIG = "ZEROGR_CONFIG"
 #: The app's settings: ``[data] dirs = [...]`` and ``[limits] preset / max_rows / max_file_mb /
-#: max_decoded_mb``. Relative dirs are taken from the repository root. Optional.
+#: max_decoded_mb / max_levels / max_codebook``. Relative dirs are taken from the repository root. Optional.
 CONFIG_FILE = SAMPLE_DIR.parent / ".streamlit" / "zerogr.toml"
 #: How to add a data root, for the page and the refusal message.
 HOW_TO_ADD_ROOT = (f"start the app with {ENV_DATA_DIR}=/path/to/catalogs (several folders separated by "
@@ -138,14 +138,15 @@ def app_settings(environ: Mapping[str, str] | None = None, config_file: str | Pa
         elif root not in roots:
             roots.append(root)
     units = {"max_rows": ("max_rows", 1), "max_file_mb": ("max_file_bytes", MB),
-             "max_decoded_mb": ("max_decoded_bytes", MB)}
+             "max_decoded_mb": ("max_decoded_bytes", MB), "max_levels": ("max_levels", 1),
+             "max_codebook": ("max_codebook", 1)}
     overrides = {}
     for key, value in limits.items():
         if key == "preset":
             continue
         if key not in units or not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ZeroGRError(f"{path}: [limits] {key} = {value!r}: use preset, max_rows, max_file_mb or "
-                              f"max_decoded_mb with a number")
+            raise ZeroGRError(f"{path}: [limits] {key} = {value!r}: use preset or one of {', '.join(units)} "
+                              f"with a number")
         overrides[units[key][0]] = int(value * units[key][1])
     return AppSettings(tuple(roots), limits_from(limits.get("preset"), overrides, environ), tuple(missing))
 

@@ -110,6 +110,8 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
         raise CatalogError(f"no 'item_id' column (columns: {shown(', '.join(frame.columns), quote=False)})",
                            source=source)
     layout_columns = _layout(columns, source)
+    if limits is not None and layout_columns != ["sid"]:
+        limits.check_shape(len(layout_columns), None, source)
     if frame.height == 0:
         raise CatalogError("no data rows", source=source)
     item_ids = _id_column(frame[columns["item_id"]], columns["item_id"], source, typed=fmt == "parquet")
@@ -119,6 +121,11 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
         sids = np.stack([_int_column(frame[columns[name]], columns[name], source)
                          for name in layout_columns],
                         axis=1)
+    if limits is not None:
+        declared = codebook_sizes if codebook_sizes is not None else \
+            _int_tuple_metadata(metadata, META_CODEBOOK_SIZES, source)
+        # a token beyond a declared codebook is the loader's own error below
+        limits.check_shape(sids.shape[1], declared or (sids.max(axis=0) + 1).tolist(), source)
     titles = None
     if "title" in columns:
         titles = np.array(frame[columns["title"]].cast(pl.String).fill_null("").to_list(), dtype=object)

@@ -30,14 +30,23 @@ class LoadLimits:
     max_decoded_bytes : int
         Bytes once decoded: Parquet's uncompressed column data and the decoded string
         columns (titles, ``sid`` strings); a CSV decodes to about its size on disk.
+    max_levels : int
+        SID length L. Every level is one decode step with its own index slice, plan entry
+        and chart, so a file with thousands of level columns would run thousands of steps.
+    max_codebook : int
+        Tokens per level |V_l| (declared, or the largest token + 1). The index keeps a
+        dense row of |V_l| slots for every prefix of a dense step, and scoring first a
+        logit per token, so one huge token id would cost memory for every prefix.
     """
 
     max_rows: int = 20_000_000
     max_file_bytes: int = 2048 * MB
     max_decoded_bytes: int = 4096 * MB
+    max_levels: int = 16
+    max_codebook: int = 65_536
 
     def __post_init__(self):
-        for name in ("max_rows", "max_file_bytes", "max_decoded_bytes"):
+        for name in LIMIT_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ZeroGRError(f"load limit {name} must be a positive whole number, got {value!r}")
@@ -45,7 +54,37 @@ class LoadLimits:
     def describe(self) -> str:
         """One line for the page: ``"up to 20,000,000 rows and 4,096 MB decoded, 2,048 MB on disk"``."""
         return (f"up to {self.max_rows:,} rows and {self.max_decoded_bytes / MB:,.0f} MB decoded, "
-                f"{self.max_file_bytes / MB:,.0f} MB on disk")
+                f"{self.max_file_bytes / MB:,.0f} MB on disk, {self.max_levels} levels and "
+                f"{self.max_codebook:,} tokens per level")
+
+    def check_shape(self, n_levels: int, codebook_sizes, source: str) -> None:
+        """Refuse a SID layout over :attr:`max_levels` or :attr:`max_codebook`, with the reason.
+
+        Parameters
+        ----------
+        n_levels : int
+            SID length L of the file.
+        codebook_sizes : sequence of int, or None
+            |V_l| per level, declared or inferred (``None``: not known yet).
+        source : str
+            File name for messages.
+
+        Raises
+        ------
+        CatalogError
+        """
+        if n_levels > self.max_levels:
+            raise CatalogError(f"{n_levels:,} SID levels, over the limit of {self.max_levels} (each level is "
+                               f"one decode step; real semantic IDs have 3–8)", source=source)
+        for level, size in enumerate(codebook_sizes or (), start=1):
+            if size > self.max_codebook:
+                raise CatalogError(f"level {level} has a codebook of {size:,} tokens, over the limit of "
+                                   f"{self.max_codebook:,} (the index keeps a slot per token for every "
+                                   f"prefix)", source=source)
+
+
+#: The fields of :class:`LoadLimits`, in order.
+LIMIT_FIELDS = ("max_rows", "max_file_bytes", "max_decoded_bytes", "max_levels", "max_codebook")
 
 
 #: Named presets: ``workstation`` (the default, a GPU box with tens of GB of host memory),
@@ -59,7 +98,8 @@ LIMIT_PRESETS: dict[str, LoadLimits] = {
 #: Environment variables: a preset name, then per-field overrides (rows; MB).
 ENV_PRESET = "ZEROGR_LIMITS"
 ENV_FIELDS = {"ZEROGR_MAX_ROWS": ("max_rows", 1), "ZEROGR_MAX_FILE_MB": ("max_file_bytes", MB),
-              "ZEROGR_MAX_DECODED_MB": ("max_decoded_bytes", MB)}
+              "ZEROGR_MAX_DECODED_MB": ("max_decoded_bytes", MB), "ZEROGR_MAX_LEVELS": ("max_levels", 1),
+              "ZEROGR_MAX_CODEBOOK": ("max_codebook", 1)}
 
 
 def limits_from(preset: str | None = None, overrides: dict | None = None,
@@ -74,7 +114,8 @@ def limits_from(preset: str | None = None, overrides: dict | None = None,
         Field name → value (``max_rows`` in rows, the byte fields in bytes).
     environ : mapping, optional
         Default ``os.environ``; ``ZEROGR_MAX_ROWS``, ``ZEROGR_MAX_FILE_MB`` and
-        ``ZEROGR_MAX_DECODED_MB`` override single fields.
+        ``ZEROGR_MAX_DECODED_MB``, ``ZEROGR_MAX_LEVELS`` and ``ZEROGR_MAX_CODEBOOK``
+        override single fields.
 
     Raises
     ------
@@ -87,10 +128,9 @@ def limits_from(preset: str | None = None, overrides: dict | None = None,
         raise ZeroGRError(f"{ENV_PRESET if environ.get(ENV_PRESET) else 'limits preset'}: unknown preset "
                           f"{name!r}; choose one of {', '.join(LIMIT_PRESETS)}")
     fields = dict(overrides or {})
-    unknown = set(fields) - {"max_rows", "max_file_bytes", "max_decoded_bytes"}
+    unknown = set(fields) - set(LIMIT_FIELDS)
     if unknown:
-        raise ZeroGRError(f"unknown load limit {sorted(unknown)[0]!r}; use max_rows, max_file_bytes or "
-                          f"max_decoded_bytes")
+        raise ZeroGRError(f"unknown load limit {sorted(unknown)[0]!r}; use one of {', '.join(LIMIT_FIELDS)}")
     for var, (field, unit) in ENV_FIELDS.items():
         text = environ.get(var)
         if text:

@@ -11,17 +11,13 @@ from zerogr_kernels._common import interpreting
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
 from .heads import Heads
+from .ops import DISPATCH, REFERENCE, KernelOps, no_timer
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
-from .reference_plan import make_reference_plan, plan_projection
+from .reference_plan import default_projection, make_reference_plan, plan_projection, plan_rows
 from .search import DecodeModel, DecodeResult, beam_search
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
 ENGINES = ("auto", "reference", "graph", "eager")
-
-
-def default_projection(index: StepIndex) -> tuple[str, ...]:
-    """Reference projection per step: a GEMM on dense steps, selective on sparse ones."""
-    return tuple("full" if s.kind == "dense" else "selective" for s in index.steps)
 
 
 def _projection_of(option) -> str:
@@ -135,16 +131,13 @@ class Decoder:
                 self.plans[key] = make_reference_plan(self.index, self.heads, self.beam_width, model, batch)
             return self.plans[key]
 
-    def step_fn(self, projection: Sequence[str] | None = None):
+    def step_fn(self, projection: Sequence[str] | None = None, ops: KernelOps = DISPATCH):
         """The per-step candidate function of this decoder's order (reference path);
-        ``projection`` (filter-first) overrides the decoder's."""
+        ``projection`` (filter-first) overrides the decoder's, ``ops`` picks the kernels."""
         if self.order == "filter-first":
-            if projection is None:
-                projection = [_projection_of(p) for p in self.projection] if self.projection else \
-                    default_projection(self.index)
-            return FilterFirst(self.index, self.heads, projection)
+            return FilterFirst(self.index, self.heads, projection or self._fixed_projection(), ops)
         if self.order == "score-first":
-            return ScoreFirst(self.source, self.heads)
+            return ScoreFirst(self.source, self.heads, ops)
         return Unconstrained(self.heads)
 
     def request_lists(self, batch_size: int, allow_items=None, deny_items=None, global_deny_rows=None,
@@ -156,9 +149,42 @@ class Decoder:
             raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
         return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise)
 
+    def plan_table(self, model: DecodeModel, batch: int) -> list[dict]:
+        """The plan that serves ``batch`` requests as rows a page or a report can show.
+
+        Plans the shape if it is not planned yet (:meth:`plan`). Every row has ``step``
+        (1-based) and ``projection`` ("full" or "selective"); the GPU engine's rows add its
+        ``mode``, ``topk`` and µs per option, the reference plan's its ``representation``
+        and µs per projection, and a decoder that does not plan says ``"fixed"`` under
+        ``planned``.
+
+        Returns
+        -------
+        list of dict
+            One row per step.
+        """
+        plan = self.plan(model, batch) if self.order == "filter-first" else None
+        if plan is None:
+            fixed = self._fixed_projection() if self.order == "filter-first" else ("full",) * self.index.n_levels
+            return [{"step": level + 1, "representation": self.index.steps[level].kind, "projection": p,
+                     "planned": "fixed"} for level, p in enumerate(fixed)]
+        if self.gpu_engine is not None:
+            return [dict(row, projection=_projection_of(s.option)) for row, s in zip(plan.table(), plan.steps)]
+        return [dict(row, planned=plan.source) for row in plan_rows(plan)]
+
+    def graph_error(self, batch: int) -> str | None:
+        """Why this shape's CUDA-graph capture failed (it then replays eagerly), or None."""
+        if self.gpu_engine is None:
+            return None
+        plan = self.gpu_engine.plans.get(self.gpu_engine.key(batch))
+        return None if plan is None else plan.graph_error
+
+    def _fixed_projection(self) -> tuple[str, ...]:
+        return tuple(_projection_of(p) for p in self.projection) if self.projection else default_projection(self.index)
+
     @torch.no_grad()
     def decode(self, model: DecodeModel, batch_size: int, *, allow_items=None, deny_items=None,
-               lists=None, normalise: str = "request") -> DecodeResult:
+               lists=None, normalise: str = "request", timer=None, on_step=None) -> DecodeResult:
         """Decode ``batch_size`` requests, optionally under per-request item constraints.
 
         Parameters
@@ -184,10 +210,24 @@ class Decoder:
             With the id lists, what filtering first normalises over: each request's
             alive tokens, or the catalog's valid tokens with the listed items dropped
             afterwards (an item then scores the same with or without lists).
+        timer : callable(step, stage) -> context manager, optional
+            Times each stage of each step (:class:`zerogr_core.timing.StageTimer` keeps
+            the rows; stages in :data:`zerogr_core.decode.ops.STAGES`).
+        on_step : callable(step, states), optional
+            Sees the beam states entering each step, int64 (batch · beams_at_step,), -1
+            for a dead beam; it must not modify them.
 
         Returns
         -------
         DecodeResult
+
+        Notes
+        -----
+        With ``timer`` or ``on_step`` the decode runs step by step, eagerly: the same
+        projection per step as the plan, but the GPU engine's steps as the dispatching
+        kernels and no CUDA graph (a graph replay cannot be split into stages), and on a
+        CPU the PyTorch references, never the Triton interpreter. Same beams as a plain
+        decode up to float rounding on near-ties.
         """
         from .constraints import NORMALISE
 
@@ -202,17 +242,26 @@ class Decoder:
         if is_step_model(model) and getattr(model, "batch", batch_size) != batch_size:
             raise ZeroGRError(f"step model: prefilled with {getattr(model, 'batch')} requests, "
                               f"batch_size is {batch_size}")
-        if self.gpu_engine is not None:
+        observed = timer is not None or on_step is not None
+        if self.gpu_engine is not None and not observed:
             return self.gpu_engine.decode(model, batch_size, lists=lists)
-        plan = self.plan(model, batch_size) if self.plan_reference else None
-        step_fn = self.step_fn(plan_projection(plan) if plan is not None else None)
+        projection = None
+        if self.gpu_engine is not None:
+            projection = [_projection_of(s.option) for s in self.gpu_engine.plan(model, batch_size).steps]
+        elif self.plan_reference:
+            projection = plan_projection(self.plan(model, batch_size))
+        # observed decodes run the references on a CPU: the interpreter must not be what is timed
+        ops = (DISPATCH if self.index.device.type == "cuda" else REFERENCE) if observed else DISPATCH
+        step_fn = self.step_fn(projection, ops)
         if lists is not None:
             from .constraints import SlotConstraint
 
             step_fn.constraint = SlotConstraint(self.index, lists)
+        if on_step is not None:
+            step_fn = _Observed(step_fn, on_step)
         result = beam_search(step_fn, model, batch_size=batch_size, beam_width=self.beam_width,
                              n_levels=self.index.n_levels, hidden_size=self.heads.hidden_size,
-                             device=self.index.device)
+                             device=self.index.device, ops=ops, timer=timer or no_timer)
         if self.order == "unconstrained":
             flat = result.tokens.reshape(-1, self.index.n_levels)
             rows = resolve_rows(self.index, flat).reshape(result.item_rows.shape)
@@ -229,3 +278,14 @@ class Decoder:
         if self.order == "score-first" and not isinstance(self.source, (StepIndex, HostTrie)):
             raise ZeroGRError(f"allow/deny lists need score-first over the step-sliced index or the host "
                               f"trie, not {type(self.source).__name__}")
+
+
+class _Observed:
+    """A step function that shows each step's input beam states to ``on_step`` first."""
+
+    def __init__(self, step_fn, on_step):
+        self.step_fn, self.on_step = step_fn, on_step
+
+    def __call__(self, step, states, hidden, scores, timer=no_timer):
+        self.on_step(step, states)
+        return self.step_fn(step, states, hidden, scores, timer)

@@ -14,6 +14,9 @@ tournament) selection.
    kernel variants timed are the ones served): on a GPU as the median of CUDA-event timed replays of a
    graph holding that step alone (so launch overhead counts as it will under whole-decode
    replay), on a CPU with a wall clock (:func:`zerogr_core.timing.median_us`).
+4. The fastest option is fixed; on a CPU, whose wall clock is noisy, the cost model's pick
+   stays unless another option beats it by more than the spread of the samples
+   (:func:`beyond_noise`), so options within noise of each other do not flip the plan.
 
 The decode loop then makes no per-request decisions. Plans persist on disk
 (:mod:`.plan_store`), so a known shape skips all of this.
@@ -21,13 +24,14 @@ The decode loop then makes no per-request decisions. Plans persist on disk
 from __future__ import annotations
 
 import functools
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
 from ..errors import ZeroGRError
-from ..timing import median_us
+from ..timing import median_us, time_runs
 from .options import SHARED_GROUP, StepOption
 
 REPEATS = 20
@@ -248,20 +252,58 @@ def make_plan(shape: PlanShape, *, cost_model: CostModel | None = DEFAULT_COST_M
     for level, opts in enumerate(kept):
         say(0.4 + 0.6 * level / n_levels, f"step {level + 1} of {n_levels}: timing {len(opts)} options")
         states, hidden, scores = record[level]
-        times, failed = _time_options(shape, level, opts, (states, hidden, scores), repeats)
+        times, failed, samples = _time_options(shape, level, opts, (states, hidden, scores), repeats)
         rest = skipped[level]
         if not times and rest:  # every kept option failed: the cost model must not lose the step
-            t2, f2 = _time_options(shape, level, rest, (states, hidden, scores), repeats)
+            t2, f2, s2 = _time_options(shape, level, rest, (states, hidden, scores), repeats)
             times.update(t2)
             failed.update(f2)
+            samples.update(s2)
             rest = []
         if not times:
             raise ZeroGRError(f"step {level + 1}: no option ran ({'; '.join(f'{k}: {v}' for k, v in failed.items())})")
         best = min((o for o in options[level] if o.label in times), key=lambda o: times[o.label])
+        if dev.type != "cuda" and probe[level].label in samples:
+            # a CPU's wall clock is noisy: the cost model's pick stays unless beaten beyond noise
+            label = beyond_noise(samples, probe[level].label)
+            best = next(o for o in options[level] if o.label == label)
         steps.append(StepChoice(level, best, times, failed,
                                 {o.label: round(predicted[level][o.label], 2) for o in rest}))
     say(1.0, "plan fixed")
     return Plan(shape.key, tuple(steps), str(dev))
+
+
+def beyond_noise(samples_us: dict, default: str) -> str:
+    """The option to keep: ``default``, unless another is faster by more than the timing noise.
+
+    The noise is the larger spread (median − least) of the two options' samples: a CPU
+    shared with other work stretches single calls, so least times within that spread of
+    each other say nothing about which option is faster, and picking the least of them
+    would pick on noise (and differ from run to run).
+
+    Parameters
+    ----------
+    samples_us : dict of str to list of float
+        Every timed call of each option (µs), e.g. :func:`zerogr_core.timing.interleaved_us`.
+    default : str
+        The label of the option kept unless beaten; must be in ``samples_us``.
+
+    Returns
+    -------
+    str
+        A label of ``samples_us``.
+    """
+    def least(label):
+        return min(samples_us[label])
+
+    def spread(label):
+        return statistics.median(samples_us[label]) - least(label)
+
+    best = min(samples_us, key=least)
+    if best == default:
+        return default
+    noise = max(spread(best), spread(default))
+    return best if least(best) + noise < least(default) else default
 
 
 def _run_on_zeros(shape: PlanShape, level: int, option: StepOption) -> None:
@@ -269,16 +311,23 @@ def _run_on_zeros(shape: PlanShape, level: int, option: StepOption) -> None:
     shape.step_runner(level, option)(*shape.zero_inputs(level))
 
 
-def _time_options(shape: PlanShape, level: int, options, inputs: tuple, repeats: int) -> tuple[dict, dict]:
+def _time_options(shape: PlanShape, level: int, options, inputs: tuple, repeats: int) -> tuple[dict, dict, dict]:
     """µs of each option on ``inputs`` (one runner at a time, so their buffers never pile
-    up); an option that cannot compile or run here is reported (label -> error), never chosen."""
-    times, failed = {}, {}
+    up); an option that cannot compile or run here is reported (label -> error), never chosen.
+    Also every CPU sample (label -> µs list; empty on CUDA), for :func:`beyond_noise`."""
+    times, failed, samples = {}, {}, {}
     # with prefix buffers, as a decode calls the step: the kernels timed are the kernels served
     prefixes = shape.zero_inputs(level)[3]
     for opt in options:
         try:
             runner = shape.step_runner(level, opt)
-            times[opt.label] = median_us(lambda r=runner: r(*inputs, prefixes), shape.device, repeats)
+            if shape.device.type == "cuda":
+                times[opt.label] = median_us(lambda r=runner: r(*inputs, prefixes), shape.device, repeats)
+            else:  # the wall-clock samples median_us takes on a CPU, kept
+                ms = time_runs(lambda r=runner: r(*inputs, prefixes), shape.device,
+                               repeats=max(3, repeats // 4), warmup=1)
+                samples[opt.label] = [m * 1e3 for m in ms]
+                times[opt.label] = statistics.median(samples[opt.label])
         except Exception as exc:  # noqa: BLE001
             failed[opt.label] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return times, failed
+    return times, failed, samples

@@ -20,8 +20,8 @@ from .options import StepOption
 from .heads import Heads
 from .ops import DISPATCH, KernelOps
 from .orders import PROJECTIONS, FilterFirst
-from ..timing import fastest_us
-from .planner import Plan, StepChoice
+from ..timing import interleaved_us
+from .planner import Plan, StepChoice, beyond_noise
 from .search import HiddenFn, beam_search
 
 REFERENCE_TOPK = "reference"
@@ -36,6 +36,15 @@ def reference_options(index: StepIndex, step: int) -> list[StepOption]:
     return [StepOption(f"{kind}+{p}", REFERENCE_TOPK) for p in PROJECTIONS]
 
 
+def default_projection(index: StepIndex) -> tuple[str, ...]:
+    """Reference projection per step: a GEMM on dense steps, selective on sparse ones.
+
+    What the reference path runs unplanned, and what a plan keeps unless the other
+    projection is faster beyond the timing noise (:func:`~.planner.beyond_noise`).
+    """
+    return tuple("full" if s.kind == "dense" else "selective" for s in index.steps)
+
+
 def projection_of(option: StepOption) -> str:
     """``"full"`` or ``"selective"``: the projection of a (reference or engine) option."""
     return "full" if option.mode.endswith("full") else "selective"
@@ -44,13 +53,16 @@ def projection_of(option: StepOption) -> str:
 @torch.no_grad()
 def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_fn: HiddenFn, batch: int,
                         ops: KernelOps = DISPATCH, rounds: int = ROUNDS) -> Plan:
-    """Time both projections of every step on its real inputs and keep the faster.
+    """Time both projections of every step on its real inputs; keep the default unless beaten beyond noise.
 
     One decode records each step's beam states, hidden
     states and scores; each option then runs the step's filtering, projection and
-    normalisation on them, the two taking turns for ``rounds`` calls each; the least wall
-    clock of each is compared (:func:`zerogr_core.timing.fastest_us`: a CPU shared with other
-    work slows single calls, never all of them).
+    normalisation on them, the two taking turns for ``rounds`` calls each
+    (:func:`zerogr_core.timing.interleaved_us`: a CPU shared with other work slows single
+    calls, never all of them). The step keeps :func:`default_projection` unless the other
+    projection's least time beats it by more than the spread of the samples
+    (:func:`~.planner.beyond_noise`), so options within noise of each other do not make
+    the plan differ from run to run.
 
     Parameters
     ----------
@@ -78,13 +90,16 @@ def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_
     # any projection sees the same beams (one numeric contract), so any one records them
     beam_search(recorder, hidden_fn, batch_size=batch, beam_width=beam_width, n_levels=index.n_levels,
                 hidden_size=heads.hidden_size, device=index.device, ops=ops)
+    defaults = default_projection(index)
     steps = []
     for level, (states, hidden, scores) in enumerate(record):
         options = reference_options(index, level)
-        times = fastest_us({o.label: (lambda run=runners[projection_of(o)]: run(level, states, hidden, scores))
-                            for o in options}, index.device, rounds)
-        best = min(options, key=lambda o: times[o.label])
-        steps.append(StepChoice(level, best, times))
+        samples = interleaved_us({o.label: (lambda run=runners[projection_of(o)]: run(level, states, hidden, scores))
+                                  for o in options}, index.device, rounds)
+        times = {label: min(v) for label, v in samples.items()}
+        default = next(o for o in options if projection_of(o) == defaults[level])
+        label = beyond_noise(samples, default.label)
+        steps.append(StepChoice(level, next(o for o in options if o.label == label), times))
     return Plan(heads.shape_key(batch, beam_width), tuple(steps), str(index.device))
 
 
@@ -105,5 +120,5 @@ def plan_rows(plan: Plan) -> list[dict]:
     return rows
 
 
-__all__ = ["REFERENCE_TOPK", "make_reference_plan", "plan_projection", "plan_rows",
+__all__ = ["REFERENCE_TOPK", "default_projection", "make_reference_plan", "plan_projection", "plan_rows",
            "projection_of", "reference_options"]
