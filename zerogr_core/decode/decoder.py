@@ -13,6 +13,7 @@ from ..index.layout import StepIndex
 from .heads import Heads
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
 from .reference_plan import make_reference_plan, plan_projection
+from .registry import ListRegistry
 from .search import DecodeResult, HiddenFn, beam_search
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
@@ -83,6 +84,8 @@ class Decoder:
                  band_offsets: Sequence[int] | None = None, projection=None, source=None,
                  engine: str = "auto", catalog=None):
         self.catalog = catalog
+        self.engine = engine
+        self.registry = ListRegistry()
         if catalog is not None and catalog.n_items != index.n_items:
             raise ZeroGRError(f"catalog has {catalog.n_items} items but the index has {index.n_items}")
         if order not in ORDERS:
@@ -146,14 +149,74 @@ class Decoder:
             return ScoreFirst(self.source, self.heads)
         return Unconstrained(self.heads)
 
+    def register_items(self, name: str, items, kind: str = "allow", *, index: bool | None = None):
+        """Register a standing list once; requests then name it in ``allow_items`` /
+        ``deny_items`` instead of shipping its ids (:mod:`zerogr_core.decode.registry`).
+
+        Parameters
+        ----------
+        name : str
+            What requests call it (registering a name again replaces the list).
+        items : sequence of item ids
+            Ids as in ``catalog``; ids not in it are skipped.
+        kind : {"allow", "deny"}
+            Whether requests naming it may return only these items, or none of them.
+        index : bool, optional
+            Give an allow set an index of its own over its sub-catalog, built now with the
+            decoder's index config on its device, so a batch that names only it decodes
+            over the sub-catalog (default: for allow sets of at least
+            :data:`~zerogr_core.decode.registry.SUB_INDEX_MIN_ROWS` rows).
+
+        Returns
+        -------
+        RegisteredList
+        """
+        from .registry import register
+
+        entry = register(self, name, items, kind, index)
+        self.registry.add(entry)
+        return entry
+
+    def unregister_items(self, name: str) -> None:
+        """Forget a registered list (its sub-catalog index and plans with it)."""
+        self.registry.remove(name)
+
     def request_lists(self, batch_size: int, allow_items=None, deny_items=None, global_deny_rows=None,
                       normalise: str = "request"):
-        """Per-request row lists for :meth:`decode` (:func:`~zerogr_core.decode.constraints.build_lists`)."""
+        """Per-request row lists for :meth:`decode` (:func:`~zerogr_core.decode.constraints.build_lists`;
+        registered names resolve to their rows)."""
         from .constraints import build_lists
 
         if self.catalog is None:
             raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
-        return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise)
+        return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise,
+                           registry=self.registry)
+
+    def _standing_allow(self, batch_size: int, allow_items, normalise: str):
+        """The indexed allow set every request names, if the batch may decode over it
+        (under ``normalise="catalog"`` filtering first needs the whole catalog's normaliser)."""
+        if not isinstance(allow_items, str) and not (
+                isinstance(allow_items, (list, tuple)) and allow_items and isinstance(allow_items[0], str)):
+            return None
+        from .constraints import _per_request
+
+        entry = self.registry.shared(_per_request(allow_items, batch_size, "allow_items"), "allow")
+        if entry is None or not entry.indexed or (normalise == "catalog" and self.order == "filter-first"):
+            return None
+        return entry
+
+    def _decode_standing(self, entry, hidden_fn, batch_size: int, deny_items, normalise: str) -> DecodeResult:
+        """Decode over the sub-catalog of ``entry``, then map its rows back to the catalog's."""
+        from .registry import sub_lists
+
+        lists = None
+        if deny_items is not None:
+            lists = self.request_lists(batch_size, None, deny_items, normalise=normalise)
+            lists = None if lists.empty else sub_lists(entry, lists)
+        result = entry.decoder.decode(hidden_fn, batch_size, lists=lists)
+        rows = result.item_rows
+        result.item_rows = torch.where(rows >= 0, entry.device_rows[rows.clamp(min=0)], rows)
+        return result
 
     @torch.no_grad()
     def decode(self, hidden_fn: HiddenFn, batch_size: int, *, allow_items=None, deny_items=None,
@@ -192,10 +255,16 @@ class Decoder:
 
         if normalise not in NORMALISE:
             raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {normalise!r}")
-        if lists is None and (allow_items is not None or deny_items is not None):
+        if lists is None and not _nothing_listed(batch_size, allow_items, deny_items):
+            if self.order != "unconstrained":
+                standing = self._standing_allow(batch_size, allow_items, normalise)
+                if standing is not None:
+                    return self._decode_standing(standing, hidden_fn, batch_size, deny_items, normalise)
             lists = self.request_lists(batch_size, allow_items, deny_items, normalise=normalise)
         if lists is not None:
             self._check_constrainable(lists, batch_size)
+            if lists.empty:  # nothing listed: the list-free path (and its graph)
+                lists = None
         from .loop import is_step_model
 
         if is_step_model(hidden_fn) and getattr(hidden_fn, "batch", batch_size) != batch_size:
@@ -228,3 +297,20 @@ class Decoder:
         if self.order == "score-first" and not isinstance(self.source, (StepIndex, HostTrie)):
             raise ZeroGRError(f"allow/deny lists need score-first over the step-sliced index or the host "
                               f"trie, not {type(self.source).__name__}")
+
+
+def _nothing_listed(batch_size: int, allow_items, deny_items) -> bool:
+    """No allow list and nothing denied (``None`` or empty per request), checked without
+    converting anything: such a call takes the list-free path at no host cost. Arguments
+    of the wrong kind or length are left to :func:`~zerogr_core.decode.constraints.build_lists`
+    to refuse."""
+    from .constraints import is_empty_request
+
+    def batch_of(x) -> bool:
+        return not isinstance(x, (str, bytes)) and hasattr(x, "__len__") and len(x) == batch_size
+
+    if allow_items is not None and (not batch_of(allow_items) or any(a is not None for a in allow_items)):
+        return False
+    if deny_items is None:
+        return True
+    return batch_of(deny_items) and all(is_empty_request(d) for d in deny_items)
