@@ -361,6 +361,10 @@ class _IdLookup:
                 self.table = np.full(span, -1, dtype=np.int32 if n < 2**31 else np.int64)
                 self.table[item_ids - self.base] = np.arange(n, dtype=self.table.dtype)
                 return
+        if item_ids.dtype.kind != "i":
+            # fixed-width UTF-8 bytes (byte order is code-point order): numpy's searchsorted
+            # copies a StringDType haystack on every call, a fixed-width one it does not
+            item_ids = np.strings.encode(item_ids, "utf-8")
         self.order = np.argsort(item_ids, kind="stable")
         self.sorted_ids = item_ids[self.order]
 
@@ -371,9 +375,16 @@ class _IdLookup:
             inside = (pos >= 0) & (pos < self.table.size)
             return np.where(inside, self.table[np.where(inside, pos, 0)], -1).astype(np.int64)
         n = self.order.size
+        longer = False
+        if self.sorted_ids.dtype.kind == "S":
+            ids = np.strings.encode(ids, "utf-8")
+            width = self.sorted_ids.dtype.itemsize
+            if ids.dtype.itemsize > width:  # an id longer than every catalog id is absent
+                longer = np.strings.str_len(ids) > width
+            ids = ids.astype(self.sorted_ids.dtype)
         pos = np.searchsorted(self.sorted_ids, ids)
         pos_c = np.minimum(pos, max(n - 1, 0))
-        found = (pos < n) & (self.sorted_ids[pos_c] == ids)
+        found = (pos < n) & (self.sorted_ids[pos_c] == ids) & ~longer
         return np.where(found, self.order[pos_c], -1).astype(np.int64)
 
 
