@@ -171,3 +171,31 @@ def test_large_allow_set_gets_its_own_index_by_default():
     assert big.indexed and not small.indexed
     assert big.decoder.index.n_items == big.rows.size == 1500
     assert big.decoder.catalog.item_ids.tolist() == catalog.item_ids[big.rows].tolist()
+
+
+def test_quick_constraints_suite_measures_the_public_api_without_polars(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from zerogr_core.bench.live import api_conditions
+
+    code = ("import sys; sys.modules['polars'] = None; sys.modules['plotly'] = None; "
+            "from zerogr_core.cli import main; "
+            f"sys.exit(main(['bench', '--quick', '--suite', 'constraints', '--device', 'cpu', "
+            f"'--out', {str(tmp_path)!r}]))")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    doc = json.loads(next(tmp_path.glob("constraints*.json")).read_text())
+    api = [r for r in doc["records"] if r["kind"] == "constraints-api"]
+    labels = [c[0] for c in api_conditions(1200, True)]
+    assert [r["condition"] for r in api] == labels
+    assert all(r["list_violations"] == 0 and r["valid"] for r in api)
+    assert all(r["p50_ratio"] > 0 for r in api if r["condition"] != "none")
+    checks = [r for r in doc["records"] if r["kind"] == "check" and "public API" in r["check"]]
+    assert len(checks) == len(labels) and all(r["passed"] for r in checks)
