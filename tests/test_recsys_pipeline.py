@@ -170,3 +170,21 @@ def test_shipped_checkpoint_reproduces_recorded_metrics():
     for key in ("overlap", "recall_filter_first", "recall_score_first", "ndcg_filter_first", "ndcg_score_first",
                 "recall_popularity"):
         assert again[key] == pytest.approx(rec["test"][key], abs=1e-9)
+
+
+def test_padded_batches_decode_as_one_and_the_clock_splits(tiny):
+    data_dir, out, _ = tiny
+    study = load_checkpoint(out)
+    data = load_movielens(data_dir)
+    split = leave_one_out(data)
+    rows = study.rows_of_items(data)
+    histories = [rows[split.history(u, "test")] for u in range(10)]
+    index = build_index(study.catalog)
+    for order in ("filter-first", "score-first"):
+        clock = {}
+        # 10 users in batches of 4: the last batch is padded to 4, its padding dropped
+        padded = decode_rows(study, histories, order, 8, batch_size=4, index=index, skip_seen=True, clock=clock)
+        whole = decode_rows(study, histories, order, 8, batch_size=10, index=index, skip_seen=True)
+        assert np.array_equal(padded, whole)
+        assert clock["batches"] == 3 and all(clock[k] >= 0 for k in ("first_call_s", "decode_s", "overhead_s"))
+        assert not any(np.isin(padded[u], histories[u]).any() for u in range(10))
