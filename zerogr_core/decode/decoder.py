@@ -64,13 +64,15 @@ class Decoder:
         filter-first on a CUDA index and the pure-PyTorch reference elsewhere.
     catalog : Catalog, optional
         The catalog the index was built from; needed to pass item ids to
-        :meth:`decode` (``allow_items`` / ``deny_items``).
+        :meth:`decode` (``allow_items`` / ``deny_items``) and to :meth:`register_items`.
 
     Attributes
     ----------
     gpu_engine : GpuEngine or None
         The GPU engine chosen by ``engine`` (its plans, graph error), or None on the
         reference path.
+    registry : ListRegistry
+        The standing lists registered with :meth:`register_items`.
 
     Notes
     -----
@@ -232,13 +234,20 @@ class Decoder:
             (:class:`zerogr_core.models.StepModel`) prefilled with the ``batch_size``
             requests: the loop calls its ``step(l, tokens, parents)``.
         batch_size : int
-        allow_items, deny_items : sequence of ``batch_size`` item-id arrays (or None), optional
-            Per request, only the allowed items / none of the denied items are returned
-            (ids as in ``catalog``; ids not in it are skipped). Enforced during decoding:
+        allow_items, deny_items : sequence of ``batch_size`` entries, or str, optional
+            Per request, only the allowed items / none of the denied items are returned.
+            An entry is an item-id array (ids as in ``catalog``; ids not in it are
+            skipped), the name of a list registered with :meth:`register_items`, or
+            ``None``; a single name stands for every request. Enforced during decoding:
             prefixes without an allowed item below them are never scored or kept, and
             filtering first normalises as ``normalise`` says. A request with fewer
             allowed items than ``beam_width`` gets them all, then padding (row -1, score
-            -inf). See :mod:`zerogr_core.decode.constraints`.
+            -inf). Costs (docs/constraints.md): no list, or only empty ones, takes the
+            list-free path; ids cost a lookup and a sort of the batch's listed rows on the
+            host and one pinned copy; a registered allow set with its own index, named by
+            every request, decodes over its sub-catalog with no list; a registered deny
+            set named by every request stays on the device. See
+            :mod:`zerogr_core.decode.constraints` and :mod:`zerogr_core.decode.registry`.
         lists : RequestLists, optional
             Ready-made row lists (:meth:`request_lists`), instead of the two id lists
             (they carry their own ``normalise``).
