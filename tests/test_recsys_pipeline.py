@@ -188,3 +188,19 @@ def test_padded_batches_decode_as_one_and_the_clock_splits(tiny):
         assert np.array_equal(padded, whole)
         assert clock["batches"] == 3 and all(clock[k] >= 0 for k in ("first_call_s", "decode_s", "overhead_s"))
         assert not any(np.isin(padded[u], histories[u]).any() for u in range(10))
+
+
+def test_staged_requests_match_a_closure_per_batch(tiny):
+    _, out, _ = tiny
+    study = load_checkpoint(out)
+    g = np.random.default_rng(0)
+    histories = [g.integers(0, study.catalog.n_items, g.integers(1, 30)) for _ in range(5)]
+    staged = study.model.staged(5, study.sids)
+    staged.load(histories)
+    fn = study.model.hidden_fn_for(histories, study.sids)
+    prefixes = torch.tensor(study.catalog.sids[:15, :2].astype(np.int64)).reshape(5, 3, 2)
+    for step in (0, 2):
+        p = prefixes[:, :1, :0] if step == 0 else prefixes
+        torch.testing.assert_close(staged(step, p), fn(step, p), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ZeroGRError, match="6 requests, the staged batch is 5"):
+        staged.load(histories + histories[:1])

@@ -181,12 +181,13 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
     if index is None:
         index = build_index(study.catalog, device=model.device)
     heads = model.head_weights()
-    # Each batch's hidden_fn is a new closure over that batch's encoded histories, so a
-    # captured graph could serve one batch only: capturing per batch (two warm-up decodes
-    # and a capture) would cost three decodes a batch. The engine decodes eagerly, as the
-    # reference path of scoring first does.
-    engine = "eager" if order == "filter-first" and index.device.type == "cuda" else "auto"
-    decoder = Decoder(index, heads, beam, order=order, engine=engine)
+    # A model that stages its requests in static buffers gives one hidden_fn for the run:
+    # the engine captures one graph and replays it every batch. A new closure per batch
+    # (other models, or the invalid-mass recorder) could be replayed for one batch only, and
+    # capturing per batch costs two warm-up decodes and a capture: those decode eagerly.
+    staged = model.staged(batch_size, study.sids) if hasattr(model, "staged") and invalid is None else None
+    eager = staged is None and order == "filter-first" and index.device.type == "cuda"
+    decoder = Decoder(index, heads, beam, order=order, engine="eager" if eager else "auto")
     validity = PrefixValidity(study.catalog) if invalid is not None else None
     out = np.full((len(histories), beam), -1, dtype=np.int64)
     clock = {} if clock is None else clock
@@ -195,10 +196,12 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
     def prepare(lo: int):
         chunk = histories[lo:lo + batch_size]
         chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one shape for the whole run
+        lists = RequestLists.from_rows(deny=chunk, normalise=seen_normalise) if skip_seen else None
+        if staged is not None:
+            return chunk, lists
         hidden_fn = model.hidden_fn_for(chunk, study.sids)
         if invalid is not None:
             hidden_fn = invalid.wrap(hidden_fn, heads, validity, keep=len(histories) - lo)
-        lists = RequestLists.from_rows(deny=chunk, normalise=seen_normalise) if skip_seen else None
         return hidden_fn, lists
 
     starts = list(range(0, len(histories), batch_size))
@@ -208,6 +211,9 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
     for i, lo in enumerate(starts):
         t0 = time.perf_counter()
         hidden_fn, lists = ready
+        if staged is not None:
+            staged.load(hidden_fn)  # stream-ordered after the previous decode
+            hidden_fn = staged
         result = decoder.decode(hidden_fn, batch_size, lists=lists)  # asynchronous on a GPU
         t1 = time.perf_counter()
         ready = prepare(starts[i + 1]) if i + 1 < len(starts) else None
