@@ -216,8 +216,7 @@ class Decoder:
             lists = self.request_lists(batch_size, None, deny_items, normalise=normalise)
             lists = None if lists.empty else sub_lists(entry, lists)
         result = entry.decoder.decode(hidden_fn, batch_size, lists=lists)
-        rows = result.item_rows
-        result.item_rows = torch.where(rows >= 0, entry.device_rows[rows.clamp(min=0)], rows)
+        result.item_rows = entry.device_rows[result.item_rows]  # padding (-1) stays -1
         return result
 
     @torch.no_grad()

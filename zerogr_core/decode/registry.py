@@ -52,8 +52,9 @@ class RegisteredList:
         Sorted, duplicate-free catalog rows (ids not in the catalog dropped).
     decoder : Decoder or None
         For an allow set with its own index: the decoder over the sub-catalog.
-    device_rows : torch.Tensor or None, shape (k,), int64
-        ``rows`` on the index's device, which maps the sub-decoder's rows back.
+    device_rows : torch.Tensor or None, shape (k + 1,), int64
+        ``rows`` on the index's device, then -1: indexed by the sub-decoder's rows (-1 for
+        padding picks the last entry) it maps them back in one gather.
     """
 
     name: str
@@ -147,7 +148,8 @@ def register(decoder, name: str, items, kind: str, index) -> RegisteredList:
     child = type(decoder)(sub_index, heads.shared if shared else list(heads.bands), decoder.beam_width,
                           decoder.order, band_offsets=heads.band_offsets if shared else None,
                           projection=decoder.projection, engine=decoder.engine, catalog=sub)
-    return RegisteredList(name, kind, rows, child, torch.from_numpy(rows).to(decoder.index.device))
+    mapping = torch.from_numpy(np.append(rows, -1).astype(np.int64)).to(decoder.index.device)
+    return RegisteredList(name, kind, rows, child, mapping)
 
 
 def sub_lists(entry: RegisteredList, lists):
