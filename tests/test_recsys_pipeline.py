@@ -129,6 +129,12 @@ def test_cli_quality_on_tiny_model(tiny, tmp_path, capsys):
     assert [row["step"] for row in report["invalid_mass"]] == [1, 2, 3]
     assert report["invalid_mass"][0]["beams"] == 12
     assert (tmp_path / "quality.json").is_file() and (tmp_path / "quality.html").is_file()
+    for order in ("filter-first", "score-first"):  # the clock: decode and host overhead apart
+        parts = [report["timing"][f"{order}_{p}"] for p in ("first_call_s", "decode_s", "overhead_s")]
+        assert all(p >= 0 for p in parts) and sum(parts) <= report["timing"][f"{order}_s"] + 1e-6
+    from zerogr_core.recsys.commands import format_report
+
+    assert "clock (s): filter-first decode " in format_report(report)
 
 
 def test_cli_errors_are_one_line(tiny, tmp_path, capsys):
