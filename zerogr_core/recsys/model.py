@@ -383,7 +383,13 @@ class SIDRecommender(nn.Module):
         """A ``hidden_fn`` over static request buffers that :meth:`StagedRequests.load` refills:
         one object for a whole run of ``batch``-request calls, so the decode engine captures
         one graph (the encoding included, at step 0) and replays it for every batch."""
-        return StagedRequests(self, batch, sids)
+        sids = sids.to(self.device)
+
+        def build(rows: torch.Tensor, lengths: torch.Tensor):
+            self.eval()
+            return self._hidden_fn(sids[rows], lengths)
+
+        return StagedRequests(batch, self.config.max_history, self.device, build)
 
     def describe(self) -> dict:
         """Config, codebook sizes and parameter count, for reports."""
@@ -394,33 +400,38 @@ class SIDRecommender(nn.Module):
 class StagedRequests:
     """The requests of a fixed-size batch in static device buffers, and their ``hidden_fn``.
 
-    Histories are padded to ``max_history`` items, so every batch has one shape; the
-    encoder runs at step 0 of each decode (inside a captured graph), from the buffers
-    :meth:`load` last filled. Attention is causal and the cross-attention masks padding,
-    so padded positions change nothing a request reads.
+    Histories are kept to their newest ``width`` items and padded to ``width``, so every
+    batch has one shape; ``build(rows, lengths)`` (the model's encoding: item rows (B, width)
+    and lengths (B,) in, a ``hidden_fn`` out) runs at step 0 of each decode, inside a
+    captured graph, from the buffers :meth:`load` last filled. The models mask padding, so
+    padded positions change nothing a request reads.
+
+    Parameters
+    ----------
+    batch, width : int
+    device : torch.device
+    build : callable(rows, lengths) -> hidden_fn
     """
 
-    def __init__(self, model: SIDRecommender, batch: int, sids: torch.Tensor):
-        self.model, self.batch = model, batch
-        self.sids = sids.to(model.device)
-        self.history = torch.zeros(batch, model.config.max_history, dtype=torch.int64, device=model.device)
-        self.lengths = torch.ones(batch, dtype=torch.int64, device=model.device)
+    def __init__(self, batch: int, width: int, device, build: Callable):
+        self.batch, self.width, self.build = batch, width, build
+        self.rows = torch.zeros(batch, width, dtype=torch.int64, device=device)
+        self.lengths = torch.ones(batch, dtype=torch.int64, device=device)
         self._fn = None
 
     def load(self, histories: Sequence[np.ndarray]) -> None:
         """Copy ``batch`` histories (item rows, oldest first, each non-empty) into the buffers."""
         if len(histories) != self.batch:
             raise ZeroGRError(f"histories: {len(histories)} requests, the staged batch is {self.batch}")
-        history, lengths = pack_histories(histories, self.model.config.max_history)
-        self.history.zero_()
-        self.history[:, :history.shape[1]].copy_(history)
+        rows, lengths = pack_histories(histories, self.width)
+        self.rows.zero_()
+        self.rows[:, :rows.shape[1]].copy_(rows)
         self.lengths.copy_(lengths)
 
     @torch.no_grad()
     def __call__(self, step: int, prefixes: torch.Tensor) -> torch.Tensor:
         if step == 0:
-            self.model.eval()
-            self._fn = self.model._hidden_fn(self.sids[self.history], self.lengths)
+            self._fn = self.build(self.rows, self.lengths)
         return self._fn(step, prefixes)
 
 
