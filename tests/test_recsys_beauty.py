@@ -486,3 +486,27 @@ def test_bundled_beauty_sid_file_matches_its_maker():
     assert np.array_equal(on_disk.sids, fresh.sids)
     assert np.array_equal(on_disk.item_ids.astype(str), fresh.item_ids.astype(str))
     assert on_disk.codebook_sizes == fresh.codebook_sizes
+
+
+def test_t5_staged_requests_decode_as_hidden_fn_for():
+    pytest.importorskip("transformers")
+    from zerogr_core import Catalog, Decoder, build_index
+    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+
+    torch.manual_seed(0)
+    sizes = (5, 6, 7)
+    model = T5Recommender(T5Config(encoder_layers=1, decoder_layers=2, d_model=32, n_heads=3, d_kv=8, d_ff=64,
+                                   max_items=4), sizes)
+    rng = np.random.default_rng(0)
+    catalog = Catalog.from_sids(np.unique(np.stack([rng.integers(0, v, 80) for v in sizes], 1), axis=0), sizes)
+    sids = torch.from_numpy(catalog.sids.astype(np.int64))
+    staged = model.staged(3, sids)
+    dec = Decoder(build_index(catalog), model.head_weights(), 6)
+    # one staged object refilled per batch (histories shorter than, equal to and over max_items)
+    for histories in ([np.array([3]), np.arange(9), np.array([5, 1, 2])], [np.array([7, 8]), np.array([1]),
+                                                                          np.arange(4)]):
+        staged.load(histories)
+        got = dec.decode(staged, 3)
+        ref = dec.decode(model.hidden_fn_for(histories, sids), 3)
+        assert torch.equal(got.item_rows, ref.item_rows)
+        torch.testing.assert_close(got.scores, ref.scores, atol=1e-5, rtol=1e-5)

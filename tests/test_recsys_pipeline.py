@@ -129,6 +129,12 @@ def test_cli_quality_on_tiny_model(tiny, tmp_path, capsys):
     assert [row["step"] for row in report["invalid_mass"]] == [1, 2, 3]
     assert report["invalid_mass"][0]["beams"] == 12
     assert (tmp_path / "quality.json").is_file() and (tmp_path / "quality.html").is_file()
+    for order in ("filter-first", "score-first"):  # the clock: decode and host overhead apart
+        parts = [report["timing"][f"{order}_{p}"] for p in ("first_call_s", "decode_s", "overhead_s")]
+        assert all(p >= 0 for p in parts) and sum(parts) <= report["timing"][f"{order}_s"] + 1e-6
+    from zerogr_core.recsys.commands import format_report
+
+    assert "clock (s): filter-first decode " in format_report(report)
 
 
 def test_cli_errors_are_one_line(tiny, tmp_path, capsys):
@@ -170,3 +176,37 @@ def test_shipped_checkpoint_reproduces_recorded_metrics():
     for key in ("overlap", "recall_filter_first", "recall_score_first", "ndcg_filter_first", "ndcg_score_first",
                 "recall_popularity"):
         assert again[key] == pytest.approx(rec["test"][key], abs=1e-9)
+
+
+def test_padded_batches_decode_as_one_and_the_clock_splits(tiny):
+    data_dir, out, _ = tiny
+    study = load_checkpoint(out)
+    data = load_movielens(data_dir)
+    split = leave_one_out(data)
+    rows = study.rows_of_items(data)
+    histories = [rows[split.history(u, "test")] for u in range(10)]
+    index = build_index(study.catalog)
+    for order in ("filter-first", "score-first"):
+        clock = {}
+        # 10 users in batches of 4: the last batch is padded to 4, its padding dropped
+        padded = decode_rows(study, histories, order, 8, batch_size=4, index=index, skip_seen=True, clock=clock)
+        whole = decode_rows(study, histories, order, 8, batch_size=10, index=index, skip_seen=True)
+        assert np.array_equal(padded, whole)
+        assert clock["batches"] == 3 and all(clock[k] >= 0 for k in ("first_call_s", "decode_s", "overhead_s"))
+        assert not any(np.isin(padded[u], histories[u]).any() for u in range(10))
+
+
+def test_staged_requests_match_a_closure_per_batch(tiny):
+    _, out, _ = tiny
+    study = load_checkpoint(out)
+    g = np.random.default_rng(0)
+    histories = [g.integers(0, study.catalog.n_items, g.integers(1, 30)) for _ in range(5)]
+    staged = study.model.staged(5, study.sids)
+    staged.load(histories)
+    fn = study.model.hidden_fn_for(histories, study.sids)
+    prefixes = torch.tensor(study.catalog.sids[:15, :2].astype(np.int64)).reshape(5, 3, 2)
+    for step in (0, 2):
+        p = prefixes[:, :1, :0] if step == 0 else prefixes
+        torch.testing.assert_close(staged(step, p), fn(step, p), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ZeroGRError, match="6 requests, the staged batch is 5"):
+        staged.load(histories + histories[:1])

@@ -260,7 +260,88 @@ def suite_constraints(s, suite: str) -> None:
             s.emit(suite, "constraints", wl, dict(methods=["zerogr"], **shape), **rec)
             line.append(f"{label}: p50={stats['median_ms']:.3f} ms")
         s.log(f"[{suite}] {wl.spec.label} {ctx.label} beam {beam} batch {batch}: " + "; ".join(line))
+        _public_api(s, suite, wl, ctx, model, shape, rng)
         ctx.release()
+
+
+def api_conditions(n_items: int, quick: bool) -> list[tuple[str, str, int, str]]:
+    """(label, kind, listed ids per request, normalise) of the public-API part: no lists,
+    deny 0 / 100 / 10,000 ids (the last also catalog-normalised), an allow list of 1 % of
+    the catalog passed per call, the same set registered once and named per request, and a
+    registered deny set named by every request."""
+    deny = [0, 10, 100] if quick else [0, 100, 10_000]
+    one = max(1, n_items // 100)
+    out = [("none", "none", 0, "request")]
+    out += [(f"deny {d:,}", "deny", min(d, n_items - 1), "request") for d in deny]
+    out.append((f"deny {deny[-1]:,}, catalog-normalised", "deny", min(deny[-1], n_items - 1), "catalog"))
+    out.append(("allow 1%", "allow", one, "request"))
+    out.append(("allow 1%, registered", "allow-registered", one, "request"))
+    out.append((f"deny {deny[-1]:,}, registered", "deny-registered", min(deny[-1], n_items - 1), "request"))
+    return out
+
+
+def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Generator) -> None:
+    """Whole-call latency of ``Decoder.decode(..., deny_items=/allow_items=)`` with item ids,
+    as a user calls it (list building and copies included), against the same decoder
+    without lists. The decoder decodes through the suite's engine (its plan and graphs);
+    a registered allow set builds its sub-catalog index and plans once, before timing."""
+    from ..decode.decoder import Decoder
+    from .checks import check_valid
+    from ..timing import time_runs
+
+    batch = shape["batch"]
+    cat = wl.catalog
+    dec = Decoder(wl.index, beam_width=ctx.beam, catalog=cat, **wl.decoder_heads(ctx.heads))
+    if dec.gpu_engine is not None:
+        dec.gpu_engine = ctx.engine
+    base, line = None, []
+    for label, kind, count, normalise in api_conditions(cat.n_items, s.o.quick):
+        if s.expired():
+            s.skipped(suite, wl, f"public API {label} batch {batch}")
+            break
+        # ids drawn with repetition (a user's list may repeat ids): a draw without it
+        # would permute the whole catalog
+        ids = [cat.item_ids[rng.integers(0, cat.n_items, count)] for _ in range(batch)]
+        kwargs = dict(normalise=normalise)
+        if kind in ("deny", "allow"):
+            kwargs[f"{kind}_items"] = ids
+        elif kind.endswith("registered"):
+            what = kind.split("-")[0]
+            dec.register_items(label, ids[0], kind=what, index=True if what == "allow" else None)
+            ids = [ids[0]] * batch
+            kwargs[f"{what}_items"] = label
+        try:
+            out = dec.decode(model, batch, **kwargs)
+            v = check_valid(wl.index, out.tokens, out.scores, out.item_rows, constrained=True)
+            lists = None if kind == "none" else dec.request_lists(
+                batch, ids if kind.startswith("allow") else None, ids if kind.startswith("deny") else None)
+            rows = out.item_rows.cpu().numpy()
+            violations = 0 if lists is None else int(sum(
+                (~lists.allows(r, rows[r][rows[r] >= 0])).sum() for r in range(batch)))
+            heavy = count * batch > 1_000_000
+            samples = time_runs(lambda: dec.decode(model, batch, **kwargs), s.dev,
+                                repeats=3 if s.o.quick else (10 if heavy else 30), warmup=1 if heavy else 3,
+                                before=model.load)
+        except Exception as exc:  # noqa: BLE001 - one condition's failure must not lose the others
+            s.error(suite, wl, f"public API {label} batch {batch}", exc)
+            continue
+        finally:
+            if kind.endswith("registered") and label in dec.registry:
+                dec.unregister_items(label)
+        s.emit(suite, "check", wl, dict(methods=["zerogr"], **shape), method="zerogr", **shape,
+               check=f"valid items within the lists, public API ({label})",
+               passed=bool(v["passed"] and violations == 0), list_violations=violations)
+        stats = summarize(samples)
+        if kind == "none":
+            base = stats
+        rec = dict(method="zerogr", path="public API", condition=label, list_kind=kind, normalise=normalise,
+                   listed_per_request=count, valid=v["passed"], list_violations=violations, **shape, **stats)
+        if base is not None and kind != "none":
+            rec.update(p50_ratio=stats["median_ms"] / base["median_ms"], p99_ratio=stats["p99_ms"] / base["p99_ms"])
+        s.emit(suite, "constraints-api", wl, dict(methods=["zerogr"], **shape), **rec)
+        line.append(f"{label}: p50={stats['median_ms']:.3f} ms" +
+                    (f" ({rec['p50_ratio']:.2f}x)" if "p50_ratio" in rec else ""))
+    s.log(f"[{suite}] public API {wl.spec.label} {ctx.label} beam {ctx.beam} batch {batch}: " + "; ".join(line))
 
 
 def suite_live(s, suite: str) -> None:

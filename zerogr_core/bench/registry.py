@@ -61,7 +61,8 @@ SUITES = (
           "seconds to the first decode of a shape in a fresh process, with empty then warm plan and Triton caches",
           in_app=False),
     Suite("constraints", "live:suite_constraints",
-          "decode latency with per-request deny lists (0, 100, 10,000 rows) and a 1 % allow list against none"),
+          "decode latency with per-request deny lists (0, 100, 10,000 rows) and a 1 % allow list against none, "
+          "on the engine with prebuilt lists and through Decoder.decode with item ids (registered sets too)"),
     # Threads decode while the catalog is rebuilt beside them: not for the app's shared GPU.
     Suite("live", "live:suite_live",
           "live-catalog load test: threads decode while items are deleted, added and the catalog replaced "

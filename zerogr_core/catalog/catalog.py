@@ -239,9 +239,10 @@ class Catalog:
         return self.item_ids.dtype.kind != "i"
 
     @cached_property
-    def _id_order(self) -> np.ndarray:
-        # Sorted view of the ids for binary-search lookups, built on first use: N int64.
-        return np.argsort(self.item_ids, kind="stable")
+    def _id_lookup(self) -> "_IdLookup":
+        # built once per catalog on the first lookup, so a lookup of k ids costs O(k)
+        # (dense integer ids) or k binary searches, and never touches all N ids again
+        return _build_id_lookup(self.item_ids)
 
     def rows_of(self, item_ids, *, missing: str = "error", what: str = "item id") -> np.ndarray:
         """Rows of ``item_ids`` in the sorted table.
@@ -260,12 +261,8 @@ class Catalog:
         np.ndarray, shape (k,) (fewer with ``missing="drop"``), int64
         """
         ids = _lookup_keys(item_ids, self.string_ids, what)
-        order = self._id_order
-        sorted_ids = self.item_ids[order]
-        pos = np.searchsorted(sorted_ids, ids)
-        pos_c = np.minimum(pos, max(self.n_items - 1, 0))
-        found = (pos < self.n_items) & (sorted_ids[pos_c] == ids)
-        rows = np.where(found, order[pos_c], -1).astype(np.int64)
+        rows = self._id_lookup.rows(ids)
+        found = rows >= 0
         if not found.all():
             if missing == "error":
                 bad = int(np.flatnonzero(~found)[0])
@@ -348,6 +345,57 @@ def _segment_lengths(h: np.ndarray, level: int) -> np.ndarray:
     sub = h[h <= level]
     starts = np.flatnonzero(sub < level) if level else np.zeros(1, dtype=np.int64)
     return np.diff(np.append(starts, sub.size))
+
+
+class _IdLookup:
+    """Item id → row: a direct table when integer ids are dense (span at most
+    :data:`DENSE_ID_SPAN` times the catalog), else the sorted ids and their rows."""
+
+    def __init__(self, item_ids: np.ndarray):
+        n = item_ids.shape[0]
+        self.table = self.sorted_ids = self.order = None
+        if item_ids.dtype.kind == "i" and n:
+            self.base = int(item_ids.min())
+            span = int(item_ids.max()) - self.base + 1
+            if span <= DENSE_ID_SPAN * n:
+                self.table = np.full(span, -1, dtype=np.int32 if n < 2**31 else np.int64)
+                self.table[item_ids - self.base] = np.arange(n, dtype=self.table.dtype)
+                return
+        if item_ids.dtype.kind != "i":
+            # fixed-width UTF-8 bytes (byte order is code-point order): numpy's searchsorted
+            # copies a StringDType haystack on every call, a fixed-width one it does not
+            item_ids = np.strings.encode(item_ids, "utf-8")
+        self.order = np.argsort(item_ids, kind="stable")
+        self.sorted_ids = item_ids[self.order]
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of ``ids`` (same kind as the catalog's), -1 where absent; int64."""
+        if self.table is not None:
+            pos = ids - self.base
+            inside = (pos >= 0) & (pos < self.table.size)
+            return np.where(inside, self.table[np.where(inside, pos, 0)], -1).astype(np.int64)
+        n = self.order.size
+        longer = False
+        if self.sorted_ids.dtype.kind == "S":
+            ids = np.strings.encode(ids, "utf-8")
+            width = self.sorted_ids.dtype.itemsize
+            if ids.dtype.itemsize > width:  # an id longer than every catalog id is absent
+                longer = np.strings.str_len(ids) > width
+            ids = ids.astype(self.sorted_ids.dtype)
+        pos = np.searchsorted(self.sorted_ids, ids)
+        pos_c = np.minimum(pos, max(n - 1, 0))
+        found = (pos < n) & (self.sorted_ids[pos_c] == ids) & ~longer
+        return np.where(found, self.order[pos_c], -1).astype(np.int64)
+
+
+DENSE_ID_SPAN = 4
+"""Integer ids spanning at most this many times the catalog's size are looked up through a
+direct table (4 bytes per id of the span) instead of binary searches."""
+
+
+def _build_id_lookup(item_ids: np.ndarray) -> _IdLookup:
+    """The id → row lookup of a catalog's ids, for :meth:`Catalog.rows_of`."""
+    return _IdLookup(item_ids)
 
 
 def format_item_id(value) -> str:

@@ -116,6 +116,12 @@ class RequestLists:
             raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {self.normalise!r}")
 
     @property
+    def empty(self) -> bool:
+        """Whether the lists restrict nothing (no allow list, nothing denied): decoding
+        them is decoding without lists."""
+        return not self.rows.size and not self.glob.size and not (self.mode & 1).any()
+
+    @property
     def catalog_normalised(self) -> bool:
         return self.normalise == "catalog"
 
@@ -188,45 +194,122 @@ class RequestLists:
                 torch.from_numpy(self.device_mode()).to(device))
 
 
-def _row_list(catalog, items, what: str) -> np.ndarray:
-    """Sorted unique rows of ``items``; ids not in the catalog are skipped (nothing to allow or deny)."""
-    if items is None:
-        return np.zeros(0, dtype=np.int64)
+def _id_array(items, what: str) -> np.ndarray:
+    """One request's ids as a 1-D array (a bare id where a list was meant is refused: it
+    would silently become a one-item list)."""
     given = type(items).__name__
-    items = np.asarray(items if not isinstance(items, (set, frozenset)) else list(items))
-    if items.ndim != 1:  # a bare id where a list was meant would silently become a one-item list
-        raise ZeroGRError(f"{what} must be a list of item ids (or None), got {given} of {items.ndim} dimensions")
-    return np.unique(catalog.rows_of(items.reshape(-1), missing="drop", what=what))
+    arr = np.asarray(items if not isinstance(items, (set, frozenset)) else list(items))
+    if arr.ndim != 1:
+        raise ZeroGRError(f"{what} must be a list of item ids (or None), got {given} of {arr.ndim} dimensions")
+    return arr
 
 
 def _per_request(items, batch: int, name: str) -> Sequence:
     if items is None:
         return [None] * batch
-    if isinstance(items, (str, bytes)) or not hasattr(items, "__len__"):
+    if isinstance(items, str):  # one registered list for the whole batch
+        return [items] * batch
+    if isinstance(items, bytes) or not hasattr(items, "__len__"):
         raise ZeroGRError(f"{name} must be a sequence of {batch} id lists (or None), got {type(items).__name__}")
     if len(items) != batch:
         raise ZeroGRError(f"{name} lists {len(items)} requests, batch_size is {batch}")
     return items
 
 
+def is_empty_request(items) -> bool:
+    """Whether one request's list entry asks for nothing: ``None`` or an empty id list
+    (cheap: no conversion, so an absent or empty list costs no host work)."""
+    if items is None:
+        return True
+    if isinstance(items, str):
+        return False
+    try:
+        return len(items) == 0
+    except TypeError:
+        return False
+
+
+def _keys(catalog, entries: Sequence, name: str, registry) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, listed)``: the sorted unique ``request * N + row`` keys of every request's
+    list (ids not in the catalog skipped), and which requests have a list at all.
+
+    The ids of the whole batch are looked up in one vectorised call
+    (:meth:`Catalog.rows_of`); a registered list (a name) contributes its stored rows."""
+    n = catalog.n_items
+    batch = len(entries)
+    listed = np.zeros(batch, dtype=bool)
+    arrays, owners, ready = [], [], []
+    for r, items in enumerate(entries):
+        if items is None:
+            continue
+        listed[r] = True
+        if isinstance(items, str):
+            rows = (registry.rows(items, name, r) if registry is not None else
+                    _unregistered(items, name, r))
+            ready.append(rows + np.int64(r) * n)
+            continue
+        arr = _id_array(items, f"{name}[{r}]")
+        if arr.size:
+            arrays.append(arr)
+            owners.append(np.full(arr.size, r, dtype=np.int64))
+    keys = ready
+    if arrays:
+        owner = np.concatenate(owners) if len(owners) > 1 else owners[0]
+        try:
+            ids = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+            rows = catalog.rows_of(ids, missing="mark", what=name)
+        except (ZeroGRError, TypeError, ValueError):
+            # ids of mixed kinds, or a wrong id: look up per request (naming it in the error)
+            rows = np.concatenate([catalog.rows_of(arr, missing="mark", what=f"{name}[{int(r)}]")
+                                   for r, arr in zip(np.unique(owner), arrays)])
+        found = rows >= 0
+        keys = keys + [owner[found] * n + rows[found]]
+    if not keys:
+        return np.zeros(0, dtype=np.int64), listed
+    return _sorted_unique(np.concatenate(keys) if len(keys) > 1 else keys[0]), listed
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct ``values`` (a sort and one comparison: ``np.unique`` hashes, which is
+    many times slower on a batch's worth of keys)."""
+    out = np.sort(values)
+    if out.size > 1:
+        keep = np.empty(out.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(out[1:], out[:-1], out=keep[1:])
+        out = out[keep]
+    return out
+
+
+def _unregistered(name_given: str, name: str, r: int):
+    raise ZeroGRError(f"{name}[{r}]: {name_given!r} is not a registered list (Decoder.register_items)")
+
+
 def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
-                global_deny_rows: np.ndarray | None = None, normalise: str = "request") -> RequestLists:
+                global_deny_rows: np.ndarray | None = None, normalise: str = "request",
+                registry=None) -> RequestLists:
     """Merge allow lists, deny lists and a global deny set into one list per request.
+
+    Vectorised over the batch: one id lookup for every request's ids, set operations on
+    ``request * N + row`` keys; nothing scales with the catalog.
 
     Parameters
     ----------
     catalog : Catalog
         Maps item ids to rows (:meth:`Catalog.rows_of`); ids it does not hold are skipped.
     batch : int
-    allow_items, deny_items : sequence of ``batch`` id arrays (or None), optional
-        Per request: only these items / never these items. ``None`` for the whole
-        argument or for one request means no list.
+    allow_items, deny_items : sequence of ``batch`` entries, or str, optional
+        Per request: only these items / never these items, as an id array, the name of
+        a list registered in ``registry``, or ``None`` (no list). A single name stands
+        for every request.
     global_deny_rows : np.ndarray, optional
         Sorted, duplicate-free rows no request may return (deleted items of a live
         catalog); kept once for the batch (the same array object, so an engine that
         already holds it on the device skips the copy).
     normalise : {"request", "catalog"}
         See :class:`RequestLists`.
+    registry : ListRegistry, optional
+        Resolves list names (:class:`~zerogr_core.decode.registry.ListRegistry`).
 
     Returns
     -------
@@ -238,7 +321,7 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     Raises
     ------
     ZeroGRError
-        A list argument of the wrong length, or an id of the wrong kind.
+        A list argument of the wrong length, an id of the wrong kind, or an unknown name.
     """
     allow = _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
@@ -246,20 +329,29 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
         np.asarray(global_deny_rows, dtype=np.int64)
     if glob.size > 1 and not (glob[1:] > glob[:-1]).all():
         glob = np.unique(glob)
-    lists, mode = [], np.zeros(batch, dtype=np.int32)
-    for r in range(batch):
-        denied = _row_list(catalog, deny[r], f"deny_items[{r}]")
-        if allow[r] is not None:
-            allowed = _row_list(catalog, allow[r], f"allow_items[{r}]")
-            allowed = np.setdiff1d(allowed, denied, assume_unique=True)
-            lists.append(allowed[~_sorted_isin(allowed, glob)])
-            mode[r] = 1
-        else:
-            lists.append(denied[~_sorted_isin(denied, glob)])
+    if registry is not None and normalise == "request":
+        # a deny set every request names is the batch's global segment: the registered
+        # array itself, which the engine's device buffer keeps from call to call
+        standing = registry.shared(deny, "deny")
+        if standing is not None:
+            deny = [None] * batch
+            glob = standing.rows if not glob.size else np.union1d(glob, standing.rows)
+    n = catalog.n_items
+    allow_keys, allowing = _keys(catalog, allow, "allow_items", registry)
+    deny_keys, _ = _keys(catalog, deny, "deny_items", registry)
+    # allow requests: allow - deny; deny requests: their deny keys; then - global for both
+    allow_keys = allow_keys[~_sorted_isin(allow_keys, deny_keys)]
+    deny_keys = deny_keys[~allowing[deny_keys // n]] if deny_keys.size else deny_keys
+    keys = np.concatenate([allow_keys, deny_keys])
+    if allow_keys.size and deny_keys.size:
+        keys.sort(kind="stable")
+    rows = keys % n if n else keys
+    if glob.size:
+        keep = ~_sorted_isin(rows, glob)
+        keys, rows = keys[keep], rows[keep]
     offsets = np.zeros(batch + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(x) for x in lists])
-    rows = np.concatenate(lists).astype(np.int64) if lists else np.zeros(0, dtype=np.int64)
-    return RequestLists(offsets, rows, mode, glob, normalise)
+    offsets[1:] = np.cumsum(np.bincount(keys // max(n, 1), minlength=batch))
+    return RequestLists(offsets, rows.astype(np.int64, copy=False), allowing.astype(np.int32), glob, normalise)
 
 
 def _sorted_isin(values: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:
@@ -317,20 +409,62 @@ def capacity_for(rows_needed: int) -> int:
     return cap
 
 
-@dataclass
 class ListBuffers:
-    """Static device buffers of a captured shape's lists (capacity rows).
+    """Persistent list buffers of a captured shape (``capacity`` rows), one block per side.
 
-    ``rows`` holds the global deny list first, then the requests' lists; ``loaded_glob``
-    is the global array last copied in, so a run of calls with the same global list (one
-    live-catalog version) copies only the per-request rows.
+    One int64 device block holds, in order, the offsets (``batch + 2``), the modes
+    (``batch`` int32, in ``batch`` int64 slots) and the rows (the global deny list first,
+    then the requests' lists); :attr:`offsets`, :attr:`mode` and :attr:`rows` are views of
+    it, which the captured graph reads. A pinned host block of the same layout stages each
+    call's lists, so a call is one or two non-blocking copies (header and rows; the global
+    list only when it changed). ``loaded_glob`` is the global array last copied in, so a
+    run of calls with the same global list (one live-catalog version, or a registered deny
+    set) copies only the per-request rows.
     """
 
-    offsets: torch.Tensor
-    rows: torch.Tensor
-    mode: torch.Tensor
-    capacity: int
-    loaded_glob: object = None
+    def __init__(self, batch: int, capacity: int, device):
+        device = torch.device(device)
+        self.batch, self.capacity = batch, capacity
+        self.header = 2 * batch + 2
+        size = self.header + capacity
+        self.block = torch.zeros(size, dtype=torch.int64, device=device)
+        self.offsets = self.block[:batch + 2]
+        self.mode = self.block[batch + 2:self.header].view(torch.int32)[:batch]
+        self.rows = self.block[self.header:]
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=cuda)
+        self._host = self.host.numpy()
+        self._host_mode = self._host[batch + 2:self.header].view(np.int32)[:batch]
+        # the last copies out of ``host``: refilled only once they are done
+        self.copied = torch.cuda.Event() if cuda else None
+        self.pending = False
+        self.loaded_glob = None
+
+    def load(self, lists: "RequestLists") -> None:
+        """Stage ``lists`` in the pinned block and copy them in, stream-ordered before the
+        replay that reads them (no host synchronisation but the previous copy's)."""
+        if self.pending:
+            self.copied.synchronize()
+        b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.size)
+        host = self._host
+        host[0] = 0
+        host[1:b + 2] = lists.offsets + g
+        self._host_mode[:] = lists.device_mode()
+        fresh = g and self.loaded_glob is not lists.glob
+        if fresh:
+            host[h:h + g] = lists.glob
+        host[h + g:h + g + r] = lists.rows
+        if fresh or not g:
+            self.block[:h + g + r].copy_(self.host[:h + g + r], non_blocking=True)
+        else:
+            self.block[:h].copy_(self.host[:h], non_blocking=True)
+            if r:
+                self.block[h + g:h + g + r].copy_(self.host[h + g:h + g + r], non_blocking=True)
+        # with no global list the request rows start at 0 and overwrite the old one
+        self.loaded_glob = lists.glob if g else None
+        if self.copied is not None:
+            self.copied.record()
+            self.pending = True
 
 
 def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise: str = "request") -> ListBuffers:
@@ -345,9 +479,7 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     """
     catalog = normalise == "catalog"
     dev = index.device
-    buffers = ListBuffers(torch.zeros(batch + 2, dtype=torch.int64, device=dev),
-                          torch.zeros(capacity, dtype=torch.int64, device=dev),
-                          torch.zeros(batch, dtype=torch.int32, device=dev), capacity)
+    buffers = ListBuffers(batch, capacity, dev)
     starts = row_starts(index)
     n_iter = search_iterations(capacity)
 
@@ -373,12 +505,4 @@ def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
         raise ZeroGRError(f"{lists.total_rows} listed rows exceed the buffer capacity {buffers.capacity}")
     if lists.batch != buffers.mode.shape[0]:
         raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.mode.shape[0]}")
-    buffers.offsets.copy_(torch.from_numpy(lists.device_offsets()))
-    buffers.mode.copy_(torch.from_numpy(lists.device_mode()))
-    g = int(lists.glob.size)
-    if g and buffers.loaded_glob is not lists.glob:
-        buffers.rows[:g].copy_(torch.from_numpy(lists.glob))
-    # with no global list the request rows start at 0 and overwrite the old one
-    buffers.loaded_glob = lists.glob if g else None
-    if lists.rows.size:
-        buffers.rows[g:g + lists.rows.size].copy_(torch.from_numpy(lists.rows))
+    buffers.load(lists)

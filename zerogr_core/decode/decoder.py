@@ -14,6 +14,7 @@ from .heads import Heads
 from .ops import DISPATCH, REFERENCE, KernelOps, no_timer
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
 from .reference_plan import default_projection, make_reference_plan, plan_projection, plan_rows
+from .registry import ListRegistry
 from .search import DecodeModel, DecodeResult, beam_search
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
@@ -59,13 +60,15 @@ class Decoder:
         filter-first on a CUDA index and the pure-PyTorch reference elsewhere.
     catalog : Catalog, optional
         The catalog the index was built from; needed to pass item ids to
-        :meth:`decode` (``allow_items`` / ``deny_items``).
+        :meth:`decode` (``allow_items`` / ``deny_items``) and to :meth:`register_items`.
 
     Attributes
     ----------
     gpu_engine : GpuEngine or None
         The GPU engine chosen by ``engine`` (its plans, graph error), or None on the
         reference path.
+    registry : ListRegistry
+        The standing lists registered with :meth:`register_items`.
 
     Notes
     -----
@@ -79,6 +82,8 @@ class Decoder:
                  band_offsets: Sequence[int] | None = None, projection=None, source=None,
                  engine: str = "auto", catalog=None):
         self.catalog = catalog
+        self.engine = engine
+        self.registry = ListRegistry()
         if catalog is not None and catalog.n_items != index.n_items:
             raise ZeroGRError(f"catalog has {catalog.n_items} items but the index has {index.n_items}")
         if order not in ORDERS:
@@ -140,14 +145,74 @@ class Decoder:
             return ScoreFirst(self.source, self.heads, ops)
         return Unconstrained(self.heads)
 
+    def register_items(self, name: str, items, kind: str = "allow", *, index: bool | None = None):
+        """Register a standing list once; requests then name it in ``allow_items`` /
+        ``deny_items`` instead of shipping its ids (:mod:`zerogr_core.decode.registry`).
+
+        Parameters
+        ----------
+        name : str
+            What requests call it (registering a name again replaces the list).
+        items : sequence of item ids
+            Ids as in ``catalog``; ids not in it are skipped.
+        kind : {"allow", "deny"}
+            Whether requests naming it may return only these items, or none of them.
+        index : bool, optional
+            Give an allow set an index of its own over its sub-catalog, built now with the
+            decoder's index config on its device, so a batch that names only it decodes
+            over the sub-catalog (default: for allow sets of at least
+            :data:`~zerogr_core.decode.registry.SUB_INDEX_MIN_ROWS` rows).
+
+        Returns
+        -------
+        RegisteredList
+        """
+        from .registry import register
+
+        entry = register(self, name, items, kind, index)
+        self.registry.add(entry)
+        return entry
+
+    def unregister_items(self, name: str) -> None:
+        """Forget a registered list (its sub-catalog index and plans with it)."""
+        self.registry.remove(name)
+
     def request_lists(self, batch_size: int, allow_items=None, deny_items=None, global_deny_rows=None,
                       normalise: str = "request"):
-        """Per-request row lists for :meth:`decode` (:func:`~zerogr_core.decode.constraints.build_lists`)."""
+        """Per-request row lists for :meth:`decode` (:func:`~zerogr_core.decode.constraints.build_lists`;
+        registered names resolve to their rows)."""
         from .constraints import build_lists
 
         if self.catalog is None:
             raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
-        return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise)
+        return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise,
+                           registry=self.registry)
+
+    def _standing_allow(self, batch_size: int, allow_items, normalise: str):
+        """The indexed allow set every request names, if the batch may decode over it
+        (under ``normalise="catalog"`` filtering first needs the whole catalog's normaliser)."""
+        if not isinstance(allow_items, str) and not (
+                isinstance(allow_items, (list, tuple)) and allow_items and isinstance(allow_items[0], str)):
+            return None
+        from .constraints import _per_request
+
+        entry = self.registry.shared(_per_request(allow_items, batch_size, "allow_items"), "allow")
+        if entry is None or not entry.indexed or (normalise == "catalog" and self.order == "filter-first"):
+            return None
+        return entry
+
+    def _decode_standing(self, entry, model: DecodeModel, batch_size: int, deny_items, normalise: str, *,
+                         timer=None, on_step=None) -> DecodeResult:
+        """Decode over the sub-catalog of ``entry``, then map its rows back to the catalog's."""
+        from .registry import sub_lists
+
+        lists = None
+        if deny_items is not None:
+            lists = self.request_lists(batch_size, None, deny_items, normalise=normalise)
+            lists = None if lists.empty else sub_lists(entry, lists)
+        result = entry.decoder.decode(model, batch_size, lists=lists, timer=timer, on_step=on_step)
+        result.item_rows = entry.device_rows[result.item_rows]  # padding (-1) stays -1
+        return result
 
     def plan_table(self, model: DecodeModel, batch: int) -> list[dict]:
         """The plan that serves ``batch`` requests as rows a page or a report can show.
@@ -196,13 +261,20 @@ class Decoder:
             (:class:`zerogr_core.models.StepModel`) prefilled with the ``batch_size``
             requests: the loop calls its ``step(l, tokens, parents)``.
         batch_size : int
-        allow_items, deny_items : sequence of ``batch_size`` item-id arrays (or None), optional
-            Per request, only the allowed items / none of the denied items are returned
-            (ids as in ``catalog``; ids not in it are skipped). Enforced during decoding:
+        allow_items, deny_items : sequence of ``batch_size`` entries, or str, optional
+            Per request, only the allowed items / none of the denied items are returned.
+            An entry is an item-id array (ids as in ``catalog``; ids not in it are
+            skipped), the name of a list registered with :meth:`register_items`, or
+            ``None``; a single name stands for every request. Enforced during decoding:
             prefixes without an allowed item below them are never scored or kept, and
             filtering first normalises as ``normalise`` says. A request with fewer
             allowed items than ``beam_width`` gets them all, then padding (row -1, score
-            -inf). See :mod:`zerogr_core.decode.constraints`.
+            -inf). Costs (docs/constraints.md): no list, or only empty ones, takes the
+            list-free path; ids cost a lookup and a sort of the batch's listed rows on the
+            host and one pinned copy; a registered allow set with its own index, named by
+            every request, decodes over its sub-catalog with no list; a registered deny
+            set named by every request stays on the device. See
+            :mod:`zerogr_core.decode.constraints` and :mod:`zerogr_core.decode.registry`.
         lists : RequestLists, optional
             Ready-made row lists (:meth:`request_lists`), instead of the two id lists
             (they carry their own ``normalise``).
@@ -233,10 +305,17 @@ class Decoder:
 
         if normalise not in NORMALISE:
             raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {normalise!r}")
-        if lists is None and (allow_items is not None or deny_items is not None):
+        if lists is None and not _nothing_listed(batch_size, allow_items, deny_items):
+            if self.order != "unconstrained":
+                standing = self._standing_allow(batch_size, allow_items, normalise)
+                if standing is not None:
+                    return self._decode_standing(standing, model, batch_size, deny_items, normalise,
+                                                 timer=timer, on_step=on_step)
             lists = self.request_lists(batch_size, allow_items, deny_items, normalise=normalise)
         if lists is not None:
             self._check_constrainable(lists, batch_size)
+            if lists.empty:  # nothing listed: the list-free path (and its graph)
+                lists = None
         from .loop import is_step_model
 
         if is_step_model(model) and getattr(model, "batch", batch_size) != batch_size:
@@ -289,3 +368,20 @@ class _Observed:
     def __call__(self, step, states, hidden, scores, timer=no_timer):
         self.on_step(step, states)
         return self.step_fn(step, states, hidden, scores, timer)
+
+
+def _nothing_listed(batch_size: int, allow_items, deny_items) -> bool:
+    """No allow list and nothing denied (``None`` or empty per request), checked without
+    converting anything: such a call takes the list-free path at no host cost. Arguments
+    of the wrong kind or length are left to :func:`~zerogr_core.decode.constraints.build_lists`
+    to refuse."""
+    from .constraints import is_empty_request
+
+    def batch_of(x) -> bool:
+        return not isinstance(x, (str, bytes)) and hasattr(x, "__len__") and len(x) == batch_size
+
+    if allow_items is not None and (not batch_of(allow_items) or any(a is not None for a in allow_items)):
+        return False
+    if deny_items is None:
+        return True
+    return batch_of(deny_items) and all(is_empty_request(d) for d in deny_items)

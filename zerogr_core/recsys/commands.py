@@ -249,4 +249,9 @@ def format_report(report: dict) -> str:
     if "ndcg_ok" in b:
         line += f", NDCG@10 ≥ {b['min_ndcg_at10']:g} ({ok('ndcg_ok')})"
     lines.append(line)
+    t = report.get("timing", {})
+    if all(f"{o}_decode_s" in t for o in ("filter-first", "score-first")):
+        lines.append("clock (s): " + "; ".join(
+            f"{o} decode {t[f'{o}_decode_s']:.2f} + first call {t[f'{o}_first_call_s']:.2f} + host overhead "
+            f"{t[f'{o}_overhead_s']:.2f} (total {t[f'{o}_s']:.2f})" for o in ("filter-first", "score-first")))
     return "\n".join(lines)

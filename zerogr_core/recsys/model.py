@@ -358,10 +358,12 @@ class SIDRecommender(nn.Module):
             hidden states (B, beams, H) in the heads' dtype, on the model's device.
         """
         history, lengths = pack_histories(histories, self.config.max_history)
-        device = self.device
-        history_sids = sids.to(device)[history.to(device)]
-        lengths = lengths.to(device)
         self.eval()
+        return self._hidden_fn(sids.to(self.device)[history.to(self.device)], lengths.to(self.device))
+
+    def _hidden_fn(self, history_sids: torch.Tensor, lengths: torch.Tensor):
+        """The ``hidden_fn`` of encoded requests: (B, T, L) history SIDs and (B,) lengths."""
+        device = self.device
         memory = self.encode(history_sids)
         batch = memory.shape[0]
         newest = memory[torch.arange(batch, device=device), lengths - 1]
@@ -378,7 +380,58 @@ class SIDRecommender(nn.Module):
 
         return hidden_fn
 
+    def staged(self, batch: int, sids: torch.Tensor) -> "StagedRequests":
+        """A ``hidden_fn`` over static request buffers that :meth:`StagedRequests.load` refills:
+        one object for a whole run of ``batch``-request calls, so the decode engine captures
+        one graph (the encoding included, at step 0) and replays it for every batch."""
+        sids = sids.to(self.device)
+
+        def build(rows: torch.Tensor, lengths: torch.Tensor):
+            self.eval()
+            return self._hidden_fn(sids[rows], lengths)
+
+        return StagedRequests(batch, self.config.max_history, self.device, build)
+
     def describe(self) -> dict:
         """Config, codebook sizes and parameter count, for reports."""
         return dict(config=asdict(self.config), codebook_sizes=list(self.codebook_sizes),
                     parameters=int(sum(p.numel() for p in self.parameters())))
+
+
+class StagedRequests:
+    """The requests of a fixed-size batch in static device buffers, and their ``hidden_fn``.
+
+    Histories are kept to their newest ``width`` items and padded to ``width``, so every
+    batch has one shape; ``build(rows, lengths)`` (the model's encoding: item rows (B, width)
+    and lengths (B,) in, a ``hidden_fn`` out) runs at step 0 of each decode, inside a
+    captured graph, from the buffers :meth:`load` last filled. The models mask padding, so
+    padded positions change nothing a request reads.
+
+    Parameters
+    ----------
+    batch, width : int
+    device : torch.device
+    build : callable(rows, lengths) -> hidden_fn
+    """
+
+    def __init__(self, batch: int, width: int, device, build: Callable):
+        self.batch, self.width, self.build = batch, width, build
+        self.rows = torch.zeros(batch, width, dtype=torch.int64, device=device)
+        self.lengths = torch.ones(batch, dtype=torch.int64, device=device)
+        self._fn = None
+
+    def load(self, histories: Sequence[np.ndarray]) -> None:
+        """Copy ``batch`` histories (item rows, oldest first, each non-empty) into the buffers."""
+        if len(histories) != self.batch:
+            raise ZeroGRError(f"histories: {len(histories)} requests, the staged batch is {self.batch}")
+        rows, lengths = pack_histories(histories, self.width)
+        self.rows.zero_()
+        self.rows[:, :rows.shape[1]].copy_(rows)
+        self.lengths.copy_(lengths)
+
+    @torch.no_grad()
+    def __call__(self, step: int, prefixes: torch.Tensor) -> torch.Tensor:
+        if step == 0:
+            self._fn = self.build(self.rows, self.lengths)
+        return self._fn(step, prefixes)
+

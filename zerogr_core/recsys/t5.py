@@ -240,7 +240,25 @@ class T5Recommender(nn.Module):
             states (B, beams, d_model) at position ``step``, in the heads' dtype.
         """
         self.eval()
-        input_ids, mask = self.encoder_inputs(histories, sids.to(self.device))
+        return self._hidden_fn(*self.encoder_inputs(histories, sids.to(self.device)))
+
+    def staged(self, batch: int, sids: torch.Tensor):
+        """A ``hidden_fn`` over static request buffers that ``load`` refills
+        (:class:`~zerogr_core.recsys.model.StagedRequests`): one object for a whole run of
+        ``batch``-request calls, so the decode engine captures one graph (the encoder
+        included, at step 0) and replays it for every batch."""
+        from .model import StagedRequests
+
+        sids = sids.to(self.device)
+
+        def build(rows: torch.Tensor, lengths: torch.Tensor):
+            self.eval()
+            return self._hidden_fn(*self.pack(rows, lengths, sids))
+
+        return StagedRequests(batch, self.config.max_items, self.device, build)
+
+    def _hidden_fn(self, input_ids: torch.Tensor, mask: torch.Tensor):
+        """The ``hidden_fn`` of encoder inputs (B, T) and their mask (B, T)."""
         memory = self.t5.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
         decoder = self.t5.decoder
         cross_kv = []
