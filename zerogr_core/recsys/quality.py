@@ -135,7 +135,7 @@ normalisation, so the other items rank as with the history kept
 
 def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch_size: int,
                 index=None, invalid: InvalidMass | None = None, skip_seen: bool = False,
-                seen_normalise: str = SEEN_NORMALISE) -> np.ndarray:
+                seen_normalise: str = SEEN_NORMALISE, allow_rows: np.ndarray | None = None) -> np.ndarray:
     """Beam-search the next item of every history.
 
     Parameters
@@ -160,12 +160,18 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
     seen_normalise : {"catalog", "request"}
         ``"request"`` normalises filtering first over the request's remaining tokens instead
         (:class:`~zerogr_core.decode.constraints.RequestLists`).
+    allow_rows : np.ndarray, shape (A,), int64, optional
+        Catalog rows every request is restricted to (one allow list shared by the batch,
+        e.g. the cold-start items), enforced inside the decode; filtering first normalises
+        over each step's allowed tokens (``normalise="request"``). Not with ``skip_seen``.
 
     Returns
     -------
     np.ndarray, shape (U, beam), int64
         Catalog rows best first; -1 for unfilled beams.
     """
+    if allow_rows is not None and skip_seen:
+        raise ZeroGRError("decode_rows: give allow_rows or skip_seen, not both")
     model = study.model
     if index is None:
         index = build_index(study.catalog, device=model.device)
@@ -178,7 +184,10 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
         hidden_fn = model.hidden_fn_for(chunk, study.sids)
         if invalid is not None:
             hidden_fn = invalid.wrap(hidden_fn, heads, validity)
-        lists = RequestLists.from_rows(deny=chunk, normalise=seen_normalise) if skip_seen else None
+        if allow_rows is not None:
+            lists = RequestLists.from_rows(allow=[allow_rows] * len(chunk), normalise="request")
+        else:
+            lists = RequestLists.from_rows(deny=chunk, normalise=seen_normalise) if skip_seen else None
         result = decoder.decode(hidden_fn, len(chunk), lists=lists)
         out[lo:lo + len(chunk)] = result.item_rows.cpu().numpy()
     return out
