@@ -129,18 +129,19 @@ def test_dense_ranks_only_candidates_and_learns_from_warm_targets_only(tmp_path)
 def study(tmp_path_factory):
     """One tiny run of the whole study through the CLI, its checkpoint kept."""
     tmp = tmp_path_factory.mktemp("cold")
-    seq, sids = write_data(tmp)
+    seq, sids = write_data(tmp, n_users=80, n_items=60)
     out, results = tmp / "model.pt", tmp / "report.json"
     code = main(["coldstart", "--data", str(seq), "--sids", str(sids), "--cold", "0.1", "--preset", "tiny",
-                 "--device", "cpu", "--seed", "1", "--out", str(out), "--results", str(results), "--json"])
+                 "--device", "cpu", "--seed", "1", "--users", "4", "--out", str(out), "--results", str(results),
+                 "--json"])
     assert code == 0
     return dict(seq=seq, sids=sids, out=out, report=json.loads(results.read_text()))
 
 
 def test_report_schema(study, capsys):
     report = study["report"]
-    assert report["cold_share"] == 0.1 and report["n_cold_items"] == 12
-    assert report["n_cold_test"] == study["report"]["split"]["n_cold_test"] > 0
+    assert report["cold_share"] == 0.1 and report["n_cold_items"] == 6
+    assert report["n_cold_test"] == min(4, report["split"]["n_cold_test"]) > 0
     for metric in ("recall", "ndcg"):
         assert list(report[metric]) == list(METHODS)
         for method in METHODS:
@@ -148,7 +149,7 @@ def test_report_schema(study, capsys):
             assert list(values) == ["1", "5", "10"] and all(0.0 <= v <= 1.0 for v in values.values())
             assert values["1"] <= values["5"] <= values["10"]
     assert list(report["overlap"]) == ["1", "5", "10"] and all(0 <= v <= 1 for v in report["overlap"].values())
-    recall, ndcg = random_expectation(12, KS)
+    recall, ndcg = random_expectation(6, KS)
     assert report["recall"]["random"] == {str(k): recall[k] for k in KS}
     assert report["ndcg"]["random"]["10"] == pytest.approx(ndcg[10])
     assert report["sid_source"]["file"] == "sids.json"
@@ -166,21 +167,21 @@ def test_checkpoint_records_the_split_and_constrained_orders_return_only_cold_it
     assert recorded["cold_item_ids"] == split.cold_item_ids().tolist() and recorded["seed"] == 1
     row_of_item = rows_for(model, split.warm, study["out"])       # trained on the warm data, nothing else
     cold_rows = row_of_item[split.cold_items]
-    histories = [row_of_item[h] for h in split.test_histories[:6]]
+    histories = [row_of_item[h] for h in split.test_histories[:3]]
     for order in ("filter-first", "score-first"):
-        lists = decode_rows(model, histories, order, 20, 4, allow_rows=cold_rows)
-        assert lists.shape == (6, 20)
+        lists = decode_rows(model, histories, order, 10, 4, allow_rows=cold_rows)
+        assert lists.shape == (3, 10)
         for row in lists:
             kept = row[row >= 0]
-            assert kept.size == min(20, cold_rows.size) and set(kept.tolist()) <= set(cold_rows.tolist())
+            assert kept.size == min(10, cold_rows.size) and set(kept.tolist()) <= set(cold_rows.tolist())
             assert np.unique(kept).size == kept.size
     with pytest.raises(ZeroGRError, match="not both"):
-        decode_rows(model, histories, "filter-first", 20, 4, allow_rows=cold_rows, skip_seen=True)
+        decode_rows(model, histories, "filter-first", 10, 4, allow_rows=cold_rows, skip_seen=True)
 
 
 def test_a_kept_checkpoint_is_evaluated_again_only_on_its_own_split(study, tmp_path, capsys):
     args = ["coldstart", "--data", str(study["seq"]), "--sids", str(study["sids"]), "--cold", "0.1", "--preset",
-            "tiny", "--device", "cpu", "--checkpoint", str(study["out"]), "--json"]
+            "tiny", "--device", "cpu", "--users", "4", "--checkpoint", str(study["out"]), "--json"]
     assert main(args + ["--seed", "1"]) == 0
     again = json.loads(capsys.readouterr().out)
     for order in ("filter-first", "score-first", "unconstrained"):

@@ -77,7 +77,7 @@ class DenseConfig:
         if name == "cpu":
             return cls()
         if name == "tiger":
-            return cls(dim=128, epochs=30, max_minutes=8.0)
+            return cls(dim=128, epochs=30, max_minutes=1.5)
         if name == "tiny":
             return cls(dim=16, max_items=3, epochs=2, batch_size=64, eval_users=50, max_minutes=None, negatives=None)
         raise ZeroGRError(f"unknown dense preset {name!r} (choose from cpu, tiger, tiny)")
