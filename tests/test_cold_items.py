@@ -152,6 +152,9 @@ def test_report_schema(study, capsys):
     recall, ndcg = random_expectation(6, KS)
     assert report["recall"]["random"] == {str(k): recall[k] for k in KS}
     assert report["ndcg"]["random"]["10"] == pytest.approx(ndcg[10])
+    diagnostic = report["filter_first_catalog_normalised"]
+    for key in ("recall", "ndcg", "overlap_with_score_first", "overlap_with_filter_first"):
+        assert list(diagnostic[key]) == ["1", "5", "10"]
     assert report["sid_source"]["file"] == "sids.json"
     assert set(report["targets"]) >= {"unconstrained_zero", "beats_random_5x", "beats_dense", "orders_gap_ok"}
 
@@ -168,8 +171,8 @@ def test_checkpoint_records_the_split_and_constrained_orders_return_only_cold_it
     row_of_item = rows_for(model, split.warm, study["out"])       # trained on the warm data, nothing else
     cold_rows = row_of_item[split.cold_items]
     histories = [row_of_item[h] for h in split.test_histories[:3]]
-    for order in ("filter-first", "score-first"):
-        lists = decode_rows(model, histories, order, 10, 4, allow_rows=cold_rows)
+    for order, normalise in (("filter-first", "request"), ("filter-first", "catalog"), ("score-first", "request")):
+        lists = decode_rows(model, histories, order, 10, 4, allow_rows=cold_rows, allow_normalise=normalise)
         assert lists.shape == (3, 10)
         for row in lists:
             kept = row[row >= 0]

@@ -135,7 +135,8 @@ normalisation, so the other items rank as with the history kept
 
 def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch_size: int,
                 index=None, invalid: InvalidMass | None = None, skip_seen: bool = False,
-                seen_normalise: str = SEEN_NORMALISE, allow_rows: np.ndarray | None = None) -> np.ndarray:
+                seen_normalise: str = SEEN_NORMALISE, allow_rows: np.ndarray | None = None,
+                allow_normalise: str = "request") -> np.ndarray:
     """Beam-search the next item of every history.
 
     Parameters
@@ -162,8 +163,10 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
         (:class:`~zerogr_core.decode.constraints.RequestLists`).
     allow_rows : np.ndarray, shape (A,), int64, optional
         Catalog rows every request is restricted to (one allow list shared by the batch,
-        e.g. the cold-start items), enforced inside the decode; filtering first normalises
-        over each step's allowed tokens (``normalise="request"``). Not with ``skip_seen``.
+        e.g. the cold-start items), enforced inside the decode. Not with ``skip_seen``.
+    allow_normalise : {"request", "catalog"}
+        What filtering first normalises over under ``allow_rows``: each step's allowed
+        tokens (the default), or the catalog's valid tokens, the other items dropped.
 
     Returns
     -------
@@ -185,7 +188,7 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
         if invalid is not None:
             hidden_fn = invalid.wrap(hidden_fn, heads, validity)
         if allow_rows is not None:
-            lists = RequestLists.from_rows(allow=[allow_rows] * len(chunk), normalise="request")
+            lists = RequestLists.from_rows(allow=[allow_rows] * len(chunk), normalise=allow_normalise)
         else:
             lists = RequestLists.from_rows(deny=chunk, normalise=seen_normalise) if skip_seen else None
         result = decoder.decode(hidden_fn, len(chunk), lists=lists)
