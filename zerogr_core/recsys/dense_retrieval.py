@@ -247,7 +247,7 @@ def train_dense(config: DenseConfig, codes: np.ndarray, train_rows: np.ndarray, 
         t0 = time.perf_counter()
         model.train()
         order = torch.randperm(n, generator=generator)
-        running, out_of_time = 0.0, False
+        running, seen, out_of_time = 0.0, 0, False
         for lo in range(0, n, config.batch_size):
             idx = order[lo:lo + config.batch_size]
             users = model.user_vectors(rows_t[idx].to(device), lengths_t[idx])
@@ -263,12 +263,13 @@ def train_dense(config: DenseConfig, codes: np.ndarray, train_rows: np.ndarray, 
             loss.backward()
             optim.step()
             running += float(loss.detach()) * idx.numel()
+            seen += idx.numel()
             if time.perf_counter() - start > budget:
                 out_of_time = True
                 break
         lists = dense_rank(model, valid_histories, warm.cpu().numpy(), 10)
         recall, ndcg = ranking_metrics(lists, valid_targets, [10])
-        record = dict(epoch=epoch, train_loss=running / n, valid_recall=recall[10], valid_ndcg=ndcg[10],
+        record = dict(epoch=epoch, train_loss=running / seen, transitions=seen, valid_recall=recall[10], valid_ndcg=ndcg[10],
                       seconds=time.perf_counter() - t0)
         history.append(record)
         log(f"dense epoch {epoch}: train loss {record['train_loss']:.4f}, warm validation Recall@10 "
