@@ -155,6 +155,10 @@ def test_report_schema(study, capsys):
     diagnostic = report["filter_first_catalog_normalised"]
     for key in ("recall", "ndcg", "overlap_with_score_first", "overlap_with_filter_first"):
         assert list(diagnostic[key]) == ["1", "5", "10"]
+    from zerogr_core.recsys.cold_study import markdown_table
+
+    rows = markdown_table([report]).splitlines()
+    assert len(rows) == 2 + len(METHODS) + 1 and rows[2].startswith("| 10 % | ") and "| unconstrained |" in rows[2]
     assert report["sid_source"]["file"] == "sids.json"
     assert set(report["targets"]) >= {"unconstrained_zero", "beats_random_5x", "beats_dense", "orders_gap_ok"}
 

@@ -351,3 +351,28 @@ def run_coldstart(args: argparse.Namespace) -> None:
     print(format_cold_report(report))
     if args.results is not None:
         print(f"wrote {args.results}")
+
+
+#: STATIC paper, Table 3, Amazon Beauty, Recall@1 in % (1 B-parameter Gemma-architecture model, RQ-VAE SIDs
+#: of 4 × 256, beam 20); keyed by cold share, then method.
+PAPER_BEAUTY_RECALL1 = {
+    0.02: {"unconstrained": 0.00, "random": 0.42, "dense": 0.88, "constrained": 4.29},
+    0.05: {"unconstrained": 0.00, "random": 0.17, "dense": 0.63, "constrained": 1.60},
+}
+
+
+def markdown_table(reports: list[dict]) -> str:
+    """Markdown rows, one per report and method: Recall@1/5/10 and NDCG@10 in %, the paper's
+    Beauty Recall@1 beside ours where its share is one of the paper's, and the orders' overlap."""
+    lines = ["| cold share | cold test seqs | method | R@1 | R@5 | R@10 | NDCG@10 | paper R@1 (Beauty) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for report in reports:
+        paper = PAPER_BEAUTY_RECALL1.get(round(report["cold_share"], 4), {})
+        for m in METHODS:
+            ours = paper.get("constrained" if m in ("filter-first", "score-first") else m)
+            cells = [f"{100 * report['recall'][m][str(k)]:.2f}" for k in KS] + [f"{100 * report['ndcg'][m]['10']:.2f}"]
+            lines.append(f"| {100 * report['cold_share']:g} % | {report['n_cold_test']} | {m} | " + " | ".join(cells)
+                         + f" | {'' if ours is None else f'{ours:.2f}'} |")
+        lines.append(f"| {100 * report['cold_share']:g} % | | overlap of the two orders' top-K | "
+                     + " | ".join(f"{100 * report['overlap'][str(k)]:.1f}" for k in KS) + " | | |")
+    return "\n".join(lines)
