@@ -25,7 +25,7 @@ import argparse
 import json
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -166,7 +166,7 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
     from .dense_retrieval import DenseConfig, dense_rank, train_dense
     from .quality import decode_rows, overlap_metrics, ranking_metrics
     from .seqrec import SeqPreset, rows_for, transitions
-    from .sequences import load_sequences, sequence_semantic_ids
+    from .sequences import load_sequences
     from .train import fixed_users, resolve_device
 
     _paths_check(data_path, sids_path)
@@ -195,9 +195,7 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
     targets = row_of_item[split.test_targets[chosen]]
 
     t_dense = time.perf_counter()
-    dense_config = DenseConfig.preset(config.dense)
-    from dataclasses import replace
-    dense_config = replace(dense_config, seed=seed)
+    dense_config = replace(DenseConfig.preset(config.dense), seed=seed)
     n_content = data.sid_codes.shape[1]
     codes = study.catalog.sids[:, :n_content].astype(np.int64)
     rows, lengths, tgts = transitions(warm_split, row_of_item, dense_config.max_items, None)
