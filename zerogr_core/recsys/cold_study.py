@@ -256,8 +256,8 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
                    epochs_run=len(study.meta.get("history", [])), trained_on=study.meta.get("device"),
                    checkpoint=str(kept) if kept is not None else None),
         dense=dict(description="two towers over content SIDs: item = sum of per-level code embeddings + residual "
-                               "MLP; user = MLP of the newest history item's content vector and the history's mean; softmax over warm "
-                               "items only; ranks the cold items", **dense_record),
+                               "MLP; user = MLP of the newest history item's content vector and the history's "
+                               "mean; sampled softmax over warm items only; ranks the cold items", **dense_record),
         device=str(dev), timing=dict(train_s=train_s, dense_s=dense_s, decode_s=eval_s,
                                      total_s=time.perf_counter() - start))
     report["targets"] = targets_check(report)

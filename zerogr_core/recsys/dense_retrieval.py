@@ -269,8 +269,8 @@ def train_dense(config: DenseConfig, codes: np.ndarray, train_rows: np.ndarray, 
                 break
         lists = dense_rank(model, valid_histories, warm.cpu().numpy(), 10)
         recall, ndcg = ranking_metrics(lists, valid_targets, [10])
-        record = dict(epoch=epoch, train_loss=running / seen, transitions=seen, valid_recall=recall[10], valid_ndcg=ndcg[10],
-                      seconds=time.perf_counter() - t0)
+        record = dict(epoch=epoch, train_loss=running / seen, transitions=seen, valid_recall=recall[10],
+                      valid_ndcg=ndcg[10], seconds=time.perf_counter() - t0)
         history.append(record)
         log(f"dense epoch {epoch}: train loss {record['train_loss']:.4f}, warm validation Recall@10 "
             f"{recall[10]:.4f} NDCG@10 {ndcg[10]:.4f} ({record['seconds']:.0f} s)")
