@@ -25,6 +25,7 @@ from .catalog.synth import SYNTH_PRESETS, generate
 from .errors import UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
+from .recsys.cold_study import register as register_cold_items
 from .serve.commands import register as register_serve
 
 CATALOG_HELP = ("catalog file (.csv/.tsv/.txt/.parquet), a sample name (" + ", ".join(SAMPLE_NAMES) +
@@ -476,6 +477,7 @@ REGISTRARS = (register_index, register_next, register_synth, register_stats, reg
               register_bench, register_recsys)
 REGISTRARS += (register_bench_e2e,)
 REGISTRARS += (register_serve,)
+REGISTRARS += (register_cold_items,)
 
 
 def build_parser() -> argparse.ArgumentParser:

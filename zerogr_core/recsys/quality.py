@@ -137,7 +137,8 @@ normalisation, so the other items rank as with the history kept
 
 def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch_size: int,
                 index=None, invalid: InvalidMass | None = None, skip_seen: bool = False,
-                seen_normalise: str = SEEN_NORMALISE, clock: dict | None = None) -> np.ndarray:
+                seen_normalise: str = SEEN_NORMALISE, clock: dict | None = None,
+                allow_rows: np.ndarray | None = None, allow_normalise: str = "request") -> np.ndarray:
     """Beam-search the next item of every history.
 
     Every call decodes ``batch_size`` requests (the last batch is padded by repeating its
@@ -171,12 +172,20 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
         Filled with seconds: ``first_call_s`` (the first batch: planning, compiling),
         ``decode_s`` (the other batches' decodes, until their rows are on the host) and
         ``overhead_s`` (host work outside them: model inputs, lists, padding), and ``batches``.
+    allow_rows : np.ndarray, shape (A,), int64, optional
+        Catalog rows every request is restricted to (one allow list shared by the batch,
+        e.g. the cold-start items), enforced inside the decode. Not with ``skip_seen``.
+    allow_normalise : {"request", "catalog"}
+        What filtering first normalises over under ``allow_rows``: each step's allowed
+        tokens (the default), or the catalog's valid tokens, the other items dropped.
 
     Returns
     -------
     np.ndarray, shape (U, beam), int64
         Catalog rows best first; -1 for unfilled beams.
     """
+    if allow_rows is not None and skip_seen:
+        raise ZeroGRError("decode_rows: give allow_rows or skip_seen, not both")
     model = study.model
     if index is None:
         index = build_index(study.catalog, device=model.device)
@@ -196,7 +205,10 @@ def decode_rows(study, histories: list[np.ndarray], order: str, beam: int, batch
     def prepare(lo: int):
         chunk = histories[lo:lo + batch_size]
         chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one shape for the whole run
-        lists = RequestLists.from_rows(deny=chunk, normalise=seen_normalise) if skip_seen else None
+        if allow_rows is not None:
+            lists = RequestLists.from_rows(allow=[allow_rows] * len(chunk), normalise=allow_normalise)
+        else:
+            lists = RequestLists.from_rows(deny=chunk, normalise=seen_normalise) if skip_seen else None
         if staged is not None:
             return chunk, lists
         hidden_fn = model.hidden_fn_for(chunk, study.sids)

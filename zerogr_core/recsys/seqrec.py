@@ -64,7 +64,8 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                     patience: int | None = None, validity_weight: float | None = None, amp: str | None = None,
                     state: str | Path | None = None,
                     resume: bool = False, stop_after_minutes: float | None = None, call_start: float | None = None,
-                    compile: bool = False, cuda_graph: bool = False, log=print) -> dict:
+                    compile: bool = False, cuda_graph: bool = False, split_record: dict | None = None,
+                    log=print) -> dict:
     """Train on ``data`` and write the checkpoint ``out`` (or, when this call stops for
     time before the end of the schedule, only the training state).
 
@@ -95,6 +96,10 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
     cuda_graph : bool
         Replay each full batch's step from one CUDA graph (see :func:`train_t5`); recorded
         like ``compile``.
+    split_record : dict, optional
+        How ``data`` was derived from a larger data set (e.g. the cold-start items held
+        out, :meth:`~.cold_items.ColdSplit.record`); stored as the checkpoint's ``split``
+        and part of a resumable run's identity.
 
     Returns
     -------
@@ -145,7 +150,8 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
     control = RunControl(state=state, resume=resume,
                          stop_after_s=stop_after_minutes * 60 if stop_after_minutes is not None else None,
                          call_start=call_start,
-                         identity=dict(study=asdict(config), data=data.fingerprint(), sids=sid_sha))
+                         identity=dict(study=asdict(config), data=data.fingerprint(), sids=sid_sha,
+                                       **({"split": split_record} if split_record is not None else {})))
     train_start = time.perf_counter()
     model, history, best = train_t5(config, split, sid.catalog, sid.row_of_item, dev, log=log, control=control,
                                     compile=compile, cuda_graph=cuda_graph)
@@ -161,7 +167,7 @@ def train_sequences(data: SequenceData, out: str | Path, *, preset: str = "cpu",
                 history=history, selection=best, train_seconds=train_seconds,
                 device=str(dev), torch=str(torch.__version__), transformers=transformers.__version__,
                 optimizer=dict(name="AdamW", fused=dev.type == "cuda"), amp=config.train.amp, compiled=compile,
-                cuda_graph=cuda_graph,
+                cuda_graph=cuda_graph, split=split_record,
                 total_seconds=time.perf_counter() - start)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(dict(meta, state_dict={k: v.detach().cpu() for k, v in model.state_dict().items()},
