@@ -1,0 +1,411 @@
+"""A Qwen3 causal LM served as a generative recommender: context KV once per request.
+
+The request is a token sequence (the user's context); the item is its SID, L tokens
+appended to the model's vocabulary (level ``l``, local token ``t`` is vocabulary id
+``token_offsets[l] + t``). :class:`Qwen3StepModel` wraps a ``transformers``
+``Qwen3ForCausalLM`` of any size (it reads the module's parameters and calls its norms,
+MLPs and rotary embedding) and serves it through the step protocol
+(:mod:`zerogr_core.models.protocol`):
+
+* **Prefill.** Each request's context runs once through the layers with causal SDPA
+  (flash/cuDNN on a GPU). Contexts are right-padded up to a length bucket: with a causal
+  mask the real tokens never attend to the padding behind them, so no mask is needed;
+  only the hidden state at position ``len_b - 1`` is kept (final RMS norm applied, it
+  predicts level 1). The context keys/values are stored once per request, ``(layers,
+  batch, kv_heads, bucket, head_dim)``, never per beam.
+* **Decode step l.** The M beams of a request attend to the request's context KV plus
+  their own lineage (the ≤ L-1 SID tokens already chosen, a per-beam cache reordered by
+  parent each step). Grouped-query attention: the ``g = heads / kv_heads`` query heads of
+  a KV head and all M beams form one ``(g·M, head_dim)`` query matrix per (request, KV
+  head), so the context is read once per request by one dense matrix product, masked
+  past ``len_b``. Context and lineage scores share one softmax.
+* **Head.** The SID rows of the tied embedding, one shared head with a band per level
+  (as the generic adapter :mod:`.hf` builds it), so filtering first reads only valid rows.
+
+Static shapes: :meth:`Qwen3StepModel.stage` copies the requests into length-bucketed
+buffers and ``step(0, …)`` runs the prefill, so the GPU engine can capture prefill and the
+L decode steps in one CUDA graph (``graph_safe``).
+
+:func:`build_random` builds the named shapes (:data:`QWEN3_PRESETS`) with random weights.
+``transformers`` is imported on first use only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ZeroGRError
+from .hf import check_vocabulary
+
+__all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random", "rotate"]
+
+
+@dataclass(frozen=True)
+class Qwen3Preset:
+    """Shape of a Qwen3 recommender with SID tokens appended to its vocabulary.
+
+    Attributes
+    ----------
+    name : str
+    layers, hidden, heads, kv_heads, head_dim, ffn : int
+        Transformer shape (``heads`` query heads, ``kv_heads`` key/value heads of ``head_dim``).
+    base_vocab : int
+        The language model's own vocabulary; SID tokens follow it.
+    codebook_sizes : tuple of int
+        |V_l| per SID level; level ``l``'s band starts at ``base_vocab + sum(|V_<l|)``.
+    rope_theta : float
+    max_positions : int
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    base_vocab: int
+    codebook_sizes: tuple[int, ...]
+    rope_theta: float = 1_000_000.0
+    max_positions: int = 40_960
+
+    @property
+    def token_offsets(self) -> tuple[int, ...]:
+        """Vocabulary id of token 0 of each SID level."""
+        out, o = [], self.base_vocab
+        for size in self.codebook_sizes:
+            out.append(o)
+            o += size
+        return tuple(out)
+
+    @property
+    def vocab(self) -> int:
+        return self.base_vocab + sum(self.codebook_sizes)
+
+    def hf_config(self):
+        """The ``transformers.Qwen3Config`` of this shape (tied embeddings, no dropout)."""
+        import transformers
+
+        return transformers.Qwen3Config(
+            vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.ffn,
+            num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim, max_position_embeddings=self.max_positions, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta}, attention_dropout=0.0,
+            pad_token_id=0, bos_token_id=None, eos_token_id=None)
+
+    def non_embedding_params(self) -> int:
+        """Parameters of the layers (what a token's forward multiplies by, 2 FLOP each)."""
+        attn = self.hidden * self.head_dim * (self.heads * 2 + self.kv_heads * 2)
+        return self.layers * (attn + 3 * self.hidden * self.ffn + 2 * self.hidden + 2 * self.head_dim)
+
+
+#: ``qwen3-1.7b``: Qwen3-1.7B's shape (28 layers, width 2,048, 16 query / 8 KV heads of
+#: 128, FFN 6,144, 151,936 tokens) plus 3 × 8,192 SID tokens; ``tiny``: the same
+#: architecture for CPU tests and the app.
+QWEN3_PRESETS: dict[str, Qwen3Preset] = {
+    "qwen3-1.7b": Qwen3Preset("qwen3-1.7b", layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, ffn=6144,
+                              base_vocab=151_936, codebook_sizes=(8192, 8192, 8192)),
+    "tiny": Qwen3Preset("tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, base_vocab=64,
+                        codebook_sizes=(64, 64, 64), rope_theta=10_000.0, max_positions=4096),
+}
+
+
+def build_random(preset: str | Qwen3Preset = "tiny", *, device="cpu", dtype=torch.float32, seed: int = 0):
+    """A ``Qwen3ForCausalLM`` of a preset's shape with random weights, in eval mode.
+
+    Parameters
+    ----------
+    preset : str or Qwen3Preset
+        A key of :data:`QWEN3_PRESETS` or a custom shape.
+    device : torch.device or str
+        Where the weights are created (on a GPU random initialisation takes seconds).
+    dtype : torch.dtype
+    seed : int
+
+    Returns
+    -------
+    (transformers.Qwen3ForCausalLM, Qwen3Preset)
+    """
+    import transformers
+
+    if isinstance(preset, str):
+        if preset not in QWEN3_PRESETS:
+            raise ZeroGRError(f"preset: unknown Qwen3 preset {preset!r}; choose one of {', '.join(QWEN3_PRESETS)}")
+        preset = QWEN3_PRESETS[preset]
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.Qwen3ForCausalLM(preset.hf_config())
+    return model.to(dtype).eval(), preset
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` (..., D) with ``cos``/``sin`` broadcastable to it (Qwen3's half rotation)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class Qwen3StepModel:
+    """:class:`~zerogr_core.models.protocol.StepModel` over a ``transformers`` ``Qwen3ForCausalLM``.
+
+    Parameters
+    ----------
+    model : transformers.Qwen3ForCausalLM
+        Any size, tied or untied output embedding (without bias); fp32, bf16 or fp16.
+    token_offsets : sequence of int
+        Vocabulary id of token 0 of each SID level.
+    context_bucket : int
+        Contexts are right-padded to a multiple of it, so nearby lengths share static
+        buffers (and a captured graph).
+
+    Attributes
+    ----------
+    head : torch.Tensor, shape (vocab, hidden)
+        The output projection, the decoder's shared head (bands at ``token_offsets``).
+    graph_safe : bool
+        Static buffers only: the engine may capture the decode (and a staged prefill).
+
+    Notes
+    -----
+    ``history`` is (B, T) int64 token ids with an optional (B, T) mask whose ones are one
+    contiguous run per row (left or right padding; any other layout is refused). The
+    requests are moved to right padding, positions ``0 … len_b - 1``, as Hugging Face
+    ``generate`` numbers a left-padded prompt.
+    """
+
+    def __init__(self, model, token_offsets: Sequence[int], context_bucket: int = 256):
+        from .hf import output_head
+
+        cfg = model.config
+        if getattr(cfg, "model_type", "") != "qwen3":
+            raise ZeroGRError(f"model: expected a Qwen3ForCausalLM, got {type(model).__name__}")
+        _, _, weight = output_head(model)
+        self.model = model.eval()
+        self.core = model.model
+        self.head = weight.detach()
+        self.hidden_size = int(cfg.hidden_size)
+        self.token_offsets = tuple(int(o) for o in token_offsets)
+        self.n_levels = len(self.token_offsets)
+        self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.group = self.heads // self.kv_heads
+        self.scale = self.head_dim ** -0.5
+        self.n_layers = len(self.core.layers)
+        self.vocab = int(weight.shape[0])
+        for o in self.token_offsets:
+            if not 0 <= o < self.vocab:
+                raise ZeroGRError(f"token_offsets: {o} is outside the model's vocabulary of {self.vocab} ids")
+        if int(context_bucket) < 1:
+            raise ZeroGRError(f"context_bucket: expected an integer ≥ 1, got {context_bucket!r}")
+        self.context_bucket = int(context_bucket)
+        self.batch = 0
+        self.prefill_in_step = False
+        self.graph_safe = True
+        self._static_key = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.dtype
+
+    def bucket(self, t: int) -> int:
+        """Padded length of a ``t``-token context (the next multiple of ``context_bucket``)."""
+        return -(-t // self.context_bucket) * self.context_bucket
+
+    # ---- requests -------------------------------------------------------------------
+
+    def _right_padded(self, history, attention_mask):
+        """(ids (B, T) right-padded with 0, lengths (B,)), validated."""
+        if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[1] < 1:
+            shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
+            raise ZeroGRError(f"input_ids: expected a (batch, T ≥ 1) integer tensor, got {shape}")
+        if history.dtype.is_floating_point or history.dtype == torch.bool:
+            raise ZeroGRError(f"input_ids: expected integer token ids, got {history.dtype}")
+        ids = history.to(self.device, torch.int64)
+        b, t = ids.shape
+        if attention_mask is None:
+            mask = torch.ones(b, t, dtype=torch.bool, device=self.device)
+        else:
+            if tuple(attention_mask.shape) != (b, t):
+                raise ZeroGRError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
+                                  f"{(b, t)}")
+            mask = attention_mask.to(self.device).bool()
+        lengths = mask.sum(dim=1)
+        start = mask.to(torch.int8).argmax(dim=1)
+        pos = torch.arange(t, device=self.device)
+        rel = pos[None, :] - start[:, None]
+        contiguous = torch.equal(mask, (rel >= 0) & (rel < lengths[:, None]))
+        bad_ids = (mask & ((ids < 0) | (ids >= self.vocab))).any(dim=1)
+        if int(lengths.min()) < 1:
+            raise ZeroGRError(f"attention_mask: row {int(torch.argmin(lengths))} has no token")
+        if not contiguous:
+            raise ZeroGRError("attention_mask: each row's tokens must be one contiguous run (left or right padding)")
+        if bool(bad_ids.any()):
+            row = int(bad_ids.nonzero()[0, 0])
+            raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {self.vocab})")
+        src = (start[:, None] + pos[None, :]).clamp(max=t - 1)
+        ids = torch.where(pos[None, :] < lengths[:, None], ids.gather(1, src), 0)
+        return ids, lengths
+
+    def _allocate(self, b: int, tb: int, beam_width: int) -> None:
+        dev, dt = self.device, self.dtype
+        shape = (self.n_layers, b, self.kv_heads, tb, self.head_dim)
+        self.ids = torch.zeros(b, tb, dtype=torch.int64, device=dev)
+        self.lengths = torch.ones(b, dtype=torch.int64, device=dev)
+        self.context_k = torch.zeros(shape, dtype=dt, device=dev)
+        self.context_v = torch.zeros(shape, dtype=dt, device=dev)
+        self.context_bias = torch.zeros(b, 1, 1, tb, dtype=torch.float32, device=dev)
+        self.first = torch.zeros(b, self.hidden_size, dtype=dt, device=dev)
+        # the lineage: per beam, per SID position, every layer's key and value
+        self.lineage = torch.zeros(b * beam_width, max(self.n_levels - 1, 1), self.n_layers, 2, self.kv_heads,
+                                   self.head_dim, dtype=dt, device=dev)
+        self.batch, self.beam_width = b, beam_width
+
+    @torch.no_grad()
+    def stage(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+              beam_width: int) -> None:
+        """Copy the requests into static, length-bucketed buffers; ``step(0, …)`` runs the prefill.
+
+        Parameters
+        ----------
+        history : torch.Tensor, shape (B, T), int64
+            Context token ids.
+        attention_mask : torch.Tensor, shape (B, T), optional
+            1 on tokens, 0 on padding (one contiguous run of tokens per row).
+        beam_width : int
+        """
+        if not isinstance(beam_width, int) or beam_width < 1:
+            raise ZeroGRError(f"beam_width must be a positive integer, got {beam_width!r}")
+        ids, lengths = self._right_padded(history, attention_mask)
+        b, t = ids.shape
+        tb = self.bucket(t)
+        key = (b, tb, beam_width, self.dtype)
+        if self._static_key != key:
+            self._allocate(b, tb, beam_width)
+            self._static_key = key
+        self.ids[:, t:].zero_()
+        self.ids[:, :t].copy_(ids)
+        self.lengths.copy_(lengths)
+        self.prefill_in_step = True
+
+    @torch.no_grad()
+    def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                beam_width: int) -> None:
+        """:meth:`stage` the requests and run the prefill now (eagerly)."""
+        self.stage(history, attention_mask, beam_width=beam_width)
+        self.run_prefill()
+        self.prefill_in_step = False
+
+    # ---- the network ----------------------------------------------------------------
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor):
+        """cos, sin of shape (n, D) for int64 ``positions`` (n,) (the model's own rotary module)."""
+        cos, sin = self.core.rotary_emb(x, positions[None])
+        return cos[0], sin[0]
+
+    def _qkv(self, attn, h: torch.Tensor, cos, sin):
+        """Normed, rotated q (..., heads, D), k (..., kv_heads, D) and v of hidden states h (..., hidden)."""
+        lead = h.shape[:-1]
+        q = attn.q_norm(attn.q_proj(h).view(*lead, self.heads, self.head_dim))
+        k = attn.k_norm(attn.k_proj(h).view(*lead, self.kv_heads, self.head_dim))
+        v = attn.v_proj(h).view(*lead, self.kv_heads, self.head_dim)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    @torch.no_grad()
+    def run_prefill(self) -> None:
+        """The staged contexts through every layer, into the static buffers: device work only
+        (no host synchronisation, static shapes), so a CUDA graph can hold it."""
+        b, tb = self.ids.shape
+        x = self.core.embed_tokens(self.ids)                                      # (B, Tb, hidden)
+        cos, sin = self._rope(x, torch.arange(tb, device=self.device))
+        for i, layer in enumerate(self.core.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)          # (B, Tb, heads, D)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            self.context_k[i].copy_(k)
+            self.context_v[i].copy_(v)
+            # right padding: causal attention keeps every real token off the padding behind it
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True, enable_gqa=True)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, tb, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        last = x[torch.arange(b, device=self.device), self.lengths - 1]
+        self.first.copy_(self.core.norm(last))
+        pos = torch.arange(tb, device=self.device)
+        self.context_bias.copy_(torch.where(pos[None, :] < self.lengths[:, None], 0.0, float("-inf"))[:, None, None])
+
+    def _attend(self, i: int, q, k_own, v_own, b: int, beams: int):
+        """Attention of the new tokens' queries over the context and their own lineage.
+
+        Parameters
+        ----------
+        i : int
+            Layer.
+        q : torch.Tensor, shape (n, heads, D), n = b · beams
+        k_own, v_own : torch.Tensor, shape (n, j + 1, kv_heads, D)
+            The beams' lineage, the new token included.
+
+        Returns
+        -------
+        torch.Tensor, shape (n, heads · D)
+        """
+        n, g, kvh, d = q.shape[0], self.group, self.kv_heads, self.head_dim
+        tb = self.context_k.shape[3]
+        # (B, kv_heads, M·g, D): one query matrix per (request, KV head) reads the context once
+        qg = q.view(b, beams, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, beams * g, d)
+        s_ctx = (qg @ self.context_k[i].transpose(-1, -2)).float() * self.scale + self.context_bias
+        qn = q.view(n, kvh, g, d)
+        s_own = torch.einsum("nhgd,nthd->nhgt", qn.float(), k_own.float()) * self.scale    # (n, kvh, g, j+1)
+        own = s_own.shape[-1]
+        s_own = s_own.view(b, beams, kvh, g, own).permute(0, 2, 1, 3, 4).reshape(b, kvh, beams * g, own)
+        w = torch.softmax(torch.cat([s_ctx, s_own], dim=-1), dim=-1)
+        y = w[..., :tb].to(q.dtype) @ self.context_v[i]                                  # (B, kvh, M·g, D)
+        w_own = w[..., tb:].reshape(b, kvh, beams, g, own).permute(0, 2, 1, 3, 4).reshape(n, kvh, g, own)
+        y_own = torch.einsum("nhgt,nthd->nhgd", w_own, v_own.float())
+        y = y.view(b, kvh, beams, g, d).permute(0, 2, 1, 3, 4).reshape(n, kvh, g, d).float() + y_own
+        return y.to(q.dtype).reshape(n, self.heads * d)
+
+    @torch.no_grad()
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states of step ``step``: (B, hidden) at 0, (B · M, hidden) after (see the protocol)."""
+        from .protocol import safe_parents
+
+        if not self.batch:
+            raise ZeroGRError("step model: call prefill before step")
+        if step == 0:
+            if self.prefill_in_step:
+                self.run_prefill()
+            return self.first
+        b = self.batch
+        beams = tokens.shape[1]
+        n, j = b * beams, step - 1                                    # j: SID position of the new token
+        if step > 1:
+            # positions 0 … j-1 are cached; the previous step had beam_width beams per request
+            rows = safe_parents(parents.to(self.device), self.beam_width)
+            self.lineage[:n, :j].copy_(self.lineage[:b * self.beam_width, :j].index_select(0, rows))
+        ids = tokens.to(self.device, torch.int64).clamp(min=0).reshape(n) + self.token_offsets[j]
+        x = self.core.embed_tokens(ids)                                                  # (n, hidden)
+        positions = (self.lengths[:, None] + j).expand(b, beams).reshape(n)
+        cos, sin = self._rope(x, positions)
+        for i, layer in enumerate(self.core.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
+            self.lineage[:n, j, i, 0].copy_(k)
+            self.lineage[:n, j, i, 1].copy_(v)
+            y = self._attend(i, q, self.lineage[:n, :j + 1, i, 0], self.lineage[:n, :j + 1, i, 1], b, beams)
+            x = x + attn.o_proj(y)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.core.norm(x)
+
+
+def check_offsets(model, codebook_sizes: Sequence[int], token_offsets: Sequence[int]) -> tuple[int, ...]:
+    """``token_offsets`` validated against the catalog's levels and ``model``'s vocabulary."""
+    from .hf import output_head
+
+    _, _, weight = output_head(model)
+    return check_vocabulary(int(weight.shape[0]), codebook_sizes, token_offsets)
