@@ -234,3 +234,49 @@ def test_presets():
     assert preset is QWEN3_PRESETS["tiny"]
     assert tiny.model.embed_tokens.weight.shape == (preset.vocab, preset.hidden)
     assert tiny.get_output_embeddings().weight.data_ptr() == tiny.model.embed_tokens.weight.data_ptr()
+
+
+def test_bench_quick(tmp_path):
+    """``python -m zerogr_core.bench.llm --quick`` runs the whole matrix on the tiny shape."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    # the CPU path is the kernels' PyTorch references: the Triton interpreter is not needed there
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "zerogr_core.bench.llm", "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads((tmp_path / "llm.json").read_text())
+    assert doc["finished"]
+    recs = doc["records"]
+    ours = [r for r in recs if r.get("method") == "zerogr"]
+    assert len(ours) == 2 * 2 + 2
+    assert all(r["items_in_catalog"] and r["valid_fraction"] == 1.0 for r in ours)
+    assert all(r["prefill_ms"] > 0 and r["decode_ms"] > 0 for r in ours)
+    methods = {r.get("method") for r in recs}
+    assert {"zerogr-score-first", "zerogr-unconstrained", "hf-constrained", "hf-unconstrained"} <= methods
+    agree = next(r for r in recs if r.get("method") == "agreement")
+    assert agree["top1_agreement"] == 1.0          # float32: the same items as HF's own forward
+    assert "| 16 | 2 | 8 |" in (tmp_path / "llm.md").read_text()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_engine_matches_reference(dtype):
+    """On a GPU: the engine's CUDA graph (prefill inside) returns the CPU reference's beams (fp32),
+    catalog items in decreasing score order (bf16)."""
+    catalog = tiny_catalog()
+    ids, mask = inputs()
+    want = serving(build_random(SHAPE, seed=3)[0], build_index(catalog), 6).decode(ids, mask)
+    run = serving(build_random(SHAPE, seed=3, device="cuda", dtype=dtype)[0], build_index(catalog, device="cuda"), 6)
+    for _ in range(2):                       # the second call replays the captured graph
+        got = run.decode(ids.cuda(), mask.cuda())
+    assert run.prefill_in_graph
+    rows, scores = got.item_rows.cpu(), got.scores.cpu()
+    assert (rows >= 0).all() and (scores[:, :-1] >= scores[:, 1:]).all()
+    assert np.array_equal(catalog.sids[rows.numpy()].astype(np.int64), got.tokens.cpu().numpy())
+    if dtype == torch.float32:
+        assert torch.equal(rows, want.item_rows)
+        torch.testing.assert_close(scores, want.scores, rtol=1e-4, atol=1e-4)

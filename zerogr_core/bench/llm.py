@@ -76,6 +76,8 @@ class LLMBenchConfig:
     device, dtype : str
     budget_s : float
         Shapes not started within this many seconds are recorded as skipped.
+    cpu_threads : int or None
+        Torch's CPU threads (the quick run's tiny matrices only lose to thread wake-ups).
     """
 
     model: str = "qwen3-1.7b"
@@ -95,13 +97,15 @@ class LLMBenchConfig:
     device: str = "cuda"
     dtype: str = "bfloat16"
     budget_s: float = 380.0
+    cpu_threads: int | None = None
 
 
 LLM_PRESETS = {
     "h200": LLMBenchConfig(),
     "quick": LLMBenchConfig(model="tiny", n_items=20_000, codebook=64, contexts=(16, 40), batches=(1, 2), beam=8,
                             extra_beams=(4, 16), hf_shapes=((16, 1),), agreement_requests=3, repeats=2, warmup=1,
-                            rotations=2, context_bucket=16, device="cpu", dtype="float32", budget_s=600.0),
+                            rotations=2, context_bucket=16, device="cpu", dtype="float32", budget_s=600.0,
+                            cpu_threads=1),
 }
 
 
@@ -405,6 +409,8 @@ def run(cfg: LLMBenchConfig, out: Path, command: str, log=print) -> list[dict]:
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ZeroGRError("device: cuda was asked for but no GPU is visible (use --quick for the CPU run)")
+    if cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
     env = environment(device)
     writer = ResultWriter(out / "llm.json", out / "llm.csv", env, command)
     w = Workload(cfg, log)
