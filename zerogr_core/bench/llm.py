@@ -419,11 +419,12 @@ def run(cfg: LLMBenchConfig, out: Path, command: str, log=print) -> list[dict]:
                     max_segments=[s.max_segment for s in w.index.steps], parameters=sum(
                         p.numel() for p in w.model.parameters())))
     shapes = [(c, b, cfg.beam) for c in cfg.contexts for b in cfg.batches]
+    # the target shapes first, so a run cut by its budget still has them
+    shapes.sort(key=lambda s: (s[:2] not in TARGETS, s))
     shapes += [(cfg.contexts[0], 1, m) for m in cfg.extra_beams]
-    todo = [("shape", s) for s in shapes] + [("hf", (c, b, cfg.beam)) for c, b in cfg.hf_shapes]
-    todo.append(("agreement", (cfg.contexts[0], 1, cfg.beam)))
     # the agreement check is correctness evidence: it runs first so the budget never drops it
-    todo.insert(0, todo.pop())
+    todo = [("agreement", (cfg.contexts[0], 1, cfg.beam))] + [("shape", s) for s in shapes]
+    todo[2:2] = [("hf", (c, b, cfg.beam)) for c, b in cfg.hf_shapes]
     with torch.no_grad():
         for what, (c, b, m) in todo:
             if time.perf_counter() - t0 > cfg.budget_s:
