@@ -37,6 +37,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from zerogr_kernels import rms_layer_norm
+
 from ..errors import ZeroGRError
 from .hf import check_vocabulary
 
@@ -308,32 +310,56 @@ class Qwen3StepModel:
         cos, sin = self.core.rotary_emb(x, positions[None])
         return cos[0], sin[0]
 
+    @staticmethod
+    def _norm(module, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Qwen3's RMS norm of the rows of ``x`` (n, d) in one kernel, after ``x + residual`` if given
+        (then ``(normed, sum)``): the same arithmetic as ``Qwen3RMSNorm`` when weight and input
+        share a dtype (:func:`zerogr_kernels.rms_layer_norm`)."""
+        return rms_layer_norm(x, module.weight, module.variance_epsilon, residual)
+
     def _qkv(self, attn, h: torch.Tensor, cos, sin):
-        """Normed, rotated q (..., heads, D), k (..., kv_heads, D) and v of hidden states h (..., hidden)."""
-        lead = h.shape[:-1]
-        q = attn.q_norm(attn.q_proj(h).view(*lead, self.heads, self.head_dim))
-        k = attn.k_norm(attn.k_proj(h).view(*lead, self.kv_heads, self.head_dim))
-        v = attn.v_proj(h).view(*lead, self.kv_heads, self.head_dim)
+        """Normed, rotated q (n, heads, D), k (n, kv_heads, D) and v of the normed hidden states h (n, hidden)."""
+        n, d = h.shape[0], self.head_dim
+        q = self._norm(attn.q_norm, attn.q_proj(h).view(n * self.heads, d)).view(n, self.heads, d)
+        k = self._norm(attn.k_norm, attn.k_proj(h).view(n * self.kv_heads, d)).view(n, self.kv_heads, d)
+        v = attn.v_proj(h).view(n, self.kv_heads, d)
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
         return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def _layers(self, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
+        """The decoder layers over rows x (n, hidden); ``attend(i, q, k, v)`` -> (n, heads · D) is
+        the attention of layer i. Residual adds are fused into the following norm. Returns the
+        residual stream after the last layer (not normed)."""
+        layers = self.core.layers
+        h = self._norm(layers[0].input_layernorm, x)
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(attn, h, cos, sin)
+            h, x = self._norm(layer.post_attention_layernorm, attn.o_proj(attend(i, q, k, v)), x)
+            m = layer.mlp(h)
+            if i + 1 < len(layers):
+                h, x = self._norm(layers[i + 1].input_layernorm, m, x)
+            else:
+                x = x + m
+        return x
 
     @torch.no_grad()
     def run_prefill(self) -> None:
         """The staged contexts through every layer, into the static buffers: device work only
         (no host synchronisation, static shapes), so a CUDA graph can hold it."""
         b, tb = self.ids.shape
-        x = self.core.embed_tokens(self.ids)                                      # (B, Tb, hidden)
-        cos, sin = self._rope(x, torch.arange(tb, device=self.device))
-        for i, layer in enumerate(self.core.layers):
-            attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)          # (B, Tb, heads, D)
-            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        x = self.core.embed_tokens(self.ids).view(b * tb, -1)
+        cos, sin = self._rope(x, torch.arange(tb, device=self.device).repeat(b))
+
+        def attend(i, q, k, v):
+            q, k, v = (t.view(b, tb, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
             self.context_k[i].copy_(k)
             self.context_v[i].copy_(v)
             # right padding: causal attention keeps every real token off the padding behind it
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True, enable_gqa=True)
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(b, tb, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return o.transpose(1, 2).reshape(b * tb, -1)
+
+        x = self._layers(x, cos, sin, attend).view(b, tb, -1)
         last = x[torch.arange(b, device=self.device), self.lengths - 1]
         self.first.copy_(self.core.norm(last))
         pos = torch.arange(tb, device=self.device)
@@ -392,14 +418,13 @@ class Qwen3StepModel:
         x = self.core.embed_tokens(ids)                                                  # (n, hidden)
         positions = (self.lengths[:, None] + j).expand(b, beams).reshape(n)
         cos, sin = self._rope(x, positions)
-        for i, layer in enumerate(self.core.layers):
-            attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
+
+        def attend(i, q, k, v):
             self.lineage[:n, j, i, 0].copy_(k)
             self.lineage[:n, j, i, 1].copy_(v)
-            y = self._attend(i, q, self.lineage[:n, :j + 1, i, 0], self.lineage[:n, :j + 1, i, 1], b, beams)
-            x = x + attn.o_proj(y)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            return self._attend(i, q, self.lineage[:n, :j + 1, i, 0], self.lineage[:n, :j + 1, i, 1], b, beams)
+
+        x = self._layers(x, cos, sin, attend)
         return self.core.norm(x)
 
 
