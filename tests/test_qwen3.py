@@ -269,8 +269,10 @@ def test_cuda_engine_matches_reference(dtype):
     catalog items in decreasing score order (bf16)."""
     catalog = tiny_catalog()
     ids, mask = inputs()
-    want = serving(build_random(SHAPE, seed=3)[0], build_index(catalog), 6).decode(ids, mask)
-    run = serving(build_random(SHAPE, seed=3, device="cuda", dtype=dtype)[0], build_index(catalog, device="cuda"), 6)
+    cpu = build_random(SHAPE, seed=3)[0]
+    want = serving(cpu, build_index(catalog), 6).decode(ids, mask)
+    # the same weights (CUDA's generator would draw others)
+    run = serving(cpu.to("cuda", dtype), build_index(catalog, device="cuda"), 6)
     for _ in range(2):                       # the second call replays the captured graph
         got = run.decode(ids.cuda(), mask.cuda())
     assert run.prefill_in_graph

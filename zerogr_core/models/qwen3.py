@@ -256,17 +256,17 @@ class Qwen3StepModel:
 
     def _allocate(self, b: int, tb: int, beam_width: int) -> None:
         dev, dt = self.device, self.dtype
-        shape = (self.n_layers, b, self.kv_heads, tb, self.head_dim)
+        self.lineage_len = max(self.n_levels - 1, 1)
+        # a request's keys: its context, then its beams' lineage slots (beam m, SID position t
+        # at tb + m * lineage_len + t), padded to 16 so the attention bias rows stay aligned
+        own = -(-beam_width * self.lineage_len // 16) * 16
         self.ids = torch.zeros(b, tb, dtype=torch.int64, device=dev)
         self.lengths = torch.ones(b, dtype=torch.int64, device=dev)
-        self.context_k = torch.zeros(shape, dtype=dt, device=dev)
-        self.context_v = torch.zeros(shape, dtype=dt, device=dev)
-        self.context_bias = torch.zeros(b, 1, 1, tb, dtype=torch.float32, device=dev)
+        self.kv = torch.zeros(2, self.n_layers, b, self.kv_heads, tb + own, self.head_dim, dtype=dt, device=dev)
+        self.context_bias = torch.zeros(b, 1, 1, tb, dtype=dt, device=dev)
+        self.bias = torch.zeros(b, 1, beam_width * self.group, tb + own, dtype=dt, device=dev)
         self.first = torch.zeros(b, self.hidden_size, dtype=dt, device=dev)
-        # the lineage: per beam, per SID position, every layer's key and value
-        self.lineage = torch.zeros(b * beam_width, max(self.n_levels - 1, 1), self.n_layers, 2, self.kv_heads,
-                                   self.head_dim, dtype=dt, device=dev)
-        self.batch, self.beam_width = b, beam_width
+        self.batch, self.beam_width, self.context_len = b, beam_width, tb
 
     @torch.no_grad()
     def stage(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -353,8 +353,8 @@ class Qwen3StepModel:
 
         def attend(i, q, k, v):
             q, k, v = (t.view(b, tb, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-            self.context_k[i].copy_(k)
-            self.context_v[i].copy_(v)
+            self.kv[0, i, :, :, :tb].copy_(k)
+            self.kv[1, i, :, :, :tb].copy_(v)
             # right padding: causal attention keeps every real token off the padding behind it
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             return o.transpose(1, 2).reshape(b * tb, -1)
@@ -364,68 +364,61 @@ class Qwen3StepModel:
         self.first.copy_(self.core.norm(last))
         pos = torch.arange(tb, device=self.device)
         self.context_bias.copy_(torch.where(pos[None, :] < self.lengths[:, None], 0.0, float("-inf"))[:, None, None])
+        self.bias[..., :tb].copy_(self.context_bias.expand(-1, -1, self.bias.shape[2], -1))
 
-    def _attend(self, i: int, q, k_own, v_own, b: int, beams: int):
-        """Attention of the new tokens' queries over the context and their own lineage.
+    def _lineage_bias(self, step: int) -> None:
+        """The lineage part of the attention bias at ``step``: query row (beam m, head) sees
+        slots m · P + t for SID positions t < step of its own beam, nothing else."""
+        m, p, tb = self.beam_width, self.lineage_len, self.context_len
+        slots = torch.arange(self.bias.shape[3] - tb, device=self.device)
+        rows = torch.arange(m * self.group, device=self.device) // self.group
+        allowed = ((slots // p)[None, :] == rows[:, None]) & ((slots % p) < step)[None, :] & (slots < m * p)[None, :]
+        self.bias[..., tb:].copy_(torch.where(allowed, 0.0, float("-inf")).expand_as(self.bias[..., tb:]))
 
-        Parameters
-        ----------
-        i : int
-            Layer.
-        q : torch.Tensor, shape (n, heads, D), n = b · beams
-        k_own, v_own : torch.Tensor, shape (n, j + 1, kv_heads, D)
-            The beams' lineage, the new token included.
+    def _reorder(self, parents: torch.Tensor, positions: int) -> None:
+        """Every layer's lineage slots of positions < ``positions`` gathered from the parent beams."""
+        from .protocol import safe_parents
 
-        Returns
-        -------
-        torch.Tensor, shape (n, heads · D)
-        """
-        n, g, kvh, d = q.shape[0], self.group, self.kv_heads, self.head_dim
-        tb = self.context_k.shape[3]
-        # (B, kv_heads, M·g, D): one query matrix per (request, KV head) reads the context once
-        qg = q.view(b, beams, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, beams * g, d)
-        s_ctx = (qg @ self.context_k[i].transpose(-1, -2)).float() * self.scale + self.context_bias
-        qn = q.view(n, kvh, g, d)
-        s_own = torch.einsum("nhgd,nthd->nhgt", qn.float(), k_own.float()) * self.scale    # (n, kvh, g, j+1)
-        own = s_own.shape[-1]
-        s_own = s_own.view(b, beams, kvh, g, own).permute(0, 2, 1, 3, 4).reshape(b, kvh, beams * g, own)
-        w = torch.softmax(torch.cat([s_ctx, s_own], dim=-1), dim=-1)
-        y = w[..., :tb].to(q.dtype) @ self.context_v[i]                                  # (B, kvh, M·g, D)
-        w_own = w[..., tb:].reshape(b, kvh, beams, g, own).permute(0, 2, 1, 3, 4).reshape(n, kvh, g, own)
-        y_own = torch.einsum("nhgt,nthd->nhgd", w_own, v_own.float())
-        y = y.view(b, kvh, beams, g, d).permute(0, 2, 1, 3, 4).reshape(n, kvh, g, d).float() + y_own
-        return y.to(q.dtype).reshape(n, self.heads * d)
+        b, m, p, tb = self.batch, self.beam_width, self.lineage_len, self.context_len
+        rows = safe_parents(parents.to(self.device), m).view(b, m)
+        local = rows - torch.arange(b, device=self.device)[:, None] * m                  # parent beam in its request
+        kv = self.kv.view(2 * self.n_layers, b, self.kv_heads, -1, self.head_dim)
+        own = kv[:, :, :, tb:tb + m * p].unflatten(3, (m, p))[..., :positions, :]        # (2Ly, b, kvh, M, pos, D)
+        picked = own[:, torch.arange(b, device=self.device)[:, None], :, local]          # (b, M, 2Ly, kvh, pos, D)
+        own.copy_(picked.permute(2, 0, 3, 1, 4, 5))
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
         """Hidden states of step ``step``: (B, hidden) at 0, (B · M, hidden) after (see the protocol)."""
-        from .protocol import safe_parents
-
         if not self.batch:
             raise ZeroGRError("step model: call prefill before step")
         if step == 0:
             if self.prefill_in_step:
                 self.run_prefill()
             return self.first
-        b = self.batch
-        beams = tokens.shape[1]
-        n, j = b * beams, step - 1                                    # j: SID position of the new token
+        b, m, tb, p = self.batch, tokens.shape[1], self.context_len, self.lineage_len
+        if m != self.beam_width:
+            raise ZeroGRError(f"step model: {m} beams per request at step {step}, prefilled for {self.beam_width}")
+        n, j = b * m, step - 1                                        # j: SID position of the new token
         if step > 1:
-            # positions 0 … j-1 are cached; the previous step had beam_width beams per request
-            rows = safe_parents(parents.to(self.device), self.beam_width)
-            self.lineage[:n, :j].copy_(self.lineage[:b * self.beam_width, :j].index_select(0, rows))
+            self._reorder(parents, j)
+        self._lineage_bias(step)
         ids = tokens.to(self.device, torch.int64).clamp(min=0).reshape(n) + self.token_offsets[j]
         x = self.core.embed_tokens(ids)                                                  # (n, hidden)
-        positions = (self.lengths[:, None] + j).expand(b, beams).reshape(n)
+        positions = (self.lengths[:, None] + j).expand(b, m).reshape(n)
         cos, sin = self._rope(x, positions)
+        kvh, g, d = self.kv_heads, self.group, self.head_dim
 
         def attend(i, q, k, v):
-            self.lineage[:n, j, i, 0].copy_(k)
-            self.lineage[:n, j, i, 1].copy_(v)
-            return self._attend(i, q, self.lineage[:n, :j + 1, i, 0], self.lineage[:n, :j + 1, i, 1], b, beams)
+            # the new token's key/value into its beam's lineage slot of every request
+            for buf, new in ((self.kv[0, i], k), (self.kv[1, i], v)):
+                buf[:, :, tb + j:tb + m * p:p].copy_(new.view(b, m, kvh, d).transpose(1, 2))
+            # one (M·g, D) query matrix per (request, KV head): the context is read once per request
+            qg = q.view(b, m, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, m * g, d)
+            o = F.scaled_dot_product_attention(qg, self.kv[0, i], self.kv[1, i], attn_mask=self.bias)
+            return o.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(n, kvh * g * d)
 
-        x = self._layers(x, cos, sin, attend)
-        return self.core.norm(x)
+        return self.core.norm(self._layers(x, cos, sin, attend))
 
 
 def check_offsets(model, codebook_sizes: Sequence[int], token_offsets: Sequence[int]) -> tuple[int, ...]:
