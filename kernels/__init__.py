@@ -55,6 +55,7 @@ from .full_projection import full_proj, full_proj_reference
 from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
 from .naive_selective import naive_selective_proj
 from .memory_attention import request_attention, request_attention_reference, request_attention_triton
+from .qk_norm_rope import qk_norm_rope, qk_norm_rope_reference, qk_norm_rope_triton
 from .rms_norm import rms_layer_norm, rms_layer_norm_reference, rms_layer_norm_triton
 from .selective import selective_proj, selective_proj_reference, selective_proj_triton
 from .beam_groups import BeamGroups, group_beams, group_beams_reference, group_beams_triton
@@ -67,6 +68,7 @@ __all__ = [
     "cached_self_attention", "cached_self_attention_reference", "cached_self_attention_triton",
     "request_attention", "request_attention_reference", "request_attention_triton",
     "rms_layer_norm", "rms_layer_norm_reference", "rms_layer_norm_triton",
+    "qk_norm_rope", "qk_norm_rope_reference", "qk_norm_rope_triton",
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
     "num_tasks", "full_proj", "full_proj_reference", "log_softmax_slots", "log_softmax_slots_reference",
     "log_softmax_slots_triton", "naive_selective_proj", "selective_proj",

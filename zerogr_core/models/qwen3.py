@@ -37,12 +37,13 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from zerogr_kernels import rms_layer_norm
+from zerogr_kernels.qk_norm_rope import qk_norm_rope
+from zerogr_kernels.rms_norm import rms_layer_norm
 
 from ..errors import ZeroGRError
 from .hf import check_vocabulary
 
-__all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random", "rotate"]
+__all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random"]
 
 
 @dataclass(frozen=True)
@@ -141,12 +142,6 @@ def build_random(preset: str | Qwen3Preset = "tiny", *, device="cpu", dtype=torc
     with torch.device(device):
         model = transformers.Qwen3ForCausalLM(preset.hf_config())
     return model.to(dtype).eval(), preset
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` (..., D) with ``cos``/``sin`` broadcastable to it (Qwen3's half rotation)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class Qwen3StepModel:
@@ -320,11 +315,9 @@ class Qwen3StepModel:
     def _qkv(self, attn, h: torch.Tensor, cos, sin):
         """Normed, rotated q (n, heads, D), k (n, kv_heads, D) and v of the normed hidden states h (n, hidden)."""
         n, d = h.shape[0], self.head_dim
-        q = self._norm(attn.q_norm, attn.q_proj(h).view(n * self.heads, d)).view(n, self.heads, d)
-        k = self._norm(attn.k_norm, attn.k_proj(h).view(n * self.kv_heads, d)).view(n, self.kv_heads, d)
-        v = attn.v_proj(h).view(n, self.kv_heads, d)
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return rotate(q, cos, sin), rotate(k, cos, sin), v
+        q, k = qk_norm_rope(attn.q_proj(h).view(n, self.heads, d), attn.k_proj(h).view(n, self.kv_heads, d),
+                            attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon, cos, sin)
+        return q, k, attn.v_proj(h).view(n, self.kv_heads, d)
 
     def _layers(self, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
         """The decoder layers over rows x (n, hidden); ``attend(i, q, k, v)`` -> (n, heads · D) is
