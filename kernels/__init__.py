@@ -24,9 +24,10 @@ Per decoding step (docs/design.md §4), op (module):
    ``beam_scores`` it fuses step 3, with ``prefixes`` it also writes the next step's
    token prefixes (:func:`extend_prefixes` is the unfused form).
 
-Beside the decoding step, three kernels serve the model that feeds it (a T5 decoder step):
-:func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
-(``memory_attention``) and :func:`rms_layer_norm` (``rms_norm``).
+Beside the decoding step, four kernels serve the models that feed it (a T5 decoder step,
+a Qwen3 layer): :func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
+(``memory_attention``), :func:`rms_layer_norm` (``rms_norm``) and :func:`qk_norm_rope`
+(``qk_norm_rope``).
 
 Launches: on Hopper and later (compute capability 9+) the step's kernels launch with
 programmatic dependent launch and open with ``_common.pdl_prologue`` (wait for the previous

@@ -115,6 +115,13 @@ def prefill_flops(preset, batch: int, context: int) -> float:
     return 2.0 * preset.non_embedding_params() * batch * context + attn
 
 
+def decode_flops(preset, batch: int, beam: int, context: int, steps: int) -> float:
+    """FLOPs of the decode's model steps: every beam's token through the layers, attending to its context."""
+    rows = batch * beam
+    attn = 4.0 * rows * context * preset.heads * preset.head_dim * preset.layers
+    return steps * (2.0 * preset.non_embedding_params() * rows + attn)
+
+
 def decode_bytes(preset, batch: int, context: int, elem: int, steps: int) -> float:
     """Bytes the decode's model steps must read: the layer weights and the context KV, once per step."""
     kv = 2.0 * preset.layers * batch * preset.kv_heads * context * preset.head_dim * elem
@@ -259,11 +266,13 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
     flops = prefill_flops(preset, batch, context)
     elem = torch.finfo(w.dtype).bits // 8
     dbytes = decode_bytes(preset, batch, context, elem, len(w.offsets) - 1)
+    dflops = decode_flops(preset, batch, beam, context, len(w.offsets) - 1)
     key = (context, batch)
     rec = dict(base, method="zerogr", order="filter-first", total_ms=e2e_ms, prefill_ms=prefill_ms,
                decode_ms=decode_ms, peak_gb=e2e_peak, valid_fraction=valid, items_in_catalog=in_catalog, loop=loop,
                prefill_tflop=flops / 1e12, prefill_mfu=(flops / (prefill_ms * 1e-3)) / (H200_BF16_TFLOPS * 1e12),
                decode_gb=dbytes / 1e9, decode_hbm_share=(dbytes / (decode_ms * 1e-3)) / (H200_COPY_TBPS * 1e12),
+               decode_tflop=dflops / 1e12, decode_mfu=(dflops / (decode_ms * 1e-3)) / (H200_BF16_TFLOPS * 1e12),
                target_ms=TARGETS.get(key) if beam == 256 else None,
                sid_gr_ms=SID_GR.get(key, (None,))[0] if beam == 256 else None)
     if rec["target_ms"] is not None:
@@ -370,8 +379,8 @@ def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
              "", f"GPU: {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}; "
              f"milliseconds, medians of {cfg.repeats} calls over {cfg.rotations} rotated input sets.", "",
              "| context | batch | beam | ZeroGR filter-first | prefill | decode | peak GB | prefill MFU | "
-             "decode HBM share | score-first | unconstrained | target | SID-GR (H100) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "decode MFU | decode HBM share | score-first | unconstrained | target | SID-GR (H100) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     other = {(r["context"], r["batch"], r["beam"], r["method"]): r for r in records if "total_ms" in r}
 
     def f(v, spec="{:.2f}"):
@@ -383,7 +392,8 @@ def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
         sf = other.get(k + ("zerogr-score-first",), {}).get("total_ms")
         un = other.get(k + ("zerogr-unconstrained",), {}).get("total_ms")
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {f(r['total_ms'])} | {f(r['prefill_ms'])} | {f(r['decode_ms'])} | "
-                     f"{f(r['peak_gb'], '{}')} | {f(r['prefill_mfu'])} | {f(r['decode_hbm_share'])} | {f(sf)} | "
+                     f"{f(r['peak_gb'], '{}')} | {f(r['prefill_mfu'])} | {f(r.get('decode_mfu'))} | "
+                     f"{f(r['decode_hbm_share'])} | {f(sf)} | "
                      f"{f(un)} | {f(r.get('target_ms'), '≤ {:g}')} | {f(r.get('sid_gr_ms'), '{:g}')} |")
     hf = [r for r in records if str(r.get("method", "")).startswith("hf-")]
     if hf:
