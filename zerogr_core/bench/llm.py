@@ -397,7 +397,8 @@ def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
                      f"{f(un)} | {f(r.get('target_ms'), '≤ {:g}')} | {f(r.get('sid_gr_ms'), '{:g}')} |")
     hf = [r for r in records if str(r.get("method", "")).startswith("hf-")]
     if hf:
-        lines += ["", "| Hugging Face generate | context | batch | beam | ms | peak GB |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += ["", "| Hugging Face generate | context | batch | beam | ms | peak GB |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {r['method']} | {r['context']} | {r['batch']} | {r['beam']} | "
                   f"{f(r.get('total_ms'), '{:.0f}') or r.get('error')} | {f(r.get('peak_gb'), '{}')} |" for r in hf]
     for r in records:

@@ -3,22 +3,23 @@
 The request is a token sequence (the user's context); the item is its SID, L tokens
 appended to the model's vocabulary (level ``l``, local token ``t`` is vocabulary id
 ``token_offsets[l] + t``). :class:`Qwen3StepModel` wraps a ``transformers``
-``Qwen3ForCausalLM`` of any size (it reads the module's parameters and calls its norms,
-MLPs and rotary embedding) and serves it through the step protocol
-(:mod:`zerogr_core.models.protocol`):
+``Qwen3ForCausalLM`` of any size (it reads the module's parameters and calls its MLPs and
+rotary module; the norms run in the project's fused kernels with ``Qwen3RMSNorm``'s
+arithmetic) and serves it through the step protocol (:mod:`zerogr_core.models.protocol`):
 
 * **Prefill.** Each request's context runs once through the layers with causal SDPA
-  (flash/cuDNN on a GPU). Contexts are right-padded up to a length bucket: with a causal
-  mask the real tokens never attend to the padding behind them, so no mask is needed;
-  only the hidden state at position ``len_b - 1`` is kept (final RMS norm applied, it
-  predicts level 1). The context keys/values are stored once per request, ``(layers,
-  batch, kv_heads, bucket, head_dim)``, never per beam.
+  (flash on a GPU). Contexts are right-padded up to a length bucket: with a causal mask
+  the real tokens never attend to the padding behind them, so no mask is needed; only
+  the hidden state at position ``len_b - 1`` is kept (final RMS norm applied, it predicts
+  level 1). The context keys/values are stored once per request, never per beam.
 * **Decode step l.** The M beams of a request attend to the request's context KV plus
-  their own lineage (the ≤ L-1 SID tokens already chosen, a per-beam cache reordered by
-  parent each step). Grouped-query attention: the ``g = heads / kv_heads`` query heads of
-  a KV head and all M beams form one ``(g·M, head_dim)`` query matrix per (request, KV
-  head), so the context is read once per request by one dense matrix product, masked
-  past ``len_b``. Context and lineage scores share one softmax.
+  their own lineage (the SID tokens chosen so far, per-beam slots after the context,
+  gathered from the parent beams each step). Grouped-query attention: the
+  ``g = heads / kv_heads`` query heads of a KV head and all M beams form one
+  ``(g·M, head_dim)`` query matrix per (request, KV head), and one SDPA call per layer
+  attends it over ``[context ; lineage slots]``, so the context is read once per request.
+  One additive bias per step masks the padding past ``len_b`` and every lineage slot but
+  the beam's own; context and lineage share one softmax (float32 inside the kernel).
 * **Head.** The SID rows of the tied embedding, one shared head with a band per level
   (as the generic adapter :mod:`.hf` builds it), so filtering first reads only valid rows.
 
@@ -41,7 +42,6 @@ from zerogr_kernels.qk_norm_rope import qk_norm_rope
 from zerogr_kernels.rms_norm import rms_layer_norm
 
 from ..errors import ZeroGRError
-from .hf import check_vocabulary
 
 __all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random"]
 
@@ -188,7 +188,6 @@ class Qwen3StepModel:
         self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.group = self.heads // self.kv_heads
-        self.scale = self.head_dim ** -0.5
         self.n_layers = len(self.core.layers)
         self.vocab = int(weight.shape[0])
         for o in self.token_offsets:
@@ -412,11 +411,3 @@ class Qwen3StepModel:
             return o.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(n, kvh * g * d)
 
         return self.core.norm(self._layers(x, cos, sin, attend))
-
-
-def check_offsets(model, codebook_sizes: Sequence[int], token_offsets: Sequence[int]) -> tuple[int, ...]:
-    """``token_offsets`` validated against the catalog's levels and ``model``'s vocabulary."""
-    from .hf import output_head
-
-    _, _, weight = output_head(model)
-    return check_vocabulary(int(weight.shape[0]), codebook_sizes, token_offsets)
