@@ -13,8 +13,9 @@ GPU, and measures through the public path (context token ids in, item ids out):
 * ``zerogr-score-first`` and ``zerogr-unconstrained`` (reference decode, eager);
 * Hugging Face ``generate`` constrained (``prefix_allowed_tokens_fn``) and unconstrained,
   at the shapes listed in ``hf_shapes`` only (one call takes seconds);
-* peak memory, prefill MFU against the measured bf16 peak, the decode's share of the
-  measured HBM copy bandwidth, a kernel table of one end-to-end call;
+* peak memory, prefill and decode MFU against the measured bf16 peak, the decode's share
+  of the measured HBM copy bandwidth, kernel tables (end to end, prefill, decode) at the
+  first context and the largest batch;
 * a bf16 agreement check: scoring first, one request at a time, against
   :class:`~zerogr_core.hf.HFStepModel` (Hugging Face's own cached forward) on the same weights.
 
@@ -234,8 +235,8 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
     loop = "reference (eager)" if engine is None else \
         ("engine graph, prefill inside" if run.prefill_in_graph else f"engine ({engine.graph_error or 'eager'})")
     e2e_peak = _peak_gb(dev)
-    profile = kernel_table(e2e, dev) if (dev.type == "cuda" and (context, batch) == (cfg.contexts[0], max(cfg.batches))
-                                         and beam == cfg.beam) else None
+    profiled = dev.type == "cuda" and (context, batch) == (cfg.contexts[0], max(cfg.batches)) and beam == cfg.beam
+    profiles = {"kernel_profile": kernel_table(e2e, dev)} if profiled else {}
     del run
     _release(dev)
 
@@ -249,6 +250,8 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
         graph, fn = None, sm.run_prefill
     prefill_ms = _median(time_runs(fn, dev, repeats=cfg.repeats, warmup=cfg.warmup,
                                    before=lambda i: sm.stage(sets[i % len(sets)], beam_width=beam)))
+    if profiled:
+        profiles["prefill_profile"] = kernel_table(fn, dev)
     del graph, sm
     _release(dev)
 
@@ -260,6 +263,8 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
         out["ids"] = items(run.decoder.decode(smd, batch))
 
     decode_ms = _timed(decode_only, dev, cfg, lambda i: smd.prefill(sets[i % len(sets)], beam_width=beam))
+    if profiled:
+        profiles["decode_profile"] = kernel_table(decode_only, dev)
     del run, smd
     _release(dev)
 
@@ -277,8 +282,7 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
                sid_gr_ms=SID_GR.get(key, (None,))[0] if beam == 256 else None)
     if rec["target_ms"] is not None:
         rec["met"] = e2e_ms <= rec["target_ms"]
-    if profile is not None:
-        rec["kernel_profile"] = profile
+    rec.update(profiles)
     records.append(rec)
     w.log(f"[{context}x{batch} M{beam}] zerogr {e2e_ms:.2f} ms (prefill {prefill_ms:.2f}, decode {decode_ms:.2f}), "
           f"peak {e2e_peak} GB, MFU {rec['prefill_mfu']:.2f}, HBM {rec['decode_hbm_share']:.2f}, {loop}")
