@@ -79,6 +79,10 @@ class LLMBenchConfig:
         Shapes not started within this many seconds are recorded as skipped.
     cpu_threads : int or None
         Torch's CPU threads (the quick run's tiny matrices only lose to thread wake-ups).
+    shapes : tuple of (context, batch) or None
+        Only these shapes, at ``beam`` (no ``extra_beams``), instead of the matrix.
+    profile_all : bool
+        Kernel tables at every shape (default: the first context at the largest batch).
     """
 
     model: str = "qwen3-1.7b"
@@ -99,6 +103,8 @@ class LLMBenchConfig:
     dtype: str = "bfloat16"
     budget_s: float = 380.0
     cpu_threads: int | None = None
+    shapes: tuple | None = None
+    profile_all: bool = False
 
 
 LLM_PRESETS = {
@@ -235,7 +241,8 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
     loop = "reference (eager)" if engine is None else \
         ("engine graph, prefill inside" if run.prefill_in_graph else f"engine ({engine.graph_error or 'eager'})")
     e2e_peak = _peak_gb(dev)
-    profiled = dev.type == "cuda" and (context, batch) == (cfg.contexts[0], max(cfg.batches)) and beam == cfg.beam
+    profiled = dev.type == "cuda" and beam == cfg.beam and (
+        cfg.profile_all or (context, batch) == (cfg.contexts[0], max(cfg.batches)))
     profiles = {"kernel_profile": kernel_table(e2e, dev)} if profiled else {}
     del run
     _release(dev)
@@ -287,25 +294,67 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
     w.log(f"[{context}x{batch} M{beam}] zerogr {e2e_ms:.2f} ms (prefill {prefill_ms:.2f}, decode {decode_ms:.2f}), "
           f"peak {e2e_peak} GB, MFU {rec['prefill_mfu']:.2f}, HBM {rec['decode_hbm_share']:.2f}, {loop}")
 
-    # the other two orders through the same public path (reference decode, eager)
+    # the other two orders through the same public path: the reference loop (the GPU engine
+    # serves filtering first only), staged prefill and decode captured in one CUDA graph as
+    # the engine does, so the three orders compare graphed against graphed
     for order in ("score-first", "unconstrained"):
         _peak_reset(dev)
-        run = w.serving(order, "outside", beam)
-
-        def other():
-            out["ids"] = items(run.decode(sets[cur["i"]]))
-
-        ms = _timed(other, dev, replace(cfg, repeats=max(1, cfg.repeats // 2), warmup=1), pick)
-        ids = out["ids"]
-        records.append(dict(base, method=f"zerogr-{order}", order=order, total_ms=ms, peak_gb=_peak_gb(dev),
-                            valid_fraction=float((ids >= 0).mean())))
-        w.log(f"[{context}x{batch} M{beam}] zerogr-{order} {ms:.2f} ms")
-        del run
+        fn, loop, holder = reference_graph(w, order, beam, sets, batch)
+        ms = _timed(fn, dev, replace(cfg, repeats=max(1, cfg.repeats // 2), warmup=1), holder.load)
+        ids = items(holder.result)
+        rec = dict(base, method=f"zerogr-{order}", order=order, total_ms=ms, peak_gb=_peak_gb(dev),
+                   valid_fraction=float((ids >= 0).mean()), loop=loop)
+        if profiled:
+            rec["kernel_profile"] = kernel_table(fn, dev)
+        records.append(rec)
+        w.log(f"[{context}x{batch} M{beam}] zerogr-{order} {ms:.2f} ms ({loop})")
+        del fn, holder
         _release(dev)
     return records
 
 
-def kernel_table(fn, device, top: int = 12) -> list[dict]:
+class _Staged:
+    """A reference-loop serving whose requests are staged (static buffers) before each call."""
+
+    def __init__(self, run, sets, batch: int):
+        self.run, self.sets, self.batch, self.result = run, sets, batch, None
+
+    def load(self, i: int) -> None:
+        self.run.step_model.stage(self.sets[i % len(self.sets)], beam_width=self.run.decoder.beam_width)
+
+    def decode(self):
+        return self.run.decoder.decode(self.run.step_model, self.batch)
+
+
+def reference_graph(w: Workload, order: str, beam: int, sets, batch: int):
+    """``(fn, loop, holder)``: one call of ``order`` through the reference loop, prefill staged
+    inside, replayed from a CUDA graph when it captures (else eager, the reason in ``loop``);
+    ``holder.load(i)`` stages input set ``i`` and ``holder.result`` is the last call's result."""
+    from ..timing import capture
+
+    holder = _Staged(w.serving(order, "inside", beam), sets, batch)
+    holder.load(0)
+    if w.device.type != "cuda":
+        def eager():
+            holder.result = holder.decode()
+        return eager, "reference (eager, CPU)", holder
+    try:
+        graph, out = capture(holder.decode)
+    except Exception as exc:  # noqa: BLE001 - a loop that synchronises is timed eagerly, reason recorded
+        torch.cuda.synchronize()
+
+        def eager():
+            holder.result = holder.decode()
+        return eager, f"reference (eager: capture failed, {type(exc).__name__}: {str(exc)[:120]})", holder
+    holder.result = out
+
+    def replay():
+        graph.replay()
+    replay.graph = graph
+    return replay, "reference loop, one CUDA graph, prefill inside", holder
+
+
+def kernel_table(fn, device, top: int = 25) -> list[dict]:
     """The ``top`` kernels of one call of ``fn`` by GPU time (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -433,10 +482,14 @@ def run(cfg: LLMBenchConfig, out: Path, command: str, log=print) -> list[dict]:
                     index_s=w.index_s, catalog_items=w.catalog.n_items, codebooks=list(w.catalog.codebook_sizes),
                     max_segments=[s.max_segment for s in w.index.steps], parameters=sum(
                         p.numel() for p in w.model.parameters())))
-    shapes = [(c, b, cfg.beam) for c in cfg.contexts for b in cfg.batches]
+    if cfg.shapes is None:
+        shapes = [(c, b, cfg.beam) for c in cfg.contexts for b in cfg.batches]
+    else:
+        shapes = [(int(c), int(b), cfg.beam) for c, b in cfg.shapes]
     # the target shapes first, so a run cut by its budget still has them
     shapes.sort(key=lambda s: (s[:2] not in TARGETS, s))
-    shapes += [(cfg.contexts[0], 1, m) for m in cfg.extra_beams]
+    if cfg.shapes is None:
+        shapes += [(cfg.contexts[0], 1, m) for m in cfg.extra_beams]
     # the agreement check is correctness evidence: it runs first so the budget never drops it
     todo = [("agreement", (cfg.contexts[0], 1, cfg.beam))] + [("shape", s) for s in shapes]
     todo[2:2] = [("hf", (c, b, cfg.beam)) for c, b in cfg.hf_shapes]
@@ -466,8 +519,25 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="the tiny shape on the CPU (seconds)")
     p.add_argument("--budget-s", type=float, default=None, help="skip the shapes not started after this many s")
     p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--shapes", default=None, help="only these shapes, e.g. 1000x1,5000x8 (context x batch)")
+    p.add_argument("--profile", action="store_true", help="kernel tables at every shape")
+    p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     a = p.parse_args(argv)
     cfg = LLM_PRESETS["quick" if a.quick else "h200"]
+    if a.shapes is not None:
+        try:
+            shapes = tuple(tuple(int(v) for v in s.split("x")) for s in a.shapes.split(","))
+            if any(len(s) != 2 or min(s) < 1 for s in shapes):
+                raise ValueError
+        except ValueError:
+            print(f"error: --shapes: expected CONTEXTxBATCH[,…] with positive integers, got {a.shapes!r}",
+                  file=sys.stderr)
+            return 2
+        cfg = replace(cfg, shapes=shapes)
+    if a.profile:
+        cfg = replace(cfg, profile_all=True)
+    if a.no_hf:
+        cfg = replace(cfg, hf_shapes=())
     if a.budget_s is not None:
         cfg = replace(cfg, budget_s=a.budget_s)
     if a.repeats is not None:
