@@ -1,8 +1,11 @@
 """The fused Qwen3 query/key norm + rotary kernel against its PyTorch reference and Hugging Face."""
 import pytest
 import torch
+from kernel_asserts import kernel_device
 
 from zerogr_kernels.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
+
+DEV = kernel_device()
 
 
 def make(n, hq, hk, d, dtype, seed=0):
@@ -25,7 +28,8 @@ BF16_ULPS = 2 if torch.cuda.is_available() else 6
 @pytest.mark.parametrize("shape", [(5, 4, 2, 16), (3, 3, 1, 6), (1, 16, 8, 128)])
 def test_kernel_equals_reference(shape, dtype, ulps):
     """float32 within 1e-5; bfloat16 within a few units in the last place of the largest output."""
-    args = make(*shape, dtype)
+    # compiled on a GPU, interpreted on the CPU: a compiled kernel cannot read host tensors
+    args = tuple(a.to(DEV) for a in make(*shape, dtype))
     for got, want in zip(qk_norm_rope_triton(*args[:4], 1e-6, *args[4:]), qk_norm_rope_reference(*args[:4], 1e-6,
                                                                                                  *args[4:])):
         assert got.dtype == dtype and got.shape == want.shape
