@@ -19,7 +19,7 @@ from ._common import FLOAT_DTYPES, check_tensor, next_pow2, use_triton
 
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, HQ, HK, D, eps,
-                         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                         q_row, k_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, BLOCK_H)
     cols = tl.arange(0, BLOCK_D)
@@ -36,8 +36,8 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr,
     ok = (heads < HQ + HK)[:, None] & col_ok[None, :]
     q_ok = ok & (~is_k)[:, None]
     k_ok = ok & is_k[:, None]
-    src_q = q_ptr + tok * HQ * D + hq[:, None] * D
-    src_k = k_ptr + tok * HK * D + hk[:, None] * D
+    src_q = q_ptr + tok * q_row + hq[:, None] * D
+    src_k = k_ptr + tok * k_row + hk[:, None] * D
     x = tl.where(is_k[:, None], tl.load(src_k + cols[None, :], mask=k_ok, other=0.0),
                  tl.load(src_q + cols[None, :], mask=q_ok, other=0.0))
     xp = tl.where(is_k[:, None], tl.load(src_k + partner[None, :], mask=k_ok, other=0.0),
@@ -59,12 +59,21 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr,
     tl.store(ko_ptr + tok * HK * D + hk[:, None] * D + cols[None, :], out, mask=k_ok)
 
 
+def _rows_of_heads(name: str, t) -> None:
+    """Each row's heads must be contiguous; rows may be strided (a view into a fused QKV output)."""
+    n, h, d = t.shape
+    if (d > 1 and t.stride(2) != 1) or (h > 1 and t.stride(1) != d) or (n > 1 and t.stride(0) < h * d):
+        raise ValueError(f"{name}: each row's (heads, head_dim) must be contiguous, got strides {tuple(t.stride())}")
+
+
 def _check(q, k, q_weight, k_weight, cos, sin) -> None:
-    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=3, contiguous=True)
+    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=3)
     n, _, d = q.shape
     if d % 2:
         raise ValueError(f"q: head_dim must be even for the rotary embedding, got {d}")
-    check_tensor("k", k, dtypes=(q.dtype,), ndim=3, device=q.device, contiguous=True)
+    check_tensor("k", k, dtypes=(q.dtype,), ndim=3, device=q.device)
+    _rows_of_heads("q", q)
+    _rows_of_heads("k", k)
     if k.shape[0] != n or k.shape[2] != d:
         raise ValueError(f"k: shape {tuple(k.shape)} does not match q's {tuple(q.shape)}")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
@@ -78,11 +87,12 @@ def qk_norm_rope_triton(q, k, q_weight, k_weight, eps: float, cos, sin):
     _check(q, k, q_weight, k_weight, cos, sin)
     n, hq, d = q.shape
     hk = k.shape[1]
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if n:
         block_h, block_d = next_pow2(hq + hk), next_pow2(d)
         _qk_norm_rope_kernel[(n,)](q, k, q_weight, k_weight, cos, sin, q_out, k_out, hq, hk, d, float(eps),
-                                   BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 2048 else 8)
+                                   q.stride(0), k.stride(0), BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 2048 else 8)
     return q_out, k_out
 
 
@@ -111,8 +121,9 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
 
     Parameters
     ----------
-    q : torch.Tensor, shape (n, heads, D), float16, bfloat16 or float32, contiguous
-    k : torch.Tensor, shape (n, kv_heads, D), q's dtype, contiguous
+    q : torch.Tensor, shape (n, heads, D), float16, bfloat16 or float32
+        Each row's heads contiguous; rows may be strided (views into one fused QKV output).
+    k : torch.Tensor, shape (n, kv_heads, D), q's dtype, laid out as ``q``
     q_weight, k_weight : torch.Tensor, shape (D,), q's dtype
         The norms' weights (``q_norm.weight``, ``k_norm.weight``).
     eps : float
@@ -123,7 +134,7 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
     Returns
     -------
     (torch.Tensor, torch.Tensor)
-        New tensors shaped as ``q`` and ``k``.
+        New contiguous tensors shaped as ``q`` and ``k``.
     """
     fn = qk_norm_rope_triton if use_triton(q) else qk_norm_rope_reference
     return fn(q, k, q_weight, k_weight, eps, cos, sin)

@@ -37,6 +37,27 @@ def test_kernel_equals_reference(shape, dtype, ulps):
         torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_rows_of_a_fused_qkv(dtype):
+    """q and k as views into one (n, (heads + 2 kv_heads) D) projection equal the contiguous call."""
+    q, k, qw, kw, cos, sin = (a.to(DEV) for a in make(7, 4, 2, 16, dtype, seed=5))
+    fused = torch.cat([q.reshape(7, -1), k.reshape(7, -1), torch.zeros_like(k).reshape(7, -1)], dim=1)
+    qv, kv = fused[:, :64].view(7, 4, 16), fused[:, 64:96].view(7, 2, 16)
+    assert not qv.is_contiguous()
+    want = qk_norm_rope_reference(q, k, qw, kw, 1e-6, cos, sin)
+    for fn in (qk_norm_rope_triton, qk_norm_rope_reference):
+        for got, w in zip(fn(qv, kv, qw, kw, 1e-6, cos, sin), want):
+            assert got.is_contiguous()
+            torch.testing.assert_close(got, w, rtol=0, atol=0 if fn is qk_norm_rope_reference else 1e-5 if
+                                       dtype == torch.float32 else BF16_ULPS * 2.0 ** -8 * float(w.float().abs().max()))
+
+
+def test_rejects_interleaved_heads():
+    q, k, qw, kw, cos, sin = make(3, 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="q: each row's"):
+        qk_norm_rope_reference(q.transpose(1, 2).contiguous().transpose(1, 2), k, qw, kw, 1e-6, cos, sin)
+
+
 def test_reference_equals_hf_qwen3():
     transformers = pytest.importorskip("transformers")
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb

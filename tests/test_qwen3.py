@@ -225,6 +225,26 @@ def test_errors(model):
         Qwen3StepModel(gpt2, OFFSETS)
 
 
+def test_stacked_weights_are_the_modules_own():
+    """Wrapping stacks q/k/v and gate/up once: the module's parameters become views of the stacks
+    (no copy, HF's forward unchanged), and a second wrap reuses them."""
+    m = build_random(SHAPE, seed=4)[0]
+    ids = torch.randint(1, SHAPE.base_vocab, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = m(ids).logits
+    first = Qwen3StepModel(m, OFFSETS)
+    second = Qwen3StepModel(m, OFFSETS)
+    for i, layer in enumerate(m.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        assert attn.q_proj.weight.data_ptr() == first.qkv_weight[i].data_ptr() == second.qkv_weight[i].data_ptr()
+        assert attn.v_proj.weight.data_ptr() == first.qkv_weight[i][-attn.v_proj.weight.shape[0]:].data_ptr()
+        assert mlp.up_proj.weight.data_ptr() == second.gate_up_weight[i][mlp.gate_proj.weight.shape[0]:].data_ptr()
+        torch.testing.assert_close(second.qkv_weight[i], torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                                                    attn.v_proj.weight]), rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids).logits, before, rtol=0, atol=0)
+
+
 def test_presets():
     big = QWEN3_PRESETS["qwen3-1.7b"]
     assert big.vocab == 151_936 + 3 * 8192 and big.token_offsets == (151_936, 160_128, 168_320)

@@ -20,6 +20,10 @@ arithmetic) and serves it through the step protocol (:mod:`zerogr_core.models.pr
   attends it over ``[context ; lineage slots]``, so the context is read once per request.
   One additive bias per step masks the padding past ``len_b`` and every lineage slot but
   the beam's own; context and lineage share one softmax (float32 inside the kernel).
+* **Fused projections.** Each layer's query/key/value weights are stacked into one matrix,
+  and its gate/up weights into another, once at wrap time; the module's own parameters
+  become views into them (no second copy), so a layer runs 4 GEMMs instead of 7 and the
+  SwiGLU gate reads the gate/up output once (:func:`zerogr_kernels.silu_mul`).
 * **Head.** The SID rows of the tied embedding, one shared head with a band per level
   (as the generic adapter :mod:`.hf` builds it), so filtering first reads only valid rows.
 
@@ -40,6 +44,7 @@ import torch.nn.functional as F
 
 from zerogr_kernels.qk_norm_rope import qk_norm_rope
 from zerogr_kernels.rms_norm import rms_layer_norm
+from zerogr_kernels.swiglu import silu_mul
 
 from ..errors import ZeroGRError
 
@@ -166,6 +171,10 @@ class Qwen3StepModel:
 
     Notes
     -----
+    Wrapping re-points the module's q/k/v and gate/up parameters at views of one stacked
+    weight per layer (same values, no extra memory; Hugging Face's own forward is
+    unchanged). Wrapping the same module again reuses the stacks.
+
     ``history`` is (B, T) int64 token ids with an optional (B, T) mask whose ones are one
     contiguous run per row (left or right padding; any other layout is refused). The
     requests are moved to right padding, positions ``0 … len_b - 1``, as Hugging Face
@@ -196,6 +205,7 @@ class Qwen3StepModel:
         if int(context_bucket) < 1:
             raise ZeroGRError(f"context_bucket: expected an integer ≥ 1, got {context_bucket!r}")
         self.context_bucket = int(context_bucket)
+        self._stack_weights()
         self.batch = 0
         self.prefill_in_step = False
         self.graph_safe = True
@@ -256,7 +266,9 @@ class Qwen3StepModel:
         own = -(-beam_width * self.lineage_len // 16) * 16
         self.ids = torch.zeros(b, tb, dtype=torch.int64, device=dev)
         self.lengths = torch.ones(b, dtype=torch.int64, device=dev)
-        self.kv = torch.zeros(2, self.n_layers, b, self.kv_heads, tb + own, self.head_dim, dtype=dt, device=dev)
+        # token-major (b, slot, kv_heads, D), the projections' own layout: the prefill's copy is a
+        # contiguous run per request, and SDPA reads the (kv_heads, slot) transpose as a view
+        self.kv = torch.zeros(2, self.n_layers, b, tb + own, self.kv_heads, self.head_dim, dtype=dt, device=dev)
         self.context_bias = torch.zeros(b, 1, 1, tb, dtype=dt, device=dev)
         self.bias = torch.zeros(b, 1, beam_width * self.group, tb + own, dtype=dt, device=dev)
         self.first = torch.zeros(b, self.hidden_size, dtype=dt, device=dev)
@@ -299,6 +311,25 @@ class Qwen3StepModel:
 
     # ---- the network ----------------------------------------------------------------
 
+    def _stack_weights(self) -> None:
+        """One (rows, hidden) weight per layer for q/k/v and one for gate/up (+ q/k/v bias if any)."""
+        self.qkv_weight, self.qkv_bias, self.gate_up_weight = [], [], []
+        act = getattr(self.model.config, "hidden_act", "silu")
+        self.fused_mlp = act == "silu"
+        for layer in self.core.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+            self.qkv_weight.append(_stack(projs, "weight"))
+            has_bias = [p.bias is not None for p in projs]
+            if any(has_bias) and not all(has_bias):
+                raise ZeroGRError("model: q/k/v projections must all have a bias or none")
+            self.qkv_bias.append(_stack(projs, "bias") if all(has_bias) else None)
+            if self.fused_mlp:
+                if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
+                    self.fused_mlp = False
+                else:
+                    self.gate_up_weight.append(_stack((mlp.gate_proj, mlp.up_proj), "weight"))
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor):
         """cos, sin of shape (n, D) for int64 ``positions`` (n,) (the model's own rotary module)."""
         cos, sin = self.core.rotary_emb(x, positions[None])
@@ -311,12 +342,21 @@ class Qwen3StepModel:
         share a dtype (:func:`zerogr_kernels.rms_layer_norm`)."""
         return rms_layer_norm(x, module.weight, module.variance_epsilon, residual)
 
-    def _qkv(self, attn, h: torch.Tensor, cos, sin):
-        """Normed, rotated q (n, heads, D), k (n, kv_heads, D) and v of the normed hidden states h (n, hidden)."""
+    def _qkv(self, i: int, attn, h: torch.Tensor, cos, sin):
+        """Normed, rotated q (n, heads, D), k (n, kv_heads, D) and v (a strided view) of layer i for the
+        normed hidden states h (n, hidden): one GEMM for the three projections."""
         n, d = h.shape[0], self.head_dim
-        q, k = qk_norm_rope(attn.q_proj(h).view(n, self.heads, d), attn.k_proj(h).view(n, self.kv_heads, d),
+        a, b = self.heads * d, (self.heads + self.kv_heads) * d
+        y = F.linear(h, self.qkv_weight[i], self.qkv_bias[i])
+        q, k = qk_norm_rope(y[:, :a].view(n, self.heads, d), y[:, a:b].view(n, self.kv_heads, d),
                             attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon, cos, sin)
-        return q, k, attn.v_proj(h).view(n, self.kv_heads, d)
+        return q, k, y[:, b:].view(n, self.kv_heads, d)
+
+    def _mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
+        """Layer i's SwiGLU MLP of h (n, hidden): one GEMM for gate and up, one pass for the gate."""
+        if not self.fused_mlp:
+            return layer.mlp(h)
+        return F.linear(silu_mul(F.linear(h, self.gate_up_weight[i])), layer.mlp.down_proj.weight)
 
     def _layers(self, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
         """The decoder layers over rows x (n, hidden); ``attend(i, q, k, v)`` -> (n, heads · D) is
@@ -326,9 +366,9 @@ class Qwen3StepModel:
         h = self._norm(layers[0].input_layernorm, x)
         for i, layer in enumerate(layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, h, cos, sin)
+            q, k, v = self._qkv(i, attn, h, cos, sin)
             h, x = self._norm(layer.post_attention_layernorm, attn.o_proj(attend(i, q, k, v)), x)
-            m = layer.mlp(h)
+            m = self._mlp(i, layer, h)
             if i + 1 < len(layers):
                 h, x = self._norm(layers[i + 1].input_layernorm, m, x)
             else:
@@ -344,9 +384,10 @@ class Qwen3StepModel:
         cos, sin = self._rope(x, torch.arange(tb, device=self.device).repeat(b))
 
         def attend(i, q, k, v):
-            q, k, v = (t.view(b, tb, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-            self.kv[0, i, :, :, :tb].copy_(k)
-            self.kv[1, i, :, :, :tb].copy_(v)
+            q, k, v = (t.view(b, tb, -1, self.head_dim) for t in (q, k, v))
+            self.kv[0, i, :, :tb].copy_(k)
+            self.kv[1, i, :, :tb].copy_(v)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             # right padding: causal attention keeps every real token off the padding behind it
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             return o.transpose(1, 2).reshape(b * tb, -1)
@@ -374,10 +415,9 @@ class Qwen3StepModel:
         b, m, p, tb = self.batch, self.beam_width, self.lineage_len, self.context_len
         rows = safe_parents(parents.to(self.device), m).view(b, m)
         local = rows - torch.arange(b, device=self.device)[:, None] * m                  # parent beam in its request
-        kv = self.kv.view(2 * self.n_layers, b, self.kv_heads, -1, self.head_dim)
-        own = kv[:, :, :, tb:tb + m * p].unflatten(3, (m, p))[..., :positions, :]        # (2Ly, b, kvh, M, pos, D)
-        picked = own[:, torch.arange(b, device=self.device)[:, None], :, local]          # (b, M, 2Ly, kvh, pos, D)
-        own.copy_(picked.permute(2, 0, 3, 1, 4, 5))
+        kv = self.kv.view(2 * self.n_layers, b, -1, self.kv_heads, self.head_dim)
+        own = kv[:, :, tb:tb + m * p].unflatten(2, (m, p))[:, :, :, :positions]          # (2Ly, b, M, pos, kvh, D)
+        own.copy_(own[:, torch.arange(b, device=self.device)[:, None], local])
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
@@ -404,10 +444,31 @@ class Qwen3StepModel:
         def attend(i, q, k, v):
             # the new token's key/value into its beam's lineage slot of every request
             for buf, new in ((self.kv[0, i], k), (self.kv[1, i], v)):
-                buf[:, :, tb + j:tb + m * p:p].copy_(new.view(b, m, kvh, d).transpose(1, 2))
+                buf[:, tb + j:tb + m * p:p].copy_(new.view(b, m, kvh, d))
             # one (M·g, D) query matrix per (request, KV head): the context is read once per request
             qg = q.view(b, m, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, m * g, d)
-            o = F.scaled_dot_product_attention(qg, self.kv[0, i], self.kv[1, i], attn_mask=self.bias)
+            o = F.scaled_dot_product_attention(qg, self.kv[0, i].transpose(1, 2), self.kv[1, i].transpose(1, 2),
+                                               attn_mask=self.bias)
             return o.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(n, kvh * g * d)
 
         return self.core.norm(self._layers(x, cos, sin, attend))
+
+
+def _stack(linears, name: str) -> torch.Tensor:
+    """The ``name`` tensors (weight or bias) of ``linears`` stacked along dim 0, the modules' own
+    parameters re-pointed at views of the stack. Tensors already adjacent in one storage (an
+    earlier wrap) are viewed in place, not copied."""
+    parts = [getattr(m, name) for m in linears]
+    first = parts[0]
+    rows = sum(p.shape[0] for p in parts)
+    adjacent = all(p.is_contiguous() and p.dtype == first.dtype and p.device == first.device for p in parts) and all(
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr() for a, b in zip(parts, parts[1:]))
+    if adjacent:
+        return first.detach().as_strided((rows,) + tuple(first.shape[1:]), first.stride())
+    stacked = torch.cat([p.detach() for p in parts], dim=0)
+    start = 0
+    for m, p in zip(linears, parts):
+        setattr(m, name, torch.nn.Parameter(stacked[start:start + p.shape[0]], requires_grad=p.requires_grad))
+        start += p.shape[0]
+    return stacked
