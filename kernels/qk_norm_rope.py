@@ -18,45 +18,46 @@ from ._common import FLOAT_DTYPES, check_tensor, next_pow2, use_triton
 
 
 @triton.jit
-def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, HQ, HK, D, eps,
-                         q_row, k_row, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    tok = tl.program_id(0).to(tl.int64)
+def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, H, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
+                       BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """One token's H heads: RMS norm, weight, rotation, each half of the head loaded once."""
     heads = tl.arange(0, BLOCK_H)
-    cols = tl.arange(0, BLOCK_D)
-    half = D // 2
-    # rotate_half(x)[d] = -x[d + half] for d < half, x[d - half] after
-    partner = tl.where(cols < half, cols + half, cols - half)
-    sign = tl.where(cols < half, -1.0, 1.0)
-    col_ok = cols < D
-    cos = tl.load(cos_ptr + tok * D + cols, mask=col_ok, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + tok * D + cols, mask=col_ok, other=0.0).to(tl.float32)
-    is_k = heads >= HQ
-    hq = tl.where(is_k, 0, heads)
-    hk = tl.where(is_k, heads - HQ, 0)
-    ok = (heads < HQ + HK)[:, None] & col_ok[None, :]
-    q_ok = ok & (~is_k)[:, None]
-    k_ok = ok & is_k[:, None]
-    src_q = q_ptr + tok * q_row + hq[:, None] * D
-    src_k = k_ptr + tok * k_row + hk[:, None] * D
-    x = tl.where(is_k[:, None], tl.load(src_k + cols[None, :], mask=k_ok, other=0.0),
-                 tl.load(src_q + cols[None, :], mask=q_ok, other=0.0))
-    xp = tl.where(is_k[:, None], tl.load(src_k + partner[None, :], mask=k_ok, other=0.0),
-                  tl.load(src_q + partner[None, :], mask=q_ok, other=0.0))
-    w = tl.where(is_k[:, None], tl.load(kw_ptr + cols, mask=col_ok, other=0.0)[None, :],
-                 tl.load(qw_ptr + cols, mask=col_ok, other=0.0)[None, :])
-    wp = tl.where(is_k[:, None], tl.load(kw_ptr + partner, mask=col_ok, other=0.0)[None, :],
-                  tl.load(qw_ptr + partner, mask=col_ok, other=0.0)[None, :])
-    dt = x.dtype
-    xf = x.to(tl.float32)
-    r = tl.math.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]
+    cols = tl.arange(0, BLOCK_HALF)
+    ok = (heads < H)[:, None] & (cols < half)[None, :]
+    at = heads[:, None] * D + cols[None, :]
+    lo = tl.load(x_ptr + tok * row + at, mask=ok, other=0.0)
+    hi = tl.load(x_ptr + tok * row + half + at, mask=ok, other=0.0)
+    dt = lo.dtype
+    lof, hif = lo.to(tl.float32), hi.to(tl.float32)
+    r = tl.math.rsqrt((tl.sum(lof * lof, axis=1) + tl.sum(hif * hif, axis=1)) / D + eps)[:, None]
+    w_lo = tl.load(w_ptr + cols, mask=cols < half, other=0.0).to(tl.float32)[None, :]
+    w_hi = tl.load(w_ptr + half + cols, mask=cols < half, other=0.0).to(tl.float32)[None, :]
     # the eager roundings: normed row to the dtype, times the weight, each rotary product, the sum
-    y = (w.to(tl.float32) * (xf * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    yp = (wp.to(tl.float32) * (xp.to(tl.float32) * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    a = (y * cos[None, :]).to(dt).to(tl.float32)
-    b = (sign[None, :] * yp * sin[None, :]).to(dt).to(tl.float32)
-    out = (a + b).to(dt)
-    tl.store(qo_ptr + tok * HQ * D + hq[:, None] * D + cols[None, :], out, mask=q_ok)
-    tl.store(ko_ptr + tok * HK * D + hk[:, None] * D + cols[None, :], out, mask=k_ok)
+    y_lo = (w_lo * (lof * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    y_hi = (w_hi * (hif * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    # rotate_half(y) = [-y_hi, y_lo]
+    o_lo = (y_lo * cos_lo).to(dt).to(tl.float32) + (-(y_hi * sin_lo)).to(dt).to(tl.float32)
+    o_hi = (y_hi * cos_hi).to(dt).to(tl.float32) + (y_lo * sin_hi).to(dt).to(tl.float32)
+    out = out_ptr + tok * H * D + at
+    tl.store(out, o_lo.to(dt), mask=ok)
+    tl.store(out + half, o_hi.to(dt), mask=ok)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, HQ, HK, D, eps,
+                         q_row, k_row, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    half = D // 2
+    cols = tl.arange(0, BLOCK_HALF)
+    c_ok = cols < half
+    cos_lo = tl.load(cos_ptr + tok * D + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    cos_hi = tl.load(cos_ptr + tok * D + half + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    sin_lo = tl.load(sin_ptr + tok * D + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    sin_hi = tl.load(sin_ptr + tok * D + half + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    _norm_rotate_heads(q_ptr, qw_ptr, qo_ptr, tok, q_row, HQ, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
+                       BLOCK_HQ, BLOCK_HALF)
+    _norm_rotate_heads(k_ptr, kw_ptr, ko_ptr, tok, k_row, HK, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
+                       BLOCK_HK, BLOCK_HALF)
 
 
 def _rows_of_heads(name: str, t) -> None:
@@ -90,9 +91,10 @@ def qk_norm_rope_triton(q, k, q_weight, k_weight, eps: float, cos, sin):
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if n:
-        block_h, block_d = next_pow2(hq + hk), next_pow2(d)
+        block_half = next_pow2(d // 2)
         _qk_norm_rope_kernel[(n,)](q, k, q_weight, k_weight, cos, sin, q_out, k_out, hq, hk, d, float(eps),
-                                   q.stride(0), k.stride(0), BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d <= 2048 else 8)
+                                   q.stride(0), k.stride(0), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk),
+                                   BLOCK_HALF=block_half, num_warps=4 if next_pow2(hq) * block_half <= 1024 else 8)
     return q_out, k_out
 
 

@@ -98,7 +98,9 @@ class LLMBenchConfig:
     repeats: int = 10
     warmup: int = 3
     rotations: int = 3
-    context_bucket: int = 256
+    # 64: a 1,000- or 5,000-token context pads to 1,024 / 5,056 (256 padded 5,000 to 5,120:
+    # 2.4 % more prefill work)
+    context_bucket: int = 64
     device: str = "cuda"
     dtype: str = "bfloat16"
     budget_s: float = 380.0
