@@ -384,10 +384,12 @@ class Qwen3StepModel:
         cos, sin = self._rope(x, torch.arange(tb, device=self.device).repeat(b))
 
         def attend(i, q, k, v):
-            q, k, v = (t.view(b, tb, -1, self.head_dim) for t in (q, k, v))
-            self.kv[0, i, :, :tb].copy_(k)
-            self.kv[1, i, :, :tb].copy_(v)
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            k_ctx, v_ctx = self.kv[0, i, :, :tb], self.kv[1, i, :, :tb]
+            k_ctx.copy_(k.view(b, tb, -1, self.head_dim))
+            v_ctx.copy_(v.view(b, tb, -1, self.head_dim))
+            # k and v from the buffer: one layout for prefill and decode (v itself is a strided
+            # view of the stacked projection)
+            q, k, v = (t.transpose(1, 2) for t in (q.view(b, tb, -1, self.head_dim), k_ctx, v_ctx))
             # right padding: causal attention keeps every real token off the padding behind it
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
             return o.transpose(1, 2).reshape(b * tb, -1)
