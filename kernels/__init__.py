@@ -24,9 +24,10 @@ Per decoding step (docs/design.md §4), op (module):
    ``beam_scores`` it fuses step 3, with ``prefixes`` it also writes the next step's
    token prefixes (:func:`extend_prefixes` is the unfused form).
 
-Beside the decoding step, three kernels serve the model that feeds it (a T5 decoder step):
-:func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
-(``memory_attention``) and :func:`rms_layer_norm` (``rms_norm``).
+Beside the decoding step, five kernels serve the models that feed it (a T5 decoder step,
+a Qwen3 layer): :func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
+(``memory_attention``), :func:`rms_layer_norm` (``rms_norm``), :func:`qk_norm_rope`
+(``qk_norm_rope``) and :func:`silu_mul` (``swiglu``).
 
 Launches: on Hopper and later (compute capability 9+) the step's kernels launch with
 programmatic dependent launch and open with ``_common.pdl_prologue`` (wait for the previous
@@ -55,7 +56,9 @@ from .full_projection import full_proj, full_proj_reference
 from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
 from .naive_selective import naive_selective_proj
 from .memory_attention import request_attention, request_attention_reference, request_attention_triton
+from .qk_norm_rope import qk_norm_rope, qk_norm_rope_reference, qk_norm_rope_triton
 from .rms_norm import rms_layer_norm, rms_layer_norm_reference, rms_layer_norm_triton
+from .swiglu import silu_mul, silu_mul_reference, silu_mul_triton
 from .selective import selective_proj, selective_proj_reference, selective_proj_triton
 from .beam_groups import BeamGroups, group_beams, group_beams_reference, group_beams_triton
 from .shared_selective import shared_selective_proj, shared_selective_proj_reference, shared_selective_proj_triton
@@ -67,6 +70,8 @@ __all__ = [
     "cached_self_attention", "cached_self_attention_reference", "cached_self_attention_triton",
     "request_attention", "request_attention_reference", "request_attention_triton",
     "rms_layer_norm", "rms_layer_norm_reference", "rms_layer_norm_triton",
+    "qk_norm_rope", "qk_norm_rope_reference", "qk_norm_rope_triton",
+    "silu_mul", "silu_mul_reference", "silu_mul_triton",
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
     "num_tasks", "full_proj", "full_proj_reference", "log_softmax_slots", "log_softmax_slots_reference",
     "log_softmax_slots_triton", "naive_selective_proj", "selective_proj",

@@ -240,8 +240,12 @@ class StepDecoder:
         return self.stage and gpu is not None and gpu.use_graph and gpu.graph_error is None
 
     @torch.no_grad()
-    def decode(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def decode(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *, lists=None):
         """Prefill ``history`` and decode; returns a :class:`~zerogr_core.DecodeResult`.
+
+        ``lists`` (a :class:`~zerogr_core.decode.constraints.RequestLists`, e.g. from
+        ``self.decoder.request_lists``) restricts each request to its allowed items and
+        away from its denied ones.
 
         With ``stage`` the inputs go to the model's static buffers and its encoder runs at
         step 0, inside the engine's graph (a failed capture is recorded in the engine's
@@ -251,7 +255,7 @@ class StepDecoder:
         if not isinstance(history, torch.Tensor):
             raise ZeroGRError(f"history: expected a torch.Tensor, got {type(history).__name__}")
         load_requests(self.step_model, history, attention_mask, beam_width=self.decoder.beam_width, stage=self.stage)
-        return self.decoder.decode(self.step_model, int(history.shape[0]))
+        return self.decoder.decode(self.step_model, int(history.shape[0]), lists=lists)
 
 
 #: Where a :class:`StepDecoder` runs the prefill: ``inside`` the decode (captured with it),

@@ -1,0 +1,142 @@
+"""Qwen3's per-head RMS norm of queries and keys, then the rotary embedding, in one kernel.
+
+Hugging Face's Qwen3 attention normalises every query and key head (``q_norm``,
+``k_norm``: float32 variance, the normed row rounded to the input dtype, times the weight)
+and then rotates it (``q * cos + rotate_half(q) * sin``, each product and the sum rounded
+to the dtype). In eager PyTorch that is about a dozen kernels per layer; at decode sizes
+(a few hundred rows) their launches, not their bytes, cost the time.
+:func:`qk_norm_rope` does both, for the queries and the keys of a token, in one program
+and with the same roundings.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import FLOAT_DTYPES, check_tensor, next_pow2, use_triton
+
+
+@triton.jit
+def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, H, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
+                       BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """One token's H heads: RMS norm, weight, rotation, each half of the head loaded once."""
+    heads = tl.arange(0, BLOCK_H)
+    cols = tl.arange(0, BLOCK_HALF)
+    ok = (heads < H)[:, None] & (cols < half)[None, :]
+    at = heads[:, None] * D + cols[None, :]
+    lo = tl.load(x_ptr + tok * row + at, mask=ok, other=0.0)
+    hi = tl.load(x_ptr + tok * row + half + at, mask=ok, other=0.0)
+    dt = lo.dtype
+    lof, hif = lo.to(tl.float32), hi.to(tl.float32)
+    r = tl.math.rsqrt((tl.sum(lof * lof, axis=1) + tl.sum(hif * hif, axis=1)) / D + eps)[:, None]
+    w_lo = tl.load(w_ptr + cols, mask=cols < half, other=0.0).to(tl.float32)[None, :]
+    w_hi = tl.load(w_ptr + half + cols, mask=cols < half, other=0.0).to(tl.float32)[None, :]
+    # the eager roundings: normed row to the dtype, times the weight, each rotary product, the sum
+    y_lo = (w_lo * (lof * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    y_hi = (w_hi * (hif * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    # rotate_half(y) = [-y_hi, y_lo]
+    o_lo = (y_lo * cos_lo).to(dt).to(tl.float32) + (-(y_hi * sin_lo)).to(dt).to(tl.float32)
+    o_hi = (y_hi * cos_hi).to(dt).to(tl.float32) + (y_lo * sin_hi).to(dt).to(tl.float32)
+    out = out_ptr + tok * H * D + at
+    tl.store(out, o_lo.to(dt), mask=ok)
+    tl.store(out + half, o_hi.to(dt), mask=ok)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, HQ, HK, D, eps,
+                         q_row, k_row, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    half = D // 2
+    cols = tl.arange(0, BLOCK_HALF)
+    c_ok = cols < half
+    cos_lo = tl.load(cos_ptr + tok * D + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    cos_hi = tl.load(cos_ptr + tok * D + half + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    sin_lo = tl.load(sin_ptr + tok * D + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    sin_hi = tl.load(sin_ptr + tok * D + half + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    _norm_rotate_heads(q_ptr, qw_ptr, qo_ptr, tok, q_row, HQ, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
+                       BLOCK_HQ, BLOCK_HALF)
+    _norm_rotate_heads(k_ptr, kw_ptr, ko_ptr, tok, k_row, HK, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
+                       BLOCK_HK, BLOCK_HALF)
+
+
+def _rows_of_heads(name: str, t) -> None:
+    """Each row's heads must be contiguous; rows may be strided (a view into a fused QKV output)."""
+    n, h, d = t.shape
+    if (d > 1 and t.stride(2) != 1) or (h > 1 and t.stride(1) != d) or (n > 1 and t.stride(0) < h * d):
+        raise ValueError(f"{name}: each row's (heads, head_dim) must be contiguous, got strides {tuple(t.stride())}")
+
+
+def _check(q, k, q_weight, k_weight, cos, sin) -> None:
+    check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=3)
+    n, _, d = q.shape
+    if d % 2:
+        raise ValueError(f"q: head_dim must be even for the rotary embedding, got {d}")
+    check_tensor("k", k, dtypes=(q.dtype,), ndim=3, device=q.device)
+    _rows_of_heads("q", q)
+    _rows_of_heads("k", k)
+    if k.shape[0] != n or k.shape[2] != d:
+        raise ValueError(f"k: shape {tuple(k.shape)} does not match q's {tuple(q.shape)}")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        check_tensor(name, w, dtypes=(q.dtype,), ndim=1, device=q.device, shape=(d,), contiguous=True)
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t, dtypes=(q.dtype,), ndim=2, device=q.device, shape=(n, d), contiguous=True)
+
+
+def qk_norm_rope_triton(q, k, q_weight, k_weight, eps: float, cos, sin):
+    """Triton launcher of :func:`qk_norm_rope` (same signature and outputs)."""
+    _check(q, k, q_weight, k_weight, cos, sin)
+    n, hq, d = q.shape
+    hk = k.shape[1]
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if n:
+        block_half = next_pow2(d // 2)
+        _qk_norm_rope_kernel[(n,)](q, k, q_weight, k_weight, cos, sin, q_out, k_out, hq, hk, d, float(eps),
+                                   q.stride(0), k.stride(0), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk),
+                                   BLOCK_HALF=block_half, num_warps=4 if next_pow2(hq) * block_half <= 1024 else 8)
+    return q_out, k_out
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def qk_norm_rope_reference(q, k, q_weight, k_weight, eps: float, cos, sin):
+    """Pure-PyTorch reference of :func:`qk_norm_rope` (Hugging Face's ``Qwen3RMSNorm`` and
+    ``apply_rotary_pos_emb``, op for op)."""
+    _check(q, k, q_weight, k_weight, cos, sin)
+    out = []
+    for x, w in ((q, q_weight), (k, k_weight)):
+        xf = x.to(torch.float32)
+        y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+        out.append(_rotate(y, cos[:, None], sin[:, None]))
+    return out[0], out[1]
+
+
+def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
+    """RMS norm of every query and key head, then the rotary embedding of its token.
+
+    Runs the Triton kernel for CUDA tensors or under ``TRITON_INTERPRET=1``, else the
+    PyTorch reference. No host synchronisation.
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (n, heads, D), float16, bfloat16 or float32
+        Each row's heads contiguous; rows may be strided (views into one fused QKV output).
+    k : torch.Tensor, shape (n, kv_heads, D), q's dtype, laid out as ``q``
+    q_weight, k_weight : torch.Tensor, shape (D,), q's dtype
+        The norms' weights (``q_norm.weight``, ``k_norm.weight``).
+    eps : float
+        Added to the variance.
+    cos, sin : torch.Tensor, shape (n, D), q's dtype
+        The rotary embedding of each row's position (the model's rotary module's output).
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor)
+        New contiguous tensors shaped as ``q`` and ``k``.
+    """
+    fn = qk_norm_rope_triton if use_triton(q) else qk_norm_rope_reference
+    return fn(q, k, q_weight, k_weight, eps, cos, sin)

@@ -1,0 +1,304 @@
+"""The Qwen3 step model against Hugging Face's own forward, ``generate`` and brute force."""
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from zerogr_core import Catalog, build_index  # noqa: E402
+from zerogr_core.decode.constraints import build_lists  # noqa: E402
+from zerogr_core.errors import ZeroGRError  # noqa: E402
+from zerogr_core.models.protocol import StepDecoder  # noqa: E402
+from zerogr_core.models.qwen3 import QWEN3_PRESETS, Qwen3Preset, Qwen3StepModel, build_random  # noqa: E402
+
+SHAPE = Qwen3Preset("test", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, base_vocab=16,
+                    codebook_sizes=(4, 5, 6), rope_theta=10_000.0, max_positions=256)
+OFFSETS = SHAPE.token_offsets
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_random(SHAPE, seed=3)[0]
+
+
+def tiny_catalog(n=40, seed=0, sizes=SHAPE.codebook_sizes):
+    rng = np.random.default_rng(seed)
+    sids = set()
+    while len(sids) < n:
+        sids.add(tuple(int(rng.integers(0, s)) for s in sizes))
+    return Catalog.from_sids(np.array(sorted(sids)), sizes)
+
+
+def inputs(seed=0):
+    """Three requests of lengths 9, 5 and 12 (right padding)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, SHAPE.base_vocab, (3, 12), generator=gen)
+    mask = (torch.arange(12)[None, :] < torch.tensor([[9], [5], [12]])).long()
+    return ids * mask, mask
+
+
+@torch.no_grad()
+def hf_hidden(model, context, sid):
+    full = torch.cat([context, torch.tensor([OFFSETS[i] + t for i, t in enumerate(sid)], dtype=torch.int64)])
+    return model.model(input_ids=full[None]).last_hidden_state[0, -1]
+
+
+@torch.no_grad()
+def next_logprobs(model, context, sid):
+    full = torch.cat([context, torch.tensor([OFFSETS[i] + t for i, t in enumerate(sid)], dtype=torch.int64)])
+    return torch.log_softmax(model(input_ids=full[None]).logits[0, -1].double(), dim=-1)
+
+
+def brute_force(model, sids, context, beam, order):
+    """Plain beam search over the prefix tree of ``sids`` with logits recomputed from scratch."""
+    sids = [tuple(int(t) for t in row) for row in sids]
+    beams = [((), 0.0)]
+    for level in range(len(OFFSETS)):
+        cands = []
+        for prefix, score in beams:
+            children = sorted({s[level] for s in sids if s[:level] == prefix})
+            lp = next_logprobs(model, context, list(prefix))
+            band = torch.tensor([OFFSETS[level] + t for t in children])
+            vals = lp[band] if order == "score-first" else torch.log_softmax(lp[band], dim=0)
+            cands += [(prefix + (t,), score + float(v)) for t, v in zip(children, vals)]
+        beams = sorted(cands, key=lambda c: -c[1])[:beam]
+    return beams
+
+
+def serving(model, index, beam, order="filter-first", prefill="auto", bucket=8):
+    step_model = Qwen3StepModel(model, OFFSETS, context_bucket=bucket)
+    return StepDecoder(step_model, index, step_model.head, beam_width=beam, order=order, band_offsets=OFFSETS,
+                       prefill=prefill)
+
+
+def test_steps_equal_hf_forward(model):
+    """Per-step hidden states = HF's full forward over context + SID tokens, beams reordered by parent."""
+    ids, mask = inputs()
+    beam, b = 4, ids.shape[0]
+    sm = Qwen3StepModel(model, OFFSETS, context_bucket=8)
+    sm.prefill(ids, mask, beam_width=beam)
+    contexts = [ids[r][mask[r] > 0] for r in range(b)]
+    h0 = sm.step(0, None, None)
+    for r in range(b):
+        torch.testing.assert_close(h0[r], hf_hidden(model, contexts[r], []), rtol=1e-5, atol=1e-5)
+    gen = torch.Generator().manual_seed(1)
+    lineage = [[[] for _ in range(beam)] for _ in range(b)]
+    prev = 1
+    for step in range(1, len(OFFSETS)):
+        local = torch.randint(0, prev, (b, beam), generator=gen)
+        parents = torch.arange(b)[:, None] * prev + local
+        tokens = torch.randint(0, SHAPE.codebook_sizes[step - 1], (b, beam), generator=gen).int()
+        lineage = [[lineage[r][int(local[r, m])] + [int(tokens[r, m])] for m in range(beam)] for r in range(b)]
+        h = sm.step(step, tokens, parents).view(b, beam, -1)
+        for r in range(b):
+            for m in range(beam):
+                torch.testing.assert_close(h[r, m], hf_hidden(model, contexts[r], lineage[r][m]),
+                                           rtol=1e-5, atol=1e-5)
+        prev = beam
+
+
+@pytest.mark.parametrize("order", ["filter-first", "score-first"])
+def test_decode_matches_brute_force(model, order):
+    catalog = tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    for beam in (6, 48):                  # 48 ≥ the 40 items: beam search is exhaustive
+        result = serving(model, index, beam, order).decode(ids, mask)
+        for r in range(ids.shape[0]):
+            want = brute_force(model, catalog.sids, ids[r][mask[r] > 0], beam, order)
+            alive = result.scores[r] > float("-inf")
+            assert int(alive.sum()) == len(want)
+            got = [tuple(t) for t in result.tokens[r][alive].tolist()]
+            assert got == [w[0] for w in want]
+            np.testing.assert_allclose(result.scores[r][alive].numpy(), [w[1] for w in want], rtol=1e-4, atol=1e-4)
+            rows = result.item_rows[r][alive].numpy()
+            assert (rows >= 0).all()
+            assert np.array_equal(catalog.sids[rows].astype(np.int64), np.array(got))
+
+
+def test_score_first_equals_hf_generate(model):
+    """Scoring first = HF generate(num_beams=M, prefix_allowed_tokens_fn=...) in FP32, beams and scores."""
+    catalog = tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    L, beam = catalog.n_levels, 8
+    prefixes = {}
+    for row in catalog.sids:
+        for level in range(L):
+            key = tuple(OFFSETS[i] + int(t) for i, t in enumerate(row[:level]))
+            prefixes.setdefault(key, set()).add(OFFSETS[level] + int(row[level]))
+    ours = serving(model, index, beam, "score-first").decode(ids, mask)
+    for r in range(ids.shape[0]):
+        context = ids[r][mask[r] > 0][None]
+        start = context.shape[1]
+
+        def allowed(batch_id, sent):
+            return sorted(prefixes.get(tuple(sent[start:].tolist()), ()))
+
+        out = model.generate(input_ids=context, attention_mask=torch.ones_like(context), num_beams=beam,
+                             num_return_sequences=beam, prefix_allowed_tokens_fn=allowed, do_sample=False,
+                             length_penalty=0.0, early_stopping=True, max_new_tokens=L, min_new_tokens=L,
+                             return_dict_in_generate=True, output_scores=True, pad_token_id=0)
+        hf_seq = out.sequences[:, start:] - torch.tensor(OFFSETS)
+        hf_scores = out.sequences_scores
+        real = hf_scores > -1e8
+        alive = ours.scores[r] > float("-inf")
+        assert torch.equal(real, alive)
+        assert torch.equal(ours.tokens[r][alive], hf_seq[real])
+        torch.testing.assert_close(ours.scores[r][alive], hf_scores[real], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["filter-first", "score-first", "unconstrained"])
+def test_padded_batch_equals_one_at_a_time(model, order):
+    catalog = tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    batched = serving(model, index, 5, order).decode(ids, mask)
+    left = torch.zeros_like(ids)
+    for r in range(ids.shape[0]):
+        keep = mask[r].bool()
+        n = int(keep.sum())
+        left[r, ids.shape[1] - n:] = ids[r, keep]
+        alone = serving(model, index, 5, order, bucket=3).decode(ids[r:r + 1, keep])
+        assert torch.equal(batched.item_rows[r], alone.item_rows[0]), r
+        torch.testing.assert_close(batched.scores[r], alone.scores[0], rtol=1e-5, atol=1e-5)
+    # the same requests left-padded, as Hugging Face tokenizers pad a causal LM's prompts
+    lefted = serving(model, index, 5, order).decode(left, mask.flip(1))
+    assert torch.equal(lefted.item_rows, batched.item_rows)
+
+
+def test_staged_prefill_equals_eager(model):
+    catalog = tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs(2)
+    kept = serving(model, index, 6, prefill="inside")
+    for seed in (2, 3):
+        ids, mask = inputs(seed)
+        a = kept.decode(ids, mask)
+        b = serving(model, index, 6, prefill="outside").decode(ids, mask)
+        assert kept.stage
+        assert torch.equal(a.item_rows, b.item_rows)
+        torch.testing.assert_close(a.scores, b.scores)
+
+
+def test_allow_and_deny_lists(model):
+    """Filtering first under lists = brute force over the sub-catalog the lists leave."""
+    catalog = tiny_catalog()
+    index = build_index(catalog)
+    ids, mask = inputs()
+    run = serving(model, index, 6)
+    allow = [catalog.item_ids[[1, 4, 9, 16, 25, 36, 38]], None, None]
+    deny = [None, catalog.item_ids[::3], None]
+    lists = build_lists(catalog, 3, allow, deny)
+    result = run.decode(ids, mask, lists=lists)
+    keep = [np.isin(catalog.item_ids, allow[0]), ~np.isin(catalog.item_ids, deny[1]),
+            np.ones(catalog.n_items, dtype=bool)]
+    for r in range(3):
+        want = brute_force(model, catalog.sids[keep[r]], ids[r][mask[r] > 0], 6, "filter-first")
+        alive = result.scores[r] > float("-inf")
+        assert [tuple(t) for t in result.tokens[r][alive].tolist()] == [w[0] for w in want]
+        items = catalog.item_ids[result.item_rows[r][alive].numpy()]
+        assert keep[r][np.searchsorted(catalog.item_ids, items)].all()
+
+
+def test_errors(model):
+    sm = Qwen3StepModel(model, OFFSETS)
+    ids, mask = inputs()
+    holes = mask.clone()
+    holes[0, 3] = 0
+    with pytest.raises(ZeroGRError, match="contiguous run"):
+        sm.prefill(ids, holes, beam_width=2)
+    with pytest.raises(ZeroGRError, match="row 2 has no token"):
+        sm.prefill(ids, mask * torch.tensor([[1], [1], [0]]), beam_width=2)
+    bad = ids.clone()
+    bad[1, 0] = SHAPE.vocab
+    with pytest.raises(ZeroGRError, match=r"input_ids: row 1 has ids outside"):
+        sm.prefill(bad, mask, beam_width=2)
+    with pytest.raises(ZeroGRError, match="input_ids: expected a"):
+        sm.prefill(ids[0], None, beam_width=2)
+    with pytest.raises(ZeroGRError, match="call prefill before step"):
+        Qwen3StepModel(model, OFFSETS).step(0, None, None)
+    with pytest.raises(ZeroGRError, match="unknown Qwen3 preset 'huge'"):
+        build_random("huge")
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2))
+    with pytest.raises(ZeroGRError, match="expected a Qwen3ForCausalLM"):
+        Qwen3StepModel(gpt2, OFFSETS)
+
+
+def test_stacked_weights_are_the_modules_own():
+    """Wrapping stacks q/k/v and gate/up once: the module's parameters become views of the stacks
+    (no copy, HF's forward unchanged), and a second wrap reuses them."""
+    m = build_random(SHAPE, seed=4)[0]
+    ids = torch.randint(1, SHAPE.base_vocab, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = m(ids).logits
+    first = Qwen3StepModel(m, OFFSETS)
+    second = Qwen3StepModel(m, OFFSETS)
+    for i, layer in enumerate(m.model.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        assert attn.q_proj.weight.data_ptr() == first.qkv_weight[i].data_ptr() == second.qkv_weight[i].data_ptr()
+        assert attn.v_proj.weight.data_ptr() == first.qkv_weight[i][-attn.v_proj.weight.shape[0]:].data_ptr()
+        assert mlp.up_proj.weight.data_ptr() == second.gate_up_weight[i][mlp.gate_proj.weight.shape[0]:].data_ptr()
+        torch.testing.assert_close(second.qkv_weight[i], torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                                                    attn.v_proj.weight]), rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(m(ids).logits, before, rtol=0, atol=0)
+
+
+def test_presets():
+    big = QWEN3_PRESETS["qwen3-1.7b"]
+    assert big.vocab == 151_936 + 3 * 8192 and big.token_offsets == (151_936, 160_128, 168_320)
+    # Qwen3-1.7B: about 1.4 B parameters outside the embedding
+    assert 1.3e9 < big.non_embedding_params() < 1.5e9
+    tiny, preset = build_random("tiny")
+    assert preset is QWEN3_PRESETS["tiny"]
+    assert tiny.model.embed_tokens.weight.shape == (preset.vocab, preset.hidden)
+    assert tiny.get_output_embeddings().weight.data_ptr() == tiny.model.embed_tokens.weight.data_ptr()
+
+
+def test_bench_quick(tmp_path):
+    """``python -m zerogr_core.bench.llm --quick`` runs the whole matrix on the tiny shape."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    # the CPU path is the kernels' PyTorch references: the Triton interpreter is not needed there
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "zerogr_core.bench.llm", "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads((tmp_path / "llm.json").read_text())
+    assert doc["finished"]
+    recs = doc["records"]
+    ours = [r for r in recs if r.get("method") == "zerogr"]
+    assert len(ours) == 2 * 2 + 2
+    assert all(r["items_in_catalog"] and r["valid_fraction"] == 1.0 for r in ours)
+    assert all(r["prefill_ms"] > 0 and r["decode_ms"] > 0 for r in ours)
+    methods = {r.get("method") for r in recs}
+    assert {"zerogr-score-first", "zerogr-unconstrained", "hf-constrained", "hf-unconstrained"} <= methods
+    agree = next(r for r in recs if r.get("method") == "agreement")
+    assert agree["top1_agreement"] == 1.0          # float32: the same items as HF's own forward
+    assert "| 16 | 2 | 8 |" in (tmp_path / "llm.md").read_text()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_engine_matches_reference(dtype):
+    """On a GPU: the engine's CUDA graph (prefill inside) returns the CPU reference's beams (fp32),
+    catalog items in decreasing score order (bf16)."""
+    catalog = tiny_catalog()
+    ids, mask = inputs()
+    cpu = build_random(SHAPE, seed=3)[0]
+    want = serving(cpu, build_index(catalog), 6).decode(ids, mask)
+    # the same weights (CUDA's generator would draw others)
+    run = serving(cpu.to("cuda", dtype), build_index(catalog, device="cuda"), 6)
+    for _ in range(2):                       # the second call replays the captured graph
+        got = run.decode(ids.cuda(), mask.cuda())
+    assert run.prefill_in_graph
+    rows, scores = got.item_rows.cpu(), got.scores.cpu()
+    assert (rows >= 0).all() and (scores[:, :-1] >= scores[:, 1:]).all()
+    assert np.array_equal(catalog.sids[rows.numpy()].astype(np.int64), got.tokens.cpu().numpy())
+    if dtype == torch.float32:
+        assert torch.equal(rows, want.item_rows)
+        torch.testing.assert_close(scores, want.scores, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,476 @@
+"""A Qwen3 causal LM served as a generative recommender: context KV once per request.
+
+The request is a token sequence (the user's context); the item is its SID, L tokens
+appended to the model's vocabulary (level ``l``, local token ``t`` is vocabulary id
+``token_offsets[l] + t``). :class:`Qwen3StepModel` wraps a ``transformers``
+``Qwen3ForCausalLM`` of any size (it reads the module's parameters and calls its MLPs and
+rotary module; the norms run in the project's fused kernels with ``Qwen3RMSNorm``'s
+arithmetic) and serves it through the step protocol (:mod:`zerogr_core.models.protocol`):
+
+* **Prefill.** Each request's context runs once through the layers with causal SDPA
+  (flash on a GPU). Contexts are right-padded up to a length bucket: with a causal mask
+  the real tokens never attend to the padding behind them, so no mask is needed; only
+  the hidden state at position ``len_b - 1`` is kept (final RMS norm applied, it predicts
+  level 1). The context keys/values are stored once per request, never per beam.
+* **Decode step l.** The M beams of a request attend to the request's context KV plus
+  their own lineage (the SID tokens chosen so far, per-beam slots after the context,
+  gathered from the parent beams each step). Grouped-query attention: the
+  ``g = heads / kv_heads`` query heads of a KV head and all M beams form one
+  ``(g·M, head_dim)`` query matrix per (request, KV head), and one SDPA call per layer
+  attends it over ``[context ; lineage slots]``, so the context is read once per request.
+  One additive bias per step masks the padding past ``len_b`` and every lineage slot but
+  the beam's own; context and lineage share one softmax (float32 inside the kernel).
+* **Fused projections.** Each layer's query/key/value weights are stacked into one matrix,
+  and its gate/up weights into another, once at wrap time; the module's own parameters
+  become views into them (no second copy), so a layer runs 4 GEMMs instead of 7 and the
+  SwiGLU gate reads the gate/up output once (:func:`zerogr_kernels.silu_mul`).
+* **Head.** The SID rows of the tied embedding, one shared head with a band per level
+  (as the generic adapter :mod:`.hf` builds it), so filtering first reads only valid rows.
+
+Static shapes: :meth:`Qwen3StepModel.stage` copies the requests into length-bucketed
+buffers and ``step(0, …)`` runs the prefill, so the GPU engine can capture prefill and the
+L decode steps in one CUDA graph (``graph_safe``).
+
+:func:`build_random` builds the named shapes (:data:`QWEN3_PRESETS`) with random weights.
+``transformers`` is imported on first use only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from zerogr_kernels.qk_norm_rope import qk_norm_rope
+from zerogr_kernels.rms_norm import rms_layer_norm
+from zerogr_kernels.swiglu import silu_mul
+
+from ..errors import ZeroGRError
+
+__all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random"]
+
+
+@dataclass(frozen=True)
+class Qwen3Preset:
+    """Shape of a Qwen3 recommender with SID tokens appended to its vocabulary.
+
+    Attributes
+    ----------
+    name : str
+    layers, hidden, heads, kv_heads, head_dim, ffn : int
+        Transformer shape (``heads`` query heads, ``kv_heads`` key/value heads of ``head_dim``).
+    base_vocab : int
+        The language model's own vocabulary; SID tokens follow it.
+    codebook_sizes : tuple of int
+        |V_l| per SID level; level ``l``'s band starts at ``base_vocab + sum(|V_<l|)``.
+    rope_theta : float
+    max_positions : int
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    base_vocab: int
+    codebook_sizes: tuple[int, ...]
+    rope_theta: float = 1_000_000.0
+    max_positions: int = 40_960
+
+    @property
+    def token_offsets(self) -> tuple[int, ...]:
+        """Vocabulary id of token 0 of each SID level."""
+        out, o = [], self.base_vocab
+        for size in self.codebook_sizes:
+            out.append(o)
+            o += size
+        return tuple(out)
+
+    @property
+    def vocab(self) -> int:
+        return self.base_vocab + sum(self.codebook_sizes)
+
+    def hf_config(self):
+        """The ``transformers.Qwen3Config`` of this shape (tied embeddings, no dropout)."""
+        import transformers
+
+        return transformers.Qwen3Config(
+            vocab_size=self.vocab, hidden_size=self.hidden, intermediate_size=self.ffn,
+            num_hidden_layers=self.layers, num_attention_heads=self.heads, num_key_value_heads=self.kv_heads,
+            head_dim=self.head_dim, max_position_embeddings=self.max_positions, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta}, attention_dropout=0.0,
+            pad_token_id=0, bos_token_id=None, eos_token_id=None)
+
+    def non_embedding_params(self) -> int:
+        """Parameters of the layers (what a token's forward multiplies by, 2 FLOP each)."""
+        attn = self.hidden * self.head_dim * (self.heads * 2 + self.kv_heads * 2)
+        return self.layers * (attn + 3 * self.hidden * self.ffn + 2 * self.hidden + 2 * self.head_dim)
+
+
+#: ``qwen3-1.7b``: Qwen3-1.7B's shape (28 layers, width 2,048, 16 query / 8 KV heads of
+#: 128, FFN 6,144, 151,936 tokens) plus 3 × 8,192 SID tokens; ``tiny``: the same
+#: architecture for CPU tests and the app.
+QWEN3_PRESETS: dict[str, Qwen3Preset] = {
+    "qwen3-1.7b": Qwen3Preset("qwen3-1.7b", layers=28, hidden=2048, heads=16, kv_heads=8, head_dim=128, ffn=6144,
+                              base_vocab=151_936, codebook_sizes=(8192, 8192, 8192)),
+    "tiny": Qwen3Preset("tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, base_vocab=64,
+                        codebook_sizes=(64, 64, 64), rope_theta=10_000.0, max_positions=4096),
+}
+
+
+def build_random(preset: str | Qwen3Preset = "tiny", *, device="cpu", dtype=torch.float32, seed: int = 0):
+    """A ``Qwen3ForCausalLM`` of a preset's shape with random weights, in eval mode.
+
+    Parameters
+    ----------
+    preset : str or Qwen3Preset
+        A key of :data:`QWEN3_PRESETS` or a custom shape.
+    device : torch.device or str
+        Where the weights are created (on a GPU random initialisation takes seconds).
+    dtype : torch.dtype
+    seed : int
+
+    Returns
+    -------
+    (transformers.Qwen3ForCausalLM, Qwen3Preset)
+    """
+    import transformers
+
+    if isinstance(preset, str):
+        if preset not in QWEN3_PRESETS:
+            raise ZeroGRError(f"preset: unknown Qwen3 preset {preset!r}; choose one of {', '.join(QWEN3_PRESETS)}")
+        preset = QWEN3_PRESETS[preset]
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.Qwen3ForCausalLM(preset.hf_config())
+    return model.to(dtype).eval(), preset
+
+
+class Qwen3StepModel:
+    """:class:`~zerogr_core.models.protocol.StepModel` over a ``transformers`` ``Qwen3ForCausalLM``.
+
+    Parameters
+    ----------
+    model : transformers.Qwen3ForCausalLM
+        Any size, tied or untied output embedding (without bias); fp32, bf16 or fp16.
+    token_offsets : sequence of int
+        Vocabulary id of token 0 of each SID level.
+    context_bucket : int
+        Contexts are right-padded to a multiple of it, so nearby lengths share static
+        buffers (and a captured graph).
+
+    Attributes
+    ----------
+    head : torch.Tensor, shape (vocab, hidden)
+        The output projection, the decoder's shared head (bands at ``token_offsets``).
+    graph_safe : bool
+        Static buffers only: the engine may capture the decode (and a staged prefill).
+
+    Notes
+    -----
+    Wrapping re-points the module's q/k/v and gate/up parameters at views of one stacked
+    weight per layer (same values, no extra memory; Hugging Face's own forward is
+    unchanged). Wrapping the same module again reuses the stacks.
+
+    ``history`` is (B, T) int64 token ids with an optional (B, T) mask whose ones are one
+    contiguous run per row (left or right padding; any other layout is refused). The
+    requests are moved to right padding, positions ``0 … len_b - 1``, as Hugging Face
+    ``generate`` numbers a left-padded prompt.
+    """
+
+    def __init__(self, model, token_offsets: Sequence[int], context_bucket: int = 256):
+        from .hf import output_head
+
+        cfg = model.config
+        if getattr(cfg, "model_type", "") != "qwen3":
+            raise ZeroGRError(f"model: expected a Qwen3ForCausalLM, got {type(model).__name__}")
+        _, _, weight = output_head(model)
+        self.model = model.eval()
+        self.core = model.model
+        self.head = weight.detach()
+        self.hidden_size = int(cfg.hidden_size)
+        self.token_offsets = tuple(int(o) for o in token_offsets)
+        self.n_levels = len(self.token_offsets)
+        self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.group = self.heads // self.kv_heads
+        self.n_layers = len(self.core.layers)
+        self.vocab = int(weight.shape[0])
+        for o in self.token_offsets:
+            if not 0 <= o < self.vocab:
+                raise ZeroGRError(f"token_offsets: {o} is outside the model's vocabulary of {self.vocab} ids")
+        if int(context_bucket) < 1:
+            raise ZeroGRError(f"context_bucket: expected an integer ≥ 1, got {context_bucket!r}")
+        self.context_bucket = int(context_bucket)
+        self._stack_weights()
+        self.batch = 0
+        self.prefill_in_step = False
+        self.graph_safe = True
+        self._static_key = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.head.dtype
+
+    def bucket(self, t: int) -> int:
+        """Padded length of a ``t``-token context (the next multiple of ``context_bucket``)."""
+        return -(-t // self.context_bucket) * self.context_bucket
+
+    # ---- requests -------------------------------------------------------------------
+
+    def _right_padded(self, history, attention_mask):
+        """(ids (B, T) right-padded with 0, lengths (B,)), validated."""
+        if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[1] < 1:
+            shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
+            raise ZeroGRError(f"input_ids: expected a (batch, T ≥ 1) integer tensor, got {shape}")
+        if history.dtype.is_floating_point or history.dtype == torch.bool:
+            raise ZeroGRError(f"input_ids: expected integer token ids, got {history.dtype}")
+        ids = history.to(self.device, torch.int64)
+        b, t = ids.shape
+        if attention_mask is None:
+            mask = torch.ones(b, t, dtype=torch.bool, device=self.device)
+        else:
+            if tuple(attention_mask.shape) != (b, t):
+                raise ZeroGRError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
+                                  f"{(b, t)}")
+            mask = attention_mask.to(self.device).bool()
+        lengths = mask.sum(dim=1)
+        start = mask.to(torch.int8).argmax(dim=1)
+        pos = torch.arange(t, device=self.device)
+        rel = pos[None, :] - start[:, None]
+        contiguous = torch.equal(mask, (rel >= 0) & (rel < lengths[:, None]))
+        bad_ids = (mask & ((ids < 0) | (ids >= self.vocab))).any(dim=1)
+        if int(lengths.min()) < 1:
+            raise ZeroGRError(f"attention_mask: row {int(torch.argmin(lengths))} has no token")
+        if not contiguous:
+            raise ZeroGRError("attention_mask: each row's tokens must be one contiguous run (left or right padding)")
+        if bool(bad_ids.any()):
+            row = int(bad_ids.nonzero()[0, 0])
+            raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {self.vocab})")
+        src = (start[:, None] + pos[None, :]).clamp(max=t - 1)
+        ids = torch.where(pos[None, :] < lengths[:, None], ids.gather(1, src), 0)
+        return ids, lengths
+
+    def _allocate(self, b: int, tb: int, beam_width: int) -> None:
+        dev, dt = self.device, self.dtype
+        self.lineage_len = max(self.n_levels - 1, 1)
+        # a request's keys: its context, then its beams' lineage slots (beam m, SID position t
+        # at tb + m * lineage_len + t), padded to 16 so the attention bias rows stay aligned
+        own = -(-beam_width * self.lineage_len // 16) * 16
+        self.ids = torch.zeros(b, tb, dtype=torch.int64, device=dev)
+        self.lengths = torch.ones(b, dtype=torch.int64, device=dev)
+        # token-major (b, slot, kv_heads, D), the projections' own layout: the prefill's copy is a
+        # contiguous run per request, and SDPA reads the (kv_heads, slot) transpose as a view
+        self.kv = torch.zeros(2, self.n_layers, b, tb + own, self.kv_heads, self.head_dim, dtype=dt, device=dev)
+        self.context_bias = torch.zeros(b, 1, 1, tb, dtype=dt, device=dev)
+        self.bias = torch.zeros(b, 1, beam_width * self.group, tb + own, dtype=dt, device=dev)
+        self.first = torch.zeros(b, self.hidden_size, dtype=dt, device=dev)
+        self.batch, self.beam_width, self.context_len = b, beam_width, tb
+
+    @torch.no_grad()
+    def stage(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+              beam_width: int) -> None:
+        """Copy the requests into static, length-bucketed buffers; ``step(0, …)`` runs the prefill.
+
+        Parameters
+        ----------
+        history : torch.Tensor, shape (B, T), int64
+            Context token ids.
+        attention_mask : torch.Tensor, shape (B, T), optional
+            1 on tokens, 0 on padding (one contiguous run of tokens per row).
+        beam_width : int
+        """
+        if not isinstance(beam_width, int) or beam_width < 1:
+            raise ZeroGRError(f"beam_width must be a positive integer, got {beam_width!r}")
+        ids, lengths = self._right_padded(history, attention_mask)
+        b, t = ids.shape
+        tb = self.bucket(t)
+        key = (b, tb, beam_width, self.dtype)
+        if self._static_key != key:
+            self._allocate(b, tb, beam_width)
+            self._static_key = key
+        self.ids[:, t:].zero_()
+        self.ids[:, :t].copy_(ids)
+        self.lengths.copy_(lengths)
+        self.prefill_in_step = True
+
+    @torch.no_grad()
+    def prefill(self, history: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                beam_width: int) -> None:
+        """:meth:`stage` the requests and run the prefill now (eagerly)."""
+        self.stage(history, attention_mask, beam_width=beam_width)
+        self.run_prefill()
+        self.prefill_in_step = False
+
+    # ---- the network ----------------------------------------------------------------
+
+    def _stack_weights(self) -> None:
+        """One (rows, hidden) weight per layer for q/k/v and one for gate/up (+ q/k/v bias if any)."""
+        self.qkv_weight, self.qkv_bias, self.gate_up_weight = [], [], []
+        act = getattr(self.model.config, "hidden_act", "silu")
+        self.fused_mlp = act == "silu"
+        for layer in self.core.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+            self.qkv_weight.append(_stack(projs, "weight"))
+            has_bias = [p.bias is not None for p in projs]
+            if any(has_bias) and not all(has_bias):
+                raise ZeroGRError("model: q/k/v projections must all have a bias or none")
+            self.qkv_bias.append(_stack(projs, "bias") if all(has_bias) else None)
+            if self.fused_mlp:
+                if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
+                    self.fused_mlp = False
+                else:
+                    self.gate_up_weight.append(_stack((mlp.gate_proj, mlp.up_proj), "weight"))
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor):
+        """cos, sin of shape (n, D) for int64 ``positions`` (n,) (the model's own rotary module)."""
+        cos, sin = self.core.rotary_emb(x, positions[None])
+        return cos[0], sin[0]
+
+    @staticmethod
+    def _norm(module, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Qwen3's RMS norm of the rows of ``x`` (n, d) in one kernel, after ``x + residual`` if given
+        (then ``(normed, sum)``): the same arithmetic as ``Qwen3RMSNorm`` when weight and input
+        share a dtype (:func:`zerogr_kernels.rms_layer_norm`)."""
+        return rms_layer_norm(x, module.weight, module.variance_epsilon, residual)
+
+    def _qkv(self, i: int, attn, h: torch.Tensor, cos, sin):
+        """Normed, rotated q (n, heads, D), k (n, kv_heads, D) and v (a strided view) of layer i for the
+        normed hidden states h (n, hidden): one GEMM for the three projections."""
+        n, d = h.shape[0], self.head_dim
+        a, b = self.heads * d, (self.heads + self.kv_heads) * d
+        y = F.linear(h, self.qkv_weight[i], self.qkv_bias[i])
+        q, k = qk_norm_rope(y[:, :a].view(n, self.heads, d), y[:, a:b].view(n, self.kv_heads, d),
+                            attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon, cos, sin)
+        return q, k, y[:, b:].view(n, self.kv_heads, d)
+
+    def _mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
+        """Layer i's SwiGLU MLP of h (n, hidden): one GEMM for gate and up, one pass for the gate."""
+        if not self.fused_mlp:
+            return layer.mlp(h)
+        return F.linear(silu_mul(F.linear(h, self.gate_up_weight[i])), layer.mlp.down_proj.weight)
+
+    def _layers(self, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
+        """The decoder layers over rows x (n, hidden); ``attend(i, q, k, v)`` -> (n, heads · D) is
+        the attention of layer i. Residual adds are fused into the following norm. Returns the
+        residual stream after the last layer (not normed)."""
+        layers = self.core.layers
+        h = self._norm(layers[0].input_layernorm, x)
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(i, attn, h, cos, sin)
+            h, x = self._norm(layer.post_attention_layernorm, attn.o_proj(attend(i, q, k, v)), x)
+            m = self._mlp(i, layer, h)
+            if i + 1 < len(layers):
+                h, x = self._norm(layers[i + 1].input_layernorm, m, x)
+            else:
+                x = x + m
+        return x
+
+    @torch.no_grad()
+    def run_prefill(self) -> None:
+        """The staged contexts through every layer, into the static buffers: device work only
+        (no host synchronisation, static shapes), so a CUDA graph can hold it."""
+        b, tb = self.ids.shape
+        x = self.core.embed_tokens(self.ids).view(b * tb, -1)
+        cos, sin = self._rope(x, torch.arange(tb, device=self.device).repeat(b))
+
+        def attend(i, q, k, v):
+            k_ctx, v_ctx = self.kv[0, i, :, :tb], self.kv[1, i, :, :tb]
+            k_ctx.copy_(k.view(b, tb, -1, self.head_dim))
+            v_ctx.copy_(v.view(b, tb, -1, self.head_dim))
+            # k and v from the buffer: one layout for prefill and decode (v itself is a strided
+            # view of the stacked projection)
+            q, k, v = (t.transpose(1, 2) for t in (q.view(b, tb, -1, self.head_dim), k_ctx, v_ctx))
+            # right padding: causal attention keeps every real token off the padding behind it
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            return o.transpose(1, 2).reshape(b * tb, -1)
+
+        x = self._layers(x, cos, sin, attend).view(b, tb, -1)
+        last = x[torch.arange(b, device=self.device), self.lengths - 1]
+        self.first.copy_(self.core.norm(last))
+        pos = torch.arange(tb, device=self.device)
+        self.context_bias.copy_(torch.where(pos[None, :] < self.lengths[:, None], 0.0, float("-inf"))[:, None, None])
+        self.bias[..., :tb].copy_(self.context_bias.expand(-1, -1, self.bias.shape[2], -1))
+
+    def _lineage_bias(self, step: int) -> None:
+        """The lineage part of the attention bias at ``step``: query row (beam m, head) sees
+        slots m · P + t for SID positions t < step of its own beam, nothing else."""
+        m, p, tb = self.beam_width, self.lineage_len, self.context_len
+        slots = torch.arange(self.bias.shape[3] - tb, device=self.device)
+        rows = torch.arange(m * self.group, device=self.device) // self.group
+        allowed = ((slots // p)[None, :] == rows[:, None]) & ((slots % p) < step)[None, :] & (slots < m * p)[None, :]
+        self.bias[..., tb:].copy_(torch.where(allowed, 0.0, float("-inf")).expand_as(self.bias[..., tb:]))
+
+    def _reorder(self, parents: torch.Tensor, positions: int) -> None:
+        """Every layer's lineage slots of positions < ``positions`` gathered from the parent beams."""
+        from .protocol import safe_parents
+
+        b, m, p, tb = self.batch, self.beam_width, self.lineage_len, self.context_len
+        rows = safe_parents(parents.to(self.device), m).view(b, m)
+        local = rows - torch.arange(b, device=self.device)[:, None] * m                  # parent beam in its request
+        kv = self.kv.view(2 * self.n_layers, b, -1, self.kv_heads, self.head_dim)
+        own = kv[:, :, tb:tb + m * p].unflatten(2, (m, p))[:, :, :, :positions]          # (2Ly, b, M, pos, kvh, D)
+        own.copy_(own[:, torch.arange(b, device=self.device)[:, None], local])
+
+    @torch.no_grad()
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states of step ``step``: (B, hidden) at 0, (B · M, hidden) after (see the protocol)."""
+        if not self.batch:
+            raise ZeroGRError("step model: call prefill before step")
+        if step == 0:
+            if self.prefill_in_step:
+                self.run_prefill()
+            return self.first
+        b, m, tb, p = self.batch, tokens.shape[1], self.context_len, self.lineage_len
+        if m != self.beam_width:
+            raise ZeroGRError(f"step model: {m} beams per request at step {step}, prefilled for {self.beam_width}")
+        n, j = b * m, step - 1                                        # j: SID position of the new token
+        if step > 1:
+            self._reorder(parents, j)
+        self._lineage_bias(step)
+        ids = tokens.to(self.device, torch.int64).clamp(min=0).reshape(n) + self.token_offsets[j]
+        x = self.core.embed_tokens(ids)                                                  # (n, hidden)
+        positions = (self.lengths[:, None] + j).expand(b, m).reshape(n)
+        cos, sin = self._rope(x, positions)
+        kvh, g, d = self.kv_heads, self.group, self.head_dim
+
+        def attend(i, q, k, v):
+            # the new token's key/value into its beam's lineage slot of every request
+            for buf, new in ((self.kv[0, i], k), (self.kv[1, i], v)):
+                buf[:, tb + j:tb + m * p:p].copy_(new.view(b, m, kvh, d))
+            # one (M·g, D) query matrix per (request, KV head): the context is read once per request
+            qg = q.view(b, m, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, m * g, d)
+            o = F.scaled_dot_product_attention(qg, self.kv[0, i].transpose(1, 2), self.kv[1, i].transpose(1, 2),
+                                               attn_mask=self.bias)
+            return o.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(n, kvh * g * d)
+
+        return self.core.norm(self._layers(x, cos, sin, attend))
+
+
+def _stack(linears, name: str) -> torch.Tensor:
+    """The ``name`` tensors (weight or bias) of ``linears`` stacked along dim 0, the modules' own
+    parameters re-pointed at views of the stack. Tensors already adjacent in one storage (an
+    earlier wrap) are viewed in place, not copied."""
+    parts = [getattr(m, name) for m in linears]
+    first = parts[0]
+    rows = sum(p.shape[0] for p in parts)
+    adjacent = all(p.is_contiguous() and p.dtype == first.dtype and p.device == first.device for p in parts) and all(
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr() for a, b in zip(parts, parts[1:]))
+    if adjacent:
+        return first.detach().as_strided((rows,) + tuple(first.shape[1:]), first.stride())
+    stacked = torch.cat([p.detach() for p in parts], dim=0)
+    start = 0
+    for m, p in zip(linears, parts):
+        setattr(m, name, torch.nn.Parameter(stacked[start:start + p.shape[0]], requires_grad=p.requires_grad))
+        start += p.shape[0]
+    return stacked
