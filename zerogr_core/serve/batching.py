@@ -6,6 +6,9 @@ produced a new count; padding to the nearest planned size keeps the set of shape
 """
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future
 from typing import Sequence
 
 from ..errors import ZeroGRError
@@ -39,13 +42,14 @@ def chunks(n: int, largest: int) -> list[range]:
 
 
 class Batcher:
-    """Gathers concurrent requests into batches, in one asyncio event loop (what Ray
-    Serve's ``@serve.batch`` does for the deployment of :mod:`.app`, without Ray).
+    """Gathers concurrent requests into batches (what Ray Serve's ``@serve.batch`` does for
+    the deployment of :mod:`.app`, without Ray).
 
-    :meth:`submit` queues one item and waits for its result. While no batch is running, a
-    batch waits up to ``wait_s`` to fill to ``max_batch``, then ``run(items)`` (a blocking
-    function returning one result per item) runs in a single worker thread; requests that
-    arrive meanwhile form the next batch.
+    :meth:`submit` (asyncio) or :meth:`submit_future` (any thread) queues one item. One
+    worker thread takes the queued items: when fewer than ``max_batch`` wait, it waits up
+    to ``wait_s`` for more, then runs ``run(items)`` (blocking, one result per item) on at
+    most ``max_batch`` of them; requests that arrive meanwhile form the next batch. Callers
+    from any thread or event loop may share one batcher.
 
     Parameters
     ----------
@@ -57,41 +61,51 @@ class Batcher:
     """
 
     def __init__(self, run, max_batch: int, wait_s: float, on_batch=None):
-        from concurrent.futures import ThreadPoolExecutor
-
         self._run, self.max_batch, self.wait_s, self._on_batch = run, int(max_batch), float(wait_s), on_batch
         self._pending: list = []
-        self._task = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="zerogr-batch")
+        self._cv = threading.Condition()
+        self._worker = None
+
+    def submit_future(self, item) -> Future:
+        """A future of ``item``'s result (an exception of the batch's ``run`` is set on it)."""
+        future: Future = Future()
+        with self._cv:
+            self._pending.append((item, future))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name="zerogr-batch", daemon=True)
+                self._worker.start()
+            self._cv.notify()
+        return future
 
     async def submit(self, item):
-        """The result of ``item`` (an exception of the batch's ``run`` is raised here)."""
+        """The result of ``item``, awaited in the caller's event loop."""
         import asyncio
 
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending.append((item, future))
-        if self._task is None or self._task.done():
-            self._task = loop.create_task(self._drain())
-        return await future
+        return await asyncio.wrap_future(self.submit_future(item))
 
-    async def _drain(self) -> None:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        while self._pending:
-            if len(self._pending) < self.max_batch and self.wait_s > 0:
-                await asyncio.sleep(self.wait_s)
+    def _take(self) -> list:
+        with self._cv:
+            while not self._pending:
+                self._cv.wait()
+            deadline = time.monotonic() + self.wait_s
+            while len(self._pending) < self.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
             batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
             if self._on_batch is not None:
                 self._on_batch(len(batch))
             try:
-                results = await loop.run_in_executor(self._pool, self._run, [item for item, _ in batch])
+                results = self._run([item for item, _ in batch])
             except Exception as err:  # noqa: BLE001 - every request of the batch gets the error
                 for _, future in batch:
-                    if not future.done():
-                        future.set_exception(err)
+                    future.set_exception(err)
                 continue
             for (_, future), result in zip(batch, results):
-                if not future.done():
-                    future.set_result(result)
+                future.set_result(result)
