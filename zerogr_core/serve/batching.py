@@ -1,8 +1,10 @@
-"""Padding a gathered batch to a planned batch size.
+"""Gathering concurrent requests into batches, and padding a batch to a planned batch size.
 
 The engine plans (and on a GPU captures a CUDA graph for) each batch size once. A server
 that decoded every gathered batch at its own size would plan a new shape whenever traffic
-produced a new count; padding to the nearest planned size keeps the set of shapes fixed.
+produced a new count; padding to the nearest planned size keeps the set of shapes fixed. :class:`Batcher` gathers
+the requests of the Qwen3 recommender's replica, in the Ray deployment and in the
+in-process load test alike.
 """
 from __future__ import annotations
 
