@@ -157,11 +157,18 @@ def run(cfg: LoadConfig, out: Path, command: str, log=print) -> dict:
     if cfg.warm_requests:
         asyncio.run(drive(service, payloads[:cfg.warm_requests], cfg.concurrency))
     before = service.metrics.snapshot()
+    rec.decode_ms.clear()
     records, wall = asyncio.run(drive(service, payloads, cfg.concurrency))
+    decodes = list(rec.decode_ms)
     after = service.metrics.snapshot()
     batches = {k: v - before["batch_sizes"].get(k, 0) for k, v in after["batch_sizes"].items()}
     result = summarise(records, wall, rec, n)
-    result.update(batch_sizes={k: v for k, v in batches.items() if v}, n=n, context=cfg.context,
+    per_size = {}
+    for size, ms in decodes:
+        per_size.setdefault(str(size), []).append(ms)
+    result.update(decode_ms_median={k: round(float(np.median(v)), 2) for k, v in sorted(per_size.items())},
+                  decode_busy_fraction=round(sum(ms for _, ms in decodes) / 1e3 / wall, 3),
+                  batch_sizes={k: v for k, v in batches.items() if v}, n=n, context=cfg.context,
                   concurrency=cfg.concurrency, beam=serve_cfg.beam,
                   target_rps=TARGET_RPS if cfg.serve == "qwen3-1.7b" else None)
     if result["target_rps"] is not None:
@@ -189,11 +196,12 @@ def markdown(doc: dict) -> str:
         "", f"{m.get('gpu')}, torch {m.get('torch')}, triton {m.get('triton')}, commit {m.get('git_commit')}; "
         f"{doc['path']}.", "",
         "| context | beam | requests | concurrency | req/s | p50 ms | p99 ms | failed | invalid items | batch sizes "
-        "| target | SID-GR (H100) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| decode ms per batch (median) | target | SID-GR (H100) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         f"| {r['context']:,} | {r['beam']} | {r['requests']} | {r['concurrency']} | {r['throughput_rps']} | "
         f"{r['p50_ms']} | {r['p99_ms']} | {r['failed']} | {r['invalid_items']} | "
         f"{', '.join(f'{k}×{v}' for k, v in sorted(r['batch_sizes'].items(), key=lambda kv: int(kv[0])))} | "
+        f"{', '.join(f'{k}: {v}' for k, v in r['decode_ms_median'].items())} | "
         f"{'≥ %g' % r['target_rps'] if r.get('target_rps') else ''} | "
         f"{doc['peers']['sid_gr_rps'][0]}–{doc['peers']['sid_gr_rps'][1]} |", ""])
 

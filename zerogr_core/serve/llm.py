@@ -14,6 +14,7 @@ Imports neither Ray nor Polars: the GPU image serves and load-tests through it.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -259,13 +260,27 @@ class LLMRecommender:
             self.servings[size] = StepDecoder(sm, self.index, sm.head, beam_width=config.beam,
                                               order="filter-first", band_offsets=self.offsets)
         self._lock = threading.Lock()
+        #: (batch size, ms) of the latest padded decodes (prefill, L steps, copy back): what a
+        #: request waits for besides the server's own work.
+        self.decode_ms: deque = deque(maxlen=4096)
+
+    def loop(self) -> dict:
+        """How each planned size decodes: ``engine graph, prefill inside``, the engine eagerly
+        (with the capture error, if any), or the reference loop."""
+        out = {}
+        for size, serving in self.servings.items():
+            gpu = serving.decoder.gpu_engine
+            out[str(size)] = "reference (eager)" if gpu is None else ("engine graph, prefill inside"
+                                                                     if serving.prefill_in_graph else
+                                                                     f"engine ({gpu.graph_error or 'eager'})")
+        return out
 
     def describe(self) -> dict:
         """What ``/health`` reports: model, weights, catalog, device."""
         return dict(model=self.config.model, weights=self.config.weights, catalog=self.config.catalog,
                     items=int(self.catalog.n_items), levels=self.levels, token_offsets=list(self.offsets),
                     beam=self.config.beam, batch_sizes=list(self.config.batch_sizes), device=str(self.device),
-                    dtype=self.config.dtype)
+                    dtype=self.config.dtype, loop=self.loop())
 
     @torch.no_grad()
     def warmup(self) -> None:
@@ -320,9 +335,13 @@ class LLMRecommender:
         if any(d is not None for d in denies):
             lists = RequestLists.from_rows(deny=[np.zeros(0, np.int64) if d is None else d for d in denies],
                                            normalise="catalog")
-        with self._lock:
+        from ..timing import Stopwatch
+
+        with self._lock, Stopwatch(self.device) as sw:
             result = self.servings[size].decode(ids.to(self.device), mask.to(self.device), lists=lists)
-            return result.scores.float().cpu(), result.item_rows.cpu(), result.tokens.cpu()
+            out = result.scores.float().cpu(), result.item_rows.cpu(), result.tokens.cpu()
+        self.decode_ms.append((size, sw.ms))
+        return out
 
     def _answer(self, result, b: int, n: int) -> BeamAnswer:
         scores, item_rows, tokens = result
