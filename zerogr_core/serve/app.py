@@ -1,4 +1,6 @@
-"""The Ray Serve deployment: ``POST /recommend``, ``GET /health``, ``GET /metrics``.
+"""The Ray Serve deployments: ``POST /recommend``, ``GET /health``, ``GET /metrics``; and the
+Qwen3 recommender's (:class:`LLMDeployment`: ``POST /generate`` SGLang-style, ``POST /recommend``,
+``GET /ready``, ``GET /health``, Prometheus ``GET /metrics``; routes in :mod:`.llm_service`).
 
 One replica per GPU (``ray_actor_options={"num_gpus": 1}``; one CPU each without GPUs),
 each holding the model, the catalog's index and its decoder (:class:`~.recommender.Recommender`).
@@ -24,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from .batching import padded_size
 from .config import ServeConfig
@@ -34,6 +36,7 @@ from .schema import RequestError, parse_query
 
 APP_NAME = "zerogr"
 DEPLOYMENT = "Recommender"
+LLM_DEPLOYMENT = "LLMRecommender"
 
 
 class RayMetrics:
@@ -132,6 +135,34 @@ class RecommenderDeployment:
         return response
 
 
+@serve.deployment(name=LLM_DEPLOYMENT)
+class LLMDeployment:
+    """One replica of the Qwen3 recommender: :class:`~.llm_service.LLMService` behind HTTP.
+
+    The model loads in the background (``GET /ready`` answers 503 until it is warmed);
+    requests are gathered by the service's :class:`~.batching.Batcher`, the same code the
+    in-process load test drives."""
+
+    def __init__(self, config: dict):
+        from .llm import LLMServeConfig
+        from .llm_service import LLMService
+
+        cfg = LLMServeConfig.from_dict(config)
+        self.service = LLMService(cfg, RayMetrics(cfg.max_batch))
+
+    async def __call__(self, request: Request) -> Response:
+        reply = await self.service.handle(request.method, request.url.path, request.url.query,
+                                          await request.body())
+        return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+
+
+def build_llm_app(config, *, replicas: int, gpus: bool):
+    """The Qwen3 recommender's application (``config``: an :class:`~.llm.LLMServeConfig`)."""
+    actor = {"num_gpus": 1} if gpus else {"num_cpus": 1}
+    return LLMDeployment.options(num_replicas=replicas, ray_actor_options=actor,
+                                 max_ongoing_requests=4 * config.max_batch).bind(config.to_dict())
+
+
 def build_app(config: ServeConfig, *, replicas: int, gpus: bool, push: CatalogPush | None = None):
     """The application: ``replicas`` replicas of one GPU each (one CPU each when ``gpus`` is
     False), serving ``push`` (default: the configured catalog as version 1)."""
@@ -167,10 +198,11 @@ def cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def start(config: ServeConfig, *, replicas: int | None = None, host: str = "127.0.0.1", port: int = 8000,
+def start(config, *, replicas: int | None = None, host: str = "127.0.0.1", port: int = 8000,
           address: str | None = None, push: CatalogPush | None = None, num_cpus: int | None = None):
     """Connect to (``address``) or start a local Ray cluster, start Serve's HTTP proxy on
-    ``host:port`` and run the application; returns ``(replicas, gpus)``.
+    ``host:port`` and run the application (``config`` a :class:`ServeConfig`, or an
+    :class:`~.llm.LLMServeConfig` for the Qwen3 recommender); returns ``(replicas, gpus)``.
 
     ``replicas`` defaults to the cluster's GPU count (one replica per GPU), else 1.
     """
@@ -183,7 +215,9 @@ def start(config: ServeConfig, *, replicas: int | None = None, host: str = "127.
     if replicas is None:
         replicas = max(1, cluster_gpus())
     serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(config, replicas=replicas, gpus=gpus, push=push), name=APP_NAME, route_prefix="/")
+    bound = build_app(config, replicas=replicas, gpus=gpus, push=push) if isinstance(config, ServeConfig) else \
+        build_llm_app(config, replicas=replicas, gpus=gpus)
+    serve.run(bound, name=APP_NAME, route_prefix="/")
     return replicas, gpus
 
 

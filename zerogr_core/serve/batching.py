@@ -1,11 +1,16 @@
-"""Padding a gathered batch to a planned batch size.
+"""Gathering concurrent requests into batches, and padding a batch to a planned batch size.
 
 The engine plans (and on a GPU captures a CUDA graph for) each batch size once. A server
 that decoded every gathered batch at its own size would plan a new shape whenever traffic
-produced a new count; padding to the nearest planned size keeps the set of shapes fixed.
+produced a new count; padding to the nearest planned size keeps the set of shapes fixed. :class:`Batcher` gathers
+the requests of the Qwen3 recommender's replica, in the Ray deployment and in the
+in-process load test alike.
 """
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future
 from typing import Sequence
 
 from ..errors import ZeroGRError
@@ -36,3 +41,73 @@ def pad(items: list, size: int) -> list:
 def chunks(n: int, largest: int) -> list[range]:
     """Split ``n`` requests into consecutive runs of at most ``largest``."""
     return [range(start, min(start + largest, n)) for start in range(0, n, largest)]
+
+
+class Batcher:
+    """Gathers concurrent requests into batches (what Ray Serve's ``@serve.batch`` does for
+    the deployment of :mod:`.app`, without Ray).
+
+    :meth:`submit` (asyncio) or :meth:`submit_future` (any thread) queues one item. One
+    worker thread takes the queued items: when fewer than ``max_batch`` wait, it waits up
+    to ``wait_s`` for more, then runs ``run(items)`` (blocking, one result per item) on at
+    most ``max_batch`` of them; requests that arrive meanwhile form the next batch. Callers
+    from any thread or event loop may share one batcher.
+
+    Parameters
+    ----------
+    run : callable(list) -> list
+    max_batch : int
+    wait_s : float
+    on_batch : callable(int), optional
+        Told the size of each batch as it starts.
+    """
+
+    def __init__(self, run, max_batch: int, wait_s: float, on_batch=None):
+        self._run, self.max_batch, self.wait_s, self._on_batch = run, int(max_batch), float(wait_s), on_batch
+        self._pending: list = []
+        self._cv = threading.Condition()
+        self._worker = None
+
+    def submit_future(self, item) -> Future:
+        """A future of ``item``'s result (an exception of the batch's ``run`` is set on it)."""
+        future: Future = Future()
+        with self._cv:
+            self._pending.append((item, future))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._loop, name="zerogr-batch", daemon=True)
+                self._worker.start()
+            self._cv.notify()
+        return future
+
+    async def submit(self, item):
+        """The result of ``item``, awaited in the caller's event loop."""
+        import asyncio
+
+        return await asyncio.wrap_future(self.submit_future(item))
+
+    def _take(self) -> list:
+        with self._cv:
+            while not self._pending:
+                self._cv.wait()
+            deadline = time.monotonic() + self.wait_s
+            while len(self._pending) < self.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
+            return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take()
+            if self._on_batch is not None:
+                self._on_batch(len(batch))
+            try:
+                results = self._run([item for item, _ in batch])
+            except Exception as err:  # noqa: BLE001 - every request of the batch gets the error
+                for _, future in batch:
+                    future.set_exception(err)
+                continue
+            for (_, future), result in zip(batch, results):
+                future.set_result(result)

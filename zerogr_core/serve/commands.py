@@ -28,6 +28,12 @@ def register(subparsers) -> None:
     p.add_argument("--batch-wait-ms", default=None, help="how long a batch waits to fill (default 5)")
     p.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto, or ray://HOST:10001); "
                                                    "default: start a local one")
+    p.add_argument("--llm", default=None, metavar="PRESET",
+                   help="serve the Qwen3 recommender instead (tiny: CPU; qwen3-1.7b: GPU, bf16; random weights "
+                        "unless --checkpoint names a transformers Qwen3 folder): POST /generate (SGLang-style), "
+                        "POST /recommend, GET /ready, GET /health, GET /metrics (Prometheus)")
+    p.add_argument("--token-offsets", default=None, metavar="O1,O2,…",
+                   help="with --llm and --checkpoint: vocabulary id of token 0 of each SID level")
     p.set_defaults(handler=run_serve)
 
     d = subparsers.add_parser("decode-dataset", help="top-K recommendations for every user, sharded over GPUs "
@@ -103,6 +109,34 @@ def config_from_args(args: argparse.Namespace, check_device: bool = True, **chan
     return config
 
 
+def llm_config_from_args(args: argparse.Namespace, **changes):
+    """The :class:`~.llm.LLMServeConfig` of ``--llm PRESET`` and the model arguments."""
+    from .llm import LLMServeConfig
+
+    if args.preset is not None or args.engine is not None:
+        raise UsageError(f"--{'preset' if args.preset is not None else 'engine'}: not used with --llm (the "
+                         "LLM preset sets beam and batch sizes; filtering first in the GPU engine)")
+    if args.beam is not None:
+        changes["beam"] = _int(args.beam, "--beam")
+    if args.batch_sizes is not None:
+        changes["batch_sizes"] = tuple(_int(s, "--batch-sizes") for s in args.batch_sizes.replace(",", " ").split())
+    if args.catalog is not None:
+        changes["catalog"] = args.catalog
+    if args.checkpoint is not None:
+        changes["checkpoint"] = args.checkpoint
+    if args.token_offsets is not None:
+        changes["token_offsets"] = tuple(_int(s, "--token-offsets", 0) for s in args.token_offsets.split(","))
+    try:
+        config = LLMServeConfig.preset(args.llm, **changes)
+    except ZeroGRError as err:
+        raise UsageError(f"--llm {args.llm}: {err}") from None
+    from pathlib import Path
+
+    if config.checkpoint is not None and not Path(config.checkpoint).is_dir():
+        raise UsageError(f"--checkpoint {config.checkpoint}: no such folder (a transformers Qwen3 checkpoint)")
+    return config
+
+
 def run_serve(args: argparse.Namespace) -> int:
     port = _int(args.port, "--port", 1, 65535)
     replicas = None if args.replicas is None else _int(args.replicas, "--replicas")
@@ -112,9 +146,15 @@ def run_serve(args: argparse.Namespace) -> int:
             changes["batch_wait_s"] = float(args.batch_wait_ms) / 1e3
         except ValueError:
             raise UsageError(f"--batch-wait-ms: {args.batch_wait_ms!r} is not a number") from None
-    config = config_from_args(args, check_device=args.address is None, **changes)
+    if args.llm is not None:
+        config = llm_config_from_args(args, **changes)
+    else:
+        if args.token_offsets is not None:
+            raise UsageError("--token-offsets: only with --llm")
+        config = config_from_args(args, check_device=args.address is None, **changes)
     _check_port(args.host, port)
-    _check_model(config)
+    if args.llm is None:
+        _check_model(config)
     try:
         from . import app
     except ImportError as err:
@@ -126,9 +166,12 @@ def run_serve(args: argparse.Namespace) -> int:
         first = first_line(err)
         raise ZeroGRError(f"Ray Serve did not start: {type(err).__name__}: {first}") from None
     where = f"http://{args.host}:{port}"
+    routes = f"POST {where}/recommend, GET {where}/health, GET {where}/metrics"
+    if args.llm is not None:
+        routes = (f"Qwen3 {config.model} ({config.weights} weights), POST {where}/generate, {routes}, GET {where}/ready "
+                  "(200 once loaded and warmed)")
     print(f"serving {replicas} replica(s) ({'one GPU each' if gpus else 'CPU'}), beam {config.beam}, batch sizes "
-          f"{'/'.join(map(str, config.batch_sizes))}: POST {where}/recommend, GET {where}/health, GET {where}/metrics "
-          "(Ctrl-C stops)", flush=True)
+          f"{'/'.join(map(str, config.batch_sizes))}: {routes} (Ctrl-C stops)", flush=True)
     # a service manager stops with SIGTERM: shut Serve down as on Ctrl-C
     signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -66,6 +66,16 @@ class ServeMetrics:
         self.padded_sizes: Counter = Counter()
         self.statuses: Counter = Counter()
         self.waiting = 0
+        self.in_flight = 0
+
+    def begin(self) -> None:
+        """A request arrived (in flight until :meth:`end`)."""
+        with self._lock:
+            self.in_flight += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
 
     def enqueue(self) -> None:
         with self._lock:
@@ -94,10 +104,42 @@ class ServeMetrics:
 
     def snapshot(self) -> dict:
         with self._lock:
-            return dict(latency_ms=self.latency.to_dict(), queue_length=self.waiting,
+            return dict(latency_ms=self.latency.to_dict(), queue_length=self.waiting, in_flight=self.in_flight,
                         batch_sizes={str(k): v for k, v in sorted(self.batch_sizes.items())},
                         padded_batch_sizes={str(k): v for k, v in sorted(self.padded_sizes.items())},
                         responses={str(k): v for k, v in sorted(self.statuses.items())})
+
+    def prometheus(self, prefix: str = "zerogr") -> str:
+        """The figures in Prometheus' text format: ``{prefix}_requests_total`` per status,
+        ``{prefix}_errors_total`` (status ≥ 400), ``{prefix}_request_latency_ms`` (a
+        cumulative histogram of the answered requests), ``{prefix}_in_flight``,
+        ``{prefix}_queue_length`` and ``{prefix}_batches_total`` per gathered size."""
+        with self._lock:
+            statuses, lat = dict(self.statuses), self.latency
+            counts, total, n = list(lat.counts), lat.total, lat.n
+            in_flight, waiting, batches = self.in_flight, self.waiting, dict(self.batch_sizes)
+        lines = [f"# HELP {prefix}_requests_total Answered requests per HTTP status.",
+                 f"# TYPE {prefix}_requests_total counter"]
+        lines += [f'{prefix}_requests_total{{status="{k}"}} {v}' for k, v in sorted(statuses.items())]
+        errors = sum(v for k, v in statuses.items() if int(k) >= 400)
+        lines += [f"# HELP {prefix}_errors_total Requests answered with a 4xx or 5xx status.",
+                  f"# TYPE {prefix}_errors_total counter", f"{prefix}_errors_total {errors}",
+                  f"# HELP {prefix}_request_latency_ms Arrival to answer of the successful requests, ms.",
+                  f"# TYPE {prefix}_request_latency_ms histogram"]
+        seen = 0
+        for bound, c in zip(lat.bounds, counts):
+            seen += c
+            lines.append(f'{prefix}_request_latency_ms_bucket{{le="{bound:g}"}} {seen}')
+        lines += [f'{prefix}_request_latency_ms_bucket{{le="+Inf"}} {n}',
+                  f"{prefix}_request_latency_ms_sum {total:.3f}", f"{prefix}_request_latency_ms_count {n}",
+                  f"# HELP {prefix}_in_flight Requests received and not yet answered.",
+                  f"# TYPE {prefix}_in_flight gauge", f"{prefix}_in_flight {in_flight}",
+                  f"# HELP {prefix}_queue_length Requests waiting for a batch.",
+                  f"# TYPE {prefix}_queue_length gauge", f"{prefix}_queue_length {waiting}",
+                  f"# HELP {prefix}_batches_total Gathered batches per size.",
+                  f"# TYPE {prefix}_batches_total counter"]
+        lines += [f'{prefix}_batches_total{{size="{k}"}} {v}' for k, v in sorted(batches.items())]
+        return "\n".join(lines) + "\n"
 
     def _export(self, what: str, *values) -> None:
         if self.exporter is not None:

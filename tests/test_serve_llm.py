@@ -1,0 +1,308 @@
+"""Serving the Qwen3 recommender on the CPU (tiny shape, float32, reference ops): SGLang-style
+/generate equals a direct decoder call, /ready before and after loading, Prometheus /metrics
+counts, malformed requests get a one-line 4xx while the server keeps serving, concurrent
+clients get their own answers, and the in-process load test's quick mode."""
+import asyncio
+import json
+import os
+import re
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from zerogr_core.cli import main
+from zerogr_core.errors import ZeroGRError
+from zerogr_core.serve.llm import LLMRecommender, LLMServeConfig
+from zerogr_core.serve.llm_service import LLMService
+
+CONFIG = LLMServeConfig.preset("tiny", batch_wait_s=0.02)
+TOL = dict(rtol=1e-5, atol=1e-5)  # float32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reference_ops():
+    # the kernels' PyTorch references on CPU tensors (the Triton interpreter would take minutes);
+    # module-wide because the service loads and decodes in its own threads
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    yield
+    os.environ["TRITON_INTERPRET"] = old if old is not None else ""
+
+
+@pytest.fixture(scope="module")
+def service(reference_ops):
+    svc = LLMService(CONFIG)
+    svc.wait_ready(300)
+    return svc
+
+
+def call(svc, method, path, body=None, query=""):
+    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else (body or b"")
+    return asyncio.run(svc.handle(method, path, query, data))
+
+
+def direct(rec, context, n):
+    """The same request through a fresh step model and StepDecoder (no server code)."""
+    from zerogr_core.models.protocol import StepDecoder
+    from zerogr_core.models.qwen3 import Qwen3StepModel
+
+    sm = Qwen3StepModel(rec.model, rec.offsets, context_bucket=CONFIG.context_bucket)
+    dec = StepDecoder(sm, rec.index, sm.head, beam_width=CONFIG.beam, band_offsets=rec.offsets)
+    with torch.no_grad():
+        r = dec.decode(torch.tensor([context]))
+    scores, rows, tokens = r.scores[0].float(), r.item_rows[0], r.tokens[0].long()
+    order = torch.argsort(scores, descending=True, stable=True)
+    order = order[torch.isfinite(scores[order]) & (rows[order] >= 0)][:n]
+    return (rec.catalog.ids_of_rows(rows[order].numpy()).tolist(), scores[order].numpy(),
+            tokens[order].numpy())
+
+
+def contexts(count, seed=0, low=3, high=40):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 64, int(rng.integers(low, high))).tolist() for _ in range(count)]
+
+
+def check(result, rec, context, n):
+    items, scores, codes = direct(rec, context, n)
+    beams = result["beam_results"]
+    assert [b["item"] for b in beams] == items
+    np.testing.assert_allclose([b["score"] for b in beams], scores, **TOL)
+    assert [b["sid"] for b in beams] == codes.tolist()
+    assert [b["output_ids"] for b in beams] == (codes + np.asarray(rec.offsets)).tolist()
+    # every item is in the catalog, with the catalog's SID
+    rows = rec.catalog.rows_of(items)
+    assert (rec.catalog.sids[rows].astype(np.int64) == codes).all()
+    assert result["meta_info"]["prompt_tokens"] == len(context) and result["meta_info"]["completion_tokens"] == 3
+
+
+def test_generate_equals_a_direct_decoder_call(service):
+    rec = service.rec
+    one, two = contexts(2, seed=1)
+    reply = call(service, "POST", "/generate", {"input_ids": one, "sampling_params": {"max_new_tokens": 3, "n": 5},
+                                                "rid": "r1"})
+    assert reply.status == 200, reply.body
+    doc = reply.json()
+    assert len(doc["beam_results"]) == 5 and doc["meta_info"]["id"] == "r1"
+    check(doc, rec, one, 5)
+    # a batched request: a list of answers, each as the input alone; n defaults to the beam
+    reply = call(service, "POST", "/generate", {"input_ids": [one, two], "sampling_params": {"beam_width": 16}})
+    assert reply.status == 200, reply.body
+    docs = reply.json()
+    assert isinstance(docs, list) and len(docs) == 2 and len(docs[1]["beam_results"]) == CONFIG.beam
+    check(docs[0], rec, one, CONFIG.beam)
+    check(docs[1], rec, two, CONFIG.beam)
+
+
+def test_recommend_takes_token_history_and_excludes_items(service):
+    rec = service.rec
+    context = contexts(1, seed=2)[0]
+    items, scores, _ = direct(rec, context, 4)
+    reply = call(service, "POST", "/recommend", {"history": context, "k": 4})
+    assert reply.status == 200 and reply.json()["items"] == items
+    reply = call(service, "POST", "/recommend", {"history": context, "k": 4, "exclude": items[:2]})
+    assert reply.status == 200
+    got = reply.json()["items"]
+    assert not set(got) & set(items[:2]) and got[:2] == items[2:4]
+
+
+def test_concurrent_clients_get_their_own_answers(service):
+    rec = service.rec
+    ctxs = contexts(10, seed=3)
+    before = service.metrics.snapshot()["batch_sizes"]
+
+    async def many():
+        return await asyncio.gather(*(service.handle("POST", "/generate", "", json.dumps(
+            {"input_ids": c, "sampling_params": {"n": 6}}).encode()) for c in ctxs))
+
+    replies = asyncio.run(many())
+    for c, r in zip(ctxs, replies):
+        assert r.status == 200, r.body
+        check(r.json(), rec, c, 6)
+    after = service.metrics.snapshot()["batch_sizes"]
+    grown = {int(k): v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+    assert sum(k * v for k, v in grown.items()) == 10 and max(grown) > 1  # gathered into batches
+    # and from several threads, each with its own event loop
+    results = {}
+
+    def client(i):
+        results[i] = call(service, "POST", "/generate", {"input_ids": ctxs[i], "sampling_params": {"n": 3}})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(4):
+        assert results[i].status == 200
+        check(results[i].json(), rec, ctxs[i], 3)
+
+
+@pytest.mark.parametrize("body, status, words", [
+    (b'{"input_ids": [1, 2', 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    ({"input_ids": [1], "prompt": "x"}, 400, "unknown field 'prompt'"),
+    ({"text": "hello"}, 400, "text: this server takes input_ids"),
+    ({"sampling_params": {}}, 400, "input_ids: required"),
+    ({"input_ids": []}, 400, "input_ids: expected a non-empty list"),
+    ({"input_ids": [1, "2"]}, 400, "input_ids[1]"),
+    ({"input_ids": [[1], [2, 10**6]]}, 400, "input_ids[1][1]: 1000000 is not a token id in 0…255"),
+    ({"input_ids": [1, -1]}, 400, "input_ids[1]"),
+    ({"input_ids": list(range(1025))}, 413, "at most 1024"),
+    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 16}}, 400, "max_new_tokens: must be 3"),
+    ({"input_ids": [1], "sampling_params": {"beam_width": 8}}, 400, "beam_width: this server decodes at beam 16"),
+    ({"input_ids": [1], "sampling_params": {"num_beams": 32}}, 400, "num_beams"),
+    ({"input_ids": [1], "sampling_params": {"n": 0}}, 400, "sampling_params.n: 0 is out of range 1…16"),
+    ({"input_ids": [1], "sampling_params": {"n": 17}}, 400, "sampling_params.n"),
+    ({"input_ids": [1], "sampling_params": {"temperature": 0.7}}, 400, "temperature"),
+    ({"input_ids": [1], "sampling_params": {"top_p": 0.9}}, 400, "sampling_params.top_p: not supported"),
+    ({"input_ids": [1], "sampling_params": 3}, 400, "sampling_params: expected an object"),
+    ({"input_ids": [[1], [2]], "sampling_params": [{}]}, 400, "sampling_params: 1 objects for 2 inputs"),
+    ({"input_ids": [[1], [2]], "sampling_params": [{}, {"n": 99}]}, 400, "sampling_params[1].n"),
+    ({"input_ids": [1], "stream": True}, 400, "stream"),
+])
+def test_malformed_generate_gets_a_one_line_4xx_and_serving_goes_on(service, body, status, words):
+    reply = call(service, "POST", "/generate", body)
+    assert reply.status == status, reply.body
+    message = reply.json()["error"]
+    assert words in message and "\n" not in message
+    assert call(service, "POST", "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"n": 2}}).status == 200
+
+
+@pytest.mark.parametrize("method, path, body, status, words", [
+    ("POST", "/recommend", {"history": [1], "exclude": [10**9]}, 422, "exclude"),
+    ("POST", "/recommend", {"history": [1], "k": 17}, 400, "k: 17 is out of range 1…16"),
+    ("POST", "/recommend", {"history": [999]}, 400, "history[0]: 999 is not a token id"),
+    ("POST", "/recommend", {"history": [1], "keep_history": True}, 400, "keep_history"),
+    ("GET", "/generate", None, 405, "use POST /generate"),
+    ("POST", "/ready", None, 405, "no route POST /ready"),
+    ("GET", "/nowhere", None, 404, "no route GET /nowhere"),
+])
+def test_other_bad_requests(service, method, path, body, status, words):
+    reply = call(service, method, path, body)
+    assert reply.status == status and words in reply.json()["error"], reply.body
+
+
+def _metric(text, name, labels=""):
+    m = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_prometheus_metrics_count_requests_latency_errors(service):
+    def scrape():
+        reply = call(service, "GET", "/metrics")
+        assert reply.status == 200 and reply.content_type.startswith("text/plain")
+        return reply.body.decode()
+
+    before = scrape()
+    for c in contexts(3, seed=4):
+        assert call(service, "POST", "/generate", {"input_ids": c}).status == 200
+    assert call(service, "POST", "/generate", {"input_ids": []}).status == 400
+    assert call(service, "GET", "/nowhere").status == 404
+    after = scrape()
+
+    def grew(name, labels=""):
+        return _metric(after, name, labels) - _metric(before, name, labels)
+
+    # the scrape before is itself answered (200) once it is rendered
+    assert grew("zerogr_requests_total", '{status="200"}') == 4
+    assert grew("zerogr_requests_total", '{status="400"}') == 1
+    assert grew("zerogr_requests_total", '{status="404"}') == 1
+    assert grew("zerogr_errors_total") == 2
+    assert grew("zerogr_request_latency_ms_count") == 3 and grew("zerogr_request_latency_ms_sum") > 0
+    assert _metric(after, "zerogr_request_latency_ms_bucket", '{le="+Inf"}') == \
+        _metric(after, "zerogr_request_latency_ms_count")
+    assert _metric(after, "zerogr_in_flight") == 1  # the scrape itself
+    assert _metric(after, "zerogr_queue_length") == 0
+    snap = call(service, "GET", "/metrics", query="format=json").json()
+    assert snap["responses"]["400"] >= 1 and snap["in_flight"] == 1
+
+
+def test_ready_is_503_until_loaded_and_warmed(monkeypatch):
+    gate = threading.Event()
+    warmup = LLMRecommender.warmup
+
+    def held(self):
+        gate.wait(60)
+        warmup(self)
+
+    monkeypatch.setattr(LLMRecommender, "warmup", held)
+    svc = LLMService(LLMServeConfig.preset("tiny", batch_sizes=(1,)))
+    reply = call(svc, "GET", "/ready")
+    assert reply.status == 503 and reply.json() == {"status": "loading"}
+    reply = call(svc, "POST", "/generate", {"input_ids": [1, 2]})
+    assert reply.status == 503 and "loading" in reply.json()["error"]
+    assert call(svc, "GET", "/health").json()["status"] == "loading"
+    gate.set()
+    svc.wait_ready(120)
+    assert call(svc, "GET", "/ready").status == 200
+    assert call(svc, "POST", "/generate", {"input_ids": [1, 2]}).status == 200
+    health = call(svc, "GET", "/health").json()
+    assert health["weights"] == "random" and health["items"] == 2000 and health["status"] == "ready"
+
+
+def test_a_model_that_does_not_load_stays_503_with_the_reason():
+    svc = LLMService(LLMServeConfig.preset("tiny", catalog="synth:watch-like:100:0:500"))
+    with pytest.raises(ZeroGRError, match="do not fit the model's SID bands"):
+        svc.wait_ready(120)
+    reply = call(svc, "GET", "/ready")
+    assert reply.status == 503 and reply.json()["status"] == "failed" and "SID bands" in reply.json()["error"]
+    assert call(svc, "POST", "/generate", {"input_ids": [1]}).status == 503
+
+
+def test_config_presets_and_checks():
+    big = LLMServeConfig.preset("qwen3-1.7b")
+    assert big.beam == 256 and big.dtype == "bfloat16" and big.weights == "random" and big.max_context >= 5000
+    assert LLMServeConfig.from_dict(json.loads(json.dumps(CONFIG.to_dict()))) == CONFIG
+    for bad, words in [(dict(model="gpt"), "model"), (dict(beam=0), "beam"), (dict(batch_sizes=()), "batch_sizes"),
+                       (dict(checkpoint="/x"), "token_offsets"), (dict(dtype="int8"), "dtype"),
+                       (dict(warmup_context=5000), "warmup_context")]:
+        with pytest.raises(ZeroGRError, match=words):
+            LLMServeConfig.preset("tiny", **bad)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["serve", "--llm", "gpt-9"], "--llm gpt-9: unknown LLM serve preset"),
+    (["serve", "--llm", "tiny", "--preset", "cpu"], "--preset: not used with --llm"),
+    (["serve", "--llm", "tiny", "--checkpoint", "/nonexistent"], "token_offsets"),
+    (["serve", "--llm", "tiny", "--checkpoint", "/nonexistent", "--token-offsets", "64,128,192"], "no such folder"),
+    (["serve", "--token-offsets", "1,2,3"], "only with --llm"),
+])
+def test_serve_llm_cli_errors_are_one_line(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_load_test_quick(tmp_path):
+    from zerogr_core.bench.serve_llm import LOAD_PRESETS, run
+
+    doc = run(LOAD_PRESETS["quick"], tmp_path, "test", log=lambda *_: None)
+    r = doc["result"]
+    assert r["requests"] == 16 and r["failed"] == 0 and r["invalid_items"] == 0 and r["throughput_rps"] > 0
+    assert r["p50_ms"] <= r["p99_ms"] and sum(int(k) * v for k, v in r["batch_sizes"].items()) == 16
+    saved = json.loads((tmp_path / "serve_llm.json").read_text())
+    assert saved["machine"]["torch"] == torch.__version__ and saved["model"]["weights"] == "random"
+    assert "| 40 | 16 | 16 | 4 |" in (tmp_path / "serve_llm.md").read_text()
+
+
+def test_invalid_items_are_counted():
+    from zerogr_core.bench.serve_llm import invalid_items
+    from zerogr_core.serve.llm_service import Reply
+
+    class Rec:
+        offsets = (64, 128, 192)
+
+        def __init__(self, catalog):
+            self.catalog = catalog
+
+    from zerogr_core.catalog.samples import open_catalog
+
+    rec = Rec(open_catalog(CONFIG.catalog))
+    sid = rec.catalog.sids[5].astype(np.int64)
+    good = dict(item=int(rec.catalog.item_ids[5]), sid=sid.tolist(), output_ids=(sid + 64 * np.arange(1, 4)).tolist())
+    wrong_sid = dict(good, sid=[0, 0, 0])
+    missing = dict(good, item=10**9)
+    reply = Reply(200, json.dumps({"beam_results": [good, wrong_sid, missing]}).encode())
+    assert invalid_items(rec, reply, 3) == 2 and invalid_items(rec, reply, 5) == 4
