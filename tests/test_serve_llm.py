@@ -276,7 +276,7 @@ def test_serve_llm_cli_errors_are_one_line(argv, words, capsys):
 
 
 def test_load_test_quick(tmp_path):
-    from zerogr_core.bench.serve_llm import LOAD_PRESETS, run
+    from zerogr_core.serve.llm_load_test import LOAD_PRESETS, run
 
     doc = run(LOAD_PRESETS["quick"], tmp_path, "test", log=lambda *_: None)
     r = doc["result"]
@@ -288,7 +288,7 @@ def test_load_test_quick(tmp_path):
 
 
 def test_invalid_items_are_counted():
-    from zerogr_core.bench.serve_llm import invalid_items
+    from zerogr_core.serve.llm_load_test import invalid_items
     from zerogr_core.serve.llm_service import Reply
 
     class Rec:

@@ -468,7 +468,7 @@ def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
 
 def run(cfg: LLMBenchConfig, out: Path, command: str, log=print) -> list[dict]:
     """Run the benchmark and write ``llm.json``/``.jsonl``/``.csv`` and ``llm.md`` into ``out``."""
-    from .env import environment
+    from ..environment import environment
     from .results import ResultWriter
 
     t0 = time.perf_counter()

@@ -13,7 +13,7 @@ The model loads in a background thread, so the routes answer (``/ready`` 503) me
 Every decode goes through one :class:`~.batching.Batcher`, and each gathered batch is padded
 to a planned size by :class:`~.llm.LLMRecommender`. The Ray deployment
 (:class:`~.app.LLMDeployment`) and the in-process load test
-(:mod:`zerogr_core.bench.serve_llm`) both call :meth:`LLMService.handle`.
+(:mod:`zerogr_core.serve.llm_load_test`) both call :meth:`LLMService.handle`.
 """
 from __future__ import annotations
 

@@ -91,17 +91,23 @@ def load(port: int, bodies: list, clients: int, seconds: float, during=None) -> 
     return [r for w in workers for r in w.records], t0
 
 
-def summarise(name: str, records: list, seconds: float, clients: int, replicas: int) -> dict:
-    lat = np.array([r[1] for r in records])
-    statuses: dict = {}
-    for r in records:
-        statuses[str(r[2])] = statuses.get(str(r[2]), 0) + 1
-    failed = sum(v for k, v in statuses.items() if k != "200")
-    return dict(phase=name, replicas=replicas, clients=clients, seconds=seconds, requests=len(records),
-                failed=failed, statuses=statuses, throughput_rps=round(len(records) / seconds, 2),
+def request_summary(latencies_ms, statuses) -> dict:
+    """Requests, failures (status other than 200), counts per status and latency percentiles
+    (ms) of a load test; ``latencies_ms`` and ``statuses`` hold one entry per request."""
+    lat = np.asarray(latencies_ms, dtype=float)
+    counts: dict = {}
+    for status in statuses:
+        counts[str(status)] = counts.get(str(status), 0) + 1
+    return dict(requests=len(lat), failed=sum(v for k, v in counts.items() if k != "200"), statuses=counts,
                 p50_ms=round(float(np.percentile(lat, 50)), 2), p90_ms=round(float(np.percentile(lat, 90)), 2),
                 p99_ms=round(float(np.percentile(lat, 99)), 2), mean_ms=round(float(lat.mean()), 2),
                 max_ms=round(float(lat.max()), 2))
+
+
+def summarise(name: str, records: list, seconds: float, clients: int, replicas: int) -> dict:
+    summary = request_summary([r[1] for r in records], [r[2] for r in records])
+    return dict(phase=name, replicas=replicas, clients=clients, seconds=seconds, **summary,
+                throughput_rps=round(len(records) / seconds, 2))
 
 
 def main(argv=None) -> int:

@@ -12,8 +12,8 @@ catalog with the SID the catalog gives it.
 
 ::
 
-    python -m zerogr_core.bench.serve_llm --out bench/results/serve-llm            # H200: 1.7B shape, bf16
-    python -m zerogr_core.bench.serve_llm --quick --out /tmp/serve-llm-quick        # CPU: tiny shape, seconds
+    python -m zerogr_core.serve.llm_load_test --out runs/results/serve-llm            # H200: 1.7B shape, bf16
+    python -m zerogr_core.serve.llm_load_test --quick --out /tmp/serve-llm-quick        # CPU: tiny shape, seconds
 
 Writes ``serve_llm.json`` (machine and versions, configs, throughput, latency p50/p90/p99,
 failures, invalid items, batch sizes) and ``serve_llm.md`` into ``--out``.
@@ -127,25 +127,23 @@ def invalid_items(rec, reply, n: int) -> int:
 
 
 def summarise(records: list, wall_s: float, rec, n: int) -> dict:
-    lat = np.array([r[0] for r in records])
-    statuses: dict = {}
-    for _, status, _ in records:
-        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    """The load test's counts and latencies (:func:`~zerogr_core.serve.load_test.request_summary`),
+    items outside the catalog, and throughput."""
+    from .load_test import request_summary
+
+    summary = request_summary([r[0] for r in records], [r[1] for r in records])
     invalid = sum(invalid_items(rec, reply, n) for _, status, reply in records if status == 200)
-    return dict(requests=len(records), failed=sum(v for k, v in statuses.items() if k != "200"), statuses=statuses,
-                invalid_items=invalid, wall_s=round(wall_s, 3), throughput_rps=round(len(records) / wall_s, 2),
-                p50_ms=round(float(np.percentile(lat, 50)), 2), p90_ms=round(float(np.percentile(lat, 90)), 2),
-                p99_ms=round(float(np.percentile(lat, 99)), 2), mean_ms=round(float(lat.mean()), 2),
-                max_ms=round(float(lat.max()), 2))
+    return dict(summary, invalid_items=invalid, wall_s=round(wall_s, 3),
+                throughput_rps=round(len(records) / wall_s, 2))
 
 
 def run(cfg: LoadConfig, out: Path, command: str, log=print) -> dict:
     """Run the load test and write ``serve_llm.json`` and ``serve_llm.md`` into ``out``."""
     import torch
 
-    from ..serve.llm import LLMServeConfig
-    from ..serve.llm_service import LLMService
-    from .env import environment
+    from .llm import LLMServeConfig
+    from .llm_service import LLMService
+    from ..environment import environment
 
     serve_cfg = LLMServeConfig.preset(cfg.serve, warmup_context=cfg.context,
                                       max_context=max(cfg.context, LLMServeConfig.preset(cfg.serve).max_context))
@@ -207,7 +205,7 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zerogr_core.bench.serve_llm",
+    p = argparse.ArgumentParser(prog="python -m zerogr_core.serve.llm_load_test",
                                 description="Online load test of the Qwen3 recommender, in-process")
     p.add_argument("--out", required=True, help="folder for serve_llm.json and serve_llm.md")
     p.add_argument("--quick", action="store_true", help="the tiny shape on the CPU (seconds)")
@@ -223,7 +221,7 @@ def main(argv=None) -> int:
                 print(f"error: --{name} must be ≥ 1", file=sys.stderr)
                 return 2
             cfg = replace(cfg, **{name: value})
-    command = "python -m zerogr_core.bench.serve_llm " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m zerogr_core.serve.llm_load_test " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         doc = run(cfg, Path(a.out), command)
     except ZeroGRError as exc:
