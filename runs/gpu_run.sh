@@ -19,6 +19,12 @@
 #   beams     synthetic-7 1e7: beam-width sweep (64,128,256), batches SWEEP_BATCHES
 #   codebooks synthetic-7 1e7: codebook sweep (V 2048..16384), batches CODEBOOK_BATCHES
 #   scale     search-like 1e8 (BENCH_BIG_SCALE): memory, headline at batches 1,8,32, build
+#   llm       Qwen3-1.7B-shaped recommender (zerogr_core.bench.llm): its CUDA tests, then the SID-GR matrix
+#             (context 1,000/5,000 x batch 1-8, beam 256; beams 128/512), Hugging Face generate, bf16 agreement
+#             (LLM_ARGS: extra arguments, e.g. "--shapes 1000x1,5000x8 --profile --no-hf")
+#   serve_llm the Qwen3 server in-process (zerogr_core.serve.llm_load_test): context 5,000, beam 256,
+#             64 requests at concurrency 4, through the Ray deployment's batching code
+#   quality   the constraint tests on CUDA, then the Beauty quality study's clock (history denied per request)
 #   e2e       end to end with a model (bench-e2e): TIGER-size T5 and decoder-only, on the 4x256 1e6 and
 #             search-like 2e7 catalogs, batches E2E_BATCHES (1,8,32), beams E2E_BEAMS (32,128,256),
 #             models E2E_MODELS (t5,decoder-only), catalogs E2E_CATALOGS (tiger,search)
@@ -191,7 +197,40 @@ group_e2e() {
   log "group e2e done"
 }
 
-GROUPS_ALL=(tests headline coldstart contract constraints detail watch beams codebooks scale e2e)
+module_group() {  # module_group GROUP DEFAULT_BUDGET TESTS -- COMMAND...: CUDA tests, then a python -m command
+  local group=$1 b; b=$(budget "$1" "$2"); shift 2
+  if (( b < 40 )); then log "skip $group: time budget spent"; return; fi
+  local dir="$group${RESULTS_TAG:+-$RESULTS_TAG}" tests=()
+  while [[ $# -gt 0 && "$1" != -- ]]; do tests+=("$1"); shift; done
+  shift
+  mkdir -p "$WORK/results/$dir"
+  log "group $group: budget ${b}s"
+  if (( ${#tests[@]} )); then
+    { header; echo; } > "$WORK/results/$dir/tests.log"
+    timeout --kill-after=15 $(( b / 3 )) $PY -m pytest -q -rs -p no:cacheprovider "${tests[@]}" \
+      >> "$WORK/results/$dir/tests.log" 2>&1
+    echo "tests exit status: $?" >> "$WORK/results/$dir/tests.log"
+    tail -n 4 "$WORK/results/$dir/tests.log" | tee -a "$LOG"
+  fi
+  local rest; rest=$(budget "$group" $(( b - (b / 3) )))
+  timeout --signal=INT --kill-after=20 $(( rest + 30 )) "$@" "${OUTFLAG:---out}" "$WORK/results/$dir" 2>&1 \
+    | tee "$WORK/results/$dir/run.log" | tail -n 40 | tee -a "$LOG" || true
+  pack
+  log "group $group done"
+}
+group_llm() {  # Qwen3-1.7B-shaped recommender: the SID-GR matrix, Hugging Face generate, bf16 agreement
+  module_group llm 330 tests/test_qwen3.py tests/test_kernels_qk_norm_rope.py tests/test_kernels_swiglu.py -- \
+    $PY -m zerogr_core.bench.llm --budget-s "$(( $(budget llm 330) * 2 / 3 - 40 ))" ${LLM_ARGS:-}
+}
+group_serve_llm() {  # the Qwen3 server in-process: context 5,000, beam 256, 64 requests at concurrency 4
+  module_group serve-llm 150 tests/test_serve_llm.py -- $PY -m zerogr_core.serve.llm_load_test
+}
+group_quality() {  # the Beauty quality study's clock (filtering first against scoring first, history denied)
+  OUTFLAG=--results module_group quality 200 tests/test_constraint_api.py tests/test_constraints.py -- \
+    $PY -m zerogr_core quality --dataset amazon-beauty --device cuda --batch-size 256
+}
+
+GROUPS_ALL=(tests headline coldstart contract constraints detail watch beams codebooks scale e2e llm serve_llm quality)
 if (( $# )); then GROUPS_RUN=("$@"); else GROUPS_RUN=("${GROUPS_ALL[@]}"); fi
 header | tee -a "$LOG"
 log "groups: ${GROUPS_RUN[*]} | total budget ${TOTAL}s | results under $WORK, packed into $OUT"
