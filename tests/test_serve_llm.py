@@ -52,7 +52,7 @@ def direct(rec, context, n):
     dec = StepDecoder(sm, rec.index, sm.head, beam_width=CONFIG.beam, band_offsets=rec.offsets)
     with torch.no_grad():
         r = dec.decode(torch.tensor([context]))
-    scores, rows, tokens = r.scores[0].float(), r.item_rows[0], r.tokens[0].long()
+    scores, rows, tokens = r.scores[0].float().cpu(), r.item_rows[0].cpu(), r.tokens[0].long().cpu()
     order = torch.argsort(scores, descending=True, stable=True)
     order = order[torch.isfinite(scores[order]) & (rows[order] >= 0)][:n]
     return (rec.catalog.ids_of_rows(rows[order].numpy()).tolist(), scores[order].numpy(),
