@@ -133,3 +133,55 @@ def test_list_buffers_load_device_lists_as_host_lists():
         end = int(host_buf.offsets[-1])
         assert torch.equal(host_buf.offsets, dev_buf.offsets) and torch.equal(host_buf.mode, dev_buf.mode)
         assert torch.equal(host_buf.rows[:end], dev_buf.rows[:end])
+
+
+@pytest.mark.parametrize("normalise", ["request", "catalog"])
+def test_engine_buffers_take_device_lists(normalise):
+    from zerogr_core.decode import constraints as cons
+    from zerogr_core.decode.engine import GpuEngine
+    from zerogr_core.decode.heads import Heads
+
+    catalog = catalog_of(200, 8)
+    sizes = catalog.codebook_sizes
+    index = build_index(catalog)
+    heads = [torch.randn(s, 6, generator=torch.Generator().manual_seed(s)) for s in sizes]
+    model = Model(sizes, 6, 3, 9)
+    plan = ["selective", "full", "selective"]
+    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 5, plan_override=plan, use_graph=False)
+    ref = Decoder(index, heads, 5, projection=plan, catalog=catalog, engine="reference")
+    ids, glob = catalog.item_ids, np.arange(2, 200, 9)
+    old_min = cons.MIN_CAPACITY
+    cons.MIN_CAPACITY = 64  # the last call needs a regrow
+    try:
+        # a global list, then none (request rows overwrite it), then it again, then a regrow
+        for allow, deny, dropped in [([None, ids[:9], None], [ids[20:40], None, ids[:3]], glob),
+                                     ([None, None, ids[5:8]], [ids[::7], [], None], None),
+                                     ([ids[::3], None, None], [ids[::5], ids[1:30], None], glob),
+                                     ([ids[:150], None, []], [None, ids[::2], None], glob)]:
+            host = ref.request_lists(3, allow, deny, global_deny_rows=dropped, normalise=normalise, path="host")
+            dev = ref.request_lists(3, allow, deny, global_deny_rows=dropped, normalise=normalise, path="device")
+            assert isinstance(dev, DeviceRequestLists)
+            got = engine.decode(model, 3, lists=dev)
+            want = ref.decode(model, 3, lists=host)
+            assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
+            torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
+    finally:
+        cons.MIN_CAPACITY = old_min
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_lists_equal_host_lists():
+    g = np.random.default_rng(11)
+    catalog = catalog_of(500, 12)
+    ids = catalog.item_ids
+    for batch in (1, 5, 32):
+        allow = [None if g.random() < 0.6 else g.choice(ids, g.integers(0, 300)) for _ in range(batch)]
+        deny = [g.integers(-5, int(ids.max()) + 5, g.integers(0, 400)) for _ in range(batch)]
+        deny[0] = torch.from_numpy(deny[0]).cuda()  # a tensor already on the device
+        glob = np.unique(g.choice(500, 20))
+        for normalise in ("request", "catalog"):
+            dev = build_lists_on("cuda", catalog, batch, allow, deny, glob, normalise)
+            host = build_lists(catalog, batch, allow, [d.cpu().numpy() if torch.is_tensor(d) else d for d in deny],
+                               glob, normalise)
+            same(host, dev)

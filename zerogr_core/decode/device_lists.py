@@ -147,20 +147,34 @@ class DeviceRequestLists:
 
 
 def _stage(arrays: list, device) -> torch.Tensor:
-    """The concatenated ids on ``device`` in one copy (pinned and non-blocking to a GPU)."""
-    total = sum(int(a.numel() if isinstance(a, torch.Tensor) else a.size) for a in arrays)
+    """The concatenated ids on ``device``, int64. Tensors already there stay; pinned host
+    tensors cross as they are; numpy arrays and pageable tensors are gathered into one
+    pinned block (torch's parallel copy) that crosses in one non-blocking copy."""
     device = torch.device(device)
-    if any(isinstance(a, torch.Tensor) and a.device == device for a in arrays):
-        return torch.cat([a.to(device=device, dtype=torch.int64) if isinstance(a, torch.Tensor)
-                          else torch.from_numpy(a.astype(np.int64, copy=False)).to(device) for a in arrays])
-    host = torch.empty(total, dtype=torch.int64, pin_memory=device.type == "cuda")
-    out = host.numpy()
-    at = 0
-    for a in arrays:
-        k = int(a.numel() if isinstance(a, torch.Tensor) else a.size)
-        out[at:at + k] = a.cpu().numpy() if isinstance(a, torch.Tensor) else a
-        at += k
-    return host.to(device, non_blocking=True)
+    parts: list = [None] * len(arrays)
+    staged = []
+    for i, a in enumerate(arrays):
+        if isinstance(a, torch.Tensor) and (a.device == device or (a.device.type == "cpu" and a.is_pinned())):
+            parts[i] = a.to(device=device, dtype=torch.int64, non_blocking=True)
+        else:
+            staged.append(i)
+    if staged:
+        sources = [arrays[i] if isinstance(arrays[i], torch.Tensor) else torch.from_numpy(arrays[i])
+                   for i in staged]
+        total = sum(int(t.numel()) for t in sources)
+        host = torch.empty(total, dtype=torch.int64, pin_memory=device.type == "cuda")
+        at = 0
+        for t in sources:
+            host[at:at + t.numel()].copy_(t)
+            at += t.numel()
+        block = host.to(device, non_blocking=True)
+        at = 0
+        for i, t in zip(staged, sources):
+            parts[i] = block[at:at + t.numel()]
+            at += t.numel()
+        if len(staged) == len(arrays):
+            return block
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def _integer_ids(items, what: str):
@@ -239,8 +253,11 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
         rows.append(torch.where(inside, tab[torch.where(inside, pos, 0)].long(), -1))
     rows.extend(row_parts)
     rows = torch.cat(rows) if len(rows) > 1 else rows[0]
-    meta = torch.tensor([[r, kind, k] for r, kind, k in id_sizes + row_sizes], dtype=torch.int64)
-    owner_kind = torch.repeat_interleave((meta[:, 0] * 2 + meta[:, 1]), meta[:, 2]).to(device, non_blocking=True)
+    # which request and kind each entry belongs to, expanded on the device (a host-built
+    # array would be as large as the ids); ``output_size`` spares a synchronisation
+    meta = torch.tensor([[r * 2 + kind, k] for r, kind, k in id_sizes + row_sizes], dtype=torch.int64)
+    meta = meta.to(device, non_blocking=True)
+    owner_kind = torch.repeat_interleave(meta[:, 0], meta[:, 1], output_size=total)
     owner, kind = owner_kind >> 1, owner_kind & 1
     mode_dev = torch.from_numpy(mode.astype(np.int64)).to(device, non_blocking=True)
     valid = rows >= 0
