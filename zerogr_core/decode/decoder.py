@@ -1,6 +1,7 @@
 """The public decoder: constrained beam search in either order, or unconstrained."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Sequence
 
@@ -200,8 +201,10 @@ class Decoder:
         if path not in LIST_PATHS:
             raise ZeroGRError(f"list path must be one of {LIST_PATHS}, got {path!r}")
         if path == "device" or (path == "auto" and self.index.device.type == "cuda"):
-            lists = build_lists_on(self.index.device, self.catalog, batch_size, allow_items, deny_items,
-                                   global_deny_rows, normalise, registry=self.registry)
+            # GPU work outside a decode: never while this decoder's engine captures a graph
+            with self.gpu_engine.lock if self.gpu_engine is not None else contextlib.nullcontext():
+                lists = build_lists_on(self.index.device, self.catalog, batch_size, allow_items, deny_items,
+                                       global_deny_rows, normalise, registry=self.registry)
             if lists is not None:
                 return lists
         return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise,
