@@ -146,35 +146,45 @@ class DeviceRequestLists:
         return offsets, rows, torch.from_numpy(self.device_mode()).to(device)
 
 
-def _stage(arrays: list, device) -> torch.Tensor:
-    """The concatenated ids on ``device``, int64. Tensors already there stay; pinned host
+def _stage(arrays: list, device) -> list[torch.Tensor]:
+    """Each of ``arrays`` on ``device`` as int64. Tensors already there stay; pinned host
     tensors cross as they are; numpy arrays and pageable tensors are gathered into one
-    pinned block (torch's parallel copy) that crosses in one non-blocking copy."""
+    pinned block (torch's parallel copy) that crosses in one non-blocking copy (a pageable
+    copy would wait for the work queued before it)."""
     device = torch.device(device)
-    parts: list = [None] * len(arrays)
+    out: list = [None] * len(arrays)
     staged = []
     for i, a in enumerate(arrays):
         if isinstance(a, torch.Tensor) and (a.device == device or (a.device.type == "cpu" and a.is_pinned())):
-            parts[i] = a.to(device=device, dtype=torch.int64, non_blocking=True)
+            out[i] = a.to(device=device, dtype=torch.int64, non_blocking=True)
         else:
-            staged.append(i)
+            staged.append((i, a if isinstance(a, torch.Tensor) else torch.from_numpy(a)))
     if staged:
-        sources = [arrays[i] if isinstance(arrays[i], torch.Tensor) else torch.from_numpy(arrays[i])
-                   for i in staged]
-        total = sum(int(t.numel()) for t in sources)
+        total = sum(int(t.numel()) for _, t in staged)
         host = torch.empty(total, dtype=torch.int64, pin_memory=device.type == "cuda")
         at = 0
-        for t in sources:
+        for _, t in staged:
             host[at:at + t.numel()].copy_(t)
             at += t.numel()
         block = host.to(device, non_blocking=True)
         at = 0
-        for i, t in zip(staged, sources):
-            parts[i] = block[at:at + t.numel()]
+        for i, t in staged:
+            out[i] = block[at:at + t.numel()]
             at += t.numel()
-        if len(staged) == len(arrays):
-            return block
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+    return out
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts as one tensor: a view when they lie back to back in one block (ids staged
+    together), else a concatenation."""
+    first = parts[0]
+    size = first.element_size()
+    at = first.data_ptr() + first.numel() * size
+    for p in parts[1:]:
+        if p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or p.data_ptr() != at:
+            return torch.cat(parts)
+        at += p.numel() * size
+    return first.as_strided((sum(p.numel() for p in parts),), (1,))
 
 
 def _integer_ids(items, what: str):
@@ -245,21 +255,21 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         return DeviceRequestLists(torch.zeros(batch + 1, dtype=torch.int64, device=device), empty, mode, glob,
                                   normalise)
+    # which request and kind each entry belongs to, and the modes, cross with the ids;
+    # the entries' owners are expanded on the device (``output_size`` spares a synchronisation)
+    meta = np.array([[r * 2 + kind, k] for r, kind, k in id_sizes + row_sizes], dtype=np.int64)
+    staged = _stage(id_parts + [meta.ravel(), mode.astype(np.int64)], device)
+    meta, mode_dev = staged[-2].view(-1, 2), staged[-1]
     rows = []
     if id_parts:
         base, tab = table
-        pos = _stage(id_parts, device) - base
+        pos = _joined(staged[:-2]) - base
         inside = (pos >= 0) & (pos < tab.numel())
         rows.append(torch.where(inside, tab[torch.where(inside, pos, 0)].long(), -1))
     rows.extend(row_parts)
     rows = torch.cat(rows) if len(rows) > 1 else rows[0]
-    # which request and kind each entry belongs to, expanded on the device (a host-built
-    # array would be as large as the ids); ``output_size`` spares a synchronisation
-    meta = torch.tensor([[r * 2 + kind, k] for r, kind, k in id_sizes + row_sizes], dtype=torch.int64)
-    meta = meta.to(device, non_blocking=True)
     owner_kind = torch.repeat_interleave(meta[:, 0], meta[:, 1], output_size=total)
     owner, kind = owner_kind >> 1, owner_kind & 1
-    mode_dev = torch.from_numpy(mode.astype(np.int64)).to(device, non_blocking=True)
     valid = rows >= 0
     if glob.size:
         g = device_copy(glob, device)
