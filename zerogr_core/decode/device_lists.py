@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
-from .constraints import NORMALISE, RequestLists, _id_array, _per_request, _unregistered
+from .constraints import NORMALISE, RequestLists, _id_array, _merge_standing, _per_request, _unregistered
 
 LIST_PATHS = ("auto", "host", "device")
 """Where :meth:`Decoder.request_lists <zerogr_core.decode.decoder.Decoder.request_lists>`
@@ -219,8 +219,6 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
         integers (strings, integer strings): the host path converts those, or names what
         is wrong.
     """
-    from .constraints import _merge_standing
-
     device = torch.device(device)
     table = device_id_table(catalog, device)
     if table is None:
