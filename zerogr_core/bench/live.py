@@ -319,6 +319,14 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
             violations = 0 if lists is None else int(sum(
                 (~lists.allows(r, rows[r][rows[r] >= 0])).sum() for r in range(batch)))
             heavy = count * batch > 1_000_000
+            built = {}
+            if kind in ("deny", "allow"):
+                # the list building alone, on each path (the call above took the default one)
+                for path in ("host", "device"):
+                    built[f"build_{path}_ms"] = summarize(time_runs(
+                        lambda: dec.request_lists(batch, kwargs.get("allow_items"), kwargs.get("deny_items"),
+                                                  normalise=normalise, path=path),
+                        s.dev, repeats=3 if heavy or s.o.quick else 10, warmup=1))["median_ms"]
             samples = time_runs(lambda: dec.decode(model, batch, **kwargs), s.dev,
                                 repeats=3 if s.o.quick else (10 if heavy else 30), warmup=1 if heavy else 3,
                                 before=model.load)
@@ -335,7 +343,9 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
         if kind == "none":
             base = stats
         rec = dict(method="zerogr", path="public API", condition=label, list_kind=kind, normalise=normalise,
-                   listed_per_request=count, valid=v["passed"], list_violations=violations, **shape, **stats)
+                   listed_per_request=count, valid=v["passed"], list_violations=violations,
+                   list_path=None if lists is None else ("host" if isinstance(lists.rows, np.ndarray) else "device"),
+                   **built, **shape, **stats)
         if base is not None and kind != "none":
             rec.update(p50_ratio=stats["median_ms"] / base["median_ms"], p99_ratio=stats["p99_ms"] / base["p99_ms"])
         s.emit(suite, "constraints-api", wl, dict(methods=["zerogr"], **shape), **rec)

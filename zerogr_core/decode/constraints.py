@@ -325,17 +325,7 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     """
     allow = _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
-    glob = np.zeros(0, dtype=np.int64) if global_deny_rows is None else \
-        np.asarray(global_deny_rows, dtype=np.int64)
-    if glob.size > 1 and not (glob[1:] > glob[:-1]).all():
-        glob = np.unique(glob)
-    if registry is not None and normalise == "request":
-        # a deny set every request names is the batch's global segment: the registered
-        # array itself, which the engine's device buffer keeps from call to call
-        standing = registry.shared(deny, "deny")
-        if standing is not None:
-            deny = [None] * batch
-            glob = standing.rows if not glob.size else np.union1d(glob, standing.rows)
+    deny, glob = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
     n = catalog.n_items
     allow_keys, allowing = _keys(catalog, allow, "allow_items", registry)
     deny_keys, _ = _keys(catalog, deny, "deny_items", registry)
@@ -352,6 +342,23 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     offsets = np.zeros(batch + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(np.bincount(keys // max(n, 1), minlength=batch))
     return RequestLists(offsets, rows.astype(np.int64, copy=False), allowing.astype(np.int32), glob, normalise)
+
+
+def _merge_standing(deny: Sequence, global_deny_rows, normalise: str, registry, batch: int):
+    """``(deny, glob)``: the sorted global deny rows, with a registered deny set that every
+    request names moved into them (request-normalised lists only)."""
+    glob = np.zeros(0, dtype=np.int64) if global_deny_rows is None else \
+        np.asarray(global_deny_rows, dtype=np.int64)
+    if glob.size > 1 and not (glob[1:] > glob[:-1]).all():
+        glob = np.unique(glob)
+    if registry is not None and normalise == "request":
+        # a deny set every request names is the batch's global segment: the registered
+        # array itself, which the engine's device buffer keeps from call to call
+        standing = registry.shared(deny, "deny")
+        if standing is not None:
+            deny = [None] * batch
+            glob = standing.rows if not glob.size else np.union1d(glob, standing.rows)
+    return deny, glob
 
 
 def _sorted_isin(values: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:
@@ -445,6 +452,8 @@ class ListBuffers:
         replay that reads them (no host synchronisation but the previous copy's)."""
         if self.pending:
             self.copied.synchronize()
+        if isinstance(lists.rows, torch.Tensor):
+            return self._load_device(lists)
         b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.size)
         host = self._host
         host[0] = 0
@@ -461,6 +470,28 @@ class ListBuffers:
             if r:
                 self.block[h + g:h + g + r].copy_(self.host[h + g:h + g + r], non_blocking=True)
         # with no global list the request rows start at 0 and overwrite the old one
+        self.loaded_glob = lists.glob if g else None
+        if self.copied is not None:
+            self.copied.record()
+            self.pending = True
+
+
+    def _load_device(self, lists) -> None:
+        """Lists built on the device (:class:`~zerogr_core.decode.device_lists.DeviceRequestLists`):
+        the modes and a changed global list cross from the pinned block, the offsets and
+        rows are copied device to device, all stream-ordered and without synchronising."""
+        b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.numel())
+        self._host_mode[:] = lists.device_mode()
+        fresh = g and self.loaded_glob is not lists.glob
+        if fresh:
+            self._host[h:h + g] = lists.glob
+        end = h + g if fresh else h
+        self.block[:end].copy_(self.host[:end], non_blocking=True)
+        # after the header's copy on the same stream, so these values win
+        self.block[0] = 0
+        torch.add(lists.offsets, g, out=self.block[1:b + 2])
+        if r:
+            self.block[h + g:h + g + r].copy_(lists.rows, non_blocking=True)
         self.loaded_glob = lists.glob if g else None
         if self.copied is not None:
             self.copied.record()

@@ -1,6 +1,7 @@
 """The public decoder: constrained beam search in either order, or unconstrained."""
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Sequence
 
@@ -84,6 +85,9 @@ class Decoder:
         self.catalog = catalog
         self.engine = engine
         self.registry = ListRegistry()
+        # where per-call lists are built: "auto" (on the index's device when it is a GPU),
+        # "host" or "device" (tests force either)
+        self.list_path = "auto"
         if catalog is not None and catalog.n_items != index.n_items:
             raise ZeroGRError(f"catalog has {catalog.n_items} items but the index has {index.n_items}")
         if order not in ORDERS:
@@ -178,13 +182,31 @@ class Decoder:
         self.registry.remove(name)
 
     def request_lists(self, batch_size: int, allow_items=None, deny_items=None, global_deny_rows=None,
-                      normalise: str = "request"):
-        """Per-request row lists for :meth:`decode` (:func:`~zerogr_core.decode.constraints.build_lists`;
-        registered names resolve to their rows)."""
+                      normalise: str = "request", path: str | None = None):
+        """Per-request row lists for :meth:`decode`; registered names resolve to their rows.
+
+        Built on the index's device when it is a GPU and the catalog's ids are dense
+        integers (:func:`~zerogr_core.decode.device_lists.build_lists_on`, a
+        :class:`~zerogr_core.decode.device_lists.DeviceRequestLists`), else on the host
+        (:func:`~zerogr_core.decode.constraints.build_lists`, a
+        :class:`~zerogr_core.decode.constraints.RequestLists`); both hold the same lists.
+        ``path`` ("auto", "host" or "device") overrides :attr:`list_path`.
+        """
         from .constraints import build_lists
+        from .device_lists import LIST_PATHS, build_lists_on
 
         if self.catalog is None:
             raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
+        path = path or self.list_path
+        if path not in LIST_PATHS:
+            raise ZeroGRError(f"list path must be one of {LIST_PATHS}, got {path!r}")
+        if path == "device" or (path == "auto" and self.index.device.type == "cuda"):
+            # GPU work outside a decode: never while this decoder's engine captures a graph
+            with self.gpu_engine.lock if self.gpu_engine is not None else contextlib.nullcontext():
+                lists = build_lists_on(self.index.device, self.catalog, batch_size, allow_items, deny_items,
+                                       global_deny_rows, normalise, registry=self.registry)
+            if lists is not None:
+                return lists
         return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise,
                            registry=self.registry)
 
@@ -208,7 +230,7 @@ class Decoder:
 
         lists = None
         if deny_items is not None:
-            lists = self.request_lists(batch_size, None, deny_items, normalise=normalise)
+            lists = self.request_lists(batch_size, None, deny_items, normalise=normalise, path="host")
             lists = None if lists.empty else sub_lists(entry, lists)
         result = entry.decoder.decode(model, batch_size, lists=lists, timer=timer, on_step=on_step)
         result.item_rows = entry.device_rows[result.item_rows]  # padding (-1) stays -1

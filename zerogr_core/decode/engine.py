@@ -252,6 +252,13 @@ class GpuEngine:
         # the static buffers of a shape serve one decode at a time: concurrent callers queue here
         self._lock = threading.RLock()
 
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock a decode holds (re-entrant): GPU work issued from another thread, such
+        as building per-call lists on the device, holds it too, so it never runs while
+        this engine captures a graph."""
+        return self._lock
+
     def sparse_view(self, level: int):
         if level not in self._sparse:
             self._sparse[level] = self.index.steps[level].sparse_view()

@@ -109,7 +109,7 @@ class ListRegistry:
     def shared(self, entries, kind: str) -> RegisteredList | None:
         """The registered list every one of ``entries`` names (``kind``), else None."""
         first = entries[0] if len(entries) else None
-        if not isinstance(first, str) or any(e != first for e in entries):
+        if not isinstance(first, str) or any(not isinstance(e, str) or e != first for e in entries):
             return None
         entry = self._lists.get(first)
         return entry if entry is not None and entry.kind == kind else None

@@ -146,13 +146,16 @@ class CatalogStore:
         earlier, when the requests were prepared against its rows); deleted items are
         denied to every request. ``normalise``: see :class:`~zerogr_core.decode.constraints.RequestLists`."""
         v = self._current if snapshot is None else snapshot
-        lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows,
-                                        normalise=normalise)
         if v.decoder.gpu_engine is not None:
+            # the lists are built on the GPU: not while another version's graph is captured
             with self._device:
+                lists = v.decoder.request_lists(batch_size, allow_items, deny_items,
+                                                global_deny_rows=v.deleted_rows, normalise=normalise)
                 result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
                 ids = result.item_ids(v.catalog)  # the host copy finishes the decode
         else:
+            lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows,
+                                            normalise=normalise)
             result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
             ids = result.item_ids(v.catalog)
         return StoreResult(result, v.version, ids, v)

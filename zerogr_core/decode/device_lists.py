@@ -1,0 +1,294 @@
+"""Per-call lists built on the index's device (:func:`build_lists_on`).
+
+The host path (:func:`~zerogr_core.decode.constraints.build_lists`) looks ids up and sorts
+``request * N + row`` keys with numpy: at batch 32 a deny list of 10,000 items (320k keys)
+or an allow list of 1 % of a 2·10^7 catalog (6.4 M ids) costs tenths of a second of host
+sorting. Here the host only concatenates the ids; they cross in one pinned, non-blocking
+copy, and the lookup (a dense id → row table kept on the device once per catalog), the
+sort and the removal of duplicates, misses and vetoed keys run on the device without a
+host synchronisation. The same torch code runs on CPU tensors, which is how the tests
+compare it with the host path.
+
+Without a synchronisation the number of surviving rows is not known on the host, so
+:class:`DeviceRequestLists` keeps the list buffer at its upper bound (every id given) and
+the offsets say where each request's rows end; the rows past ``offsets[-1]`` are filler
+that no kernel reads.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import ZeroGRError
+from .constraints import NORMALISE, RequestLists, _id_array, _merge_standing, _per_request, _unregistered
+
+LIST_PATHS = ("auto", "host", "device")
+"""Where :meth:`Decoder.request_lists <zerogr_core.decode.decoder.Decoder.request_lists>`
+builds per-call lists: on the index's device when it is a GPU, on the host, or on the
+index's device whatever it is (tests run the device path on CPU tensors)."""
+
+_TABLES: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+_COPIES: dict = {}
+
+
+def device_id_table(catalog, device) -> tuple[int, torch.Tensor] | None:
+    """``(base, table)``: the catalog's dense id → row table on ``device`` (row of id ``v``
+    at ``table[v - base]``, -1 where absent), built once per catalog and device; ``None``
+    when the ids are strings or too sparse for a table (those keep the host path)."""
+    lookup = catalog._id_lookup
+    if lookup.table is None:
+        return None
+    per_device = _TABLES.setdefault(lookup, {})
+    key = str(torch.device(device))
+    if key not in per_device:
+        per_device[key] = torch.from_numpy(lookup.table).to(device)
+    return lookup.base, per_device[key]
+
+
+def device_copy(arr: np.ndarray, device) -> torch.Tensor:
+    """``arr`` on ``device``, copied once for as long as the array object lives (registered
+    lists and a live catalog's deletions are the same object from call to call)."""
+    key = (id(arr), str(torch.device(device)))
+    hit = _COPIES.get(key)
+    if hit is not None and hit[0]() is arr:
+        return hit[1]
+    out = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int64)).to(device)
+    _COPIES[key] = (weakref.ref(arr), out)
+    weakref.finalize(arr, _COPIES.pop, key, None)
+    return out
+
+
+@dataclass
+class DeviceRequestLists:
+    """:class:`~zerogr_core.decode.constraints.RequestLists` whose per-request part lives on
+    the device.
+
+    Attributes
+    ----------
+    offsets : torch.Tensor, shape (batch + 1,), int64, on the device
+    rows : torch.Tensor, shape (capacity,), int64, on the device
+        Request ``r``'s sorted, duplicate-free rows are ``rows[offsets[r]:offsets[r + 1]]``;
+        ``capacity`` is an upper bound of ``offsets[-1]`` known without synchronising.
+    mode : np.ndarray, shape (batch,), int32
+        1: allow list, 0: deny list (known on the host: which requests name an allow list).
+    glob : np.ndarray, shape (g,), int64
+        The global deny rows, on the host as in :class:`RequestLists` (the engine copies
+        them only when the array object changes).
+    normalise : {"request", "catalog"}
+    """
+
+    offsets: torch.Tensor
+    rows: torch.Tensor
+    mode: np.ndarray
+    glob: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    normalise: str = "request"
+    _host: RequestLists | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.normalise not in NORMALISE:
+            raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {self.normalise!r}")
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing is listed (decided without synchronising: ids that all miss the
+        catalog still count as listed and take the constrained path, with the same result)."""
+        return not self.rows.numel() and not self.glob.size and not (self.mode & 1).any()
+
+    @property
+    def catalog_normalised(self) -> bool:
+        return self.normalise == "catalog"
+
+    @property
+    def batch(self) -> int:
+        return int(self.mode.shape[0])
+
+    @property
+    def longest(self) -> int:
+        """An upper bound of the longest list (what the binary searches must cover)."""
+        return max(int(self.rows.numel()), int(self.glob.size))
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of the device buffer (an upper bound): the global list, then the requests'."""
+        return int(self.glob.size + self.rows.numel())
+
+    def device_mode(self) -> np.ndarray:
+        return RequestLists.device_mode(self)
+
+    def to_host(self) -> RequestLists:
+        """The same lists as a host :class:`RequestLists` (synchronises)."""
+        offsets = self.offsets.cpu().numpy().astype(np.int64)
+        rows = self.rows[:int(offsets[-1])].cpu().numpy().astype(np.int64)
+        return RequestLists(offsets, rows, self.mode.copy(), self.glob, self.normalise)
+
+    def allowed_counts(self, n_items: int) -> np.ndarray:
+        return self._on_host().allowed_counts(n_items)
+
+    def allows(self, request: int, rows: np.ndarray) -> np.ndarray:
+        """As :meth:`RequestLists.allows` (the first call copies the lists to the host)."""
+        return self._on_host().allows(request, rows)
+
+    def _on_host(self) -> RequestLists:
+        if self._host is None:
+            self._host = self.to_host()
+        return self._host
+
+    def to_device(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(offsets, rows, mode)`` for :func:`zerogr_kernels.constrain_slots`, as
+        :meth:`RequestLists.to_device` lays them out."""
+        g = int(self.glob.size)
+        glob = device_copy(self.glob, device) if g else self.rows[:0]
+        rows = torch.cat([glob, self.rows.to(device), self.rows.new_zeros(1)])
+        offsets = torch.cat([self.offsets.new_zeros(1), self.offsets + g]).to(device)
+        return offsets, rows, torch.from_numpy(self.device_mode()).to(device)
+
+
+def _stage(arrays: list, device) -> list[torch.Tensor]:
+    """Each of ``arrays`` on ``device`` as int64. Tensors already there stay; pinned host
+    tensors cross as they are; numpy arrays and pageable tensors are gathered into one
+    pinned block (torch's parallel copy) that crosses in one non-blocking copy (a pageable
+    copy would wait for the work queued before it)."""
+    device = torch.device(device)
+    out: list = [None] * len(arrays)
+    staged = []
+    for i, a in enumerate(arrays):
+        if isinstance(a, torch.Tensor) and (a.device == device or (a.device.type == "cpu" and a.is_pinned())):
+            out[i] = a.to(device=device, dtype=torch.int64, non_blocking=True)
+        else:
+            staged.append((i, a if isinstance(a, torch.Tensor) else torch.from_numpy(a)))
+    if staged:
+        total = sum(int(t.numel()) for _, t in staged)
+        host = torch.empty(total, dtype=torch.int64, pin_memory=device.type == "cuda")
+        at = 0
+        for _, t in staged:
+            host[at:at + t.numel()].copy_(t)
+            at += t.numel()
+        block = host.to(device, non_blocking=True)
+        at = 0
+        for i, t in staged:
+            out[i] = block[at:at + t.numel()]
+            at += t.numel()
+    return out
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts as one tensor: a view when they lie back to back in one block (ids staged
+    together), else a concatenation."""
+    first = parts[0]
+    size = first.element_size()
+    at = first.data_ptr() + first.numel() * size
+    for p in parts[1:]:
+        if p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or p.data_ptr() != at:
+            return torch.cat(parts)
+        at += p.numel() * size
+    return first.as_strided((sum(p.numel() for p in parts),), (1,))
+
+
+def _integer_ids(items, what: str):
+    """One request's ids as an integer array or tensor, or ``None`` when they are of another
+    kind (strings, integer strings: the host path converts or refuses them)."""
+    if isinstance(items, torch.Tensor):
+        if items.ndim != 1:
+            raise ZeroGRError(f"{what} must be a list of item ids (or None), got a tensor of {items.ndim} dimensions")
+        return items if not items.is_floating_point() and items.dtype != torch.bool else None
+    arr = _id_array(items, what)
+    return arr if arr.dtype.kind in "iu" or not arr.size else None
+
+
+def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=None,
+                   global_deny_rows: np.ndarray | None = None, normalise: str = "request",
+                   registry=None) -> DeviceRequestLists | None:
+    """:func:`~zerogr_core.decode.constraints.build_lists` computed on ``device``: the same
+    lists, for a catalog with a dense integer-id table and integer ids.
+
+    Parameters
+    ----------
+    device : torch.device or str
+        Where the lookup, sort and compaction run (a CUDA device, or the CPU in tests).
+    catalog, batch, allow_items, deny_items, global_deny_rows, normalise, registry
+        As :func:`~zerogr_core.decode.constraints.build_lists`; per-request ids may also be
+        1-D integer tensors.
+
+    Returns
+    -------
+    DeviceRequestLists, or None
+        ``None`` when the catalog's ids have no dense table or a request's ids are not
+        integers (strings, integer strings): the host path converts those, or names what
+        is wrong.
+    """
+    device = torch.device(device)
+    table = device_id_table(catalog, device)
+    if table is None:
+        return None
+    allow = _per_request(allow_items, batch, "allow_items")
+    deny = _per_request(deny_items, batch, "deny_items")
+    deny, glob = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
+    n = catalog.n_items
+    allowing = np.array([a is not None for a in allow], dtype=bool)
+    # every listed entry: ids (looked up here) or registered rows, with its request and kind
+    id_parts, id_sizes, row_parts, row_sizes = [], [], [], []
+    for kind, entries, name in ((1, allow, "allow_items"), (0, deny, "deny_items")):
+        for r, items in enumerate(entries):
+            if items is None:
+                continue
+            if isinstance(items, str):
+                rows = registry.rows(items, name, r) if registry is not None else _unregistered(items, name, r)
+                if rows.size:
+                    row_parts.append(device_copy(rows, device))
+                    row_sizes.append((r, kind, int(rows.size)))
+                continue
+            ids = _integer_ids(items, f"{name}[{r}]")
+            if ids is None:
+                return None
+            k = int(ids.numel() if isinstance(ids, torch.Tensor) else ids.size)
+            if k:
+                id_parts.append(ids)
+                id_sizes.append((r, kind, k))
+    total = sum(s[2] for s in id_sizes) + sum(s[2] for s in row_sizes)
+    mode = allowing.astype(np.int32)
+    if not total:
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        return DeviceRequestLists(torch.zeros(batch + 1, dtype=torch.int64, device=device), empty, mode, glob,
+                                  normalise)
+    # which request and kind each entry belongs to, and the modes, cross with the ids;
+    # the entries' owners are expanded on the device (``output_size`` spares a synchronisation)
+    meta = np.array([[r * 2 + kind, k] for r, kind, k in id_sizes + row_sizes], dtype=np.int64)
+    staged = _stage(id_parts + [meta.ravel(), mode.astype(np.int64)], device)
+    meta, mode_dev = staged[-2].view(-1, 2), staged[-1]
+    rows = []
+    if id_parts:
+        base, tab = table
+        pos = _joined(staged[:-2]) - base
+        inside = (pos >= 0) & (pos < tab.numel())
+        rows.append(torch.where(inside, tab[torch.where(inside, pos, 0)].long(), -1))
+    rows.extend(row_parts)
+    rows = torch.cat(rows) if len(rows) > 1 else rows[0]
+    owner_kind = torch.repeat_interleave(meta[:, 0], meta[:, 1], output_size=total)
+    owner, kind = owner_kind >> 1, owner_kind & 1
+    valid = rows >= 0
+    if glob.size:
+        g = device_copy(glob, device)
+        at = torch.searchsorted(g, rows).clamp_(max=g.numel() - 1)
+        valid &= g[at] != rows
+    # sort key (request, row, kind): a request's deny entry of a row sorts before its allow
+    # entries, so keeping only first occurrences drops allow ∩ deny and every duplicate
+    sentinel = torch.iinfo(torch.int64).max
+    key = torch.where(valid, ((owner * n + rows) << 1) | kind, sentinel)
+    key = torch.sort(key).values
+    base_key = key >> 1
+    first = torch.ones_like(valid)
+    first[1:] = base_key[1:] != base_key[:-1]
+    live = key != sentinel
+    req = torch.where(live, base_key // max(n, 1), 0)
+    keep = live & first & ((key & 1) == mode_dev[req])
+    # compaction by scatter (a boolean index would synchronise to size its result)
+    slot = torch.cumsum(keep, 0) - 1
+    packed = torch.full((total + 1,), sentinel >> 1, dtype=torch.int64, device=device)
+    packed.scatter_(0, torch.where(keep, slot, total), base_key)
+    packed = packed[:total]
+    bounds = torch.arange(batch + 1, dtype=torch.int64, device=device) * n
+    offsets = torch.searchsorted(packed, bounds)
+    return DeviceRequestLists(offsets, packed % max(n, 1), mode, glob, normalise)
