@@ -226,7 +226,7 @@ group_serve_llm() {  # the Qwen3 server in-process: context 5,000, beam 256, 64 
   module_group serve-llm 150 tests/test_serve_llm.py -- $PY -m zerogr_core.serve.llm_load_test
 }
 group_quality() {  # the Beauty quality study's clock (filtering first against scoring first, history denied)
-  OUTFLAG=--results module_group quality 200 tests/test_constraint_api.py tests/test_constraints.py -- \
+  OUTFLAG=--results module_group quality 200 -m gpu tests/test_device_lists.py tests/test_constraint_api.py tests/test_constraints.py -- \
     $PY -m zerogr_core quality --dataset amazon-beauty --device cuda --batch-size 256
 }
 
