@@ -721,3 +721,22 @@ def test_decode_restricted_to_the_cold_start_items():
     assert free["set_rows"] is None
     rows = free["runs"]["filter-first"].result.item_rows.cpu().numpy()
     assert not np.isin(rows, expected).all()
+
+
+@needs_movielens
+def test_decode_the_bundled_model_on_cold_items_with_each_history_excluded():
+    at = new_app().run()
+    at = open_page(at, "decode", dec_beam=8, dec_batch=3, dec_timing="quick", dec_exclude=True,
+                   dec_item_set="cold", dec_cold_share=5.0, dec_cold_seed=0)
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    res = at.session_state["decode_runs"]
+    rows_in_set = res["set_rows"]
+    assert rows_in_set is not None and 0 < rows_in_set.size < 1024  # kept as rows (no sub-catalog index)
+    for order, run in res["runs"].items():
+        rows = run.result.item_rows.cpu().numpy()
+        assert (rows >= 0).all() and np.isin(rows, rows_in_set).all(), order
+        for request, history in enumerate(res["histories"]):
+            assert not np.isin(rows[request], history).any(), order  # each history denied by id within the set
+    assert any("returned beams that are already in the history: filter-first **0**" in c.value for c in at.caption)
