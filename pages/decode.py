@@ -47,9 +47,9 @@ def cached_own_model(folder, device_name: str):
 
 
 @st.cache_resource(max_entries=1, show_spinner="Building the Qwen3 model (random weights)…")
-def cached_llm(spec: LLMSpec, codebook_sizes: tuple, device_name: str):
-    """The Qwen3 shape with random weights, built once per shape, SID bands and device (one kept)."""
-    return build_llm(spec, codebook_sizes, device_name)
+def cached_llm(shape: str, dtype: str, codebook_sizes: tuple, device_name: str):
+    """The Qwen3 shape with random weights, built once per shape, dtype, SID bands and device (one kept)."""
+    return build_llm(shape, dtype, codebook_sizes, device_name)
 
 
 def order_decoders(catalog, index, heads, bands, beam: int, item_set: ItemSet, key: tuple) -> tuple[dict, object]:
@@ -191,7 +191,8 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     with st.status("Comparing the two orders…", expanded=True) as status:
         bar = st.progress(0, text="Preparing the model and requests…")
         if cfg["model"] == QWEN3:
-            model, preset = cached_llm(spec, tuple(int(v) for v in catalog.codebook_sizes), str(dev))
+            model, preset = cached_llm(spec.shape, spec.dtype, tuple(int(v) for v in catalog.codebook_sizes),
+                                       str(dev))
             bar.progress(2, text=f"Prefilling {cfg['batch']} context(s) of {spec.context:,} tokens…")
             inputs = llm_inputs(model, preset, spec, dev, cfg["batch"], cfg["beam"], cfg["seed"])
             weights = weight_bytes(model)

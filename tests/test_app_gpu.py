@@ -130,7 +130,7 @@ def test_the_qwen3_1_7b_shape_compares_the_orders_as_the_decode_page_does():
     spec = LLMSpec("qwen3-1.7b", 1000, llm_dtype(True))
     work_limits(True).check_model(spec.shape, model_params(spec, catalog.codebook_sizes))
     gpu.reset_peak()
-    model, preset = build_llm(spec, catalog.codebook_sizes, "cuda")
+    model, preset = build_llm(spec.shape, spec.dtype, catalog.codebook_sizes, "cuda")
     assert weight_bytes(model) > 3e9  # bf16: about 3.4 GB
     inputs = llm_inputs(model, preset, spec, torch.device("cuda"), 2, 256, seed=0)
     assert inputs.random and inputs.prefill_ms > 0

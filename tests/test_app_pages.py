@@ -19,6 +19,11 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+# triton.jit picks the interpreter when a kernel module is imported: imported here, under the
+# suite's TRITON_INTERPRET=1, rather than first inside a reference_kernels test (which sets it to 0
+# and would leave later tests a compiled kernel with no GPU driver to run it)
+import zerogr_kernels.constraints  # noqa: F401,E402
+
 from zerogr_core.app_support import benchview
 from zerogr_core.recsys import movielens
 
@@ -671,7 +676,7 @@ def test_decode_the_tiny_qwen3_in_both_orders_and_refuse_the_1_7b_shape_on_a_cpu
 
     catalog = load_source(sample_source("tiny"))
     spec = res["cfg"]["llm"]
-    model, preset = build_llm(spec, catalog.codebook_sizes, "cpu")
+    model, preset = build_llm(spec.shape, spec.dtype, catalog.codebook_sizes, "cpu")
     inputs = llm_inputs(model, preset, spec, "cpu", 2, 4, res["cfg"]["seed"])
     for order, run in res["runs"].items():
         direct = Decoder(build_index(catalog), inputs.heads, 4, order=order, band_offsets=inputs.band_offsets,
@@ -681,6 +686,12 @@ def test_decode_the_tiny_qwen3_in_both_orders_and_refuse_the_1_7b_shape_on_a_cpu
     shown = metrics(at)
     assert "Prefill (both orders' requests)" in shown and shown["GPU memory peak"] == "no GPU"
     assert any("Latency only: random weights, overlap is meaningless" in w.value for w in at.warning)
+    # a context the shape cannot hold is refused in one line
+    at.number_input(key="dec_context").set_value(5000).run()
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert [e for e in errors(at) if e.startswith("context length: 5,000 tokens do not fit the tiny shape")], errors(at)
+    at.number_input(key="dec_context").set_value(40).run()
     # the 1.7B shape is refused on a CPU in one line, before any weights are built
     at.selectbox(key="dec_llm_shape").set_value("qwen3-1.7b").run()
     at.button(key="btn_dec_run").click().run()

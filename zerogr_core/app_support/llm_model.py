@@ -62,6 +62,15 @@ def llm_dtype(gpu: bool) -> str:
     return "bfloat16" if gpu else "float32"
 
 
+def shape_preset(shape: str, codebook_sizes):
+    """The Qwen3 shape ``shape`` with ``codebook_sizes`` as its appended SID bands."""
+    from ..models.qwen3 import QWEN3_PRESETS
+
+    if shape not in QWEN3_PRESETS:
+        raise ZeroGRError(f"model shape: unknown Qwen3 shape {shape!r}; choose one of {', '.join(QWEN3_PRESETS)}")
+    return replace(QWEN3_PRESETS[shape], codebook_sizes=tuple(int(s) for s in codebook_sizes))
+
+
 def llm_preset(spec: LLMSpec, codebook_sizes):
     """The Qwen3 shape of ``spec`` with the catalog's SID levels as its appended bands.
 
@@ -70,9 +79,7 @@ def llm_preset(spec: LLMSpec, codebook_sizes):
     ZeroGRError
         A context that does not fit the shape's positions with the SID tokens after it.
     """
-    from ..models.qwen3 import QWEN3_PRESETS
-
-    preset = replace(QWEN3_PRESETS[spec.shape], codebook_sizes=tuple(int(s) for s in codebook_sizes))
+    preset = shape_preset(spec.shape, codebook_sizes)
     room = preset.max_positions - len(preset.codebook_sizes)
     if spec.context > room:
         raise ZeroGRError(f"context length: {spec.context:,} tokens do not fit the {spec.shape} shape's "
@@ -86,8 +93,10 @@ def model_params(spec: LLMSpec, codebook_sizes) -> int:
     return llm_preset(spec, codebook_sizes).non_embedding_params()
 
 
-def build_llm(spec: LLMSpec, codebook_sizes, device: str):
-    """The random-weight ``Qwen3ForCausalLM`` of ``spec`` on ``device`` (weights seed 0).
+def build_llm(shape: str, dtype: str, codebook_sizes, device: str):
+    """The random-weight ``Qwen3ForCausalLM`` of ``shape`` with the SID bands
+    ``codebook_sizes``, in ``dtype`` on ``device`` (weights seed 0; any context length
+    within the shape's positions decodes with it).
 
     Returns
     -------
@@ -95,7 +104,7 @@ def build_llm(spec: LLMSpec, codebook_sizes, device: str):
     """
     from ..models.qwen3 import build_random
 
-    return build_random(llm_preset(spec, codebook_sizes), device=device, dtype=getattr(torch, spec.dtype), seed=0)
+    return build_random(shape_preset(shape, codebook_sizes), device=device, dtype=getattr(torch, dtype), seed=0)
 
 
 def weight_bytes(model) -> int:
@@ -120,6 +129,7 @@ def llm_inputs(model, preset, spec: LLMSpec, device, batch: int, beam: int, seed
     """
     from ..models.qwen3 import Qwen3StepModel
 
+    llm_preset(spec, preset.codebook_sizes)  # the context fits the shape
     step_model = Qwen3StepModel(model, preset.token_offsets, context_bucket=CONTEXT_BUCKET)
     generator = torch.Generator().manual_seed(seed)
     contexts = torch.randint(0, preset.base_vocab, (batch, spec.context), generator=generator).to(device)
