@@ -735,6 +735,7 @@ def test_decode_restricted_to_the_cold_start_items():
 
 
 @needs_movielens
+@pytest.mark.reference_kernels  # the CPU deployment's path (the interpreted list kernel is slow)
 def test_decode_the_bundled_model_on_cold_items_with_each_history_excluded():
     at = new_app().run()
     at = open_page(at, "decode", dec_beam=8, dec_batch=3, dec_timing="quick", dec_exclude=True,

@@ -481,5 +481,7 @@ def test_item_set_constraints_name_the_registered_set_and_deny_histories_by_id()
     ids = np.asarray(catalog.item_ids)
     assert [list(d) for d in out["constraints"]["deny_items"]] == [list(ids[[0, 3]]), list(ids[[5]])]
     assert decode_constraints(cold, catalog, histories)["constraints"]["deny_items"] is None
+    with pytest.raises(ZeroGRError, match=r"item set: a cold share of 97 % of 12 items leaves no other item"):
+        ItemSet("cold", 0.97).ids(catalog)
     with pytest.raises(ZeroGRError, match=r"item set: the cold share must be in \(0, 1\), got 1.5"):
         ItemSet("cold", 1.5)

@@ -58,6 +58,9 @@ class ItemSet:
         if self.kind == "cold":
             from ..recsys.cold_items import cold_item_set
 
+            if round(self.share * catalog.n_items) >= catalog.n_items:
+                raise ZeroGRError(f"item set: a cold share of {100 * self.share:g} % of {catalog.n_items:,} items "
+                                  "leaves no other item; lower the share")
             return cold_item_set(catalog, self.share, self.seed)
         return None
 
