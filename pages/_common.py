@@ -42,6 +42,11 @@ def check_work(catalog, batch: int, beam: int) -> None:
     work_limits(gpu_info.has_gpu()).check_decode(batch, beam, catalog.codebook_sizes)
 
 
+def check_model(name: str, params: int) -> None:
+    """Refuse, in one line, a model of ``params`` layer parameters too large for this machine."""
+    work_limits(gpu_info.has_gpu()).check_model(name, params)
+
+
 def cpu_banner(what: str = "") -> None:
     """Say plainly that there is no GPU and what the page does instead."""
     if not gpu_info.has_gpu():

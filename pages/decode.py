@@ -6,16 +6,21 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, check_work, cpu_banner,
-                           decode_inputs, device, fmt_ms, get_catalog, get_index, guarded, index_key, overrides, slots)
+from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, check_model, check_work,
+                           cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded,
+                           index_key, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.recsys import movielens
+from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.app_support.charts import latency_figure, metrics_figure, stage_figure, top_k_columns
 from zerogr_core.app_support.labels import NO_TITLES_NOTE, has_real_titles, popularity_labels
 from zerogr_core.app_support.latency import LATENCY_PROTOCOLS, PROTOCOL_LABELS, order_runs, time_orders, winner
 from zerogr_core.app_support.profile import comparison, invalid_mass, k_values, profile_decode, steady_cpu_timing
 from zerogr_core.app_support.own_model import OFFSETS_FILE, load_model, model_folder, own_model_inputs, parse_offsets
-from zerogr_core.app_support.requests import DTYPES, history_lists
+from zerogr_core.app_support.item_sets import ITEM_SETS, ItemSet, decode_constraints, register_set
+from zerogr_core.app_support.llm_model import (LLM_SHAPES, LLMSpec, build_llm, llm_dtype, llm_inputs, model_params,
+                                               weight_bytes)
+from zerogr_core.app_support.requests import DTYPES
 from zerogr_core.app_support.sources import app_settings
 from zerogr_core.errors import ZeroGRError
 
@@ -25,7 +30,9 @@ BUNDLED = "Bundled MovieLens recommender"
 BUNDLED_LABELS = {"movielens": BUNDLED, "amazon-beauty": "Bundled Amazon Beauty recommender (T5, tiger preset)"}
 RANDOM = "Random head (latency only: random weights, overlap is meaningless)"
 OWN = "Your model (a transformers checkpoint folder on the server)"
+QWEN3 = "Qwen3 architecture, LLM scale (random weights: latency only, overlap is meaningless)"
 RANDOM_PROMPTS = "Random prompts (seeded token ids)"
+RANDOM_CONTEXTS = "Random contexts (seeded token ids)"
 USERS = "Random test users"
 ONE_USER = "One test user"
 RANDOM_REQ = "Random requests"
@@ -39,17 +46,27 @@ def cached_own_model(folder, device_name: str):
     return load_model(folder, device_name)
 
 
-def order_decoders(index, heads, bands, beam: int, key: tuple) -> dict:
+@st.cache_resource(max_entries=1, show_spinner="Building the Qwen3 model (random weights)…")
+def cached_llm(shape: str, dtype: str, codebook_sizes: tuple, device_name: str):
+    """The Qwen3 shape with random weights, built once per shape, dtype, SID bands and device (one kept)."""
+    return build_llm(shape, dtype, codebook_sizes, device_name)
+
+
+def order_decoders(catalog, index, heads, bands, beam: int, item_set: ItemSet, key: tuple) -> tuple[dict, object]:
     """Decoders of both orders over the active index (on a GPU, filtering first plans and
-    captures a CUDA graph at its first decode), kept in the session's slot."""
-    return slots().get("decoders", key, lambda: {o: Decoder(index, heads, beam, order=o, band_offsets=bands)
-                                                 for o in ORDERS})
+    captures a CUDA graph at its first decode), with ``item_set`` registered on both, kept
+    in the session's slot; and the set's catalog rows (None for all items)."""
+    def factory():
+        decoders = {o: Decoder(index, heads, beam, order=o, band_offsets=bands, catalog=catalog) for o in ORDERS}
+        return decoders, register_set(decoders, item_set, catalog)
+
+    return slots().get("decoders", key + (item_set,), factory)
 
 
 def settings(catalog, source) -> dict:
     gpu = device().type == "cuda"
     dataset = bundled_dataset(source)
-    models = ([BUNDLED_LABELS[dataset]] if dataset else []) + [RANDOM, OWN]
+    models = ([BUNDLED_LABELS[dataset]] if dataset else []) + [RANDOM, QWEN3, OWN]
     if st.session_state.get("dec_model") not in models:
         st.session_state["dec_model"] = models[0]
     st.session_state.setdefault("dec_hidden", 1024 if gpu else 64)
@@ -60,17 +77,20 @@ def settings(catalog, source) -> dict:
     st.session_state.setdefault("dec_seed", 0)
     c = st.columns([2, 1, 1, 1, 1])
     model = c[0].selectbox("Model", models, key="dec_model")
-    own = model == OWN
-    bundled = model not in (RANDOM, OWN)
+    own, llm = model == OWN, model == QWEN3
+    bundled = model not in (RANDOM, OWN, QWEN3)
     hidden = int(c[1].number_input("Hidden size", 8, 8192, step=8, key="dec_hidden", disabled=model != RANDOM))
     dtype = c[2].selectbox("dtype", list(DTYPES), key="dec_dtype", disabled=model != RANDOM)
     beam = int(c[3].number_input("Beam width M", 1, 1024, key="dec_beam"))
     c[4].number_input("K (top-K shown)", 1, 1024, key="dec_k")  # read when the results are shown
     c = st.columns([2, 1, 2, 1])
-    folder = offsets = None
+    folder = offsets = spec = None
     if own:
         folder, offsets = own_model_settings(catalog)
-    requests = [USERS, ONE_USER] if bundled else [RANDOM_PROMPTS] if own else [RANDOM_REQ]
+    if llm:
+        spec = llm_settings(gpu)
+    requests = ([USERS, ONE_USER] if bundled else [RANDOM_PROMPTS] if own else [RANDOM_CONTEXTS] if llm
+                else [RANDOM_REQ])
     if st.session_state.get("dec_request") not in requests:
         st.session_state["dec_request"] = requests[0]
     request = c[0].selectbox("Requests", requests, key="dec_request")
@@ -88,17 +108,53 @@ def settings(catalog, source) -> dict:
         help="A per-request deny list enforced during decoding: prefixes with no item outside the history below "
              "them are never scored or kept. Filtering first keeps the catalog's normalisation, so the other "
              "items rank as with the history kept (the quality study's protocol).")
+    item_set = item_set_settings()
     st.session_state.setdefault("dec_timing", "page")
     timing = st.radio("Latency measurement", list(PROTOCOL_LABELS), format_func=PROTOCOL_LABELS.get,
                       key="dec_timing", horizontal=True,
                       help="Whole decodes of the two orders run in turns, so both see the same load; the page "
                            "names a faster order only when the two spreads do not overlap.")
     if model != RANDOM:
-        hidden, dtype = None, "float32"
+        hidden, dtype = None, spec.dtype if llm else "float32"
     return dict(source=source, overrides=tuple(sorted(overrides().items())), model=model,
                 dataset=dataset if bundled else None, hidden=hidden,
                 dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed,
-                exclude_history=bool(exclude), timing=timing, folder=folder, offsets=offsets)
+                exclude_history=bool(exclude), timing=timing, folder=folder, offsets=offsets, llm=spec,
+                item_set=item_set)
+
+
+def llm_settings(gpu: bool) -> LLMSpec:
+    """The Qwen3 shape and context length (the 1.7B shape by default on a GPU, tiny on a CPU)."""
+    st.session_state.setdefault("dec_llm_shape", "qwen3-1.7b" if gpu else "tiny")
+    st.session_state.setdefault("dec_context", 1000 if gpu else 64)
+    c = st.columns([3, 1])
+    shape = c[0].selectbox("Qwen3 shape", list(LLM_SHAPES), format_func=LLM_SHAPES.get, key="dec_llm_shape")
+    context = int(c[1].number_input("Context tokens", 1, 32768, key="dec_context",
+                                    help="Tokens of each request's context, prefilled once (its keys and values "
+                                         "stored once per request, not per beam) before the SID tokens."))
+    dtype = llm_dtype(gpu)
+    st.caption(f"A `transformers` Qwen3ForCausalLM of this shape with **random weights** (no checkpoint is "
+               f"shipped), in {dtype}, the catalog's SID tokens appended to its vocabulary (one band per level). "
+               "Latency and memory are the shape's; the lists mean nothing. Requests are seeded random contexts; "
+               "both orders decode from the same prefill, timed on its own.")
+    return LLMSpec(shape, context, dtype)
+
+
+def item_set_settings() -> ItemSet:
+    """Which items both orders may return: the whole catalog or a seeded cold-start share."""
+    st.session_state.setdefault("dec_item_set", "all")
+    st.session_state.setdefault("dec_cold_share", 2.0)
+    st.session_state.setdefault("dec_cold_seed", 0)
+    c = st.columns([3, 1, 1])
+    kind = c[0].selectbox("Restrict the decode to", list(ITEM_SETS), format_func=ITEM_SETS.get, key="dec_item_set",
+                          help="Both orders are constrained to the set during decoding (registered once on both "
+                               "decoders as an allow set, named by every request). Filtering first normalises "
+                               "each step over the set's tokens, scoring first over the whole codebook before "
+                               "masking: the smaller the set, the more the two can disagree.")
+    cold = kind == "cold"
+    share = float(c[1].number_input("Cold share (%)", 0.01, 99.0, step=0.5, key="dec_cold_share", disabled=not cold))
+    seed = int(c[2].number_input("Draw seed", 0, 10**6, key="dec_cold_seed", disabled=not cold))
+    return ItemSet(kind, share / 100, seed) if cold else ItemSet()
 
 
 def own_model_settings(catalog):
@@ -127,10 +183,20 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     mass scoring first meets, and whole decodes timed in turns until the ranking is stable."""
     dev = device()
     check_work(catalog, cfg["batch"], cfg["beam"])
+    spec, weights = cfg.get("llm"), None
+    if cfg["model"] == QWEN3:
+        check_model(spec.shape, model_params(spec, catalog.codebook_sizes))
     index = get_index(catalog, source)
+    gpu_info.reset_peak()
     with st.status("Comparing the two orders…", expanded=True) as status:
         bar = st.progress(0, text="Preparing the model and requests…")
-        if cfg["model"] == OWN:
+        if cfg["model"] == QWEN3:
+            model, preset = cached_llm(spec.shape, spec.dtype, tuple(int(v) for v in catalog.codebook_sizes),
+                                       str(dev))
+            bar.progress(2, text=f"Prefilling {cfg['batch']} context(s) of {spec.context:,} tokens…")
+            inputs = llm_inputs(model, preset, spec, dev, cfg["batch"], cfg["beam"], cfg["seed"])
+            weights = weight_bytes(model)
+        elif cfg["model"] == OWN:
             if cfg["folder"] is None:
                 raise ZeroGRError("model folder: give the folder of your model first")
             inputs = own_model_inputs(cached_own_model(cfg["folder"], str(dev)), cfg["folder"], cfg["offsets"],
@@ -140,16 +206,18 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
                                    seed=cfg["seed"], hidden=cfg["hidden"], dtype=cfg["dtype"], user=cfg["user"],
                                    dataset=cfg["dataset"], beam=cfg["beam"])
         fn, batch = inputs.hidden_fn, cfg["batch"]
-        histories, lists = None, None
+        histories = None
         if inputs.user_ids is not None:
             users = cached_test_users(str(dev), cfg["dataset"])
             histories = [users.histories[int(np.flatnonzero(users.user_ids == u)[0])] for u in inputs.user_ids]
-            if cfg.get("exclude_history"):
-                lists = history_lists(histories)
-        decoders = order_decoders(index, inputs.heads, inputs.band_offsets, cfg["beam"],
-                                  (index_key(source, overrides(), dev), inputs.model_key, cfg["beam"]))
+        item_set = cfg.get("item_set") or ItemSet()
+        if item_set.restricted:
+            bar.progress(3, text="Registering the item set on both decoders…")
+        decoders, set_rows = order_decoders(catalog, index, inputs.heads, inputs.band_offsets, cfg["beam"], item_set,
+                                            (index_key(source, overrides(), dev), inputs.model_key, cfg["beam"]))
+        limits = decode_constraints(item_set, catalog, histories, exclude_history=bool(cfg.get("exclude_history")))
         out = dict(cfg=cfg, targets=inputs.targets, user_ids=inputs.user_ids, runs={}, random=inputs.random,
-                   histories=histories)
+                   histories=histories, set_rows=set_rows, prefill_ms=inputs.prefill_ms, weight_bytes=weights)
         engine = decoders["filter-first"].gpu_engine
         if engine is not None:
             engine.progress = lambda fraction, text: bar.progress(5 + int(15 * fraction),
@@ -160,11 +228,11 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
                 out["plan"] = decoders["filter-first"].plan_table(fn, batch)
                 for i, order in enumerate(ORDERS):
                     bar.progress(20 + 10 * i, text=f"{order}: a stage-timed decode of {batch} request(s)…")
-                    out["runs"][order] = profile_decode(decoders[order], fn, batch, lists=lists)
+                    out["runs"][order] = profile_decode(decoders[order], fn, batch, **limits)
                 bar.progress(40, text="Invalid mass under scoring first…")
                 out["invalid"] = invalid_mass(catalog, decoders["score-first"], fn, batch)
                 bar.progress(45, text="Warming up the timed decodes…")
-                runs, out["notes"] = order_runs(catalog, decoders, fn, batch, lists=lists)
+                runs, out["notes"] = order_runs(catalog, decoders, fn, batch, **limits)
                 protocol = LATENCY_PROTOCOLS[cfg.get("timing", "page")]
                 out["latency"] = time_orders(runs, dev, protocol, progress=lambda f: bar.progress(
                     50 + int(49 * f), text=f"Timing whole decodes in turns (≥ {protocol.min_repeats} each, "
@@ -173,6 +241,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
             if engine is not None:
                 engine.progress = None
         out["graph_error"] = decoders["filter-first"].graph_error(batch)
+        out["memory"] = gpu_info.torch_memory()
         bar.empty()
         status.update(label="Both orders compared", state="complete", expanded=False)
     return out
@@ -227,6 +296,45 @@ def show_latency(res: dict) -> None:
     st.plotly_chart(latency_figure(latency), key="dec_fig_distribution")
 
 
+def show_model_memory(res: dict) -> None:
+    """The Qwen3 prefill (shared by both orders, so outside the timed decodes), the model's
+    weights and the GPU memory the comparison reached."""
+    spec, memory = res["cfg"].get("llm"), res.get("memory")
+    if spec is None and memory is None:
+        return
+    cols = st.columns(3)
+    if spec is not None:
+        cols[0].metric("Prefill (both orders' requests)", fmt_ms(res.get("prefill_ms")),
+                       help=f"One prefill of {res['cfg']['batch']} context(s) of {spec.context:,} tokens, the "
+                            "context keys and values stored once per request; both orders decode from it, so the "
+                            "latencies above are the decodes alone.")
+        cols[1].metric(f"Weights ({spec.shape}, {spec.dtype})", fmt_bytes(res.get("weight_bytes")))
+    if memory is not None:
+        cols[2].metric("GPU memory peak (this comparison)", fmt_bytes(memory["peak"]),
+                       help=f"torch's peak allocated bytes since the run started (model, index, decoders, graphs); "
+                            f"allocated now {fmt_bytes(memory['allocated'])}, reserved {fmt_bytes(memory['reserved'])}. "
+                            "The GPU page shows the device's own readings.")
+    else:
+        cols[2].metric("GPU memory peak", "no GPU", help="This machine has no GPU: the model runs in host memory.")
+
+
+def show_item_set(catalog, res: dict) -> None:
+    """How many items the decode was restricted to, and that both orders kept to them."""
+    rows = res.get("set_rows")
+    if rows is None:
+        return
+    item_set = res["cfg"]["item_set"]
+    kept = []
+    for order, run in res["runs"].items():
+        got = run.result.item_rows.cpu().numpy()
+        got = got[got >= 0]
+        kept.append(f"{order} **{int(np.isin(got, rows).sum()):,}** of {got.size:,}")
+    st.info(f"Both orders constrained to {item_set.describe(rows.size, catalog.n_items)}: returned beams in the "
+            f"set: {', '.join(kept)}. Filtering first normalises each step over the set's tokens, scoring first "
+            "over the whole codebook before masking; the overlap above is how often that changed a list.",
+            icon=":material/filter_alt:")
+
+
 def titles_for(catalog, dataset) -> tuple:
     """Item labels of the lists (titles where the data has them, else number and popularity),
     and whether they are real titles."""
@@ -275,6 +383,8 @@ def show_results(catalog, source, res: dict) -> None:
                    "catalog, so how often the two orders agree says nothing about a trained recommender. Pick a "
                    "bundled recommender to compare the lists.", icon=":material/casino:")
     show_latency(res)
+    show_model_memory(res)
+    show_item_set(catalog, res)
     if res.get("histories") is not None:
         show_history_hits(res, cfg)
     titles, real_titles = titles_for(catalog, cfg.get("dataset"))

@@ -114,3 +114,43 @@ def test_live_sweep_on_the_gpu(tmp_path):
     assert sweep.wait(300) and sweep.error is None, sweep.error
     assert any(r.get("kind") not in ("error", "skipped") for r in sweep.records)
     assert sweep.options.device.type == "cuda"
+
+
+def test_the_qwen3_1_7b_shape_compares_the_orders_as_the_decode_page_does():
+    """The Decode page's LLM-scale model on the GPU: the Qwen3-1.7B shape in bf16 (random
+    weights) over a 3 × 8,192 catalog, one prefill of two 1,000-token contexts, both orders
+    decoding from it (filtering first as the engine's graph), once over every item and once
+    restricted to a cold-start set, timed in turns, the memory peak read."""
+    pytest.importorskip("transformers")
+    from zerogr_core.app_support.bounds import work_limits
+    from zerogr_core.app_support.item_sets import ItemSet, decode_constraints, register_set
+    from zerogr_core.app_support.llm_model import LLMSpec, build_llm, llm_dtype, llm_inputs, model_params, weight_bytes
+
+    catalog = generate("watch-like", 200_000, seed=0)
+    spec = LLMSpec("qwen3-1.7b", 1000, llm_dtype(True))
+    work_limits(True).check_model(spec.shape, model_params(spec, catalog.codebook_sizes))
+    gpu.reset_peak()
+    model, preset = build_llm(spec.shape, spec.dtype, catalog.codebook_sizes, "cuda")
+    assert weight_bytes(model) > 3e9  # bf16: about 3.4 GB
+    inputs = llm_inputs(model, preset, spec, torch.device("cuda"), 2, 256, seed=0)
+    assert inputs.random and inputs.prefill_ms > 0
+    index = build_index(catalog, device="cuda")
+    for item_set in (ItemSet(), ItemSet("cold", 0.02, 0)):
+        decoders = {o: Decoder(index, inputs.heads, 256, order=o, band_offsets=inputs.band_offsets, catalog=catalog)
+                    for o in ("filter-first", "score-first")}
+        rows = register_set(decoders, item_set, catalog)
+        limits = decode_constraints(item_set, catalog)
+        profiled = {o: profile_decode(d, inputs.hidden_fn, 2, **limits) for o, d in decoders.items()}
+        runs, notes = order_runs(catalog, decoders, inputs.hidden_fn, 2, **limits)
+        got = time_orders(runs, "cuda", LatencyProtocol(min_repeats=3, min_seconds=0.0))
+        assert all(len(lat.samples_ms) >= 3 and lat.median_ms > 0 for lat in got.values()), got
+        for order, run in profiled.items():
+            found = run.result.item_rows.cpu()
+            assert bool((found >= 0).all()), order  # 200,000 items (or 4,000 cold ones): every beam an item
+            if rows is not None:
+                assert bool(torch.isin(found, torch.as_tensor(rows)).all()), order
+        for d in decoders.values():
+            if d.gpu_engine is not None:
+                d.gpu_engine.release()
+    memory = gpu.torch_memory()
+    assert memory["peak"] >= weight_bytes(model)

@@ -13,10 +13,16 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
+
+# triton.jit picks the interpreter when a kernel module is imported: imported here, under the
+# suite's TRITON_INTERPRET=1, rather than first inside a reference_kernels test (which sets it to 0
+# and would leave later tests a compiled kernel with no GPU driver to run it)
+import zerogr_kernels.constraints  # noqa: F401,E402
 
 from zerogr_core.app_support import benchview
 from zerogr_core.recsys import movielens
@@ -640,3 +646,109 @@ def test_every_page_renders_by_default():
         assert_clean(at)
         assert at.title[0].value.lower() == name.lower() or at.title[0].value == "GPU"
     assert "ZeroGR" in at.sidebar.markdown[0].value
+
+
+# ---------------------------------------------------------------------------- decode: LLM scale, item sets
+QWEN3 = "Qwen3 architecture, LLM scale (random weights: latency only, overlap is meaningless)"
+
+
+@pytest.mark.reference_kernels
+def test_decode_the_tiny_qwen3_in_both_orders_and_refuse_the_1_7b_shape_on_a_cpu():
+    pytest.importorskip("transformers")
+    at = new_app(cat_sample="tiny").run()
+    at = open_page(at, "decode", dec_model=QWEN3, dec_beam=4, dec_batch=2, dec_context=40, dec_timing="quick")
+    assert_clean(at)
+    assert at.selectbox(key="dec_llm_shape").value == "tiny"  # the CPU default
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    res = at.session_state["decode_runs"]
+    assert res["random"] and res["cfg"]["llm"].shape == "tiny" and res["cfg"]["dtype"] == "float32"
+    assert res["prefill_ms"] > 0 and res["weight_bytes"] > 0
+    for order, run in res["runs"].items():
+        rows = run.result.item_rows
+        assert rows.shape == (2, 4) and bool((rows >= 0).all()), order  # 12 items, beam 4: every beam an item
+        assert len(res["latency"][order].samples_ms) >= 3
+    # the page's beams are the library's: the same shape, weights and contexts, decoded directly
+    from zerogr_core import Decoder, build_index
+    from zerogr_core.app_support.llm_model import build_llm, llm_inputs
+    from zerogr_core.app_support.sources import load_source, sample_source
+
+    catalog = load_source(sample_source("tiny"))
+    spec = res["cfg"]["llm"]
+    model, preset = build_llm(spec.shape, spec.dtype, catalog.codebook_sizes, "cpu")
+    inputs = llm_inputs(model, preset, spec, "cpu", 2, 4, res["cfg"]["seed"])
+    for order, run in res["runs"].items():
+        direct = Decoder(build_index(catalog), inputs.heads, 4, order=order, band_offsets=inputs.band_offsets,
+                         engine="reference").decode(inputs.hidden_fn, 2)
+        assert torch.equal(direct.item_rows, run.result.item_rows), order
+        torch.testing.assert_close(direct.scores, run.result.scores, rtol=1e-5, atol=1e-5)
+    shown = metrics(at)
+    assert "Prefill (both orders' requests)" in shown and shown["GPU memory peak"] == "no GPU"
+    assert any("Latency only: random weights, overlap is meaningless" in w.value for w in at.warning)
+    # a context the shape cannot hold is refused in one line
+    at.number_input(key="dec_context").set_value(5000).run()
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert [e for e in errors(at) if e.startswith("context length: 5,000 tokens do not fit the tiny shape")], errors(at)
+    at.number_input(key="dec_context").set_value(40).run()
+    # the 1.7B shape is refused on a CPU in one line, before any weights are built
+    at.selectbox(key="dec_llm_shape").set_value("qwen3-1.7b").run()
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    msgs = errors(at)
+    assert len(msgs) == 1 and msgs[0].startswith("model qwen3-1.7b:") and "over this machine's limit" in msgs[0], msgs
+    assert "\n" not in msgs[0]
+
+
+def test_decode_restricted_to_the_cold_start_items():
+    at = new_app(cat_sample="search-like-small").run()
+    at = open_page(at, "decode", dec_beam=8, dec_batch=2, dec_hidden=16, dec_timing="quick",
+                   dec_item_set="cold", dec_cold_share=5.0, dec_cold_seed=3)
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    res = at.session_state["decode_runs"]
+    from zerogr_core.app_support.sources import load_source, sample_source
+    from zerogr_core.recsys.cold_items import cold_item_set
+
+    catalog = load_source(sample_source("search-like-small"))
+    expected = np.sort(catalog.rows_of(cold_item_set(catalog, 0.05, 3)))
+    assert np.array_equal(res["set_rows"], expected) and expected.size == 2500  # its own sub-catalog index
+    for order, run in res["runs"].items():
+        rows = run.result.item_rows.cpu().numpy()
+        assert rows.shape == (2, 8) and (rows >= 0).all() and np.isin(rows, expected).all(), order
+    # the two orders, both constrained to the set: overlap and latency are on the page
+    shown = metrics(at)
+    assert any(label.startswith("Lists that agree") for label in shown)
+    assert "filter-first latency (median)" in shown and "score-first latency (median)" in shown
+    assert any("Both orders constrained to 2,500 cold-start items" in i.value and "filter-first **16** of 16"
+               in i.value for i in at.info)
+    # the set changes the lists: unrestricted, some returned item lies outside it
+    at.selectbox(key="dec_item_set").set_value("all").run()
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    free = at.session_state["decode_runs"]
+    assert free["set_rows"] is None
+    rows = free["runs"]["filter-first"].result.item_rows.cpu().numpy()
+    assert not np.isin(rows, expected).all()
+
+
+@needs_movielens
+@pytest.mark.reference_kernels  # the CPU deployment's path (the interpreted list kernel is slow)
+def test_decode_the_bundled_model_on_cold_items_with_each_history_excluded():
+    at = new_app().run()
+    at = open_page(at, "decode", dec_beam=8, dec_batch=3, dec_timing="quick", dec_exclude=True,
+                   dec_item_set="cold", dec_cold_share=5.0, dec_cold_seed=0)
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    res = at.session_state["decode_runs"]
+    rows_in_set = res["set_rows"]
+    assert rows_in_set is not None and 0 < rows_in_set.size < 1024  # kept as rows (no sub-catalog index)
+    for order, run in res["runs"].items():
+        rows = run.result.item_rows.cpu().numpy()
+        assert (rows >= 0).all() and np.isin(rows, rows_in_set).all(), order
+        for request, history in enumerate(res["histories"]):
+            assert not np.isin(rows[request], history).any(), order  # each history denied by id within the set
+    assert any("returned beams that are already in the history: filter-first **0**" in c.value for c in at.caption)

@@ -437,3 +437,51 @@ def test_work_limits_refuse_in_one_line_and_read_the_environment():
         limits.check_decode(2, 3, (100, 150))
     with pytest.raises(ZeroGRError, match="ZEROGR_MAX_DECODE_LOGITS='many' is not a number"):
         work_limits(False, {"ZEROGR_MAX_DECODE_LOGITS": "many"})
+
+
+def test_model_limits_refuse_the_1_7b_shape_on_a_cpu_and_read_the_environment():
+    from zerogr_core.app_support.bounds import work_limits
+    from zerogr_core.app_support.llm_model import LLMSpec, model_params
+    from zerogr_core.models.qwen3 import QWEN3_PRESETS
+
+    sizes = (8192, 8192, 8192)
+    big, tiny = model_params(LLMSpec("qwen3-1.7b", 1000, "bfloat16"), sizes), model_params(
+        LLMSpec("tiny", 64, "float32"), sizes)
+    assert big == QWEN3_PRESETS["qwen3-1.7b"].non_embedding_params()  # the SID bands add no layer parameter
+    work_limits(False, {}).check_model("tiny", tiny)
+    work_limits(True, {}).check_model("qwen3-1.7b", big)
+    with pytest.raises(ZeroGRError, match=r"^model qwen3-1.7b: [\d,]+ parameters in its layers, over this machine's "
+                                          r"limit of 50,000,000"):
+        work_limits(False, {}).check_model("qwen3-1.7b", big)
+    with pytest.raises(ZeroGRError, match="limit of 10"):
+        work_limits(True, {"ZEROGR_MAX_MODEL_PARAMS": "10"}).check_model("tiny", tiny)
+    with pytest.raises(ZeroGRError, match="ZEROGR_MAX_MODEL_PARAMS='big' is not a number"):
+        work_limits(True, {"ZEROGR_MAX_MODEL_PARAMS": "big"})
+    with pytest.raises(ZeroGRError, match=r"context length: 5,000 tokens do not fit the tiny shape's 4,096 positions"):
+        model_params(LLMSpec("tiny", 5000, "float32"), sizes)
+    with pytest.raises(ZeroGRError, match="model shape: unknown Qwen3 shape 'qwen3-8b'"):
+        LLMSpec("qwen3-8b", 10, "float32")
+
+
+def test_item_set_constraints_name_the_registered_set_and_deny_histories_by_id():
+    from zerogr_core.app_support.item_sets import SET_NAME, ItemSet, decode_constraints
+    from zerogr_core.catalog.samples import open_catalog
+    from zerogr_core.decode.constraints import RequestLists
+    from zerogr_core.recsys.cold_items import cold_item_set
+
+    catalog = open_catalog("tiny")
+    histories = [np.array([0, 3]), np.array([5])]
+    assert decode_constraints(ItemSet(), catalog, histories) == dict(lists=None, constraints=None)
+    plain = decode_constraints(ItemSet(), catalog, histories, exclude_history=True)
+    assert isinstance(plain["lists"], RequestLists) and plain["constraints"] is None
+    cold = ItemSet("cold", 0.25, 1)
+    assert np.array_equal(cold.ids(catalog), cold_item_set(catalog, 0.25, 1)) and ItemSet().ids(catalog) is None
+    out = decode_constraints(cold, catalog, histories, exclude_history=True)
+    assert out["lists"] is None and out["constraints"]["allow_items"] == SET_NAME
+    ids = np.asarray(catalog.item_ids)
+    assert [list(d) for d in out["constraints"]["deny_items"]] == [list(ids[[0, 3]]), list(ids[[5]])]
+    assert decode_constraints(cold, catalog, histories)["constraints"]["deny_items"] is None
+    with pytest.raises(ZeroGRError, match=r"item set: a cold share of 97 % of 12 items leaves no other item"):
+        ItemSet("cold", 0.97).ids(catalog)
+    with pytest.raises(ZeroGRError, match=r"item set: the cold share must be in \(0, 1\), got 1.5"):
+        ItemSet("cold", 1.5)

@@ -10,6 +10,8 @@ is unit-tested directly:
 * :mod:`.latency` — both orders timed in turns until the ranking holds, and the winner beyond noise;
 * :mod:`.bounds` — how much decode work one page run may start;
 * :mod:`.own_model` — the user's ``transformers`` checkpoint folder as the Decode page's model;
+* :mod:`.llm_model` — the Qwen3 shapes (random weights) as the Decode page's LLM-scale model;
+* :mod:`.item_sets` — a decode restricted to an item set (the cold-start items) on both orders;
 * :mod:`.labels` — item labels for catalogs without titles;
 * :mod:`.density` — catalog-level and beam-weighted density, wasted logits;
 * :mod:`.charts` — the tables and Plotly figures of the pages (and of ``docs/analysis.ipynb``);

@@ -16,6 +16,8 @@ from ..errors import ZeroGRError
 
 #: Environment override of :attr:`WorkLimits.max_logits` (a number, e.g. ``2e9``).
 ENV_MAX_LOGITS = "ZEROGR_MAX_DECODE_LOGITS"
+#: Environment override of :attr:`WorkLimits.max_model_params`.
+ENV_MAX_MODEL_PARAMS = "ZEROGR_MAX_MODEL_PARAMS"
 
 
 @dataclass(frozen=True)
@@ -27,13 +29,32 @@ class WorkLimits:
     max_logits : int
         Logits one scoring-first decode computes, batch × beam × Σ_l |V_l|: the larger
         of the two orders' work, and what a run's latency and memory grow with.
+    max_model_params : int
+        Parameters in a model's layers (every token's forward multiplies by all of them):
+        what a language-model-sized recommender's prefill and steps grow with.
     """
 
     max_logits: int
+    max_model_params: int = 10**11
 
     def __post_init__(self):
-        if not isinstance(self.max_logits, int) or self.max_logits < 1:
-            raise ZeroGRError(f"work limit max_logits must be a positive whole number, got {self.max_logits!r}")
+        for name in ("max_logits", "max_model_params"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ZeroGRError(f"work limit {name} must be a positive whole number, got {value!r}")
+
+    def check_model(self, name: str, params: int) -> None:
+        """Refuse a model of ``params`` layer parameters that is over the limit.
+
+        Raises
+        ------
+        ZeroGRError
+            One line naming the model, its size, the limit and what to do instead.
+        """
+        if int(params) > self.max_model_params:
+            raise ZeroGRError(f"model {name}: {int(params):,} parameters in its layers, over this machine's limit of "
+                              f"{self.max_model_params:,} (one decode would run for minutes): pick a smaller shape "
+                              f"or run the app on a GPU")
 
     def check_decode(self, batch: int, beam: int, codebook_sizes: Sequence[int]) -> None:
         """Refuse a decode of ``batch`` requests × ``beam`` beams over ``codebook_sizes`` that is over the limit.
@@ -59,25 +80,27 @@ class WorkLimits:
 #: Named presets: a CPU runs the PyTorch reference (about 10^8 logits a second on one
 #: thread), a GPU the engine (two orders of magnitude more).
 WORK_PRESETS: dict[str, WorkLimits] = {
-    "cpu": WorkLimits(max_logits=400_000_000),
-    "gpu": WorkLimits(max_logits=40_000_000_000),
+    "cpu": WorkLimits(max_logits=400_000_000, max_model_params=50_000_000),
+    "gpu": WorkLimits(max_logits=40_000_000_000, max_model_params=20_000_000_000),
 }
 
 
 def work_limits(gpu: bool, environ=None) -> WorkLimits:
-    """The preset of this machine (``gpu`` or ``cpu``), with ``ZEROGR_MAX_DECODE_LOGITS`` applied.
+    """The preset of this machine (``gpu`` or ``cpu``), with ``ZEROGR_MAX_DECODE_LOGITS`` and
+    ``ZEROGR_MAX_MODEL_PARAMS`` applied.
 
     Raises
     ------
     ZeroGRError
-        The variable is not a positive number.
+        A variable is not a positive number.
     """
     environ = os.environ if environ is None else environ
     limits = WORK_PRESETS["gpu" if gpu else "cpu"]
-    text = environ.get(ENV_MAX_LOGITS)
-    if text:
-        try:
-            limits = replace(limits, max_logits=int(float(text)))
-        except ValueError:
-            raise ZeroGRError(f"{ENV_MAX_LOGITS}={text!r} is not a number") from None
+    for variable, field in ((ENV_MAX_LOGITS, "max_logits"), (ENV_MAX_MODEL_PARAMS, "max_model_params")):
+        text = environ.get(variable)
+        if text:
+            try:
+                limits = replace(limits, **{field: int(float(text))})
+            except ValueError:
+                raise ZeroGRError(f"{variable}={text!r} is not a number") from None
     return limits

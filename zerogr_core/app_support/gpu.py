@@ -86,6 +86,15 @@ def torch_memory(index: int = 0) -> dict | None:
         return None
 
 
+def reset_peak(index: int = 0) -> None:
+    """Start a new peak of torch's allocated bytes on GPU ``index`` (no-op without CUDA)."""
+    if has_gpu():
+        try:
+            torch.cuda.reset_peak_memory_stats(index)
+        except (RuntimeError, AssertionError) as exc:
+            log.info("resetting the memory peak of GPU %d failed: %s", index, exc)
+
+
 def human_bytes(n: float | None) -> str:
     """1234567 → '1.2 MB' (decimal units); ``None`` → 'n/a'."""
     if n is None:

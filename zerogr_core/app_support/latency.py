@@ -138,7 +138,8 @@ STATIC_GRAPH = "CUDA graph of the benchmark suite's STATIC-style scoring first (
 STATIC_EAGER = "eager scoring-first loop of Triton kernels (no graph: {why})"
 
 
-def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None) -> tuple[dict, list[str]]:
+def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None,
+               constraints: dict | None = None) -> tuple[dict, list[str]]:
     """One whole decode per order, as callables for :func:`time_orders`, each run once (warm-up).
 
     On a CPU both orders run the decoders' step-by-step reference loop. On a GPU both run
@@ -156,6 +157,9 @@ def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None) ->
     hidden_fn : callable or StepModel
     batch : int
     lists : RequestLists, optional
+    constraints : dict, optional
+        Other item constraints of every decode, as :meth:`~zerogr_core.Decoder.decode`
+        takes them (``allow_items``, ``deny_items``, ``normalise``).
 
     Returns
     -------
@@ -167,15 +171,17 @@ def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None) ->
     ff, sf = decoders["filter-first"], decoders["score-first"]
     dev = ff.index.device
     notes: list[str] = []
+    kw = dict(constraints or {}, lists=lists)
     if dev.type != "cuda":
         # the observed (timer) path is the CPU's reference loop even under the Triton interpreter
-        runs = {o: (CPU_LOOP, lambda d=d: d.decode(hidden_fn, batch, lists=lists, timer=StageTimer(dev)))
+        runs = {o: (CPU_LOOP, lambda d=d: d.decode(hidden_fn, batch, **kw, timer=StageTimer(dev)))
                 for o, d in decoders.items()}
     else:
-        ff.decode(hidden_fn, batch, lists=lists)  # plan + capture
+        ff.decode(hidden_fn, batch, **kw)  # plan + capture
         label = GPU_EAGER if ff.graph_error(batch) else GPU_GRAPH
-        runs = {"filter-first": (label, lambda: ff.decode(hidden_fn, batch, lists=lists))}
-        why = "per-request lists are not part of the suite's baseline" if lists is not None else None
+        runs = {"filter-first": (label, lambda: ff.decode(hidden_fn, batch, **kw))}
+        listed = lists is not None or any(v is not None for v in (constraints or {}).values())
+        why = "item lists and sets are not part of the suite's baseline" if listed else None
         if why is None:
             try:
                 runner = _static_runner(catalog, ff, hidden_fn, batch)
@@ -187,7 +193,7 @@ def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None) ->
                 why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         if "score-first" not in runs:
             runs["score-first"] = (STATIC_EAGER.format(why=why),
-                                   lambda: sf.decode(hidden_fn, batch, lists=lists))
+                                   lambda: sf.decode(hidden_fn, batch, **kw))
             notes.append(f"Scoring first ran eagerly ({why}); filtering first as a graph: the gap includes the "
                          "graph's saving, not only the order's.")
     for _, fn in runs.values():

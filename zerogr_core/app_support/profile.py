@@ -93,7 +93,8 @@ class DecodeRun:
             acc.items(), key=lambda kv: (kv[0][0], STAGES.index(kv[0][1])))]
 
 
-def profile_decode(decoder: Decoder, hidden_fn: HiddenFn, batch: int, *, lists=None) -> DecodeRun:
+def profile_decode(decoder: Decoder, hidden_fn: HiddenFn, batch: int, *, lists=None,
+                   constraints: dict | None = None) -> DecodeRun:
     """One decode of ``decoder`` with per-stage timings and the beam states of every step.
 
     Parameters
@@ -104,6 +105,9 @@ def profile_decode(decoder: Decoder, hidden_fn: HiddenFn, batch: int, *, lists=N
     batch : int
     lists : RequestLists, optional
         Per-request allow/deny rows, enforced during decoding.
+    constraints : dict, optional
+        Other item constraints as :meth:`~zerogr_core.Decoder.decode` takes them
+        (``allow_items``, ``deny_items``, ``normalise``), e.g. a registered allow set's name.
 
     Returns
     -------
@@ -112,7 +116,7 @@ def profile_decode(decoder: Decoder, hidden_fn: HiddenFn, batch: int, *, lists=N
     if decoder.order not in PROFILED_ORDERS:
         raise ZeroGRError(f"order must be one of {', '.join(PROFILED_ORDERS)}, got {decoder.order!r}")
     timer, states = StageTimer(decoder.index.device), []
-    result = decoder.decode(hidden_fn, batch, lists=lists, timer=timer,
+    result = decoder.decode(hidden_fn, batch, lists=lists, **(constraints or {}), timer=timer,
                             on_step=lambda step, s: states.append(s.clone()))
     projection = tuple(r["projection"] for r in decoder.plan_table(hidden_fn, batch)) \
         if decoder.order == "filter-first" else ()

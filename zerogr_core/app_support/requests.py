@@ -29,6 +29,10 @@ class DecodeInputs:
         Identifies the model (cache key of decoders built on these heads).
     targets, user_ids : np.ndarray or None
         For test users of the bundled recommender: held-out item rows and user ids.
+    random_weights : bool
+        A model of random weights (the Qwen3 shapes): latency only, its lists mean nothing.
+    prefill_ms : float or None
+        Wall time of the requests' prefill, where it ran before the decodes (Qwen3).
     """
 
     heads: object
@@ -37,10 +41,13 @@ class DecodeInputs:
     model_key: tuple
     targets: np.ndarray | None = None
     user_ids: np.ndarray | None = None
+    random_weights: bool = False
+    prefill_ms: float | None = None
 
     @property
     def random(self) -> bool:
-        return self.model_key[0] == "random"
+        """Whether the model is random (a random head, or random weights): overlap is meaningless."""
+        return self.random_weights or self.model_key[0] == "random"
 
 
 def random_inputs(catalog: Catalog, hidden_size: int, dtype: str, device, batch: int, seed: int) -> DecodeInputs:
