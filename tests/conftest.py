@@ -29,6 +29,17 @@ os.environ["PYTHONPATH"] = os.pathsep.join([_LINKS, ROOT] + [p for p in [os.envi
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# ... and the decision is per kernel module, at its first import: import them all now, under the
+# session's setting, so that no test that switches to the PyTorch references for a while
+# (reference_kernels, or a fixture doing the same) decides it for the tests after it.
+import importlib  # noqa: E402
+import pkgutil  # noqa: E402
+
+import zerogr_kernels  # noqa: E402
+
+for _module in pkgutil.iter_modules(zerogr_kernels.__path__):
+    importlib.import_module(f"zerogr_kernels.{_module.name}")
+
 # Plans go to a per-session folder, never the user's ~/.cache/zerogr (a stored plan from an
 # earlier run would otherwise skip the planning a test exercises); compiled kernels stay in
 # Triton's usual cache, which only saves time.

@@ -131,9 +131,19 @@ def study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cold")
     seq, sids = write_data(tmp, n_users=80, n_items=60)
     out, results = tmp / "model.pt", tmp / "report.json"
-    code = main(["coldstart", "--data", str(seq), "--sids", str(sids), "--cold", "0.1", "--preset", "tiny",
-                 "--device", "cpu", "--seed", "1", "--users", "4", "--out", str(out), "--results", str(results),
-                 "--json"])
+    # the study's decodes take the kernels' PyTorch references, as a CPU deployment does (a
+    # module-scoped fixture runs before the reference_kernels marker's per-test switch), on one
+    # thread: tiny matrix products on threads that share two cores with the suite's workers crawl
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            code = main(["coldstart", "--data", str(seq), "--sids", str(sids), "--cold", "0.1", "--preset", "tiny",
+                         "--device", "cpu", "--seed", "1", "--users", "4", "--out", str(out),
+                         "--results", str(results), "--json"])
+        finally:
+            torch.set_num_threads(threads)
     assert code == 0
     return dict(seq=seq, sids=sids, out=out, report=json.loads(results.read_text()))
 

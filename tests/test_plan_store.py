@@ -30,15 +30,20 @@ def setup(seed=3, sizes=(6, 4), n=20, hidden=8, dtype=torch.float32, shared=Fals
 
 @pytest.fixture
 def timed_calls(monkeypatch):
-    """Counts the planner's timed measurements."""
+    """Counts the planner's timed measurements (CUDA: ``median_us``; CPU: ``time_runs``'s samples)."""
     calls = []
-    real = planner.median_us
+    real_median, real_runs = planner.median_us, planner.time_runs
 
     def counting(fn, device, repeats=planner.REPEATS):
         calls.append(1)
-        return real(fn, device, repeats)
+        return real_median(fn, device, repeats)
+
+    def counting_runs(fn, device, **kwargs):
+        calls.append(1)
+        return real_runs(fn, device, **kwargs)
 
     monkeypatch.setattr(planner, "median_us", counting)
+    monkeypatch.setattr(planner, "time_runs", counting_runs)
     return calls
 
 

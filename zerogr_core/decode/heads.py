@@ -42,6 +42,11 @@ class Heads:
             For a shared head: first row of each level (default: cumulative codebook sizes).
         """
         sizes = tuple(int(s) for s in codebook_sizes)
+        if isinstance(heads, Heads) and band_offsets is None:
+            if tuple(h.shape[0] for h in heads.bands) != tuple(sizes):
+                raise ZeroGRError(f"heads: built for codebooks {[h.shape[0] for h in heads.bands]}, "
+                                  f"the index has {list(sizes)}")
+            return heads
         if isinstance(heads, torch.Tensor):
             if heads.dim() != 2:
                 raise ZeroGRError(f"heads: a shared head must be 2-D (rows, H), got shape {tuple(heads.shape)}")

@@ -276,10 +276,11 @@ def make_plan(shape: PlanShape, *, cost_model: CostModel | None = DEFAULT_COST_M
 def beyond_noise(samples_us: dict, default: str) -> str:
     """The option to keep: ``default``, unless another is faster by more than the timing noise.
 
-    The noise is the larger spread (median − least) of the two options' samples: a CPU
-    shared with other work stretches single calls, so least times within that spread of
-    each other say nothing about which option is faster, and picking the least of them
-    would pick on noise (and differ from run to run).
+    The options are compared by their median (the time the plan reports); the noise is the
+    larger spread (median − least) of the two options' samples: a CPU shared with other
+    work stretches single calls, so medians within that spread of each other say nothing
+    about which option is faster, and picking the least of them would pick on noise (and
+    differ from run to run).
 
     Parameters
     ----------
@@ -293,17 +294,17 @@ def beyond_noise(samples_us: dict, default: str) -> str:
     str
         A label of ``samples_us``.
     """
-    def least(label):
-        return min(samples_us[label])
+    def median(label):
+        return statistics.median(samples_us[label])
 
     def spread(label):
-        return statistics.median(samples_us[label]) - least(label)
+        return median(label) - min(samples_us[label])
 
-    best = min(samples_us, key=least)
+    best = min(samples_us, key=median)
     if best == default:
         return default
     noise = max(spread(best), spread(default))
-    return best if least(best) + noise < least(default) else default
+    return best if median(best) + noise < median(default) else default
 
 
 def _run_on_zeros(shape: PlanShape, level: int, option: StepOption) -> None:

@@ -13,6 +13,8 @@ are ``"<kind>+full"`` / ``"<kind>+selective"`` with the ``"reference"`` top-k pa
 """
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from ..index.layout import StepIndex
@@ -60,7 +62,7 @@ def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_
     normalisation on them, the two taking turns for ``rounds`` calls each
     (:func:`zerogr_core.timing.interleaved_us`: a CPU shared with other work slows single
     calls, never all of them). The step keeps :func:`default_projection` unless the other
-    projection's least time beats it by more than the spread of the samples
+    projection's median time beats it by more than the spread of the samples
     (:func:`~.planner.beyond_noise`), so options within noise of each other do not make
     the plan differ from run to run.
 
@@ -96,7 +98,7 @@ def make_reference_plan(index: StepIndex, heads: Heads, beam_width: int, hidden_
         options = reference_options(index, level)
         samples = interleaved_us({o.label: (lambda run=runners[projection_of(o)]: run(level, states, hidden, scores))
                                   for o in options}, index.device, rounds)
-        times = {label: min(v) for label, v in samples.items()}
+        times = {label: statistics.median(v) for label, v in samples.items()}
         default = next(o for o in options if projection_of(o) == defaults[level])
         label = beyond_noise(samples, default.label)
         steps.append(StepChoice(level, next(o for o in options if o.label == label), times))
