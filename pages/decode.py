@@ -16,13 +16,14 @@ from zerogr_core.app_support.charts import latency_figure, metrics_figure, stage
 from zerogr_core.app_support.labels import NO_TITLES_NOTE, has_real_titles, popularity_labels
 from zerogr_core.app_support.latency import LATENCY_PROTOCOLS, PROTOCOL_LABELS, order_runs, time_orders, winner
 from zerogr_core.app_support.profile import comparison, invalid_mass, k_values, profile_decode, steady_cpu_timing
-from zerogr_core.app_support.own_model import OFFSETS_FILE, load_model, model_folder, own_model_inputs, parse_offsets
+from zerogr_core.app_support.own_model import own_model_inputs
 from zerogr_core.app_support.item_sets import ITEM_SETS, ItemSet, decode_constraints, register_set
 from zerogr_core.app_support.llm_model import (LLM_SHAPES, LLMSpec, build_llm, llm_dtype, llm_inputs, model_params,
                                                weight_bytes)
 from zerogr_core.app_support.requests import DTYPES
 from zerogr_core.app_support.sources import app_settings
 from zerogr_core.errors import ZeroGRError
+from zerogr_core.models.checkpoint_folder import OFFSETS_FILE, load_model, model_folder, parse_offsets
 
 ORDERS = ("filter-first", "score-first")
 BUNDLED = "Bundled MovieLens recommender"

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from .bench.commands import register as register_bench
+from .bench.compare_orders import register as register_compare_orders
 from .bench.e2e_command import register as register_bench_e2e
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLE_NAMES, open_catalog, parse_count
@@ -478,6 +479,7 @@ REGISTRARS = (register_index, register_next, register_synth, register_stats, reg
 REGISTRARS += (register_bench_e2e,)
 REGISTRARS += (register_serve,)
 REGISTRARS += (register_cold_items,)
+REGISTRARS += (register_compare_orders,)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,8 @@ is unit-tested directly:
 * :mod:`.profile` — a stage-timed decode of either order, overlap@K and Recall@K;
 * :mod:`.latency` — both orders timed in turns until the ranking holds, and the winner beyond noise;
 * :mod:`.bounds` — how much decode work one page run may start;
-* :mod:`.own_model` — the user's ``transformers`` checkpoint folder as the Decode page's model;
+* :mod:`.own_model` — the user's ``transformers`` checkpoint folder as the Decode page's model
+  (loaded by :mod:`zerogr_core.models.checkpoint_folder`, as ``compare-orders`` loads it);
 * :mod:`.llm_model` — the Qwen3 shapes (random weights) as the Decode page's LLM-scale model;
 * :mod:`.item_sets` — a decode restricted to an item set (the cold-start items) on both orders;
 * :mod:`.labels` — item labels for catalogs without titles;

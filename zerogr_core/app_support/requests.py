@@ -65,17 +65,12 @@ def study_inputs(study, users, rows: np.ndarray, device, beam_width: int, name: 
     a :class:`~zerogr_core.models.t5.T5StepModel` for the T5 recommender (it offers
     ``step_model()``), a :class:`~zerogr_core.models.tiger.TigerStepModel` otherwise.
     ``name`` (the bundled data set) keys the decoders built on these heads."""
-    from ..models.tiger import TigerStepModel
+    from ..recsys.bundled import study_step_model
 
     histories, targets = users.pick(rows)
-    model = study.model
-    if hasattr(model, "step_model"):
-        step_model = model.step_model()
-        step_model.prefill(*model.encoder_inputs(histories, study.sids), beam_width=beam_width)
-    else:
-        step_model = TigerStepModel(model)
-        step_model.prefill_rows(histories, study.sids, beam_width=beam_width)
-    return DecodeInputs(model.head_weights(), None, step_model, (name, str(device)), targets, users.user_ids[rows])
+    step_model = study_step_model(study, histories, beam_width)
+    return DecodeInputs(study.model.head_weights(), None, step_model, (name, str(device)), targets,
+                        users.user_ids[rows])
 
 
 def history_lists(histories):

@@ -7,9 +7,11 @@
 * :mod:`.tiger` - the bundled TIGER-style recommender with a KV cache;
 * :mod:`.decoder_only` - a decoder-only generative recommender (history, then SID tokens);
 * :mod:`.t5` - a Hugging Face T5 decoder with per-request cross-attention memory;
-* :mod:`.hf` - the Hugging Face adapter (``zerogr_core.hf``).
+* :mod:`.hf` - the Hugging Face adapter (``zerogr_core.hf``);
+* :mod:`.checkpoint_folder` - a user's ``transformers`` checkpoint folder (SID token offsets in
+  ``zerogr.json``) through that adapter, for the Decode page and ``compare-orders``.
 
-Imports torch only; :mod:`.t5` and :mod:`.hf` need ``transformers`` when used.
+Imports torch only; :mod:`.t5`, :mod:`.hf` and :mod:`.checkpoint_folder` need ``transformers`` when used.
 """
 from .protocol import (PrefixTracker, StepDecoder, StepModel, keep_static, parents_from_prefixes, reorder_rows,
                        safe_parents)

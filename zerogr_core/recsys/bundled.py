@@ -1,5 +1,7 @@
 """What the bundled recommenders of the app (:mod:`.movielens`, :mod:`.beauty`) share: an
-overridable checkpoint path, an availability check, and loading with one-line errors."""
+overridable checkpoint path, an availability check, and loading with one-line errors; and
+what every client of a project checkpoint shares (the app, ``compare-orders``): loading a
+checkpoint of either trainer, and its KV-cache step model prefilled with histories."""
 from __future__ import annotations
 
 import importlib
@@ -95,3 +97,73 @@ class BundledRecommender:
         """
         return load_study(self.checkpoint_path(), self._resolve(self.loader), self.missing, self.retrain,
                           device=device)
+
+
+def load_project_checkpoint(path, device="cpu"):
+    """A checkpoint of ``train-movielens`` or ``train``, whichever the file is.
+
+    Parameters
+    ----------
+    path : str or Path
+    device : str or torch.device
+
+    Returns
+    -------
+    StudyModel
+        The model with the SID catalog it decodes against (``study.catalog``).
+
+    Raises
+    ------
+    ZeroGRError
+        Missing, unreadable or foreign file, or weights of another model version (one line).
+    """
+    import torch
+
+    from .seqrec import CHECKPOINT_FORMAT as SEQUENCE_FORMAT
+    from .seqrec import load_sequence_checkpoint
+    from .train import CHECKPOINT_FORMAT as MOVIELENS_FORMAT
+    from .train import load_checkpoint
+
+    path = Path(path)
+    if not is_file(path):
+        raise ZeroGRError(f"{path}: checkpoint not found")
+    try:
+        fmt = torch.load(path, map_location="cpu", weights_only=True).get("format")
+    except Exception as exc:  # noqa: BLE001 — torch raises many types for foreign files
+        raise ZeroGRError(f"{path}: not a readable checkpoint ({type(exc).__name__})") from None
+    loaders = {MOVIELENS_FORMAT: (load_checkpoint, "python -m zerogr_core train-movielens --out FILE"),
+               SEQUENCE_FORMAT: (load_sequence_checkpoint, "python -m zerogr_core train --out FILE")}
+    if fmt not in loaders:
+        raise ZeroGRError(f"{path}: not a checkpoint of train-movielens ({MOVIELENS_FORMAT}) or train "
+                          f"({SEQUENCE_FORMAT})")
+    loader, retrain = loaders[fmt]
+    return load_study(path, loader, f"{path}: checkpoint not found", retrain, device=device)
+
+
+def study_step_model(study, histories, beam_width: int):
+    """A project recommender's KV-cache step model, prefilled with ``histories``.
+
+    Parameters
+    ----------
+    study : StudyModel
+    histories : sequence of np.ndarray (h_b,) int64
+        Per request, item rows of ``study.catalog``, oldest first, each non-empty.
+    beam_width : int
+
+    Returns
+    -------
+    StepModel
+        :class:`~zerogr_core.models.t5.T5StepModel` for the T5 recommender (it offers
+        ``step_model()``), :class:`~zerogr_core.models.tiger.TigerStepModel` otherwise;
+        every decoder takes it in place of a ``hidden_fn``.
+    """
+    from ..models.tiger import TigerStepModel
+
+    model = study.model
+    if hasattr(model, "step_model"):
+        step_model = model.step_model()
+        step_model.prefill(*model.encoder_inputs(histories, study.sids), beam_width=beam_width)
+    else:
+        step_model = TigerStepModel(model)
+        step_model.prefill_rows(histories, study.sids, beam_width=beam_width)
+    return step_model

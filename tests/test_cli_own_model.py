@@ -1,0 +1,141 @@
+"""``compare-orders``: both orders on the user's own model (a transformers checkpoint folder or a
+project checkpoint), in-process, and its one-line usage errors."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from zerogr_core.catalog.io import load_catalog
+from zerogr_core.cli import main
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, OFFSETS = 14, [2, 6, 10]   # ids 0-1: pad, eos; then 3 SID levels of 4 tokens
+CATALOG_ROWS = ["item_id,s1,s2,s3"] + [f"{100 + i},{a},{b},{c}" for i, (a, b, c) in enumerate(
+    [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 2, 3), (1, 0, 2), (1, 3, 3), (2, 1, 1), (2, 2, 0), (3, 0, 1), (3, 3, 2)])]
+
+
+def tiny_model(kind: str):
+    torch.manual_seed(0)
+    if kind == "t5":
+        config = transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                       num_decoder_layers=1, num_heads=2, decoder_start_token_id=0, pad_token_id=0,
+                                       eos_token_id=1, dropout_rate=0.0)
+        return transformers.T5ForConditionalGeneration(config)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                                     bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A catalog CSV and one saved checkpoint folder per kind, offsets in zerogr.json."""
+    catalog = tmp_path / "items.csv"
+    catalog.write_text("\n".join(CATALOG_ROWS) + "\n")
+    for kind in ("t5", "gpt2"):
+        tiny_model(kind).save_pretrained(tmp_path / kind)
+        (tmp_path / kind / "zerogr.json").write_text(json.dumps({"token_offsets": OFFSETS}))
+    return tmp_path
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_line_error(capsys, *args: str) -> str:
+    code, _, err = run_main(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.reference_kernels
+@pytest.mark.parametrize("kind", ["t5", "gpt2"])
+def test_both_orders_return_catalog_items_as_json(files, capsys, kind):
+    code, out, err = run_main(capsys, "compare-orders", "--catalog", files / "items.csv", "--model", files / kind,
+                              "--batch", "2", "--beam", "4", "--repeats", "2", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert set(report) == {"catalog", "model", "device", "batch", "beam", "seed", "repeats", "orders", "k",
+                           "overlap_at_k", "share_differ_at_k", "all_in_catalog"}
+    assert report["model"]["token_offsets"] == OFFSETS and report["model"]["kind"] == "transformers"
+    assert report["catalog"]["items"] == 10 and report["k"] == 4
+    assert set(report["orders"]) == {"filter-first", "score-first"}
+    for order in report["orders"].values():
+        assert order["runs"] == 2 and order["p10_ms"] <= order["median_ms"] <= order["p90_ms"]
+        assert order["returned"] == order["in_catalog"] == 2 * 4 and order["all_in_catalog"]
+    assert report["all_in_catalog"] and 0.0 <= report["overlap_at_k"] <= 1.0
+
+
+@pytest.mark.reference_kernels
+def test_text_report_and_offsets_on_the_command_line(files, capsys):
+    """--offsets overrides zerogr.json; the text report names both orders and the checks."""
+    (files / "t5" / "zerogr.json").unlink()
+    code, out, err = run_main(capsys, "compare-orders", "--catalog", files / "items.csv", "--model", files / "t5",
+                              "--offsets", "2,6,10", "--batch", "1", "--beam", "3", "--repeats", "2")
+    assert code == 0, err
+    assert "filter-first" in out and "score-first" in out and "overlap@3:" in out
+    assert "every returned item is in the catalog: yes" in out and "token offsets 2/6/10" in out
+
+
+@pytest.mark.reference_kernels
+def test_a_project_checkpoint_decodes_over_its_own_catalog(capsys):
+    from zerogr_core.recsys.train import BUNDLED_CHECKPOINT
+
+    if not BUNDLED_CHECKPOINT.is_file():
+        pytest.skip("no bundled MovieLens checkpoint")
+    code, out, err = run_main(capsys, "compare-orders", "--checkpoint", BUNDLED_CHECKPOINT, "--batch", "1",
+                              "--beam", "4", "--repeats", "2", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["model"]["kind"] == "project" and report["all_in_catalog"]
+    assert report["catalog"]["items"] == load_catalog(BUNDLED_CHECKPOINT.parent / "sid_catalog.csv").n_items
+    # another catalog than the one it was trained with is refused
+    line = one_line_error(capsys, "compare-orders", "--checkpoint", BUNDLED_CHECKPOINT, "--catalog", "tiny")
+    assert line.startswith("error: --catalog:")
+
+
+def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys, tmp_path):
+    base = ("compare-orders", "--catalog", files / "items.csv")
+    assert one_line_error(capsys, *base, "--model", tmp_path / "nowhere").startswith(
+        "error: --model: no transformers checkpoint")
+    assert one_line_error(capsys, *base, "--model", files / "t5", "--offsets", "2,six,10") == \
+        "error: --offsets: 'six' is not a whole number"
+    # 3 levels of 4 tokens from id 12 run past a vocabulary of 14
+    line = one_line_error(capsys, *base, "--model", files / "t5", "--offsets", "2,6,12")
+    assert line.startswith("error: --offsets:") and "vocabulary has 14 ids" in line
+    assert one_line_error(capsys, *base, "--model", files / "t5", "--offsets", "2,6").startswith(
+        "error: --offsets: 2 offsets for a catalog of 3 levels")
+    (files / "gpt2" / "zerogr.json").write_text('{"offsets": 3}')
+    assert one_line_error(capsys, *base, "--model", files / "gpt2").startswith("error: --model:")
+    (files / "gpt2" / "zerogr.json").unlink()
+    assert one_line_error(capsys, *base, "--model", files / "gpt2").startswith("error: --offsets:")
+    assert one_line_error(capsys, "compare-orders", "--model", files / "t5").startswith("error: --catalog:")
+    assert one_line_error(capsys, "compare-orders", "--catalog", tmp_path / "none.csv", "--model",
+                          files / "t5").startswith("error: --catalog:")
+    assert one_line_error(capsys, *base, "--model", files / "t5", "--beam", "0") == \
+        "error: --beam: must be ≥ 1, got 0"
+    assert one_line_error(capsys, *base, "--checkpoint", files / "items.csv").startswith("error: --checkpoint:")
+
+
+def test_the_catalog_check_counts_beams_whose_sid_is_not_an_item():
+    """A beam whose tokens are not its row's SID is counted out of the catalog."""
+    from zerogr_core.bench.compare_orders import _in_catalog
+    from zerogr_core.decode.search import DecodeResult
+
+    catalog = load_catalog_rows()
+    tokens = torch.tensor([[[0, 0, 0], [0, 0, 1], [-1, -1, -1]]])
+    result = DecodeResult(tokens, torch.tensor([[-1.0, -2.0, float("-inf")]]), torch.tensor([[0, 0, -1]]))
+    assert _in_catalog(catalog, result) == dict(returned=2, in_catalog=1, all_in_catalog=False)
+
+
+def load_catalog_rows():
+    from zerogr_core import Catalog
+
+    sids = np.array([[int(v) for v in row.split(",")[1:]] for row in CATALOG_ROWS[1:]])
+    return Catalog.from_sids(sids, (4, 4, 4))
