@@ -134,6 +134,55 @@ def test_figures_from_results(quick_run, tmp_path):
     assert len(written["html"]) == len(figures.all_figures([])) and all(Path(p).stat().st_size > 1000 for p in written["html"])
 
 
+
+def legend_and_series(fig) -> tuple[list, set]:
+    """The legend's entries (in order, repeats kept) and the names of the series drawn."""
+    def drawn(t) -> bool:
+        values = t.x if getattr(t, "orientation", None) == "h" else t.y
+        return values is not None and any(v is not None for v in values)
+
+    traces = [t for t in fig.data if t.type != "table"]
+    legend = [t.name for t in traces if t.showlegend is not False]
+    return legend, {t.name for t in traces if drawn(t)}
+
+
+def test_every_legend_names_exactly_the_series_drawn_from_the_committed_results():
+    """One legend entry per series drawn, none unnamed, none for an empty trace; unmeasured cells are "—"."""
+    from zerogr_core.bench import figures
+
+    records = load_results(ROOT / "runs" / "results")
+    assert records
+    built = figures.all_figures(records)
+    assert sum(len(f.data) > 0 for f in built.values()) >= 5
+    for stem, fig in built.items():
+        legend, series = legend_and_series(fig)
+        assert all(name for name in legend), (stem, legend)
+        assert len(legend) == len(set(legend)) and set(legend) == series, (stem, legend, series)
+        assert all(t.type == "table" or t.name in series for t in fig.data), stem   # no empty trace
+        by_name = {}
+        for t in fig.data:
+            if t.type != "table":
+                colour = t.marker.color if t.type == "bar" else t.line.color
+                assert by_name.setdefault(t.name, colour) == colour, (stem, t.name)   # one colour per entry
+        for table in (t for t in fig.data if t.type == "table"):
+            assert all(v not in ("", None) for column in table.cells.values for v in column), stem
+
+
+def test_a_method_missing_from_the_first_panel_is_still_in_the_legend():
+    from zerogr_core.bench import figures
+
+    def record(catalog, method, batch, ms):
+        return dict(kind="latency", status="ok", suite="headline", catalog_label=catalog, dtype="fp16", hidden=64,
+                    beam=8, codebook=16, batch=batch, method=method, mode="graph", median_ms=ms)
+
+    records = [record("a", "zerogr", 1, 1.0), record("a", "static", 1, 2.0),
+               record("b", "zerogr", 1, 1.0), record("b", "cpu-trie", 1, 9.0), record("b", "static", 1, 3.0)]
+    for fig in (figures.figure_latency(records), figures.figure_speedup(records)):
+        legend, series = legend_and_series(fig)
+        assert set(legend) == series and "cpu-trie" in legend and len(legend) == len(series)
+    single = figures.figure_latency(records[:1])
+    assert single.layout.showlegend is True and legend_and_series(single)[0] == ["zerogr"]
+
 def test_quick_bench_through_the_triton_interpreter(tmp_path):
     # the methods that run every Triton kernel: filtering, selective projection, normalisation, top-k
     methods = ["zerogr", "static-adapted", "naive-selective"]

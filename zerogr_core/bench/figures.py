@@ -115,6 +115,30 @@ def _pos(i: int, cols: int):
     return dict(row=i // cols + 1, col=i % cols + 1)
 
 
+def _legend(fig: go.Figure) -> go.Figure:
+    """One legend entry per series drawn, and none for anything else.
+
+    A trace with no point (a method or stage the records do not hold in that panel) is
+    dropped; the traces of one name (the same method in every panel) form one legend group,
+    listed once from the first panel that draws it, so a method absent from the first panel
+    is still named; the legend shows even for a single series.
+    """
+    def points(t) -> bool:
+        values = t.x if getattr(t, "orientation", None) == "h" else t.y
+        return values is not None and any(v is not None for v in values)
+
+    fig.data = [t for t in fig.data if t.type == "table" or points(t)]
+    named = set()
+    for t in fig.data:
+        if t.type == "table":
+            continue
+        t.legendgroup, t.showlegend = t.name, t.name not in named
+        named.add(t.name)
+    if named:
+        fig.update_layout(showlegend=True)
+    return fig
+
+
 # ---------------------------------------------------------------------------- latency figures
 def figure_speedup(records: list[dict], suites=("headline",)) -> go.Figure:
     """Speedup of zerogr (graph replay) over each baseline (its best mode) against batch size,
@@ -139,7 +163,7 @@ def figure_speedup(records: list[dict], suites=("headline",)) -> go.Figure:
     for i in range(len(keys)):
         fig.add_hline(y=1.0, line_dash="dot", line_color="black", **_pos(i, cols))
     _ticks(fig, {k[4] for k in table})
-    return fig
+    return _legend(fig)
 
 
 def _method_lines(fig: go.Figure, cols: int, keys: list, panels) -> None:
@@ -150,7 +174,7 @@ def _method_lines(fig: go.Figure, cols: int, keys: list, panels) -> None:
             if not pts:
                 continue
             fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=m,
-                                     legendgroup=m, showlegend=i == 0, line=dict(color=COLORS.get(m))),
+                                     line=dict(color=COLORS.get(m))),
                           **_pos(i, cols))
 
 
@@ -169,7 +193,7 @@ def figure_latency(records: list[dict], suites=("headline",)) -> go.Figure:
                       "latency (ms)", log_y=True, log_x=True)
     _method_lines(fig, cols, keys, panels)
     _ticks(fig, {k[4] for k in table})
-    return fig
+    return _legend(fig)
 
 
 def _sweep(records, suite: str, field: str, title: str, x_title: str) -> go.Figure:
@@ -190,9 +214,9 @@ def _sweep(records, suite: str, field: str, title: str, x_title: str) -> go.Figu
             if not pts:
                 continue
             fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=m,
-                                     legendgroup=m, showlegend=i == 0, line=dict(color=COLORS.get(m))),
+                                     line=dict(color=COLORS.get(m))),
                           **_pos(i, cols))
-    return fig
+    return _legend(fig)
 
 
 def figure_beam_sweep(records: list[dict]) -> go.Figure:
@@ -229,10 +253,10 @@ def figure_steps(records: list[dict], mode: str | None = None) -> go.Figure:
                 continue
             xs = sorted(steps)
             ys = [(steps[s].get(mode) if mode else _best(steps[s])) for s in xs]
-            fig.add_trace(go.Bar(x=[f"step {s}" for s in xs], y=ys, name=m, legendgroup=m, showlegend=i == 0,
+            fig.add_trace(go.Bar(x=[f"step {s}" for s in xs], y=ys, name=m,
                                  marker_color=COLORS.get(m)), **_pos(i, cols))
     fig.update_layout(barmode="group")
-    return fig
+    return _legend(fig)
 
 
 def figure_stages(records: list[dict]) -> go.Figure:
@@ -253,13 +277,13 @@ def figure_stages(records: list[dict]) -> go.Figure:
         steps = sorted(panels[key])
         xs = [f"step {s}" for s in steps]
         for stage, color in STAGE_COLORS.items():
-            fig.add_trace(go.Bar(x=xs, y=[panels[key][s].get(stage) for s in steps], name=stage, legendgroup=stage,
-                                 showlegend=i == 0, marker_color=color), **_pos(i, cols))
+            fig.add_trace(go.Bar(x=xs, y=[panels[key][s].get(stage) for s in steps], name=stage,
+                                 marker_color=color), **_pos(i, cols))
         fig.add_trace(go.Scatter(x=xs, y=[panels[key][s].get("fused step") for s in steps], mode="markers",
-                                 name="fused step", legendgroup="fused", showlegend=i == 0,
+                                 name="fused step",
                                  marker=dict(symbol="diamond", size=10, color="black")), **_pos(i, cols))
     fig.update_layout(barmode="stack")
-    return fig
+    return _legend(fig)
 
 
 def figure_ablation(records: list[dict]) -> go.Figure:
@@ -284,16 +308,17 @@ def figure_ablation(records: list[dict]) -> go.Figure:
         cols["catalog"].append(key[0])
         cols["config"].append(key[1])
         cols["batch"].append(key[2])
-        cols["valid / full logits"].append(f"{key[3]:,} / {key[4]:,}" if key[3] is not None else "")
+        cols["valid / full logits"].append(f"{key[3]:,} / {key[4]:,}" if key[3] is not None else "—")
         cols["variant"].append(variant)
         for part in ("projection", "filtering+projection", "whole step"):
             v = parts.get(part)
-            cols[f"{part} (µs)"].append("" if v is None else f"{v[0]:.1f}" + (" (eager)" if v[1] == "eager" else ""))
+            text = "—" if v is None else f"{v[0]:.1f}" + (" (eager)" if v[1] == "eager" else "")
+            cols[f"{part} (µs)"].append(text)
     fig = go.Figure(go.Table(header=dict(values=list(cols), fill_color="#dbe6f3", align="left"),
                              cells=dict(values=list(cols.values()), align="left")))
     fig.update_layout(title="Step-2 ablation: full projection vs naive selective vs slot-based selective",
                       height=200 + 40 * len(items))
-    return fig
+    return _legend(fig)
 
 
 # ---------------------------------------------------------------------------- memory / build / interference
@@ -314,10 +339,10 @@ def figure_memory(records: list[dict]) -> go.Figure:
             if not per:
                 continue
             xs = sorted((k for k in per if k != "total"), key=lambda s: int(s.split()[1])) + ["total"]
-            fig.add_trace(go.Bar(x=xs, y=[per.get(x) for x in xs], name=struct, legendgroup=struct,
-                                 showlegend=i == 0, marker_color=color), **_pos(i, cols))
+            fig.add_trace(go.Bar(x=xs, y=[per.get(x) for x in xs], name=struct,
+                                 marker_color=color), **_pos(i, cols))
     fig.update_layout(barmode="group")
-    return fig
+    return _legend(fig)
 
 
 def figure_build(records: list[dict]) -> go.Figure:
@@ -346,7 +371,7 @@ def figure_build(records: list[dict]) -> go.Figure:
     fig.update_xaxes(type="log", row=1, col=2)
     fig.update_layout(title="Index construction: layout-guided streaming vs full host vs serial vs STATIC-style",
                       template="plotly_white", height=420, barmode="group")
-    return fig
+    return _legend(fig)
 
 
 def figure_interference(records: list[dict]) -> go.Figure:
@@ -360,7 +385,7 @@ def figure_interference(records: list[dict]) -> go.Figure:
         fig.add_trace(go.Bar(x=labels, y=[r.get(q) for r in rows], name=name))
     fig.update_layout(title="zerogr decode latency while the index is rebuilt (background thread)",
                       yaxis_title="latency (ms)", barmode="group", template="plotly_white", height=420)
-    return fig
+    return _legend(fig)
 
 
 # ---------------------------------------------------------------------------- all together
@@ -379,18 +404,16 @@ def figure_e2e(records: list[dict]) -> go.Figure:
     fig, cols = _grid([f"{k[0]} · {k[1]} · {k[2]} · beam {k[3]}" for k in keys],
                       "End-to-end latency, model included (median)", "batch size", "latency (ms)", log_y=True,
                       log_x=True)
-    batches, named = set(), set()
+    batches = set()
     for i, key in enumerate(keys):
         for m, color in E2E_COLORS.items():
             pts = sorted(panels[key].get(m, {}).items())
             batches.update(b for b, _ in pts)
             if pts:
                 fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=m,
-                                         legendgroup=m, showlegend=m not in named, line=dict(color=color)),
-                              **_pos(i, cols))
-                named.add(m)
+                                         line=dict(color=color)), **_pos(i, cols))
     _ticks(fig, batches)
-    return fig
+    return _legend(fig)
 
 
 def all_figures(records: list[dict]) -> dict:
