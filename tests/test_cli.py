@@ -187,8 +187,9 @@ def test_registrars_add_subcommands():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
     assert list(commands) == ["index", "next", "synth", "stats", "plan", "warmup", "bench", "train-movielens",
-                              "train", "quality", "bench-e2e", "serve", "decode-dataset", "coldstart"]
-    assert len(REGISTRARS) == 11
+                              "train", "quality", "bench-e2e", "serve", "decode-dataset", "coldstart",
+                              "compare-orders"]
+    assert len(REGISTRARS) == 12
 
 
 def test_synth_catalogs_work_without_polars():

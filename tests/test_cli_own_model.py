@@ -111,6 +111,9 @@ def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys,
     assert line.startswith("error: --offsets:") and "vocabulary has 14 ids" in line
     assert one_line_error(capsys, *base, "--model", files / "t5", "--offsets", "2,6").startswith(
         "error: --offsets: 2 offsets for a catalog of 3 levels")
+    (files / "gpt2" / "zerogr.json").write_text(json.dumps({"token_offsets": [2, 6, 11]}))
+    assert one_line_error(capsys, *base, "--model", files / "gpt2").startswith(
+        "error: --offsets (from zerogr.json): level 3 needs vocabulary ids [11, 15)")
     (files / "gpt2" / "zerogr.json").write_text('{"offsets": 3}')
     assert one_line_error(capsys, *base, "--model", files / "gpt2").startswith("error: --model:")
     (files / "gpt2" / "zerogr.json").unlink()
