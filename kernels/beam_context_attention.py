@@ -235,10 +235,11 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
     out = torch.empty(b, m, h, d, dtype=q.dtype, device=q.device)
     if not (b and m):
         return out
-    gpu = q.is_cuda and not interpreting()
+    # the interpreter gets the smallest tiles (fast, and several key blocks per split in tests);
     # tl.dot needs every dimension ≥ 16; masked lanes load zeros
-    bm = block_m or (min(BLOCK_M, max(16, next_pow2(rows))) if gpu else 16)
-    bn = block_n or (BLOCK_N if gpu else 16)
+    small = interpreting()
+    bm = block_m or (16 if small else min(BLOCK_M, max(16, next_pow2(rows))))
+    bn = block_n or (16 if small else BLOCK_N)
     bd = max(16, next_pow2(d))
     row_blocks = cdiv(rows, bm)
     n_splits = splits or split_count(context_len, row_blocks * b * kvh, _sm_count(q.device))
@@ -258,12 +259,12 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
         q, k, v, lengths, out, ws_m, ws_l, ws_acc, rows, kvh, d, context_len, step, chunk, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), G=g, P=lineage_len, SPLITS=n_splits, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_D=bd, CHUNK_BLOCKS=chunk // bn if interpreting() else 0, PRECISION="tf32" if tf32 else "ieee",
+        BLOCK_D=bd, CHUNK_BLOCKS=chunk // bn if small else 0, PRECISION="tf32" if tf32 else "ieee",
         # the interpreter's tl.dot garbles bfloat16 operands; their float32 copies give the same products
-        UPCAST=interpreting() and q.dtype == torch.bfloat16, num_warps=NUM_WARPS if gpu else 4,
-        num_stages=NUM_STAGES if gpu else 1)
+        UPCAST=small and q.dtype == torch.bfloat16, num_warps=4 if small else NUM_WARPS,
+        num_stages=1 if small else NUM_STAGES)
     if n_splits > 1:
-        mb = min(MERGE_BLOCK_M, next_pow2(rows)) if gpu else 16
+        mb = 16 if small else min(MERGE_BLOCK_M, next_pow2(rows))
         _merge_kernel[(cdiv(rows, mb), b * kvh)](ws_m, ws_l, ws_acc, out, rows, kvh, d, G=g, SPLITS=n_splits,
                                                  BLOCK_M=mb, BLOCK_D=bd, num_warps=4)
     return out
