@@ -24,10 +24,11 @@ Per decoding step (docs/design.md §4), op (module):
    ``beam_scores`` it fuses step 3, with ``prefixes`` it also writes the next step's
    token prefixes (:func:`extend_prefixes` is the unfused form).
 
-Beside the decoding step, five kernels serve the models that feed it (a T5 decoder step,
+Beside the decoding step, six kernels serve the models that feed it (a T5 decoder step,
 a Qwen3 layer): :func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
-(``memory_attention``), :func:`rms_layer_norm` (``rms_norm``), :func:`qk_norm_rope`
-(``qk_norm_rope``) and :func:`silu_mul` (``swiglu``).
+(``memory_attention``), :func:`beam_context_attention` (``beam_context_attention``),
+:func:`rms_layer_norm` (``rms_norm``), :func:`qk_norm_rope` (``qk_norm_rope``) and
+:func:`silu_mul` (``swiglu``).
 
 Launches: on Hopper and later (compute capability 9+) the step's kernels launch with
 programmatic dependent launch and open with ``_common.pdl_prologue`` (wait for the previous
@@ -50,6 +51,8 @@ any plan, with scores within about 1e-5.
 """
 from .beam_attention import (cached_self_attention, cached_self_attention_reference,
                              cached_self_attention_triton)
+from .beam_context_attention import (beam_context_attention, beam_context_attention_reference,
+                                     beam_context_attention_triton)
 from .filtering import (TASK_WIDTH, FilterOut, filter_slots, filter_slots_reference,
                            filter_slots_triton, num_tasks)
 from .full_projection import full_proj, full_proj_reference
@@ -69,6 +72,7 @@ from .selection import (PATHS as TOPK_PATHS, SMALL_AUTO_MAX, SMALL_MAX, SPLIT_CH
 __all__ = [
     "cached_self_attention", "cached_self_attention_reference", "cached_self_attention_triton",
     "request_attention", "request_attention_reference", "request_attention_triton",
+    "beam_context_attention", "beam_context_attention_reference", "beam_context_attention_triton",
     "rms_layer_norm", "rms_layer_norm_reference", "rms_layer_norm_triton",
     "qk_norm_rope", "qk_norm_rope_reference", "qk_norm_rope_triton",
     "silu_mul", "silu_mul_reference", "silu_mul_triton",

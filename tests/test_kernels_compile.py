@@ -142,6 +142,17 @@ def _launch_grid():
                 request_attention_triton(*qkv.split(heads * d, dim=-1), e(2, heads, t, t, dtype=dtype), heads=heads)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
+    from zerogr_kernels.beam_context_attention import beam_context_attention_triton
+
+    # Qwen3 decode attention: tiny odd shapes, and Qwen3-1.7B's (16 / 8 heads of 128, beam 256,
+    # 3 SID levels) with one split (batch 8) and several (batch 1, then the merge kernel)
+    for (b, m, heads, kvh, d, ctx, p, splits), dtype in itertools.product(
+            [(1, 3, 2, 1, 16, 1, 2, 1), (2, 5, 4, 2, 24, 40, 1, 3), (1, 256, 16, 8, 128, 1024, 2, 4),
+             (8, 256, 16, 8, 128, 5056, 2, 1)], (torch.float16, torch.bfloat16, torch.float32)):
+        slots = ctx + -(-m * p // 16) * 16
+        beam_context_attention_triton(e(b, m, heads, d, dtype=dtype), e(b, slots, kvh, d, dtype=dtype),
+                                      e(b, slots, kvh, d, dtype=dtype), e(b, dtype=torch.int64), context_len=ctx,
+                                      lineage_len=p, step=p, splits=splits)
 
 
 def record_specs() -> list[tuple]:
@@ -220,7 +231,8 @@ def test_every_launched_specialisation_compiles_for_hopper():
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
                    "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
                    "_constrain_scored_kernel", "_rms_norm_kernel",
-                   "_cached_attention_kernel", "_request_attention_kernel"):
+                   "_cached_attention_kernel", "_request_attention_kernel", "_split_kernel",
+                   "_merge_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"
     pdl = int(out.split(" launched with programmatic dependent launch")[0].rsplit(" ", 1)[-1])
     assert pdl > 0, out[-2000:]

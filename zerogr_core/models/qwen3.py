@@ -16,10 +16,12 @@ arithmetic) and serves it through the step protocol (:mod:`zerogr_core.models.pr
   their own lineage (the SID tokens chosen so far, per-beam slots after the context,
   gathered from the parent beams each step). Grouped-query attention: the
   ``g = heads / kv_heads`` query heads of a KV head and all M beams form one
-  ``(g·M, head_dim)`` query matrix per (request, KV head), and one SDPA call per layer
-  attends it over ``[context ; lineage slots]``, so the context is read once per request.
-  One additive bias per step masks the padding past ``len_b`` and every lineage slot but
-  the beam's own; context and lineage share one softmax (float32 inside the kernel).
+  ``(g·M, head_dim)`` query matrix per (request, KV head) attended over the request's
+  context and each row's own lineage slots, so the context is read once per request:
+  on a GPU :func:`zerogr_kernels.beam_context_attention` (splits over the context, the
+  padding past ``len_b`` skipped, the own lineage keys scored apart, no mask tensor);
+  elsewhere its reference, one SDPA call with an additive bias that masks the padding and
+  every lineage slot but the beam's own. Context and lineage share one float32 softmax.
 * **Fused projections.** Each layer's query/key/value weights are stacked into one matrix,
   and its gate/up weights into another, once at wrap time; the module's own parameters
   become views into them (no second copy), so a layer runs 4 GEMMs instead of 7 and the
@@ -42,6 +44,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from zerogr_kernels._common import use_triton
+from zerogr_kernels.beam_context_attention import beam_context_attention_reference, beam_context_attention_triton
 from zerogr_kernels.qk_norm_rope import qk_norm_rope
 from zerogr_kernels.rms_norm import rms_layer_norm
 from zerogr_kernels.swiglu import silu_mul
@@ -262,15 +266,13 @@ class Qwen3StepModel:
         dev, dt = self.device, self.dtype
         self.lineage_len = max(self.n_levels - 1, 1)
         # a request's keys: its context, then its beams' lineage slots (beam m, SID position t
-        # at tb + m * lineage_len + t), padded to 16 so the attention bias rows stay aligned
+        # at tb + m * lineage_len + t), padded to 16 so the reference's attention bias rows stay aligned
         own = -(-beam_width * self.lineage_len // 16) * 16
         self.ids = torch.zeros(b, tb, dtype=torch.int64, device=dev)
         self.lengths = torch.ones(b, dtype=torch.int64, device=dev)
         # token-major (b, slot, kv_heads, D), the projections' own layout: the prefill's copy is a
         # contiguous run per request, and SDPA reads the (kv_heads, slot) transpose as a view
         self.kv = torch.zeros(2, self.n_layers, b, tb + own, self.kv_heads, self.head_dim, dtype=dt, device=dev)
-        self.context_bias = torch.zeros(b, 1, 1, tb, dtype=dt, device=dev)
-        self.bias = torch.zeros(b, 1, beam_width * self.group, tb + own, dtype=dt, device=dev)
         self.first = torch.zeros(b, self.hidden_size, dtype=dt, device=dev)
         self.batch, self.beam_width, self.context_len = b, beam_width, tb
 
@@ -397,18 +399,6 @@ class Qwen3StepModel:
         x = self._layers(x, cos, sin, attend).view(b, tb, -1)
         last = x[torch.arange(b, device=self.device), self.lengths - 1]
         self.first.copy_(self.core.norm(last))
-        pos = torch.arange(tb, device=self.device)
-        self.context_bias.copy_(torch.where(pos[None, :] < self.lengths[:, None], 0.0, float("-inf"))[:, None, None])
-        self.bias[..., :tb].copy_(self.context_bias.expand(-1, -1, self.bias.shape[2], -1))
-
-    def _lineage_bias(self, step: int) -> None:
-        """The lineage part of the attention bias at ``step``: query row (beam m, head) sees
-        slots m · P + t for SID positions t < step of its own beam, nothing else."""
-        m, p, tb = self.beam_width, self.lineage_len, self.context_len
-        slots = torch.arange(self.bias.shape[3] - tb, device=self.device)
-        rows = torch.arange(m * self.group, device=self.device) // self.group
-        allowed = ((slots // p)[None, :] == rows[:, None]) & ((slots % p) < step)[None, :] & (slots < m * p)[None, :]
-        self.bias[..., tb:].copy_(torch.where(allowed, 0.0, float("-inf")).expand_as(self.bias[..., tb:]))
 
     def _reorder(self, parents: torch.Tensor, positions: int) -> None:
         """Every layer's lineage slots of positions < ``positions`` gathered from the parent beams."""
@@ -436,22 +426,23 @@ class Qwen3StepModel:
         n, j = b * m, step - 1                                        # j: SID position of the new token
         if step > 1:
             self._reorder(parents, j)
-        self._lineage_bias(step)
         ids = tokens.to(self.device, torch.int64).clamp(min=0).reshape(n) + self.token_offsets[j]
         x = self.core.embed_tokens(ids)                                                  # (n, hidden)
         positions = (self.lengths[:, None] + j).expand(b, m).reshape(n)
         cos, sin = self._rope(x, positions)
-        kvh, g, d = self.kv_heads, self.group, self.head_dim
+        kvh, d = self.kv_heads, self.head_dim
+        # the kernel on a GPU; on the CPU its reference (SDPA with a mask), even under the interpreter
+        attention = (beam_context_attention_triton if self.kv.is_cuda and use_triton(self.kv)
+                     else beam_context_attention_reference)
 
         def attend(i, q, k, v):
             # the new token's key/value into its beam's lineage slot of every request
             for buf, new in ((self.kv[0, i], k), (self.kv[1, i], v)):
                 buf[:, tb + j:tb + m * p:p].copy_(new.view(b, m, kvh, d))
-            # one (M·g, D) query matrix per (request, KV head): the context is read once per request
-            qg = q.view(b, m, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, m * g, d)
-            o = F.scaled_dot_product_attention(qg, self.kv[0, i].transpose(1, 2), self.kv[1, i].transpose(1, 2),
-                                               attn_mask=self.bias)
-            return o.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(n, kvh * g * d)
+            # all M beams and g query heads of a KV head attend together: the context is read once per request
+            o = attention(q.view(b, m, self.heads, d), self.kv[0, i], self.kv[1, i], self.lengths, context_len=tb,
+                          lineage_len=p, step=step)
+            return o.view(n, self.heads * d)
 
         return self.core.norm(self._layers(x, cos, sin, attend))
 
