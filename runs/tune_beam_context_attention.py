@@ -1,0 +1,56 @@
+"""Tuning sweep of the Qwen3 decode attention kernel against SDPA with a bias (H200 shapes).
+
+Run on a GPU from the repository root: python runs/tune_beam_context_attention.py
+Prints microseconds per call (10 calls per CUDA graph replay) and the largest difference to SDPA.
+"""
+import sys, os
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.makedirs("/tmp/zl", exist_ok=True)
+if not os.path.exists("/tmp/zl/zerogr_kernels"):
+    os.symlink(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels"), "/tmp/zl/zerogr_kernels")
+sys.path.insert(0, "/tmp/zl")
+import torch
+import torch.nn.functional as F
+import zerogr_kernels.beam_context_attention as bca
+
+def timeit(fn, reps=50):
+    for _ in range(3): fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10): fn()
+    g.replay(); torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(reps): g.replay()
+    e1.record(); torch.cuda.synchronize()
+    return e0.elapsed_time(e1) / reps / 10 * 1000  # us per call
+
+dev = "cuda"
+M, H, KVH, D, P = 256, 16, 8, 128, 2
+for B, ctx, L in [(1, 1024, 1000), (1, 5056, 5000), (8, 1024, 1000), (8, 5056, 5000)]:
+    S = ctx + M * P
+    kv = torch.randn(2, 1, B, S, KVH, D, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(B, M, H, D, device=dev, dtype=torch.bfloat16)
+    lens = torch.full((B,), L, device=dev, dtype=torch.int64)
+    k, v = kv[0, 0], kv[1, 0]
+    kw = dict(context_len=ctx, lineage_len=P, step=2)
+    bias = bca.beam_context_bias(lens, beams=M, group=2, slots=S, context_len=ctx, lineage_len=P, step=2, dtype=torch.bfloat16)
+    def sdpa():
+        qg = q.view(B, M, KVH, 2, D).permute(0, 2, 1, 3, 4).reshape(B, KVH, M * 2, D)
+        o = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
+        return o.view(B, KVH, M, 2, D).permute(0, 2, 1, 3, 4).reshape(B, M, H, D)
+    want = sdpa()
+    ref = bca.beam_context_attention_reference(q, k, v, lens, **kw)
+    print(f"B={B} ctx={ctx}: sdpa {timeit(sdpa):.1f} us; ref-vs-sdpa maxerr {(ref.float()-want.float()).abs().max().item():.3g}", flush=True)
+    for bm, bn, nw, ns in [(128, 64, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2), (64, 64, 4, 3)]:
+        bca.NUM_WARPS, bca.NUM_STAGES = nw, ns
+        for splits in [None, 1, 4, 8, 16]:
+            try:
+                f = lambda: bca.beam_context_attention_triton(q, k, v, lens, splits=splits, block_m=bm, block_n=bn, **kw)
+                got = f()
+                err = (got.float() - want.float()).abs().max().item()
+                auto = bca.split_count(ctx, (512 // bm) * B * KVH, 132) if splits is None else splits
+                print(f"  bm={bm} bn={bn} warps={nw} stages={ns} splits={splits}({auto}): {timeit(f):.1f} us maxerr {err:.3g}", flush=True)
+            except Exception as e:
+                print(f"  bm={bm} bn={bn} warps={nw} stages={ns} splits={splits}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
