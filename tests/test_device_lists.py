@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from zerogr_core import Catalog, Decoder, build_index
 from zerogr_core.decode.constraints import ListBuffers, RequestLists, build_lists
-from zerogr_core.decode.device_lists import DeviceRequestLists, build_lists_on
+from zerogr_core.decode.device_lists import DEVICE_MIN_IDS, DeviceRequestLists, build_lists_on, listed_ids
 from zerogr_core.decode.registry import ListRegistry, RegisteredList
 
 from test_constraints import Model
@@ -88,6 +88,19 @@ def test_tensors_are_ids_and_other_kinds_go_to_the_host():
     assert isinstance(dec.request_lists(1, None, [["5"]]), RequestLists)
     assert isinstance(dec.request_lists(1, None, [[5]]), DeviceRequestLists)
     assert isinstance(dec.request_lists(1, None, [[5]], path="host"), RequestLists)
+
+
+def test_auto_builds_small_lists_on_the_host():
+    catalog = catalog_of(100, 1)
+    ids = catalog.item_ids
+    # registered names count nothing; ids, tensors and arrays count their length
+    assert listed_ids([ids[:3], None], [torch.from_numpy(ids[:4]), "history"], 2) == 7
+    assert listed_ids("region", None, 3) == 0
+    dec = Decoder(build_index(catalog), [torch.randn(8, 4)] * 3, 4, catalog=catalog, engine="reference")
+    assert dec.list_path == "auto"
+    # on a CPU index the host path, whatever the size; on a GPU the device path from DEVICE_MIN_IDS ids
+    assert isinstance(dec.request_lists(1, None, [list(ids)]), RequestLists)
+    assert listed_ids(None, [np.zeros(DEVICE_MIN_IDS, dtype=np.int64)], 1) == DEVICE_MIN_IDS
 
 
 def test_empty_requests_are_the_list_free_path_and_all_misses_decode_as_none():

@@ -185,22 +185,26 @@ class Decoder:
                       normalise: str = "request", path: str | None = None):
         """Per-request row lists for :meth:`decode`; registered names resolve to their rows.
 
-        Built on the index's device when it is a GPU and the catalog's ids are dense
-        integers (:func:`~zerogr_core.decode.device_lists.build_lists_on`, a
+        Built on the index's device when it is a GPU, the catalog's ids are dense integers
+        and the requests list at least :data:`~zerogr_core.decode.device_lists.DEVICE_MIN_IDS`
+        ids (:func:`~zerogr_core.decode.device_lists.build_lists_on`, a
         :class:`~zerogr_core.decode.device_lists.DeviceRequestLists`), else on the host
         (:func:`~zerogr_core.decode.constraints.build_lists`, a
         :class:`~zerogr_core.decode.constraints.RequestLists`); both hold the same lists.
         ``path`` ("auto", "host" or "device") overrides :attr:`list_path`.
         """
         from .constraints import build_lists
-        from .device_lists import LIST_PATHS, build_lists_on
+        from .device_lists import DEVICE_MIN_IDS, LIST_PATHS, build_lists_on, listed_ids
 
         if self.catalog is None:
             raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
         path = path or self.list_path
         if path not in LIST_PATHS:
             raise ZeroGRError(f"list path must be one of {LIST_PATHS}, got {path!r}")
-        if path == "device" or (path == "auto" and self.index.device.type == "cuda"):
+        if path == "auto":
+            big = listed_ids(allow_items, deny_items, batch_size) >= DEVICE_MIN_IDS
+            path = "device" if self.index.device.type == "cuda" and big else "host"
+        if path == "device":
             # GPU work outside a decode: never while this decoder's engine captures a graph
             with self.gpu_engine.lock if self.gpu_engine is not None else contextlib.nullcontext():
                 lists = build_lists_on(self.index.device, self.catalog, batch_size, allow_items, deny_items,
