@@ -46,9 +46,9 @@ for B, ctx, L in [(1, 1024, 1000), (1, 5056, 5000), (8, 1024, 1000), (8, 5056, 5
     want = sdpa()
     ref = bca.beam_context_attention_reference(q, k, v, lens, **kw)
     print(f"B={B} ctx={ctx}: sdpa {timeit(sdpa):.1f} us; ref-vs-sdpa maxerr {(ref.float()-want.float()).abs().max().item():.3g}", flush=True)
-    for bm, bn, nw, ns in [(128, 64, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2), (64, 64, 4, 3)]:
+    for bm, bn, nw, ns in [(128, 64, 8, 2), (64, 64, 4, 2)]:
         bca.NUM_WARPS, bca.NUM_STAGES = nw, ns
-        for splits in [None, 1, 4, 8, 16]:
+        for splits in [None, 1, 4, 16]:
             try:
                 f = lambda: bca.beam_context_attention_triton(q, k, v, lens, splits=splits, block_m=bm, block_n=bn, **kw)
                 got = f()
