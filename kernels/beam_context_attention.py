@@ -30,13 +30,16 @@ import triton.language as tl
 
 from ._common import FLOAT_DTYPES, cdiv, check_tensor, interpreting, next_pow2, use_triton
 
-BLOCK_M = 128
-"""Query rows per program on a GPU (a (request, KV head) has ``M · g`` of them)."""
+BLOCK_M = 64
+"""Query rows per program on a GPU (a (request, KV head) has ``M · g`` of them). With
+:data:`NUM_WARPS` 4 it beat 128 rows and 8 warps at every Qwen3-1.7B decode shape of the H200
+sweep (``runs/results/llm/attention-tune.txt``: 16.0 against 16.8 µs at 1 × 1,024 keys, 38.5
+against 51.8 at 1 × 5,056, 65.4 against 83.9 at 8 × 1,024, 245 against 305 at 8 × 5,056)."""
 BLOCK_N = 64
 """Context keys per inner iteration on a GPU."""
 MERGE_BLOCK_M = 32
 """Query rows per program of the merge kernel on a GPU."""
-NUM_WARPS = 8
+NUM_WARPS = 4
 NUM_STAGES = 2
 MIN_SPLIT_KEYS = 256
 """Fewest context keys per split: below it the workspace traffic outweighs the extra programs."""
