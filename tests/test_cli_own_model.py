@@ -124,6 +124,11 @@ def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys,
     assert one_line_error(capsys, *base, "--model", files / "t5", "--beam", "0") == \
         "error: --beam: must be ≥ 1, got 0"
     assert one_line_error(capsys, *base, "--checkpoint", files / "items.csv").startswith("error: --checkpoint:")
+    # bounded work: the beams one comparison decodes, and its timed repeats
+    assert one_line_error(capsys, *base, "--model", files / "t5", "--batch", "1024", "--beam", "128").startswith(
+        "error: --batch × --beam: 1024 × 128 beams is over the 65,536")
+    assert one_line_error(capsys, *base, "--model", files / "t5", "--repeats", "5000") == \
+        "error: --repeats: at most 1,000, got 5000"
 
 
 def test_the_catalog_check_counts_beams_whose_sid_is_not_an_item():

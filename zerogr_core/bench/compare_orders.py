@@ -23,6 +23,11 @@ from ..errors import UsageError, ZeroGRError
 ORDERS = ("filter-first", "score-first")
 #: History items per seeded request of a project checkpoint.
 HISTORY_LENGTH = 8
+#: Most beams (batch × beam) one comparison decodes: the batch 32 × beam 128 shape of the
+#: benchmarks, 16 times over, so a typo cannot start hours of work or exhaust memory.
+MAX_BEAMS = 65_536
+#: Most timed decodes per order.
+MAX_REPEATS = 1_000
 
 
 def register(subparsers) -> None:
@@ -92,9 +97,13 @@ def _settings(args: argparse.Namespace) -> CompareSettings:
         raise UsageError("--device cuda: CUDA is not available here")
     if device.type not in ("cpu", "cuda"):
         raise UsageError(f"--device: {args.device!r}; choose cpu or cuda")
-    return CompareSettings(_whole(args.batch, "--batch", 1), _whole(args.beam, "--beam", 1),
-                           _whole(args.k, "--k", 1), _whole(args.repeats, "--repeats", 2),
-                           _whole(args.seed, "--seed", 0), device)
+    batch, beam = _whole(args.batch, "--batch", 1), _whole(args.beam, "--beam", 1)
+    if batch * beam > MAX_BEAMS:
+        raise UsageError(f"--batch × --beam: {batch} × {beam} beams is over the {MAX_BEAMS:,} one comparison decodes")
+    repeats = _whole(args.repeats, "--repeats", 2)
+    if repeats > MAX_REPEATS:
+        raise UsageError(f"--repeats: at most {MAX_REPEATS:,}, got {repeats}")
+    return CompareSettings(batch, beam, _whole(args.k, "--k", 1), repeats, _whole(args.seed, "--seed", 0), device)
 
 
 def _as_usage(option: str, err: ZeroGRError) -> UsageError:
