@@ -35,7 +35,9 @@
 #                   group; it holds results/<group>/*.json|jsonl|csv and results/logs/; unpack it with
 #                   `tar xzf bench_results.tar.gz -C runs/` to land in runs/results/)
 #   BENCH_BUDGET_S  total seconds for the whole script (default 540); groups stop starting new work when it
-#                   is spent, and each group is capped by BUDGET_<GROUP> (e.g. BUDGET_HEADLINE=200)
+#                   is spent, and each group is capped by BUDGET_<GROUP> (e.g. BUDGET_HEADLINE=200);
+#                   the CUDA tests of the llm, serve_llm and quality groups take a third of it, or
+#                   BUDGET_<GROUP>_TESTS seconds (e.g. BUDGET_LLM_TESTS=200: their kernels compile per case)
 #   BENCH_BIG_SCALE SIDs of the scale group (default 1e8)
 #   SWEEP_BATCHES   batches of the beam-width sweep (default 1,32); CODEBOOK_BATCHES: of the codebook sweep (32)
 #   SWEEP_BEAMS     beam widths of the beam-width sweep (default 64,128,256)
@@ -204,15 +206,18 @@ module_group() {  # module_group GROUP DEFAULT_BUDGET TESTS -- COMMAND...: CUDA 
   while [[ $# -gt 0 && "$1" != -- ]]; do tests+=("$1"); shift; done
   shift
   mkdir -p "$WORK/results/$dir"
-  log "group $group: budget ${b}s"
+  # the tests' share: a third of the group's budget unless BUDGET_<GROUP>_TESTS says otherwise
+  local tvar="BUDGET_$(echo "$group" | tr 'a-z-' 'A-Z_')_TESTS"
+  local tb=${!tvar:-$(( b / 3 ))}
+  log "group $group: budget ${b}s (tests ${tb}s)"
   if (( ${#tests[@]} )); then
     { header; echo; } > "$WORK/results/$dir/tests.log"
-    timeout --kill-after=15 $(( b / 3 )) $PY -m pytest -q -rs -p no:cacheprovider "${tests[@]}" \
+    timeout --kill-after=15 "$tb" $PY -m pytest -q -rs -p no:cacheprovider "${tests[@]}" \
       >> "$WORK/results/$dir/tests.log" 2>&1
     echo "tests exit status: $?" >> "$WORK/results/$dir/tests.log"
     tail -n 4 "$WORK/results/$dir/tests.log" | tee -a "$LOG"
   fi
-  local rest; rest=$(budget "$group" $(( b - (b / 3) )))
+  local rest; rest=$(budget "$group" $(( b - tb )))
   timeout --signal=INT --kill-after=20 $(( rest + 30 )) "$@" "${OUTFLAG:---out}" "$WORK/results/$dir" 2>&1 \
     | tee "$WORK/results/$dir/run.log" | tail -n 40 | tee -a "$LOG" || true
   pack
