@@ -15,7 +15,7 @@ from zerogr_core.decode import constraints as cons
 from zerogr_core.decode.constraints import RequestLists, build_lists
 from zerogr_core.index import INDEX_PRESETS
 
-from test_constraints import Model, allowed_rows_of, check, oracle, scenarios
+from test_constraints import Model, allowed_rows_of, check, gpu_case, oracle, reference_of, scenarios
 
 
 def big_catalog(n=60_000, string_ids=False, seed=0):
@@ -204,16 +204,7 @@ def test_quick_constraints_suite_measures_the_public_api_without_polars(tmp_path
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graph_replay_with_ids_and_registered_sets_matches_the_reference_on_gpu():
-    g = np.random.default_rng(5)
-    sizes = (300, 40, 30, 20)
-    catalog = Catalog.from_sids(np.unique(np.stack([g.integers(0, s, 20000) for s in sizes], 1), axis=0), sizes)
-    index = build_index(catalog, device="cuda")
-    heads = [torch.randn(s, 96, device="cuda") for s in sizes]
-    table = torch.randn(64, 96, device="cuda")
-
-    def hidden_fn(step, prefixes):  # pure GPU work: capturable
-        return table[((prefixes.clamp(min=0) * 7 + 3).sum(-1) + step * 13) % 64]
-
+    g, catalog, index, heads, hidden_fn = gpu_case()
     n = catalog.n_items
     graph = Decoder(index, heads, 16, engine="graph", catalog=catalog)
     region = catalog.item_ids[g.choice(n, n // 10, replace=False)]
@@ -227,9 +218,7 @@ def test_graph_replay_with_ids_and_registered_sets_matches_the_reference_on_gpu(
                            dict(deny_items=deny, normalise="catalog")):
                 a = graph.decode(hidden_fn, batch, **kwargs)
                 assert graph.gpu_engine.graph_error is None
-                plan = graph.gpu_engine.plans[graph.gpu_engine.key(batch)]
-                proj = ["full" if s.option.mode.endswith("full") else "selective" for s in plan.steps]
-                ref = Decoder(index, heads, 16, engine="reference", projection=proj, catalog=catalog)
+                ref = reference_of(graph, batch, index, heads, catalog)
                 ref.register_items("region", region, index=False)
                 ref.register_items("recalled", catalog.item_ids[graph.registry.get("recalled").rows], kind="deny")
                 b = ref.decode(hidden_fn, batch, **kwargs)

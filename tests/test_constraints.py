@@ -382,19 +382,33 @@ def test_engine_lists_match_the_reference_and_buffers_regrow(plan, normalise):
         cons.MIN_CAPACITY = old_min
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graph_replay_with_lists_matches_the_reference_on_gpu():
-    g = np.random.default_rng(5)
+def gpu_case(seed: int = 5):
+    """A random 4-level catalog indexed on the GPU, its heads and a capturable hidden_fn
+    (pure GPU work), for the graph-replay tests of lists: ``(rng, catalog, index, heads, hidden_fn)``."""
+    g = np.random.default_rng(seed)
     sizes = (300, 40, 30, 20)
     catalog = Catalog.from_sids(np.unique(np.stack([g.integers(0, s, 20000) for s in sizes], 1), axis=0), sizes)
     index = build_index(catalog, device="cuda")
     heads = [torch.randn(s, 96, device="cuda") for s in sizes]
     table = torch.randn(64, 96, device="cuda")
 
-    def hidden_fn(step, prefixes):  # pure GPU work: capturable
+    def hidden_fn(step, prefixes):
         return table[((prefixes.clamp(min=0) * 7 + 3).sum(-1) + step * 13) % 64]
 
+    return g, catalog, index, heads, hidden_fn
+
+
+def reference_of(graph: Decoder, batch: int, index, heads, catalog) -> Decoder:
+    """The reference decoder projecting each step as ``graph``'s plan for ``batch`` does."""
+    plan = graph.gpu_engine.plans[graph.gpu_engine.key(batch)]
+    proj = ["full" if s.option.mode.endswith("full") else "selective" for s in plan.steps]
+    return Decoder(index, heads, 16, engine="reference", projection=proj, catalog=catalog)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_replay_with_lists_matches_the_reference_on_gpu():
+    g, catalog, index, heads, hidden_fn = gpu_case()
     n = catalog.n_items
     graph = Decoder(index, heads, 16, engine="graph", catalog=catalog)
     for batch in (1, 4):
@@ -406,10 +420,7 @@ def test_graph_replay_with_lists_matches_the_reference_on_gpu():
             lists = graph.request_lists(batch, allow, deny, normalise=normalise)
             a = graph.decode(hidden_fn, batch, lists=lists)
             assert graph.gpu_engine.graph_error is None
-            plan = graph.gpu_engine.plans[graph.gpu_engine.key(batch)]
-            proj = ["full" if s.option.mode.endswith("full") else "selective" for s in plan.steps]
-            ref = Decoder(index, heads, 16, engine="reference", projection=proj, catalog=catalog)
-            b = ref.decode(hidden_fn, batch, lists=lists)
+            b = reference_of(graph, batch, index, heads, catalog).decode(hidden_fn, batch, lists=lists)
             assert torch.equal(a.item_rows, b.item_rows)
             torch.testing.assert_close(a.scores, b.scores, rtol=1e-4, atol=1e-4)
             rows = a.item_rows.cpu().numpy()
