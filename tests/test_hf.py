@@ -105,6 +105,17 @@ def test_generate_matches_brute_force(name, order):
             assert np.array_equal(catalog.sids[rows].astype(np.int64), np.array(got))
 
 
+def allowed_next(sids, offsets) -> dict:
+    """Vocabulary ids of every valid next SID token after each prefix of vocabulary ids: the
+    table a ``prefix_allowed_tokens_fn`` looks up, built here independently of the index."""
+    prefixes = {}
+    for row in sids:
+        for level in range(len(row)):
+            key = tuple(offsets[i] + int(t) for i, t in enumerate(row[:level]))
+            prefixes.setdefault(key, set()).add(offsets[level] + int(row[level]))
+    return prefixes
+
+
 @pytest.mark.parametrize("name", ["t5", "gpt2"])
 def test_score_first_equals_hf_generate(name):
     """Same beams and scores as HF generate(num_beams=M, prefix_allowed_tokens_fn=...) in FP32."""
@@ -112,11 +123,7 @@ def test_score_first_equals_hf_generate(name):
     index = build_index(catalog)
     ids, mask = inputs()
     L, beam = catalog.n_levels, 8
-    prefixes = {}
-    for row in catalog.sids:
-        for level in range(L):
-            key = tuple(OFFSETS[i] + int(t) for i, t in enumerate(row[:level]))
-            prefixes.setdefault(key, set()).add(OFFSETS[level] + int(row[level]))
+    prefixes = allowed_next(catalog.sids, OFFSETS)
     start = 1 if model.config.is_encoder_decoder else ids.shape[1]
 
     def allowed(batch_id, sent):

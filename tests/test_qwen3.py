@@ -11,6 +11,8 @@ from zerogr_core.errors import ZeroGRError  # noqa: E402
 from zerogr_core.models.protocol import StepDecoder  # noqa: E402
 from zerogr_core.models.qwen3 import QWEN3_PRESETS, Qwen3Preset, Qwen3StepModel, build_random  # noqa: E402
 
+from test_hf import allowed_next  # noqa: E402
+
 SHAPE = Qwen3Preset("test", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, base_vocab=16,
                     codebook_sizes=(4, 5, 6), rope_theta=10_000.0, max_positions=256)
 OFFSETS = SHAPE.token_offsets
@@ -122,11 +124,7 @@ def test_score_first_equals_hf_generate(model):
     index = build_index(catalog)
     ids, mask = inputs()
     L, beam = catalog.n_levels, 8
-    prefixes = {}
-    for row in catalog.sids:
-        for level in range(L):
-            key = tuple(OFFSETS[i] + int(t) for i, t in enumerate(row[:level]))
-            prefixes.setdefault(key, set()).add(OFFSETS[level] + int(row[level]))
+    prefixes = allowed_next(catalog.sids, OFFSETS)
     ours = serving(model, index, beam, "score-first").decode(ids, mask)
     for r in range(ids.shape[0]):
         context = ids[r][mask[r] > 0][None]
