@@ -148,10 +148,10 @@ def test_t5_hidden_fn_equals_the_hugging_face_decoder():
         torch.testing.assert_close(got.reshape(12, -1) @ model.head_weights()[step].T, band, atol=1e-5, rtol=1e-5)
 
 
-def test_t5_step_model_decodes_the_same_beams_as_hidden_fn_for():
-    pytest.importorskip("transformers")
-    from zerogr_core import Catalog, Decoder, build_index
-    from zerogr_core.models import StepDecoder
+def tiny_t5():
+    """A seeded 2-layer T5 recommender over a random 3-level catalog: ``(model, catalog, sids)``,
+    ``sids`` the catalog's SIDs as an int64 tensor (history items are its rows)."""
+    from zerogr_core import Catalog
     from zerogr_core.recsys.t5 import T5Config, T5Recommender
 
     torch.manual_seed(0)
@@ -161,6 +161,15 @@ def test_t5_step_model_decodes_the_same_beams_as_hidden_fn_for():
     rng = np.random.default_rng(0)
     catalog = Catalog.from_sids(np.unique(np.stack([rng.integers(0, v, 80) for v in sizes], 1), axis=0), sizes)
     sids = torch.from_numpy(catalog.sids.astype(np.int64))
+    return model, catalog, sids
+
+
+def test_t5_step_model_decodes_the_same_beams_as_hidden_fn_for():
+    pytest.importorskip("transformers")
+    from zerogr_core import Decoder, build_index
+    from zerogr_core.models import StepDecoder
+
+    model, catalog, sids = tiny_t5()
     histories = [np.array([3]), np.arange(9), np.array([5, 1, 2])]
     index = build_index(catalog)
     for beam in (4, 40):   # 40 > |V_0| = 5: unfilled beams after step 0
@@ -490,16 +499,9 @@ def test_bundled_beauty_sid_file_matches_its_maker():
 
 def test_t5_staged_requests_decode_as_hidden_fn_for():
     pytest.importorskip("transformers")
-    from zerogr_core import Catalog, Decoder, build_index
-    from zerogr_core.recsys.t5 import T5Config, T5Recommender
+    from zerogr_core import Decoder, build_index
 
-    torch.manual_seed(0)
-    sizes = (5, 6, 7)
-    model = T5Recommender(T5Config(encoder_layers=1, decoder_layers=2, d_model=32, n_heads=3, d_kv=8, d_ff=64,
-                                   max_items=4), sizes)
-    rng = np.random.default_rng(0)
-    catalog = Catalog.from_sids(np.unique(np.stack([rng.integers(0, v, 80) for v in sizes], 1), axis=0), sizes)
-    sids = torch.from_numpy(catalog.sids.astype(np.int64))
+    model, catalog, sids = tiny_t5()
     staged = model.staged(3, sids)
     dec = Decoder(build_index(catalog), model.head_weights(), 6)
     # one staged object refilled per batch (histories shorter than, equal to and over max_items)
