@@ -96,13 +96,20 @@ def test_generate_matches_brute_force(name, order):
                           attention_mask=mask)
         for r in range(ids.shape[0]):
             want = brute_force(model, catalog, ids[r][mask[r] > 0], mask[r][mask[r] > 0], beam, order)
-            alive = result.scores[r] > float("-inf")
-            assert int(alive.sum()) == len(want)
-            got = [tuple(t) for t in result.tokens[r][alive].tolist()]
-            assert got == [w[0] for w in want]
-            np.testing.assert_allclose(result.scores[r][alive].numpy(), [w[1] for w in want], rtol=1e-4, atol=1e-4)
-            rows = result.item_rows[r][alive].numpy()
-            assert np.array_equal(catalog.sids[rows].astype(np.int64), np.array(got))
+            assert_request_is(result, r, want, catalog)
+
+
+def assert_request_is(result, r: int, want, catalog) -> None:
+    """Request ``r`` of a decode returned exactly ``want`` ([(sid tuple, score)], best first):
+    its live beams, their tokens and scores (1e-4), and catalog rows holding those SIDs."""
+    alive = result.scores[r] > float("-inf")
+    assert int(alive.sum()) == len(want)
+    got = [tuple(t) for t in result.tokens[r][alive].tolist()]
+    assert got == [w[0] for w in want]
+    np.testing.assert_allclose(result.scores[r][alive].numpy(), [w[1] for w in want], rtol=1e-4, atol=1e-4)
+    rows = result.item_rows[r][alive].numpy()
+    assert (rows >= 0).all()
+    assert np.array_equal(catalog.sids[rows].astype(np.int64), np.array(got))
 
 
 def allowed_next(sids, offsets) -> dict:

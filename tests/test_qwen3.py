@@ -11,7 +11,7 @@ from zerogr_core.errors import ZeroGRError  # noqa: E402
 from zerogr_core.models.protocol import StepDecoder  # noqa: E402
 from zerogr_core.models.qwen3 import QWEN3_PRESETS, Qwen3Preset, Qwen3StepModel, build_random  # noqa: E402
 
-from test_hf import allowed_next  # noqa: E402
+from test_hf import allowed_next, assert_request_is  # noqa: E402
 
 SHAPE = Qwen3Preset("test", layers=2, hidden=32, heads=4, kv_heads=2, head_dim=8, ffn=64, base_vocab=16,
                     codebook_sizes=(4, 5, 6), rope_theta=10_000.0, max_positions=256)
@@ -108,14 +108,7 @@ def test_decode_matches_brute_force(model, order):
         result = serving(model, index, beam, order).decode(ids, mask)
         for r in range(ids.shape[0]):
             want = brute_force(model, catalog.sids, ids[r][mask[r] > 0], beam, order)
-            alive = result.scores[r] > float("-inf")
-            assert int(alive.sum()) == len(want)
-            got = [tuple(t) for t in result.tokens[r][alive].tolist()]
-            assert got == [w[0] for w in want]
-            np.testing.assert_allclose(result.scores[r][alive].numpy(), [w[1] for w in want], rtol=1e-4, atol=1e-4)
-            rows = result.item_rows[r][alive].numpy()
-            assert (rows >= 0).all()
-            assert np.array_equal(catalog.sids[rows].astype(np.int64), np.array(got))
+            assert_request_is(result, r, want, catalog)
 
 
 def test_score_first_equals_hf_generate(model):
