@@ -26,10 +26,14 @@ projection, which kills them and moves the difference between the two normaliser
 beam's score. Scoring first normalises over the whole vocabulary anyway and applies every
 list with ``defer=False``.
 
-Each count is two lower-bound binary searches of ``n_iter`` halvings each, with
-``n_iter >= bit_length(longest list)`` (a compile-time constant: one specialisation per
-capacity); pass the bound of the buffers' capacity so the kernel, and hence a captured
-CUDA graph, does not depend on the lists of one call.
+A slot searches a list only when its answer can depend on it: a deny list of k rows (and a
+global list of g) cannot empty a prefix of more than k + g rows, so the wide prefixes of the
+early steps, and every slot of a request without lists, cost no search. A count is one
+lower-bound binary search of the first listed row at or after ``lo``, which settles a range of
+one row (the last step), and a second one from there for wider ranges. Each program runs as
+many halvings as its longest searched list needs, read from the offsets at run time, so the
+kernel, and hence a captured CUDA graph, does not depend on the lists of one call; ``n_iter``
+caps them (at least ``bit_length`` of the longest list the buffers can hold).
 A dead slot gets token -1, successor -1 and logit -inf, exactly like a slot past the end
 of its segment. Beam ``b`` belongs to request ``b // beams_per_request``.
 """
@@ -85,13 +89,26 @@ def _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_ro
 
 
 @triton.jit
-def _lower_bound(rows_ptr, start, end, x, N_ITER: tl.constexpr):
-    # Vectorised lower bound of x (BLOCK,) in rows[start:end] (scalars): N_ITER halvings.
+def _halvings(need, length, n_cap):
+    # Halvings that settle a lower bound in a segment of `length` rows, for the longest
+    # segment searched by a lane in `need` (0 when no lane searches), at most n_cap.
+    # bit_length(m) = ceil(log2(m + 1)); the extra halving absorbs float32 rounding.
+    m = tl.max(tl.where(need, length, 0))
+    bits = tl.ceil(tl.log2(m.to(tl.float32) + 1.0)).to(tl.int32) + 1
+    return tl.minimum(tl.where(m > 0, bits, 0), n_cap)
+
+
+@triton.jit
+def _lower_bound(rows_ptr, start, end, x, need, n_iter):
+    # Lower bound of x in rows[start:end] per lane (start may be per lane too); lanes
+    # outside `need` return start without a load.
     lo = tl.zeros_like(x) + start
-    hi = tl.zeros_like(x) + end
-    for _ in range(N_ITER):
+    hi = tl.where(need, tl.zeros_like(x) + end, lo)
+    left = n_iter
+    while left > 0:  # a runtime count: Triton's interpreter cannot range() over a tensor
+        left -= 1
         active = lo < hi
-        mid = (lo + hi) // 2
+        mid = lo + (hi - lo) // 2
         v = tl.load(rows_ptr + mid, mask=active, other=0)
         right = active & (v < x)
         lo = tl.where(right, mid + 1, lo)
@@ -100,26 +117,47 @@ def _lower_bound(rows_ptr, start, end, x, N_ITER: tl.constexpr):
 
 
 @triton.jit
-def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, allow,
-                N_ITER: tl.constexpr, LAST: tl.constexpr):
+def _count_in_range(rows_ptr, start, end, lo, hi, need, n_cap):
+    # Rows of the sorted segment rows[start:end] in [lo, hi), for the lanes in `need`
+    # (0 elsewhere). One search finds the first row >= lo; a range of one row (every
+    # slot of the last step) is then settled by one load, a wider one by a second
+    # search from there.
+    n_iter = _halvings(need, end - start, n_cap)
+    first = _lower_bound(rows_ptr, start, end, lo, need, n_iter)
+    inside = need & (first < end)
+    inside = inside & (tl.load(rows_ptr + first, mask=inside, other=0) < hi)
+    wide = inside & (hi - lo > 1)
+    past = _lower_bound(rows_ptr, first, end, hi, wide, tl.where(tl.max(wide.to(tl.int32)) > 0, n_iter, 0))
+    return tl.where(wide, past - first, inside.to(tl.int64))
+
+
+@triton.jit
+def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, allow, n_cap,
+                LAST: tl.constexpr):
     # Per slot: whether its row range [lo, hi) holds a row request `req` may return (alive),
-    # and a row that is not globally denied (live: still in the catalog).
-    safe = tl.where(valid, succ, 0)
+    # and a row that is not globally denied (live: still in the catalog). Only lanes whose
+    # answer can depend on a list search it: a deny list of k rows (global g) cannot empty
+    # a range of more than k + g rows, so wide prefixes of early steps cost two loads.
+    g_start = tl.load(list_off_ptr)
+    n_glob = tl.load(list_off_ptr + 1) - g_start
+    start = tl.load(list_off_ptr + req + 1)
+    n_req = tl.load(list_off_ptr + req + 2) - start
+    listing = valid & (allow | (n_req > 0) | (n_glob > 0))
+    safe = tl.where(listing, succ, 0)
     if LAST:
         lo = safe
         hi = safe + 1
     else:
-        lo = tl.load(row_start_ptr + safe, mask=valid, other=0).to(tl.int64)
-        hi = tl.load(row_start_ptr + safe + 1, mask=valid, other=0).to(tl.int64)
-    g_start = tl.load(list_off_ptr)
-    g_end = tl.load(list_off_ptr + 1)
-    start = tl.load(list_off_ptr + req + 1)
-    end = tl.load(list_off_ptr + req + 2)
-    listed = _lower_bound(list_rows_ptr, start, end, hi, N_ITER) - \
-        _lower_bound(list_rows_ptr, start, end, lo, N_ITER)
-    glob = _lower_bound(list_rows_ptr, g_start, g_end, hi, N_ITER) - \
-        _lower_bound(list_rows_ptr, g_start, g_end, lo, N_ITER)
-    return tl.where(allow, listed > 0, (hi - lo) > listed + glob), (hi - lo) > glob
+        lo = tl.load(row_start_ptr + safe, mask=listing, other=0).to(tl.int64)
+        hi = tl.load(row_start_ptr + safe + 1, mask=listing, other=0).to(tl.int64)
+    size = hi - lo
+    reach = n_req + n_glob
+    listed = _count_in_range(list_rows_ptr, start, start + n_req, lo, hi,
+                             listing & (n_req > 0) & (allow | (size <= reach)), n_cap)
+    glob = _count_in_range(list_rows_ptr, g_start, g_start + n_glob, lo, hi,
+                           listing & (n_glob > 0) & (size <= tl.where(allow, n_glob, reach)), n_cap)
+    alive = tl.where(allow, listed > 0, size > listed + glob)
+    return tl.where(listing, alive, True), tl.where(listing, size > glob, True)
 
 
 @triton.jit
@@ -134,8 +172,8 @@ def _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, dead):
 
 @triton.jit
 def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
-                      list_off_ptr, list_rows_ptr, list_mode_ptr, K, beams_per_request,
-                      N_ITER: tl.constexpr, LAST: tl.constexpr, DEFER: tl.constexpr, BLOCK: tl.constexpr,
+                      list_off_ptr, list_rows_ptr, list_mode_ptr, K, beams_per_request, n_iter,
+                      LAST: tl.constexpr, DEFER: tl.constexpr, BLOCK: tl.constexpr,
                       PDL: tl.constexpr):
     pdl_prologue(PDL)
     beam = tl.program_id(0).to(tl.int64)
@@ -147,7 +185,7 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
     succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
     valid = succ >= 0
     alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, (mode & 1) != 0,
-                              N_ITER, LAST)
+                              n_iter, LAST)
     if DEFER:
         # a catalog-normalised request loses only what left the catalog here; its own
         # list is applied after projection
@@ -158,7 +196,7 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
 @triton.jit
 def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
                              list_off_ptr, list_rows_ptr, list_mode_ptr, score_ptr, out_score_ptr,
-                             n_rows, K, beams_per_request, N_ITER: tl.constexpr, LAST: tl.constexpr,
+                             n_rows, K, beams_per_request, n_iter, LAST: tl.constexpr,
                              ROWS: tl.constexpr, BLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -179,7 +217,7 @@ def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_st
         valid = succ >= 0
         x = tl.load(slot_logit_ptr + slot, mask=valid, other=float("-inf")).to(tl.float32)
         alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req[:, None],
-                                  ((mode & 1) != 0)[:, None], N_ITER, LAST)
+                                  ((mode & 1) != 0)[:, None], n_iter, LAST)
         x = tl.where(live, x, float("-inf"))
         m_all, s_all = lse_update(m_all, s_all, x)
         m_alive, s_alive = lse_update(m_alive, s_alive, tl.where(alive, x, float("-inf")))
@@ -205,7 +243,7 @@ def constrain_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, s
     pdl = pdl_args(slot_succ.device)
     _constrain_kernel[(n, cdiv(K, block))](
         slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
-        list_mode, K, beams_per_request, N_ITER=n_iter, LAST=last, DEFER=bool(defer), BLOCK=block, **pdl)
+        list_mode, K, beams_per_request, n_iter, LAST=last, DEFER=bool(defer), BLOCK=block, **pdl)
 
 
 def _alive_reference(slot_succ, row_start, list_offsets, list_rows, list_mode, beams_per_request):
@@ -271,7 +309,8 @@ _LISTS_DOC = """    slot_tokens : torch.Tensor
         ``(n_beams, K)`` float32/float16/bfloat16 slot logits (or -inf placeholders).
     row_start : torch.Tensor or None
         ``(S_next + 1,)`` int32/int64 first catalog row of every successor state, with
-        the row count last; ``None`` at the last step, where the successor is the row.
+        the row count last (every state covers at least one row, as in a step index);
+        ``None`` at the last step, where the successor is the row.
     list_offsets : torch.Tensor
         ``(batch + 2,)`` int64 CSR offsets into ``list_rows``: segment 0 is the global
         deny list, segment ``r + 1`` request ``r``'s list.
@@ -285,7 +324,8 @@ _LISTS_DOC = """    slot_tokens : torch.Tensor
     beams_per_request : int
         Slot rows per request (``n_beams = batch * beams_per_request``).
     n_iter : int
-        Binary-search halvings, at least :func:`search_iterations` of the longest list."""
+        Cap on the binary-search halvings, at least :func:`search_iterations` of the
+        longest list (the kernels stop at what the lists of the call need)."""
 
 
 def constrain_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
@@ -336,7 +376,7 @@ def constrain_scored_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Te
     pdl = pdl_args(slot_succ.device)
     _constrain_scored_kernel[(cdiv(n, rows),)](
         slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
-        list_mode, beam_scores, out_scores, n, K, beams_per_request, N_ITER=n_iter, LAST=last, ROWS=rows,
+        list_mode, beam_scores, out_scores, n, K, beams_per_request, n_iter, LAST=last, ROWS=rows,
         BLOCK=block, N_CHUNKS=n_chunks, **pdl)
     return out_scores
 

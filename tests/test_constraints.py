@@ -19,12 +19,14 @@ from test_decode import PrefixModel
 
 
 # ---------------------------------------------------------------------------- kernel
-def random_case(seed, n_beams, K, batch, n_rows, last, list_len):
+def random_case(seed, n_beams, K, batch, n_rows, last, list_len, n_states=12):
     g = np.random.default_rng(seed)
-    succ = g.integers(-1, n_rows if last else 12, (n_beams, K))
+    n_states = min(n_states, n_rows)  # every state covers at least one row, as in a step index
+    succ = g.integers(-1, n_rows if last else n_states, (n_beams, K))
     tokens = np.where(succ >= 0, g.integers(0, 50, (n_beams, K)), -1)
     logits = np.where(succ >= 0, g.normal(size=(n_beams, K)), -np.inf)
-    starts = None if last else np.concatenate([[0], np.sort(g.integers(0, n_rows, 11)), [n_rows]])
+    starts = None if last else np.concatenate(
+        [[0], np.sort(g.choice(np.arange(1, n_rows), n_states - 1, replace=False)), [n_rows]])
     # segment 0: a global deny list; each request's list disjoint from it
     glob = np.unique(g.integers(0, n_rows, g.integers(0, list_len + 1)))
     lists = [np.setdiff1d(np.unique(g.integers(0, n_rows, g.integers(0, list_len + 1))), glob)
@@ -115,6 +117,54 @@ def test_scored_kernel_matches_reference(n_beams, K, batch, last, list_len):
         want = torch.log_softmax(logits[b][live], 0)[alive[live]] + float(scores[b])
         got = torch.log_softmax(ref[2][b][alive].double(), 0) + float(out_ref[b])
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), n_rows=st.integers(1, 400), list_len=st.integers(0, 60),
+       batch=st.integers(1, 3), last=st.booleans(), defer=st.booleans())
+def test_kernels_match_reference_on_any_lists(seed, n_rows, list_len, batch, last, defer):
+    """Ranges wider and narrower than the lists (the search is skipped only where a list
+    cannot decide), empty and one-row segments, a cap far above what the lists need."""
+    n_beams, K = 2 * batch, 37
+    case = random_case(seed, n_beams, K, batch, n_rows, last, list_len)
+    n_iter = search_iterations(4 * n_rows)
+    ref = [t.clone() if t is not None else None for t in case]
+    tri = [t.clone() if t is not None else None for t in case]
+    constrain_slots_reference(*ref, 2, n_iter, defer)
+    constrain_slots_triton(*tri, 2, n_iter, defer)
+    scores = torch.zeros(n_beams)
+    out_ref = constrain_scored_slots_reference(*ref, 2, n_iter, scores, torch.empty(n_beams))
+    out_tri = constrain_scored_slots_triton(*tri, 2, n_iter, scores, torch.empty(n_beams))
+    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
+        bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
+        assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+    torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("list_len", [0, 1, 100, 10_000])
+@pytest.mark.parametrize("last", [False, True])
+def test_kernels_match_reference_on_cuda(list_len, last):
+    """Compiled kernels (not the interpreter) at a decode's size: 4 requests x 128 beams x
+    1,000 slots over 200,000 rows in 5,000 prefixes, lists from empty to 10,000 rows."""
+    batch, n_beams, K, n_rows = 4, 512, 1000, 200_000
+    case = [t.cuda() if t is not None else None
+            for t in random_case(list_len + last, n_beams, K, batch, n_rows, last, list_len, n_states=5000)]
+    n_iter = search_iterations(1 << 20)
+    for defer in (False, True):
+        ref = [t.clone() if t is not None else None for t in case]
+        tri = [t.clone() if t is not None else None for t in case]
+        constrain_slots_reference(*ref, n_beams // batch, n_iter, defer)
+        constrain_slots_triton(*tri, n_beams // batch, n_iter, defer)
+        scores = torch.randn(n_beams, device="cuda")
+        out_ref = constrain_scored_slots_reference(*ref, n_beams // batch, n_iter, scores,
+                                                   torch.empty_like(scores))
+        out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty_like(scores))
+        for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
+            bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
+            assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+        torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-4)
 
 
 def test_kernel_rejects_bad_arguments():

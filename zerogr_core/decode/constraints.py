@@ -238,7 +238,7 @@ def _keys(catalog, entries: Sequence, name: str, registry) -> tuple[np.ndarray, 
     n = catalog.n_items
     batch = len(entries)
     listed = np.zeros(batch, dtype=bool)
-    arrays, owners, ready = [], [], []
+    arrays, requests, ready = [], [], []
     for r, items in enumerate(entries):
         if items is None:
             continue
@@ -248,13 +248,15 @@ def _keys(catalog, entries: Sequence, name: str, registry) -> tuple[np.ndarray, 
                     _unregistered(items, name, r))
             ready.append(rows + np.int64(r) * n)
             continue
-        arr = _id_array(items, f"{name}[{r}]")
+        # an id array as most callers pass it needs no conversion (a per-request cost)
+        arr = items if type(items) is np.ndarray and items.ndim == 1 else _id_array(items, f"{name}[{r}]")
         if arr.size:
             arrays.append(arr)
-            owners.append(np.full(arr.size, r, dtype=np.int64))
+            requests.append(r)
     keys = ready
     if arrays:
-        owner = np.concatenate(owners) if len(owners) > 1 else owners[0]
+        owner = (np.repeat(np.array(requests, dtype=np.int64), [a.size for a in arrays]) if len(arrays) > 1
+                 else np.full(arrays[0].size, requests[0], dtype=np.int64))
         try:
             ids = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
             rows = catalog.rows_of(ids, missing="mark", what=name)
