@@ -182,7 +182,11 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
     slot = beam * K + cols
     req = beam // beams_per_request
     mode = tl.load(list_mode_ptr + req)
-    succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
+    # a deny request with nothing listed, and no global list: its slots stay as they
+    # are, and its program reads none of them
+    listed = (tl.load(list_off_ptr + req + 2) > tl.load(list_off_ptr + req + 1)) | \
+        (tl.load(list_off_ptr + 1) > tl.load(list_off_ptr))
+    succ = tl.load(slot_succ_ptr + slot, mask=in_row & (listed | ((mode & 1) != 0)), other=-1)
     valid = succ >= 0
     alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, (mode & 1) != 0,
                               n_iter, LAST)

@@ -1,0 +1,73 @@
+"""Where the host time of a constrained public-API decode goes: ``Decoder.decode(..., deny_items=)``
+against the same decoder without lists, on the constraints suite's search-like catalog (smaller
+scale: the host work does not grow with the catalog).
+
+    python runs/host_profile_lists.py --scale 1000000 --batch 1 --deny 100 [--calls 300]
+
+Prints the median wall time of each condition (synchronised after every call) and, for the
+lists, the cProfile table of the calls (cumulative time per function), so the host cost of
+building, staging and launching can be read apart from the GPU's.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scale", type=int, default=1_000_000)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--deny", type=int, default=100, help="ids denied per request")
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--top", type=int, default=30)
+    args = p.parse_args()
+
+    import numpy as np
+    import torch
+
+    from zerogr_core.bench.methods import ReplayModel
+    from zerogr_core.bench.workload import CatalogSpec, Workload
+    from zerogr_core.decode.decoder import Decoder
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    wl = Workload(CatalogSpec("search-like", args.scale, 0, None), device)
+    ctx = wl.context("fp16", 1024, 128, args.batch, 1)
+    dec = Decoder(wl.index, beam_width=128, catalog=wl.catalog, **wl.decoder_heads(ctx.heads))
+    if dec.gpu_engine is not None:
+        dec.gpu_engine = ctx.engine
+    model = ReplayModel(ctx.sets, args.batch)
+    rng = np.random.default_rng(0)
+    cat = wl.catalog
+    ids = [cat.item_ids[rng.integers(0, cat.n_items, args.deny)] for _ in range(args.batch)]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def call(kwargs):
+        dec.decode(model, args.batch, **kwargs)
+        sync()
+
+    for label, kwargs in (("none", {}), (f"deny {args.deny}", {"deny_items": ids})):
+        for _ in range(5):
+            call(kwargs)
+        times = []
+        for _ in range(args.calls):
+            t = time.perf_counter()
+            call(kwargs)
+            times.append(time.perf_counter() - t)
+        print(f"{label}: median {statistics.median(times) * 1e6:.1f} us over {args.calls} calls", flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.calls):
+            call(kwargs)
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(args.top)
+        print(out.getvalue(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
