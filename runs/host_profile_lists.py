@@ -67,6 +67,33 @@ def main() -> None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(args.top)
         print(out.getvalue(), flush=True)
+    if device.type == "cuda":
+        _replay_times(dec, args, ids, sync)
+
+
+def _replay_times(dec, args, ids, sync) -> None:
+    """Host time of each captured graph's ``replay()`` alone (synchronised between calls, not
+    timed), and of the constrained one right after its lists' copy."""
+    import statistics
+    import time
+
+    from zerogr_core.decode.constraints import load_lists
+
+    lists = dec.request_lists(args.batch, None, ids)
+    for key, shape in dec.gpu_engine._shapes.items():
+        if shape.graph is None:
+            continue
+        for after_copy in ((False, True) if shape.capacity else (False,)):
+            times = []
+            for _ in range(args.calls):
+                if after_copy:
+                    load_lists(shape.lists, lists)
+                t = time.perf_counter()
+                shape.graph.replay()
+                times.append(time.perf_counter() - t)
+                sync()
+            print(f"graph {key}: replay() host {statistics.median(times) * 1e6:.1f} us"
+                  + (" right after the lists' copy" if after_copy else ""), flush=True)
 
 
 if __name__ == "__main__":
