@@ -47,7 +47,9 @@ from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, pdl_args, pdl_
 from .normalize import lse_finish, lse_update, row_tiling
 
 BLOCK_SLOTS = 128
-"""Slots per program (one beam, one column block)."""
+"""Slots per column block."""
+CHUNKS_PER_PROGRAM = 4
+"""Column blocks of one beam per program of :func:`constrain_slots`."""
 ALLOW = 1
 """Bit of ``list_mode``: the request's list is an allow list (else a deny list)."""
 CATALOG_NORMALISED = 2
@@ -173,28 +175,30 @@ def _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, dead):
 @triton.jit
 def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
                       list_off_ptr, list_rows_ptr, list_mode_ptr, K, beams_per_request, n_iter,
-                      LAST: tl.constexpr, DEFER: tl.constexpr, BLOCK: tl.constexpr,
+                      LAST: tl.constexpr, DEFER: tl.constexpr, BLOCK: tl.constexpr, CHUNKS: tl.constexpr,
                       PDL: tl.constexpr):
     pdl_prologue(PDL)
     beam = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    in_row = cols < K
-    slot = beam * K + cols
     req = beam // beams_per_request
     mode = tl.load(list_mode_ptr + req)
-    # a deny request with nothing listed, and no global list: its slots stay as they
-    # are, and its program reads none of them
-    listed = (tl.load(list_off_ptr + req + 2) > tl.load(list_off_ptr + req + 1)) | \
+    # a deny request with nothing listed, and no global list, keeps its slots: its
+    # program reads none of them
+    work = ((mode & 1) != 0) | (tl.load(list_off_ptr + req + 2) > tl.load(list_off_ptr + req + 1)) | \
         (tl.load(list_off_ptr + 1) > tl.load(list_off_ptr))
-    succ = tl.load(slot_succ_ptr + slot, mask=in_row & (listed | ((mode & 1) != 0)), other=-1)
-    valid = succ >= 0
-    alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, (mode & 1) != 0,
-                              n_iter, LAST)
-    if DEFER:
-        # a catalog-normalised request loses only what left the catalog here; its own
-        # list is applied after projection
-        alive = tl.where((mode & 2) != 0, live, alive)
-    _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, in_row & valid & ~alive)
+    if work:
+        for c in tl.static_range(CHUNKS):
+            cols = (tl.program_id(1) * CHUNKS + c) * BLOCK + tl.arange(0, BLOCK)
+            in_row = cols < K
+            slot = beam * K + cols
+            succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
+            valid = succ >= 0
+            alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req,
+                                      (mode & 1) != 0, n_iter, LAST)
+            if DEFER:
+                # a catalog-normalised request loses only what left the catalog here; its
+                # own list is applied after projection
+                alive = tl.where((mode & 2) != 0, live, alive)
+            _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, in_row & valid & ~alive)
 
 
 @triton.jit
@@ -245,9 +249,13 @@ def constrain_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, s
     block = min(BLOCK_SLOTS, next_pow2(K))
     last = row_start is None
     pdl = pdl_args(slot_succ.device)
-    _constrain_kernel[(n, cdiv(K, block))](
+    # a few column blocks per program: a decode's 4,096 beams × up to 16 blocks would
+    # otherwise launch 65,536 programs per step, most of which find nothing to do
+    blocks = cdiv(K, block)
+    chunks = min(CHUNKS_PER_PROGRAM, blocks)
+    _constrain_kernel[(n, cdiv(blocks, chunks))](
         slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
-        list_mode, K, beams_per_request, n_iter, LAST=last, DEFER=bool(defer), BLOCK=block, **pdl)
+        list_mode, K, beams_per_request, n_iter, LAST=last, DEFER=bool(defer), BLOCK=block, CHUNKS=chunks, **pdl)
 
 
 def _alive_reference(slot_succ, row_start, list_offsets, list_rows, list_mode, beams_per_request):

@@ -54,7 +54,7 @@ def rule(case, n_beams, batch, b, k):
 
 
 KERNEL_CASES = [(2, 1, 1, False, 0), (6, 3, 3, False, 5), (4, 130, 2, True, 40), (1, 7, 1, True, 1),
-                (8, 200, 4, False, 300)]
+                (8, 200, 4, False, 300), (2, 700, 2, False, 30)]  # 700: a program's last blocks past K
 
 
 @pytest.mark.parametrize("defer", [False, True])
