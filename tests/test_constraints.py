@@ -54,7 +54,7 @@ def rule(case, n_beams, batch, b, k):
 
 
 KERNEL_CASES = [(2, 1, 1, False, 0), (6, 3, 3, False, 5), (4, 130, 2, True, 40), (1, 7, 1, True, 1),
-                (8, 200, 4, False, 300), (2, 700, 2, False, 30)]  # 700: a program's last blocks past K
+                (8, 200, 4, False, 300), (2, 700, 2, False, 30)]
 
 
 @pytest.mark.parametrize("defer", [False, True])
@@ -82,6 +82,24 @@ def test_kernel_matches_reference(n_beams, K, batch, last, list_len, defer):
             if defer and mode[b // (n_beams // batch)] & 2:
                 alive = live  # only the global list before projection
             assert (int(ref[1][b, k]) == s) == alive and (int(ref[0][b, k]) >= 0) == alive
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_kernel_with_several_blocks_per_program_matches_reference(monkeypatch, last):
+    """The grid of a large decode (more than MAX_PROGRAMS blocks), forced on a small case."""
+    import zerogr_kernels.constraints as kc
+
+    monkeypatch.setattr(kc, "MAX_PROGRAMS", 1)
+    n_beams, K, batch = 4, 700, 2  # 6 blocks: the second program's last two past K
+    case = random_case(11 + last, n_beams, K, batch, 97, last, 30)
+    for defer in (False, True):
+        ref = [t.clone() if t is not None else None for t in case]
+        tri = [t.clone() if t is not None else None for t in case]
+        constrain_slots_reference(*ref, n_beams // batch, 8, defer)
+        constrain_slots_triton(*tri, n_beams // batch, 8, defer)
+        for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
+            bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
+            assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
 
 
 @pytest.mark.parametrize("n_beams,K,batch,last,list_len", KERNEL_CASES)

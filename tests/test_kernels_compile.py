@@ -74,7 +74,8 @@ def _launch_grid():
     from zerogr_kernels.constraints import constrain_scored_slots_triton, constrain_slots_triton
 
     for (K, n_beams), dtype, starts in itertools.product(
-            [(1, 2), (3, 4), (300, 256), (16384, 2)], (torch.float16, torch.bfloat16, torch.float32),
+            [(1, 2), (3, 4), (300, 256), (16384, 2), (1024, 4096)],  # the last: several blocks per program
+            (torch.float16, torch.bfloat16, torch.float32),
             (None, e(9, dtype=torch.int32), e(9, dtype=torch.int64))):
         lists = (e(4, dtype=torch.int64), e(1024, dtype=torch.int64), e(2, dtype=torch.int32), n_beams // 2, 11)
         for defer in (False, True):
