@@ -53,6 +53,13 @@ def rule(case, n_beams, batch, b, k):
     return (listed > 0 if mode[r] & 1 else hi - lo > listed + in_glob), hi - lo > in_glob
 
 
+def assert_same_slots(ref, tri) -> None:
+    """The reference's and the kernel's slot tensors agree exactly (-inf logits alike)."""
+    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
+        bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
+        assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+
+
 KERNEL_CASES = [(2, 1, 1, False, 0), (6, 3, 3, False, 5), (4, 130, 2, True, 40), (1, 7, 1, True, 1),
                 (8, 200, 4, False, 300), (2, 700, 2, False, 30)]
 
@@ -67,9 +74,7 @@ def test_kernel_matches_reference(n_beams, K, batch, last, list_len, defer):
     tri = [t.clone() if t is not None else None for t in case]
     constrain_slots_reference(*ref, n_beams // batch, n_iter, defer)
     constrain_slots_triton(*tri, n_beams // batch, n_iter, defer)
-    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
-        bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
-        assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+    assert_same_slots(ref, tri)
     # independent check of the rule on the reference output
     succ, mode = case[1], case[6]
     for b in range(n_beams):
@@ -97,9 +102,7 @@ def test_kernel_with_several_blocks_per_program_matches_reference(monkeypatch, l
         tri = [t.clone() if t is not None else None for t in case]
         constrain_slots_reference(*ref, n_beams // batch, 8, defer)
         constrain_slots_triton(*tri, n_beams // batch, 8, defer)
-        for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
-            bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
-            assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+        assert_same_slots(ref, tri)
 
 
 @pytest.mark.parametrize("n_beams,K,batch,last,list_len", KERNEL_CASES)
@@ -113,9 +116,7 @@ def test_scored_kernel_matches_reference(n_beams, K, batch, last, list_len):
     tri = [t.clone() if t is not None else None for t in case]
     out_ref = constrain_scored_slots_reference(*ref, n_beams // batch, n_iter, scores, torch.empty(n_beams))
     out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty(n_beams))
-    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
-        bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
-        assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+    assert_same_slots(ref, tri)
     torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-5)
     # independent check: a log-softmax over what is left, plus the new score, is the
     # log-softmax over the live slots (float64)
@@ -153,9 +154,7 @@ def test_kernels_match_reference_on_any_lists(seed, n_rows, list_len, batch, las
     scores = torch.zeros(n_beams)
     out_ref = constrain_scored_slots_reference(*ref, 2, n_iter, scores, torch.empty(n_beams))
     out_tri = constrain_scored_slots_triton(*tri, 2, n_iter, scores, torch.empty(n_beams))
-    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
-        bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
-        assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+    assert_same_slots(ref, tri)
     torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-5)
 
 
@@ -179,9 +178,7 @@ def test_kernels_match_reference_on_cuda(list_len, last):
         out_ref = constrain_scored_slots_reference(*ref, n_beams // batch, n_iter, scores,
                                                    torch.empty_like(scores))
         out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty_like(scores))
-        for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
-            bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
-            assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
+        assert_same_slots(ref, tri)
         torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-4)
 
 
