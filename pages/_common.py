@@ -13,7 +13,7 @@ import torch
 
 from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.recsys import beauty, movielens
-from zerogr_core.app_support.bounds import work_limits
+from zerogr_core.decode.work_limits import work_limits
 from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
 from zerogr_core.app_support.sources import CatalogSource, default_source, load_source, sample_source

@@ -122,7 +122,7 @@ def test_the_qwen3_1_7b_shape_compares_the_orders_as_the_decode_page_does():
     decoding from it (filtering first as the engine's graph), once over every item and once
     restricted to a cold-start set, timed in turns, the memory peak read."""
     pytest.importorskip("transformers")
-    from zerogr_core.app_support.bounds import work_limits
+    from zerogr_core.decode.work_limits import work_limits
     from zerogr_core.app_support.item_sets import ItemSet, decode_constraints, register_set
     from zerogr_core.app_support.llm_model import LLMSpec, build_llm, llm_dtype, llm_inputs, model_params, weight_bytes
 

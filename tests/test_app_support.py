@@ -428,7 +428,7 @@ def test_study_inputs_serve_the_bundled_model_through_its_kv_cache():
 
 
 def test_work_limits_refuse_in_one_line_and_read_the_environment():
-    from zerogr_core.app_support.bounds import WORK_PRESETS, work_limits
+    from zerogr_core.decode.work_limits import WORK_PRESETS, work_limits
 
     assert work_limits(False, {}) == WORK_PRESETS["cpu"] and work_limits(True, {}) == WORK_PRESETS["gpu"]
     limits = work_limits(False, {"ZEROGR_MAX_DECODE_LOGITS": "1e3"})
@@ -440,7 +440,7 @@ def test_work_limits_refuse_in_one_line_and_read_the_environment():
 
 
 def test_model_limits_refuse_the_1_7b_shape_on_a_cpu_and_read_the_environment():
-    from zerogr_core.app_support.bounds import work_limits
+    from zerogr_core.decode.work_limits import work_limits
     from zerogr_core.app_support.llm_model import LLMSpec, model_params
     from zerogr_core.models.qwen3 import QWEN3_PRESETS
 

@@ -100,7 +100,7 @@ def test_a_project_checkpoint_decodes_over_its_own_catalog(capsys):
     assert line.startswith("error: --catalog:")
 
 
-def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys, tmp_path):
+def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys, tmp_path, monkeypatch):
     base = ("compare-orders", "--catalog", files / "items.csv")
     assert one_line_error(capsys, *base, "--model", tmp_path / "nowhere").startswith(
         "error: --model: no transformers checkpoint")
@@ -129,6 +129,11 @@ def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys,
         "error: --batch × --beam: 1024 × 128 beams is over the 65,536")
     assert one_line_error(capsys, *base, "--model", files / "t5", "--repeats", "5000") == \
         "error: --repeats: at most 1,000, got 5000"
+    # and the app's limit on the logits of one decode (here lowered through its variable)
+    monkeypatch.setenv("ZEROGR_MAX_DECODE_LOGITS", "100")
+    assert one_line_error(capsys, *base, "--model", files / "t5", "--batch", "4", "--beam", "16").startswith(
+        "error: --batch × --beam: batch 4 × beam 16 × 12 tokens over all levels is 768 logits per decode, over "
+        "this machine's limit of 100")
 
 
 def test_the_catalog_check_counts_beams_whose_sid_is_not_an_item():

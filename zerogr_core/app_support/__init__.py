@@ -8,7 +8,6 @@ is unit-tested directly:
 * :mod:`.requests` — what a page decodes: random requests or a bundled recommender's test users;
 * :mod:`.profile` — a stage-timed decode of either order, overlap@K and Recall@K;
 * :mod:`.latency` — both orders timed in turns until the ranking holds, and the winner beyond noise;
-* :mod:`.bounds` — how much decode work one page run may start;
 * :mod:`.own_model` — the user's ``transformers`` checkpoint folder as the Decode page's model
   (loaded by :mod:`zerogr_core.models.checkpoint_folder`, as ``compare-orders`` loads it);
 * :mod:`.llm_model` — the Qwen3 shapes (random weights) as the Decode page's LLM-scale model;
@@ -22,5 +21,7 @@ is unit-tested directly:
   (``python -m zerogr_core.app_support.cpu_decode_orders``).
 
 The bundled recommenders the pages decode with are the studies'
-(:mod:`zerogr_core.recsys.movielens`, :mod:`zerogr_core.recsys.beauty`).
+(:mod:`zerogr_core.recsys.movielens`, :mod:`zerogr_core.recsys.beauty`); how much decode work
+one page run may start is the library's (:mod:`zerogr_core.decode.work_limits`), which the
+``compare-orders`` command applies too.
 """

@@ -106,6 +106,18 @@ def _settings(args: argparse.Namespace) -> CompareSettings:
     return CompareSettings(batch, beam, _whole(args.k, "--k", 1), repeats, _whole(args.seed, "--seed", 0), device)
 
 
+def _check_work(settings: CompareSettings, catalog) -> None:
+    """Refuse a comparison whose scoring-first decode is over this machine's work limit (the
+    app's limit: :func:`zerogr_core.decode.work_limits.work_limits`)."""
+    from ..decode.work_limits import work_limits
+
+    try:
+        work_limits(settings.device.type == "cuda").check_decode(settings.batch, settings.beam,
+                                                                 catalog.codebook_sizes)
+    except ZeroGRError as err:
+        raise _as_usage("--batch × --beam", err) from None
+
+
 def _as_usage(option: str, err: ZeroGRError) -> UsageError:
     """``err`` as a usage error naming ``option`` (once, even when the message already does)."""
     text = " ".join(str(err).split())
@@ -243,10 +255,12 @@ def run_compare_orders(args: argparse.Namespace) -> None:
     settings = _settings(args)
     if args.checkpoint is not None:
         heads, bands, step_model, about, catalog = _project_inputs(args, settings)
+        _check_work(settings, catalog)
     else:
         if args.catalog is None:
             raise UsageError("--catalog: required with --model (the catalog the model's SIDs come from)")
         catalog = _catalog(args.catalog)
+        _check_work(settings, catalog)
         heads, bands, step_model, about = _transformers_inputs(args, settings, catalog)
     report = dict(catalog=dict(name=catalog.name, items=catalog.n_items, levels=catalog.n_levels,
                                codebook_sizes=[int(v) for v in catalog.codebook_sizes]),

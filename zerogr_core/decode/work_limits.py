@@ -1,10 +1,12 @@
-"""How much work one press of a page's button may start.
+"""How much decode work one request of a client may start: a press of a page's button, a
+``compare-orders`` command.
 
 A catalog that passes :class:`~zerogr_core.catalog.limits.LoadLimits` can still be asked
 for a decode that runs for minutes: scoring first computes a logit for every token of
-every level for every beam of every request. A Streamlit page cannot interrupt a tensor
-op that is already running, so the app refuses such a run up front, in one line that
-says how to shrink it, instead of holding the server until it ends.
+every level for every beam of every request. Neither a Streamlit page nor a terminal can
+interrupt a tensor op that is already running, so the clients refuse such a run up front,
+in one line that says how to shrink it, instead of holding the server or the shell until
+it ends.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ ENV_MAX_MODEL_PARAMS = "ZEROGR_MAX_MODEL_PARAMS"
 
 @dataclass(frozen=True)
 class WorkLimits:
-    """Bounds on the decode work one page run starts.
+    """Bounds on the decode work one client request starts.
 
     Attributes
     ----------
