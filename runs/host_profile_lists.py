@@ -4,6 +4,8 @@ scale: the host work does not grow with the catalog).
 
     python runs/host_profile_lists.py --scale 1000000 --batch 1 --deny 100 [--calls 300]
 
+(from the repository root, with the package installed by ``make install``, or ``PYTHONPATH=.``).
+
 Prints the median wall time of each condition (synchronised after every call) and, for the
 lists, the cProfile table of the calls (cumulative time per function), so the host cost of
 building, staging and launching can be read apart from the GPU's.
