@@ -197,6 +197,8 @@ class RequestLists:
 def _id_array(items, what: str) -> np.ndarray:
     """One request's ids as a 1-D array (a bare id where a list was meant is refused: it
     would silently become a one-item list)."""
+    if type(items) is np.ndarray and items.ndim == 1:  # as most callers pass ids: nothing to convert
+        return items
     given = type(items).__name__
     arr = np.asarray(items if not isinstance(items, (set, frozenset)) else list(items))
     if arr.ndim != 1:
@@ -248,8 +250,7 @@ def _keys(catalog, entries: Sequence, name: str, registry) -> tuple[np.ndarray, 
                     _unregistered(items, name, r))
             ready.append(rows + np.int64(r) * n)
             continue
-        # an id array as most callers pass it needs no conversion (a per-request cost)
-        arr = items if type(items) is np.ndarray and items.ndim == 1 else _id_array(items, f"{name}[{r}]")
+        arr = _id_array(items, f"{name}[{r}]")
         if arr.size:
             arrays.append(arr)
             requests.append(r)
