@@ -3,6 +3,8 @@ CUDA-graph timing and warm-up plan, streaming rebuild while decoding (H2D bandwi
 readings, release of cached engines, and out-of-memory detection. Runs on the lent GPU only."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -53,7 +55,13 @@ def test_both_orders_time_as_cuda_graphs(setup):
     decoders = {o: Decoder(index, heads, 32, order=o, band_offsets=bands) for o in ("filter-first", "score-first")}
     runs, notes = order_runs(catalog, decoders, fn, 8)
     assert runs["filter-first"][0] == GPU_GRAPH and runs["score-first"][0] == STATIC_GRAPH, (runs, notes)
+    # the graphs must own what they read: memory freed since their capture is refilled with
+    # out-of-range values, which a graph reading it would index with (a device-side assert)
+    gc.collect()
+    junk = [torch.full((1 << k,), 2**40, dtype=torch.int64, device="cuda") for k in range(6, 23) for _ in range(32)]
     got = time_orders(runs, "cuda", LatencyProtocol(min_repeats=3, min_seconds=0.0))
+    torch.cuda.synchronize()
+    del junk
     assert all(len(lat.samples_ms) >= 3 and lat.median_ms > 0 for lat in got.values())
     decoders["filter-first"].gpu_engine.release()
 

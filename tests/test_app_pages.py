@@ -653,6 +653,8 @@ QWEN3 = "Qwen3 architecture, LLM scale (random weights: latency only, overlap is
 
 
 @pytest.mark.reference_kernels
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU page's defaults and refusal; on a GPU see "
+                    "test_app_gpu.py::test_the_qwen3_1_7b_shape_compares_the_orders_as_the_decode_page_does")
 def test_decode_the_tiny_qwen3_in_both_orders_and_refuse_the_1_7b_shape_on_a_cpu():
     pytest.importorskip("transformers")
     at = new_app(cat_sample="tiny").run()

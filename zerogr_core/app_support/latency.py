@@ -186,7 +186,9 @@ def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None,
             try:
                 runner = _static_runner(catalog, ff, hidden_fn, batch)
                 if runner.graph is not None:
-                    runs["score-first"] = (STATIC_GRAPH, runner.graph.replay)
+                    # the callable holds the runner: its index and loop buffers were allocated
+                    # before the capture, so the graph reads memory that only the runner keeps
+                    runs["score-first"] = (STATIC_GRAPH, lambda r=runner: r.graph.replay())
                 else:
                     why = runner.graph_error or "no graph"
             except Exception as exc:  # noqa: BLE001 — the page still compares, eagerly, and says why
