@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerogr_kernels.constraints import (constrain_scored_slots_reference, constrain_scored_slots_triton,
-                                       constrain_slots_reference, constrain_slots_triton, search_iterations)
+                                       constrain_slots_reference, constrain_slots_triton, mark_rows_reference,
+                                       mark_rows_triton, mark_shift, mark_words, search_iterations)
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.decode.constraints import build_lists, row_starts
 from zerogr_core.index import INDEX_PRESETS, HostTrie, build_static_index
@@ -60,20 +61,34 @@ def assert_same_slots(ref, tri) -> None:
         assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
 
 
+def with_marks(case, n_rows, shift=None):
+    """``{"marks": ..., "mark_shift": ...}`` for the kernels: the bitmap of the case's lists,
+    computed by the reference (a coarser granule than the catalog needs, when ``shift`` is given)."""
+    offsets, rows = case[4], case[5]
+    shift = mark_shift(n_rows) if shift is None else shift
+    marks = torch.full((mark_words(n_rows << shift),), -1, dtype=torch.int32, device=rows.device)
+    return dict(marks=mark_rows_reference(offsets, rows, marks, shift), mark_shift=shift)
+
+
+MARK_SHIFTS = [None, 0, 3]
+"""No bitmap, one bit per row, one bit per 8 rows."""
+
 KERNEL_CASES = [(2, 1, 1, False, 0), (6, 3, 3, False, 5), (4, 130, 2, True, 40), (1, 7, 1, True, 1),
                 (8, 200, 4, False, 300), (2, 700, 2, False, 30)]
 
 
+@pytest.mark.parametrize("shift", MARK_SHIFTS)
 @pytest.mark.parametrize("defer", [False, True])
 @pytest.mark.parametrize("n_beams,K,batch,last,list_len", KERNEL_CASES)
-def test_kernel_matches_reference(n_beams, K, batch, last, list_len, defer):
+def test_kernel_matches_reference(n_beams, K, batch, last, list_len, defer, shift):
     n_rows = 97
     case = random_case(n_beams * K + list_len, n_beams, K, batch, n_rows, last, list_len)
     n_iter = search_iterations(list_len + 3)  # more halvings than needed must not change anything
+    marks = {} if shift is None else with_marks(case, n_rows, shift)
     ref = [t.clone() if t is not None else None for t in case]
     tri = [t.clone() if t is not None else None for t in case]
     constrain_slots_reference(*ref, n_beams // batch, n_iter, defer)
-    constrain_slots_triton(*tri, n_beams // batch, n_iter, defer)
+    constrain_slots_triton(*tri, n_beams // batch, n_iter, defer, **marks)
     assert_same_slots(ref, tri)
     # independent check of the rule on the reference output
     succ, mode = case[1], case[6]
@@ -105,17 +120,19 @@ def test_kernel_with_several_blocks_per_program_matches_reference(monkeypatch, l
         assert_same_slots(ref, tri)
 
 
+@pytest.mark.parametrize("shift", MARK_SHIFTS)
 @pytest.mark.parametrize("n_beams,K,batch,last,list_len", KERNEL_CASES)
-def test_scored_kernel_matches_reference(n_beams, K, batch, last, list_len):
+def test_scored_kernel_matches_reference(n_beams, K, batch, last, list_len, shift):
     n_rows = 97
     case = random_case(n_beams * K + list_len + 1, n_beams, K, batch, n_rows, last, list_len)
     n_iter = search_iterations(list_len + 3)
     scores = torch.from_numpy(np.random.default_rng(K).normal(size=n_beams).astype(np.float32))
     scores[0] = float("-inf")  # a padded beam stays padded
+    marks = {} if shift is None else with_marks(case, n_rows, shift)
     ref = [t.clone() if t is not None else None for t in case]
     tri = [t.clone() if t is not None else None for t in case]
     out_ref = constrain_scored_slots_reference(*ref, n_beams // batch, n_iter, scores, torch.empty(n_beams))
-    out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty(n_beams))
+    out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty(n_beams), **marks)
     assert_same_slots(ref, tri)
     torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-5)
     # independent check: a log-softmax over what is left, plus the new score, is the
@@ -140,22 +157,47 @@ def test_scored_kernel_matches_reference(n_beams, K, batch, last, list_len):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), n_rows=st.integers(1, 400), list_len=st.integers(0, 60),
-       batch=st.integers(1, 3), last=st.booleans(), defer=st.booleans())
-def test_kernels_match_reference_on_any_lists(seed, n_rows, list_len, batch, last, defer):
+       batch=st.integers(1, 3), last=st.booleans(), defer=st.booleans(), shift=st.sampled_from(MARK_SHIFTS))
+def test_kernels_match_reference_on_any_lists(seed, n_rows, list_len, batch, last, defer, shift):
     """Ranges wider and narrower than the lists (the search is skipped only where a list
-    cannot decide), empty and one-row segments, a cap far above what the lists need."""
+    cannot decide), empty and one-row segments, a cap far above what the lists need, ranges
+    whose granules span one, two or more bitmap words."""
     n_beams, K = 2 * batch, 37
     case = random_case(seed, n_beams, K, batch, n_rows, last, list_len)
     n_iter = search_iterations(4 * n_rows)
+    marks = {} if shift is None else with_marks(case, n_rows, shift)
     ref = [t.clone() if t is not None else None for t in case]
     tri = [t.clone() if t is not None else None for t in case]
     constrain_slots_reference(*ref, 2, n_iter, defer)
-    constrain_slots_triton(*tri, 2, n_iter, defer)
+    constrain_slots_triton(*tri, 2, n_iter, defer, **marks)
     scores = torch.zeros(n_beams)
     out_ref = constrain_scored_slots_reference(*ref, 2, n_iter, scores, torch.empty(n_beams))
-    out_tri = constrain_scored_slots_triton(*tri, 2, n_iter, scores, torch.empty(n_beams))
+    out_tri = constrain_scored_slots_triton(*tri, 2, n_iter, scores, torch.empty(n_beams), **marks)
     assert_same_slots(ref, tri)
     torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-5)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), n_rows=st.integers(1, 5000), list_len=st.integers(0, 300),
+       batch=st.integers(1, 4), shift=st.integers(0, 4), start=st.integers(0, 3))
+def test_mark_rows_kernel_matches_reference(seed, n_rows, list_len, batch, shift, start):
+    """Every listed row's granule is set and nothing else (bit 31 included), with rows
+    before ``list_offsets[0]`` and past ``list_offsets[-1]`` ignored and stale bits cleared."""
+    case = random_case(seed, 2, 3, batch, n_rows, True, list_len)
+    offsets, rows = case[4] + start, torch.cat([torch.full((start,), n_rows - 1), case[5]])
+    words = mark_words(n_rows << shift)
+    got = mark_rows_triton(offsets, rows, torch.full((words,), -1, dtype=torch.int32), shift)
+    want = mark_rows_reference(offsets, rows, torch.full((words,), -1, dtype=torch.int32), shift)
+    assert torch.equal(got, want), (got != want).nonzero()[:5].tolist()
+    used = rows[int(offsets[0]):int(offsets[-1])].numpy()
+    bits = np.unpackbits(want.numpy().view(np.uint8), bitorder="little")
+    assert set(np.flatnonzero(bits).tolist()) == set((used >> shift).tolist())
+
+
+def test_mark_shift_bounds_the_bitmap():
+    assert mark_shift(1) == 0 and mark_shift(2**25) == 0 and mark_shift(2**25 + 1) == 1
+    assert mark_words(2 * 10**7) == math.ceil(2 * 10**7 / 32)
+    assert mark_words(10**9) * 32 <= 2**25 < mark_words(10**9) * 64
 
 
 @pytest.mark.gpu
@@ -169,15 +211,19 @@ def test_kernels_match_reference_on_cuda(list_len, last):
     case = [t.cuda() if t is not None else None
             for t in random_case(list_len + last, n_beams, K, batch, n_rows, last, list_len, n_states=5000)]
     n_iter = search_iterations(1 << 20)
-    for defer in (False, True):
+    marks = torch.empty(mark_words(n_rows), dtype=torch.int32, device="cuda")
+    assert torch.equal(mark_rows_triton(case[4], case[5], marks, 0),
+                       mark_rows_reference(case[4], case[5], marks.clone(), 0))
+    for defer, kw in itertools.product((False, True), ({}, dict(marks=marks, mark_shift=0))):
         ref = [t.clone() if t is not None else None for t in case]
         tri = [t.clone() if t is not None else None for t in case]
         constrain_slots_reference(*ref, n_beams // batch, n_iter, defer)
-        constrain_slots_triton(*tri, n_beams // batch, n_iter, defer)
+        constrain_slots_triton(*tri, n_beams // batch, n_iter, defer, **kw)
         scores = torch.randn(n_beams, device="cuda")
         out_ref = constrain_scored_slots_reference(*ref, n_beams // batch, n_iter, scores,
                                                    torch.empty_like(scores))
-        out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty_like(scores))
+        out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty_like(scores),
+                                                **kw)
         assert_same_slots(ref, tri)
         torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-4)
 
