@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from zerogr_core.bench.order_latency import CPU_LOOP
 from zerogr_core.catalog.io import load_catalog
 from zerogr_core.cli import main
 
@@ -61,12 +62,14 @@ def test_both_orders_return_catalog_items_as_json(files, capsys, kind):
                               "--batch", "2", "--beam", "4", "--repeats", "2", "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert set(report) == {"catalog", "model", "device", "batch", "beam", "seed", "repeats", "orders", "k",
-                           "overlap_at_k", "share_differ_at_k", "all_in_catalog"}
+    assert set(report) == {"catalog", "model", "device", "batch", "beam", "seed", "repeats", "orders", "notes",
+                           "k", "overlap_at_k", "share_differ_at_k", "all_in_catalog"}
     assert report["model"]["token_offsets"] == OFFSETS and report["model"]["kind"] == "transformers"
     assert report["catalog"]["items"] == 10 and report["k"] == 4
     assert set(report["orders"]) == {"filter-first", "score-first"}
     for order in report["orders"].values():
+        # like for like: on a CPU both orders run the reference loop (on a GPU: graph against graph)
+        assert order["implementation"] == CPU_LOOP
         assert order["runs"] == 2 and order["p10_ms"] <= order["median_ms"] <= order["p90_ms"]
         assert order["returned"] == order["in_catalog"] == 2 * 4 and order["all_in_catalog"]
     assert report["all_in_catalog"] and 0.0 <= report["overlap_at_k"] <= 1.0
@@ -80,6 +83,7 @@ def test_text_report_and_offsets_on_the_command_line(files, capsys):
                               "--offsets", "2,6,10", "--batch", "1", "--beam", "3", "--repeats", "2")
     assert code == 0, err
     assert "filter-first" in out and "score-first" in out and "overlap@3:" in out
+    assert out.count(CPU_LOOP) == 2  # what each order ran
     assert "every returned item is in the catalog: yes" in out and "token offsets 2/6/10" in out
 
 
@@ -98,6 +102,25 @@ def test_a_project_checkpoint_decodes_over_its_own_catalog(capsys):
     # another catalog than the one it was trained with is refused
     line = one_line_error(capsys, "compare-orders", "--checkpoint", BUNDLED_CHECKPOINT, "--catalog", "tiny")
     assert line.startswith("error: --catalog:")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_both_orders_run_as_cuda_graphs(capsys):
+    """Like for like on a GPU: filtering first as the engine's graph, scoring first as the
+    suite's graphed STATIC-style baseline, as the Decode page times them."""
+    from zerogr_core.bench.order_latency import GPU_GRAPH, STATIC_GRAPH
+    from zerogr_core.recsys.train import BUNDLED_CHECKPOINT
+
+    if not BUNDLED_CHECKPOINT.is_file():
+        pytest.skip("no bundled MovieLens checkpoint")
+    code, out, err = run_main(capsys, "compare-orders", "--checkpoint", BUNDLED_CHECKPOINT, "--batch", "4",
+                              "--beam", "16", "--repeats", "5", "--device", "cuda", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["orders"]["filter-first"]["implementation"] == GPU_GRAPH, report
+    assert report["orders"]["score-first"]["implementation"] == STATIC_GRAPH, report
+    assert report["all_in_catalog"] and not report["notes"]
 
 
 def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys, tmp_path, monkeypatch):

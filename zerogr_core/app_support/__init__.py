@@ -7,7 +7,8 @@ is unit-tested directly:
 * :mod:`.sources` — catalog sources (bundled samples, uploads, server files) and their loading;
 * :mod:`.requests` — what a page decodes: random requests or a bundled recommender's test users;
 * :mod:`.profile` — a stage-timed decode of either order, overlap@K and Recall@K;
-* :mod:`.latency` — both orders timed in turns until the ranking holds, and the winner beyond noise;
+* :mod:`.latency` — the page's words for the library's order timing (:mod:`zerogr_core.bench.order_latency`:
+  both orders timed in turns until the ranking holds, and the winner beyond noise);
 * :mod:`.own_model` — the user's ``transformers`` checkpoint folder as the Decode page's model
   (loaded by :mod:`zerogr_core.models.checkpoint_folder`, as ``compare-orders`` loads it);
 * :mod:`.llm_model` — the Qwen3 shapes (random weights) as the Decode page's LLM-scale model;

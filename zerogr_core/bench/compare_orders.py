@@ -4,8 +4,11 @@ The model is a ``transformers`` checkpoint folder (T5 or a causal LM whose vocab
 the SID tokens, read by :mod:`zerogr_core.models.checkpoint_folder`, the loader the Decode
 page uses) decoding over the user's catalog, or a project checkpoint (``train-movielens``,
 ``train``) with the SID catalog it was trained on. Both orders decode the same seeded
-requests through the public :class:`~zerogr_core.Decoder`; whole decodes are timed in turns
-(:func:`zerogr_core.timing.time_runs`), so both orders see the same load.
+requests through the public :class:`~zerogr_core.Decoder`; whole decodes are timed in turns,
+so both orders see the same load, and at the same implementation quality as the Decode page
+times them (:mod:`zerogr_core.bench.order_latency`): on a GPU filtering first as the engine's
+CUDA graph and scoring first as the benchmark suite's graphed STATIC-style baseline, on a CPU
+both as the reference loop. The report names what each order ran.
 
 Bad input (a missing folder, offsets that are not numbers or do not fit the vocabulary and
 the catalog, a foreign checkpoint) is a usage error naming the argument: one line, status 2.
@@ -222,32 +225,31 @@ def compare(catalog, heads, band_offsets, step_model, settings: CompareSettings)
     Returns
     -------
     dict
-        ``orders`` (order → latency statistics in ms and the catalog check), ``k``,
-        ``overlap_at_k``, ``share_differ_at_k``, ``all_in_catalog``.
+        ``orders`` (order → what ran as ``implementation``, latency statistics in ms and
+        the catalog check), ``notes``, ``k``, ``overlap_at_k``, ``share_differ_at_k``,
+        ``all_in_catalog``.
     """
     from .. import Decoder, build_index
     from ..recsys.quality import overlap_metrics
-    from ..timing import summarize, time_runs
+    from .order_latency import LatencyProtocol, order_runs, time_orders
 
     index = build_index(catalog, device=settings.device)
     decoders = {o: Decoder(index, heads, settings.beam, order=o, band_offsets=band_offsets, catalog=catalog)
                 for o in ORDERS}
     # the first decode of each order plans (and on a GPU captures); its lists are the ones compared
     results = {o: d.decode(step_model, settings.batch) for o, d in decoders.items()}
-    samples: dict[str, list[float]] = {o: [] for o in ORDERS}
-    for r in range(settings.repeats):
-        for o in (ORDERS if r % 2 == 0 else ORDERS[::-1]):   # neither order always runs second
-            samples[o] += time_runs(lambda d=decoders[o]: d.decode(step_model, settings.batch), settings.device,
-                                    repeats=1, warmup=0)
+    runs, notes = order_runs(catalog, decoders, step_model, settings.batch)
+    latency = time_orders(runs, settings.device, LatencyProtocol(min_repeats=settings.repeats, min_seconds=0.0))
     k = min(settings.k, settings.beam, catalog.n_items)
     a, b = (results[o].item_rows.cpu().numpy() for o in ORDERS)
     overlap, differ, _ = overlap_metrics(a, b, [k])
     orders = {}
     for o in ORDERS:
-        stats = summarize(samples[o])
-        orders[o] = dict(median_ms=stats["median_ms"], p10_ms=stats["p10_ms"], p90_ms=stats["p90_ms"],
-                         runs=stats["n"], **_in_catalog(catalog, results[o]))
-    return dict(orders=orders, k=k, overlap_at_k=overlap[k], share_differ_at_k=differ[k],
+        stats = latency[o].stats
+        orders[o] = dict(implementation=latency[o].implementation, median_ms=stats["median_ms"],
+                         p10_ms=stats["p10_ms"], p90_ms=stats["p90_ms"], runs=stats["n"],
+                         **_in_catalog(catalog, results[o]))
+    return dict(orders=orders, notes=notes, k=k, overlap_at_k=overlap[k], share_differ_at_k=differ[k],
                 all_in_catalog=all(v["all_in_catalog"] for v in orders.values()))
 
 
@@ -285,6 +287,8 @@ def format_report(report: dict) -> str:
     for order, o in report["orders"].items():
         lines.append(f"{order:>12}  {o['median_ms']:10.3f}  {o['p10_ms']:9.3f}  {o['p90_ms']:9.3f}  "
                      f"{o['in_catalog']:>6,} of {o['returned']:<,}".rstrip())
+    lines += [f"{order:>12}: {o['implementation']}" for order, o in report["orders"].items()]
+    lines += [f"note: {n}" for n in report["notes"]]
     k = report["k"]
     lines.append(f"overlap@{k}: {100 * report['overlap_at_k']:.1f} % (requests whose top-{k} differs: "
                  f"{100 * report['share_differ_at_k']:.0f} %)")
