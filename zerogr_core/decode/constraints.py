@@ -125,10 +125,11 @@ class RequestLists:
     def catalog_normalised(self) -> bool:
         return self.normalise == "catalog"
 
-    def device_mode(self) -> np.ndarray:
-        """``(batch,)`` int32 mode bits of the kernels (:mod:`zerogr_kernels.constraints`)."""
+    def device_mode(self, out: np.ndarray | None = None) -> np.ndarray:
+        """``(batch,)`` int32 mode bits of the kernels (:mod:`zerogr_kernels.constraints`),
+        written into ``out`` when given (a staging buffer)."""
         extra = CATALOG_NORMALISED if self.catalog_normalised else 0
-        return (self.mode.astype(np.int32) | extra).astype(np.int32)
+        return np.bitwise_or(self.mode, extra, out=out, dtype=np.int32, casting="unsafe")
 
     @property
     def batch(self) -> int:
@@ -233,47 +234,45 @@ def is_empty_request(items) -> bool:
         return False
 
 
-def _segments(catalog, entries: Sequence, name: str, registry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rows, offsets, listed)``: every request's list as sorted, duplicate-free catalog
-    rows in CSR form (ids not in the catalog skipped), and which requests have a list at all.
+def _segments(catalog, entries: Sequence, name: str, registry) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, offsets)``: every request's list as sorted, duplicate-free catalog rows in
+    CSR form (ids not in the catalog skipped).
 
     One pass over the batch, one vectorised id lookup for every request's ids
     (:meth:`Catalog.rows_of`; a registered list, a name, contributes its stored rows),
     then each request's rows sorted where they lie: many short sorts of int32 rows cost
     less than one sort of the batch's ``request * N + row`` keys, and need no keys."""
-    batch = len(entries)
-    listed = np.zeros(batch, dtype=bool)
-    parts, owners, stored = [], [], []
+    parts, owners, stored, firsts = [], [], [], []
+    ends, total = [0], 0  # where each request's rows end, before dropping misses and repeats
     for r, items in enumerate(entries):
-        if items is None:
-            continue
-        listed[r] = True
-        if isinstance(items, str):
-            part = registry.rows(items, name, r) if registry is not None else _unregistered(items, name, r)
+        if items is not None:
+            if isinstance(items, str):
+                part = registry.rows(items, name, r) if registry is not None else _unregistered(items, name, r)
+                if part.size:
+                    stored.append(len(parts))
+            else:
+                part = _id_array(items, name, r)
             if part.size:
-                stored.append(len(parts))
-        else:
-            part = _id_array(items, name, r)
-        if part.size:
-            parts.append(part)
-            owners.append(r)
+                parts.append(part)
+                owners.append(r)
+                firsts.append(total)
+                total += part.size
+        ends.append(total)
     if not parts:
-        return np.zeros(0, dtype=np.int64), np.zeros(batch + 1, dtype=np.int64), listed
+        return np.zeros(0, dtype=np.int64), np.zeros(len(entries) + 1, dtype=np.int64)
     rows = _lookup(catalog, parts, owners, stored, name)
-    sizes = [p.size for p in parts]
-    at = 0
-    for size in sizes:
-        rows[at:at + size].sort()
-        at += size
+    for first, part in zip(firsts, parts):
+        rows[first:first + part.size].sort()
     keep = rows >= 0  # unknown ids (-1) sort first in their request's segment
     fresh = rows[1:] != rows[:-1]
-    fresh[np.cumsum(sizes[:-1], dtype=np.int64) - 1] = True  # a request's first row repeats nothing of the one before
+    if len(parts) > 1:  # a request's first row repeats nothing of the request before
+        fresh[np.array(firsts[1:]) - 1] = True
     np.logical_and(keep[1:], fresh, out=keep[1:])
-    kept = np.zeros(rows.size + 1, dtype=np.int64)
-    np.cumsum(keep, out=kept[1:])
-    ends = np.zeros(batch + 1, dtype=np.int64)
-    ends[np.array(owners) + 1] = sizes
-    return rows[keep].astype(np.int64), kept[np.cumsum(ends, out=ends)], listed
+    if keep.all():  # as usual: every id known, none listed twice
+        return rows.astype(np.int64), np.array(ends, dtype=np.int64)
+    counts = np.zeros(len(ends), dtype=np.int64)
+    counts[np.array(owners) + 1] = np.add.reduceat(keep, firsts, dtype=np.int64)
+    return rows[keep].astype(np.int64), np.cumsum(counts, out=counts)
 
 
 def _lookup(catalog, parts: list, owners: list, stored: list, name: str) -> np.ndarray:
@@ -341,13 +340,12 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     allow = _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
     deny, glob = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
-    allowing = np.zeros(batch, dtype=bool)
     if allow_items is not None:
-        allow_rows, allow_offsets, allowing = _segments(catalog, allow, "allow_items", registry)
-        allow = allow_rows, allow_offsets
+        allowing = np.array([a is not None for a in allow], dtype=bool)
+        allow = _segments(catalog, allow, "allow_items", registry)
     else:
-        allow = None
-    deny = _segments(catalog, deny, "deny_items", registry)[:2]
+        allowing, allow = np.zeros(batch, dtype=bool), None
+    deny = _segments(catalog, deny, "deny_items", registry)
     if allowing.any() or glob.size:
         deny = _combine(allow, deny, allowing, glob, catalog.n_items)
     # else deny lists alone: each request's segment is its list
@@ -494,8 +492,8 @@ class ListBuffers:
         b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.size)
         host = self._host
         host[0] = 0
-        host[1:b + 2] = lists.offsets + g
-        self._host_mode[:] = lists.device_mode()
+        np.add(lists.offsets, g, out=host[1:b + 2])
+        lists.device_mode(out=self._host_mode)
         fresh = g and self.loaded_glob is not lists.glob
         if fresh:
             host[h:h + g] = lists.glob
@@ -518,7 +516,7 @@ class ListBuffers:
         the modes and a changed global list cross from the pinned block, the offsets and
         rows are copied device to device, all stream-ordered and without synchronising."""
         b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.numel())
-        self._host_mode[:] = lists.device_mode()
+        lists.device_mode(out=self._host_mode)
         fresh = g and self.loaded_glob is not lists.glob
         if fresh:
             self._host[h:h + g] = lists.glob
