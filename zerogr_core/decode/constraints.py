@@ -304,8 +304,9 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
                 registry=None) -> RequestLists:
     """Merge allow lists, deny lists and a global deny set into one list per request.
 
-    Vectorised over the batch: one id lookup for every request's ids, set operations on
-    ``request * N + row`` keys; nothing scales with the catalog.
+    Vectorised over the batch: one id lookup for every request's ids, each request's
+    rows sorted in place, and set operations on ``request * N + row`` keys only when an
+    allow list or a global list asks for them; nothing scales with the catalog.
 
     Parameters
     ----------

@@ -1,7 +1,7 @@
 """Per-call lists built on the index's device (:func:`build_lists_on`).
 
 The host path (:func:`~zerogr_core.decode.constraints.build_lists`) looks ids up and sorts
-``request * N + row`` keys with numpy: at batch 32 a deny list of 10,000 items (320k keys)
+each request's rows with numpy: at batch 32 a deny list of 10,000 items (320k keys)
 or an allow list of 1 % of a 2·10^7 catalog (6.4 M ids) costs tenths of a second of host
 sorting. Here the host only concatenates the ids; they cross in one pinned, non-blocking
 copy, and the lookup (a dense id → row table kept on the device once per catalog), the
