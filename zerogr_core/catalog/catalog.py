@@ -387,7 +387,8 @@ class _IdLookup:
             if pos.size and pos.view(np.uint64).max() < self.table.size:
                 return self.table.take(pos)
             inside = (pos >= 0) & (pos < self.table.size)
-            return np.where(inside, self.table.take(np.where(inside, pos, 0)), -1).astype(self.table.dtype, copy=False)
+            rows = self.table.take(np.where(inside, pos, 0))
+            return np.where(inside, rows, -1).astype(self.table.dtype, copy=False)
         n = self.order.size
         longer = False
         if self.sorted_ids.dtype.kind == "S":
