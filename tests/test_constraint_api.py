@@ -68,6 +68,72 @@ def test_batch_lookup_names_the_request_of_a_bad_id():
     assert out.rows.tolist() == [0, 2, 1] or sorted(out.rows.tolist()) == [0, 1, 2]
 
 
+LIST_CATALOGS = {kind: big_catalog(n=40, string_ids=kind == "string", seed=2) for kind in ("dense", "string")}
+LIST_CATALOGS["sparse"] = Catalog.from_sids(LIST_CATALOGS["dense"].sids, LIST_CATALOGS["dense"].codebook_sizes,
+                                            item_ids=np.arange(40) * 10**9)  # too sparse for the id table
+
+
+@st.composite
+def id_batches(draw):
+    """A catalog and a batch of per-request id entries: ``None``, empty, duplicated ids,
+    ids the catalog lacks, as arrays of several dtypes, lists or tuples."""
+    kind = draw(st.sampled_from(sorted(LIST_CATALOGS)))
+    catalog = LIST_CATALOGS[kind]
+    absent = ["nope", "B0"] if kind == "string" else [-3, 41 * 10**9, 10**15]
+    batch = draw(st.sampled_from([1, 1, 2, 3, 8]))
+    pick = st.one_of(st.sampled_from(catalog.item_ids.tolist()), st.sampled_from(absent))
+    entries = []
+    for _ in range(batch):
+        ids = draw(st.lists(pick, max_size=12))
+        shape = draw(st.sampled_from(["none", "array", "array", "int32", "list", "tuple"]))
+        if shape == "none":
+            entries.append(None)
+        elif shape == "list" or (shape == "int32" and kind != "dense"):
+            entries.append(ids)
+        elif shape == "tuple":
+            entries.append(tuple(ids))
+        elif shape == "int32":
+            entries.append(np.array([i for i in ids if abs(i) < 2**31], dtype=np.int32))
+        else:
+            entries.append(np.array(ids) if ids else np.zeros(0, dtype=np.int64))
+    return catalog, batch, entries
+
+
+def oracle_rows(catalog, ids) -> list:
+    """Sorted distinct rows of ``ids`` that the catalog holds, one id at a time."""
+    found = set()
+    for i in ([] if ids is None else list(ids)):
+        try:
+            found.add(catalog.row_of_item(i))
+        except KeyError:
+            pass
+    return sorted(found)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(id_batches(), st.data())
+def test_deny_lists_alone_equal_the_general_path_and_the_oracle(case, data):
+    catalog, batch, deny = case
+    lists = build_lists(catalog, batch, None, deny)
+    # the same segments through the set operations of allow and global lists
+    rows, offsets = cons._combine(None, cons._segments(catalog, deny, "deny_items", None), np.zeros(batch, bool),
+                                  np.zeros(0, dtype=np.int64), catalog.n_items)
+    for got, want in ((lists.rows, rows), (lists.offsets, offsets)):
+        assert got.dtype == want.dtype == np.int64 and np.array_equal(got, want)
+    assert lists.mode.dtype == np.int32 and not lists.mode.any() and not lists.glob.size
+    for r in range(batch):
+        assert lists.rows[lists.offsets[r]:lists.offsets[r + 1]].tolist() == oracle_rows(catalog, deny[r])
+    # allow lists and a global list over the same entries: allow - deny - global, deny - global
+    allow = data.draw(st.lists(st.sampled_from([None] + deny), min_size=batch, max_size=batch))
+    glob = np.unique(data.draw(st.lists(st.integers(0, catalog.n_items - 1), max_size=5))).astype(np.int64)
+    mixed = build_lists(catalog, batch, allow, deny, glob)
+    for r in range(batch):
+        own = set(oracle_rows(catalog, deny[r]))
+        want = set(oracle_rows(catalog, allow[r])) - own if allow[r] is not None else own
+        assert mixed.rows[mixed.offsets[r]:mixed.offsets[r + 1]].tolist() == sorted(want - set(glob.tolist()))
+        assert mixed.mode[r] == (allow[r] is not None)
+
+
 def small_setup(seed=3, sizes=(6, 5, 4), n=70, beam=5):
     g = np.random.default_rng(seed)
     flat = g.choice(int(np.prod(sizes)), n, replace=False)

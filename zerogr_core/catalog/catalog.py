@@ -244,7 +244,8 @@ class Catalog:
         # (dense integer ids) or k binary searches, and never touches all N ids again
         return _build_id_lookup(self.item_ids)
 
-    def rows_of(self, item_ids, *, missing: str = "error", what: str = "item id") -> np.ndarray:
+    def rows_of(self, item_ids, *, missing: str = "error", what: str = "item id",
+                compact: bool = False) -> np.ndarray:
         """Rows of ``item_ids`` in the sorted table.
 
         Parameters
@@ -255,13 +256,21 @@ class Catalog:
             Unknown ids raise :class:`CatalogError`, are dropped, or map to -1.
         what : str
             How messages name the list.
+        compact : bool
+            Return the rows in the smallest dtype that holds every row (int32 below
+            2^31 items) instead of int64, sparing a conversion to callers that narrow
+            them anyway.
 
         Returns
         -------
-        np.ndarray, shape (k,) (fewer with ``missing="drop"``), int64
+        np.ndarray, shape (k,) (fewer with ``missing="drop"``), int64 (or int32, ``compact``)
         """
         ids = _lookup_keys(item_ids, self.string_ids, what)
         rows = self._id_lookup.rows(ids)
+        if not compact:
+            rows = rows.astype(np.int64, copy=False)
+        if missing == "mark":  # nothing to check: -1 is the answer for an unknown id
+            return rows
         found = rows >= 0
         if not found.all():
             if missing == "error":
@@ -369,11 +378,17 @@ class _IdLookup:
         self.sorted_ids = item_ids[self.order]
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """Rows of ``ids`` (same kind as the catalog's), -1 where absent; int64."""
+        """Rows of ``ids`` (same kind as the catalog's), -1 where absent; int32 below 2^31
+        items, else int64."""
         if self.table is not None:
-            pos = ids - self.base
+            pos = ids - self.base if self.base else ids
+            # one reduction tells whether every id lies in the table (a negative position
+            # is a huge unsigned one), so the usual call is a single gather
+            if pos.size and pos.view(np.uint64).max() < self.table.size:
+                return self.table.take(pos)
             inside = (pos >= 0) & (pos < self.table.size)
-            return np.where(inside, self.table[np.where(inside, pos, 0)], -1).astype(np.int64)
+            rows = self.table.take(np.where(inside, pos, 0))
+            return np.where(inside, rows, -1).astype(self.table.dtype, copy=False)
         n = self.order.size
         longer = False
         if self.sorted_ids.dtype.kind == "S":
@@ -385,7 +400,7 @@ class _IdLookup:
         pos = np.searchsorted(self.sorted_ids, ids)
         pos_c = np.minimum(pos, max(n - 1, 0))
         found = (pos < n) & (self.sorted_ids[pos_c] == ids) & ~longer
-        return np.where(found, self.order[pos_c], -1).astype(np.int64)
+        return np.where(found, self.order[pos_c], -1).astype(np.int32 if n < 2**31 else np.int64)
 
 
 DENSE_ID_SPAN = 4
@@ -495,7 +510,7 @@ def _lookup_keys(values, string_ids: bool, what: str) -> np.ndarray:
             return arr.astype(str).astype(StringDType())
         return arr.astype(str).astype(StringDType()) if arr.dtype.kind != "T" else arr
     if arr.dtype.kind in "iu":
-        return arr.astype(np.int64)
+        return arr.astype(np.int64, copy=False)
     try:
         return np.array([int(str(v).strip()) for v in arr.ravel()], dtype=np.int64)
     except ValueError:

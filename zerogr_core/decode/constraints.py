@@ -126,10 +126,11 @@ class RequestLists:
     def catalog_normalised(self) -> bool:
         return self.normalise == "catalog"
 
-    def device_mode(self) -> np.ndarray:
-        """``(batch,)`` int32 mode bits of the kernels (:mod:`zerogr_kernels.constraints`)."""
+    def device_mode(self, out: np.ndarray | None = None) -> np.ndarray:
+        """``(batch,)`` int32 mode bits of the kernels (:mod:`zerogr_kernels.constraints`),
+        written into ``out`` when given (a staging buffer)."""
         extra = CATALOG_NORMALISED if self.catalog_normalised else 0
-        return (self.mode.astype(np.int32) | extra).astype(np.int32)
+        return np.bitwise_or(self.mode, extra, out=out, dtype=np.int32, casting="unsafe")
 
     @property
     def batch(self) -> int:
@@ -195,15 +196,17 @@ class RequestLists:
                 torch.from_numpy(self.device_mode()).to(device))
 
 
-def _id_array(items, what: str) -> np.ndarray:
+def _id_array(items, what: str, request: int | None = None) -> np.ndarray:
     """One request's ids as a 1-D array (a bare id where a list was meant is refused: it
-    would silently become a one-item list)."""
+    would silently become a one-item list). Messages name ``what``, or ``what[request]``
+    (formatted only on an error, as a batch's loop calls this per request)."""
     if type(items) is np.ndarray and items.ndim == 1:  # as most callers pass ids: nothing to convert
         return items
     given = type(items).__name__
     arr = np.asarray(items if not isinstance(items, (set, frozenset)) else list(items))
     if arr.ndim != 1:
-        raise ZeroGRError(f"{what} must be a list of item ids (or None), got {given} of {arr.ndim} dimensions")
+        named = what if request is None else f"{what}[{request}]"
+        raise ZeroGRError(f"{named} must be a list of item ids (or None), got {given} of {arr.ndim} dimensions")
     return arr
 
 
@@ -232,57 +235,65 @@ def is_empty_request(items) -> bool:
         return False
 
 
-def _keys(catalog, entries: Sequence, name: str, registry) -> tuple[np.ndarray, np.ndarray]:
-    """``(keys, listed)``: the sorted unique ``request * N + row`` keys of every request's
-    list (ids not in the catalog skipped), and which requests have a list at all.
+def _segments(catalog, entries: Sequence, name: str, registry) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, offsets)``: every request's list as sorted, duplicate-free catalog rows in
+    CSR form (ids not in the catalog skipped).
 
-    The ids of the whole batch are looked up in one vectorised call
-    (:meth:`Catalog.rows_of`); a registered list (a name) contributes its stored rows."""
-    n = catalog.n_items
-    batch = len(entries)
-    listed = np.zeros(batch, dtype=bool)
-    arrays, requests, ready = [], [], []
+    One pass over the batch, one vectorised id lookup for every request's ids
+    (:meth:`Catalog.rows_of`; a registered list, a name, contributes its stored rows),
+    then each request's rows sorted where they lie: many short sorts of int32 rows cost
+    less than one sort of the batch's ``request * N + row`` keys, and need no keys."""
+    parts, owners, stored, firsts = [], [], [], []
+    ends, total = [0], 0  # where each request's rows end, before dropping misses and repeats
     for r, items in enumerate(entries):
-        if items is None:
-            continue
-        listed[r] = True
-        if isinstance(items, str):
-            rows = (registry.rows(items, name, r) if registry is not None else
-                    _unregistered(items, name, r))
-            ready.append(rows + np.int64(r) * n)
-            continue
-        arr = _id_array(items, f"{name}[{r}]")
-        if arr.size:
-            arrays.append(arr)
-            requests.append(r)
-    keys = ready
-    if arrays:
-        owner = (np.repeat(np.array(requests, dtype=np.int64), [a.size for a in arrays]) if len(arrays) > 1
-                 else np.full(arrays[0].size, requests[0], dtype=np.int64))
-        try:
-            ids = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-            rows = catalog.rows_of(ids, missing="mark", what=name)
-        except (ZeroGRError, TypeError, ValueError):
-            # ids of mixed kinds, or a wrong id: look up per request (naming it in the error)
-            rows = np.concatenate([catalog.rows_of(arr, missing="mark", what=f"{name}[{int(r)}]")
-                                   for r, arr in zip(np.unique(owner), arrays)])
-        found = rows >= 0
-        keys = keys + [owner[found] * n + rows[found]]
-    if not keys:
-        return np.zeros(0, dtype=np.int64), listed
-    return _sorted_unique(np.concatenate(keys) if len(keys) > 1 else keys[0]), listed
+        if items is not None:
+            if isinstance(items, str):
+                part = registry.rows(items, name, r) if registry is not None else _unregistered(items, name, r)
+                if part.size:
+                    stored.append(len(parts))
+            else:
+                part = _id_array(items, name, r)
+            if part.size:
+                parts.append(part)
+                owners.append(r)
+                firsts.append(total)
+                total += part.size
+        ends.append(total)
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(len(entries) + 1, dtype=np.int64)
+    rows = _lookup(catalog, parts, owners, stored, name)
+    for first, part in zip(firsts, parts):
+        rows[first:first + part.size].sort()
+    keep = rows >= 0  # unknown ids (-1) sort first in their request's segment
+    fresh = rows[1:] != rows[:-1]
+    if len(parts) > 1:  # a request's first row repeats nothing of the request before
+        fresh[np.array(firsts[1:]) - 1] = True
+    np.logical_and(keep[1:], fresh, out=keep[1:])
+    if keep.all():  # as usual: every id known, none listed twice
+        return rows.astype(np.int64), np.array(ends, dtype=np.int64)
+    counts = np.zeros(len(ends), dtype=np.int64)
+    counts[np.array(owners) + 1] = np.add.reduceat(keep, firsts, dtype=np.int64)
+    return rows[keep].astype(np.int64), np.cumsum(counts, out=counts)
 
 
-def _sorted_unique(values: np.ndarray) -> np.ndarray:
-    """Sorted distinct ``values`` (a sort and one comparison: ``np.unique`` hashes, which is
-    many times slower on a batch's worth of keys)."""
-    out = np.sort(values)
-    if out.size > 1:
-        keep = np.empty(out.size, dtype=bool)
-        keep[0] = True
-        np.not_equal(out[1:], out[:-1], out=keep[1:])
-        out = out[keep]
-    return out
+def _lookup(catalog, parts: list, owners: list, stored: list, name: str) -> np.ndarray:
+    """The catalog rows of ``parts`` back to back (-1 for an unknown id), in a new array
+    (the caller sorts it in place): the ids of every request in one lookup, the parts at
+    the positions ``stored`` (registered rows) as they are."""
+    if stored:
+        ids = [i for i in range(len(parts)) if i not in stored]
+        looked = {}
+        if ids:
+            rows = _lookup(catalog, [parts[i] for i in ids], [owners[i] for i in ids], [], name)
+            looked = dict(zip(ids, np.split(rows, np.cumsum([parts[i].size for i in ids[:-1]], dtype=np.int64))))
+        return np.concatenate([looked.get(i, part) for i, part in enumerate(parts)])
+    try:
+        ids = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return catalog.rows_of(ids, missing="mark", what=name, compact=True)
+    except (ZeroGRError, TypeError, ValueError):
+        # ids of mixed kinds, or a wrong id: look up per request (naming it in the error)
+        return np.concatenate([catalog.rows_of(part, missing="mark", what=f"{name}[{r}]", compact=True)
+                               for r, part in zip(owners, parts)])
 
 
 def _unregistered(name_given: str, name: str, r: int):
@@ -294,8 +305,9 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
                 registry=None) -> RequestLists:
     """Merge allow lists, deny lists and a global deny set into one list per request.
 
-    Vectorised over the batch: one id lookup for every request's ids, set operations on
-    ``request * N + row`` keys; nothing scales with the catalog.
+    Vectorised over the batch: one id lookup for every request's ids, each request's
+    rows sorted in place, and set operations on ``request * N + row`` keys only when an
+    allow list or a global list asks for them; nothing scales with the catalog.
 
     Parameters
     ----------
@@ -330,10 +342,31 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     allow = _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
     deny, glob = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
-    n = catalog.n_items
-    allow_keys, allowing = _keys(catalog, allow, "allow_items", registry)
-    deny_keys, _ = _keys(catalog, deny, "deny_items", registry)
-    # allow requests: allow - deny; deny requests: their deny keys; then - global for both
+    if allow_items is not None:
+        allowing = np.array([a is not None for a in allow], dtype=bool)
+        allow = _segments(catalog, allow, "allow_items", registry)
+    else:
+        allowing, allow = np.zeros(batch, dtype=bool), None
+    deny = _segments(catalog, deny, "deny_items", registry)
+    if allowing.any() or glob.size:
+        deny = _combine(allow, deny, allowing, glob, catalog.n_items)
+    # else deny lists alone: each request's segment is its list
+    return RequestLists(deny[1], deny[0], allowing.astype(np.int32), glob, normalise)
+
+
+def _combine(allow, deny, allowing: np.ndarray, glob: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, offsets)`` of ``allow - deny - glob`` for the requests ``allowing``, and
+    ``deny - glob`` for the others, from the ``(rows, offsets)`` segments of both lists
+    (:func:`_segments`; ``allow`` may be ``None``), as set operations on sorted
+    ``request * n + row`` keys."""
+    batch = allowing.size
+
+    def keys_of(segments):
+        rows, offsets = segments
+        return rows + np.repeat(np.arange(batch, dtype=np.int64) * n, np.diff(offsets))
+
+    deny_keys = keys_of(deny)
+    allow_keys = keys_of(allow) if allow is not None else deny_keys[:0]
     allow_keys = allow_keys[~_sorted_isin(allow_keys, deny_keys)]
     deny_keys = deny_keys[~allowing[deny_keys // n]] if deny_keys.size else deny_keys
     keys = np.concatenate([allow_keys, deny_keys])
@@ -345,7 +378,7 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
         keys, rows = keys[keep], rows[keep]
     offsets = np.zeros(batch + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(np.bincount(keys // max(n, 1), minlength=batch))
-    return RequestLists(offsets, rows.astype(np.int64, copy=False), allowing.astype(np.int32), glob, normalise)
+    return rows.astype(np.int64, copy=False), offsets
 
 
 def _merge_standing(deny: Sequence, global_deny_rows, normalise: str, registry, batch: int):
@@ -492,8 +525,8 @@ class ListBuffers:
         b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.size)
         host = self._host
         host[0] = 0
-        host[1:b + 2] = lists.offsets + g
-        self._host_mode[:] = lists.device_mode()
+        np.add(lists.offsets, g, out=host[1:b + 2])
+        lists.device_mode(out=self._host_mode)
         fresh = g and self.loaded_glob is not lists.glob
         if fresh:
             host[h:h + g] = lists.glob
@@ -516,7 +549,7 @@ class ListBuffers:
         the modes and a changed global list cross from the pinned block, the offsets and
         rows are copied device to device, all stream-ordered and without synchronising."""
         b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.numel())
-        self._host_mode[:] = lists.device_mode()
+        lists.device_mode(out=self._host_mode)
         fresh = g and self.loaded_glob is not lists.glob
         if fresh:
             self._host[h:h + g] = lists.glob

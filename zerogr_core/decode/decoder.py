@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Sequence
 
@@ -193,26 +194,24 @@ class Decoder:
         :class:`~zerogr_core.decode.constraints.RequestLists`); both hold the same lists.
         ``path`` ("auto", "host" or "device") overrides :attr:`list_path`.
         """
-        from .constraints import build_lists
-        from .device_lists import DEVICE_MIN_IDS, LIST_PATHS, build_lists_on, listed_ids
-
+        constraints, device_lists = _list_modules()
         if self.catalog is None:
             raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
         path = path or self.list_path
-        if path not in LIST_PATHS:
-            raise ZeroGRError(f"list path must be one of {LIST_PATHS}, got {path!r}")
+        if path not in device_lists.LIST_PATHS:
+            raise ZeroGRError(f"list path must be one of {device_lists.LIST_PATHS}, got {path!r}")
         if path == "auto":
-            big = listed_ids(allow_items, deny_items, batch_size) >= DEVICE_MIN_IDS
-            path = "device" if self.index.device.type == "cuda" and big else "host"
+            big = device_lists.listed_ids(allow_items, deny_items, batch_size) >= device_lists.DEVICE_MIN_IDS
+            path = "device" if big and self.index.device.type == "cuda" else "host"
         if path == "device":
             # GPU work outside a decode: never while this decoder's engine captures a graph
             with self.gpu_engine.lock if self.gpu_engine is not None else contextlib.nullcontext():
-                lists = build_lists_on(self.index.device, self.catalog, batch_size, allow_items, deny_items,
-                                       global_deny_rows, normalise, registry=self.registry)
+                lists = device_lists.build_lists_on(self.index.device, self.catalog, batch_size, allow_items,
+                                                    deny_items, global_deny_rows, normalise, registry=self.registry)
             if lists is not None:
                 return lists
-        return build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows, normalise,
-                           registry=self.registry)
+        return constraints.build_lists(self.catalog, batch_size, allow_items, deny_items, global_deny_rows,
+                                       normalise, registry=self.registry)
 
     def _standing_allow(self, batch_size: int, allow_items, normalise: str):
         """The indexed allow set every request names, if the batch may decode over it
@@ -401,7 +400,7 @@ def _nothing_listed(batch_size: int, allow_items, deny_items) -> bool:
     converting anything: such a call takes the list-free path at no host cost. Arguments
     of the wrong kind or length are left to :func:`~zerogr_core.decode.constraints.build_lists`
     to refuse."""
-    from .constraints import is_empty_request
+    is_empty_request = _list_modules()[0].is_empty_request
 
     def batch_of(x) -> bool:
         return not isinstance(x, (str, bytes)) and hasattr(x, "__len__") and len(x) == batch_size
@@ -411,3 +410,12 @@ def _nothing_listed(batch_size: int, allow_items, deny_items) -> bool:
     if deny_items is None:
         return True
     return batch_of(deny_items) and all(is_empty_request(d) for d in deny_items)
+
+
+@functools.cache
+def _list_modules():
+    """``(constraints, device_lists)``, imported on the first call that has lists (they load
+    the list kernels) and then kept: an import statement costs microseconds on every call."""
+    from . import constraints, device_lists
+
+    return constraints, device_lists

@@ -1,7 +1,7 @@
 """Per-call lists built on the index's device (:func:`build_lists_on`).
 
 The host path (:func:`~zerogr_core.decode.constraints.build_lists`) looks ids up and sorts
-``request * N + row`` keys with numpy: at batch 32 a deny list of 10,000 items (320k keys)
+each request's rows with numpy: at batch 32 a deny list of 10,000 items (320k keys)
 or an allow list of 1 % of a 2·10^7 catalog (6.4 M ids) costs tenths of a second of host
 sorting. Here the host only concatenates the ids; they cross in one pinned, non-blocking
 copy, and the lookup (a dense id → row table kept on the device once per catalog), the
@@ -43,8 +43,11 @@ def listed_ids(allow_items, deny_items, batch: int) -> int:
     are on the device already); cheap, no conversion."""
     total = 0
     for items, name in ((allow_items, "allow_items"), (deny_items, "deny_items")):
+        if items is None or isinstance(items, str):
+            continue
         for entry in _per_request(items, batch, name):
-            if entry is not None and not isinstance(entry, str) and hasattr(entry, "__len__"):
+            if type(entry) is np.ndarray or (entry is not None and not isinstance(entry, str)
+                                             and hasattr(entry, "__len__")):
                 total += len(entry)
     return total
 
@@ -133,8 +136,8 @@ class DeviceRequestLists:
         """Rows of the device buffer (an upper bound): the global list, then the requests'."""
         return int(self.glob.size + self.rows.numel())
 
-    def device_mode(self) -> np.ndarray:
-        return RequestLists.device_mode(self)
+    def device_mode(self, out: np.ndarray | None = None) -> np.ndarray:
+        return RequestLists.device_mode(self, out)
 
     def to_host(self) -> RequestLists:
         """The same lists as a host :class:`RequestLists` (synchronises)."""
