@@ -399,7 +399,7 @@ class _IdLookup:
             ids = ids.astype(self.sorted_ids.dtype)
         pos = np.searchsorted(self.sorted_ids, ids)
         pos_c = np.minimum(pos, max(n - 1, 0))
-        found = (pos < n) & (self.sorted_ids[pos_c] == ids) & ~longer
+        found = (pos < n) & (self.sorted_ids[pos_c] == ids) & np.logical_not(longer)
         return np.where(found, self.order[pos_c], -1).astype(np.int32 if n < 2**31 else np.int64)
 
 
