@@ -34,8 +34,8 @@ one row (the last step), and a second one from there for wider ranges. Each prog
 many halvings as its longest searched list needs, read from the offsets at run time, so the
 kernel, and hence a captured CUDA graph, does not depend on the lists of one call; ``n_iter``
 caps them (at least ``bit_length`` of the longest list the buffers can hold).
-An optional bitmap of the rows listed anywhere in the batch (:func:`mark_rows`: one bit per
-granule of ``2**mark_shift`` rows, request lists and global list together) settles most of the
+An optional bitmap of the rows listed anywhere in the batch (one bit per
+granule of ``2**mark_shift`` rows, request lists and global list together; :mod:`.row_marks`) settles most of the
 remaining slots without a search: a range with no marked granule holds no listed row, so a deny
 request keeps the slot and an allow request loses it. A deny list of 100 rows in a catalog of
 2·10^7 marks one granule in 200,000, and the prefixes of 16 rows that every beam of step 2
@@ -51,6 +51,7 @@ import triton.language as tl
 
 from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, pdl_args, pdl_prologue, use_triton
 from .normalize import lse_finish, lse_update, row_tiling
+from .row_marks import _check_marks
 
 BLOCK_SLOTS = 128
 """Slots per column block."""
@@ -59,11 +60,6 @@ CHUNKS_PER_PROGRAM = 4
 :data:`MAX_PROGRAMS` blocks."""
 MAX_PROGRAMS = 16_384
 """Most programs :func:`constrain_slots` launches with one column block each."""
-MARK_GRANULES = 1 << 25
-"""Most granules a row bitmap covers (4 MiB of bits): the granule grows by powers of two with
-the catalog (:func:`mark_shift`)."""
-MARK_BLOCK = 1024
-"""Listed rows per program of :func:`mark_rows`."""
 ALLOW = 1
 """Bit of ``list_mode``: the request's list is an allow list (else a deny list)."""
 CATALOG_NORMALISED = 2
@@ -74,27 +70,6 @@ its listed candidates (see the module docstring)."""
 def search_iterations(capacity: int) -> int:
     """Halvings that find a lower bound in any list of at most ``capacity`` rows."""
     return max(int(capacity), 1).bit_length()
-
-
-def mark_shift(n_rows: int) -> int:
-    """log2 of the rows per granule of a bitmap over ``n_rows`` rows (at most :data:`MARK_GRANULES` granules)."""
-    shift = 0
-    while (max(int(n_rows), 1) - 1) >> shift >= MARK_GRANULES:
-        shift += 1
-    return shift
-
-
-def mark_words(n_rows: int) -> int:
-    """int32 words of the bitmap over ``n_rows`` rows (:func:`mark_rows`'s ``marks``)."""
-    return cdiv(((max(int(n_rows), 1) - 1) >> mark_shift(n_rows)) + 1, 32)
-
-
-def _check_marks(marks, shift, device) -> None:
-    if marks is None:
-        return
-    check_tensor("marks", marks, dtypes=(torch.int32,), ndim=1, device=device, contiguous=True)
-    if not isinstance(shift, int) or not 0 <= shift < 63:
-        raise ValueError(f"mark_shift must be an int in [0, 63), got {shift!r}")
 
 
 def _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
@@ -408,9 +383,10 @@ _LISTS_DOC = """    slot_tokens : torch.Tensor
         longest list (the kernels stop at what the lists of the call need).
     marks : torch.Tensor, optional
         ``(mark_words(n_rows),)`` int32 bitmap of the listed rows (:func:`mark_rows` of these
-        lists); lets the kernel settle a slot whose range holds no listed row without a search.
+        lists, :func:`zerogr_kernels.row_marks.mark_rows`); lets the kernel settle a slot whose range
+        holds no listed row without a search.
     mark_shift : int
-        log2 of the rows per bit of ``marks`` (:func:`mark_shift`)."""
+        log2 of the rows per bit of ``marks`` (:func:`zerogr_kernels.row_marks.mark_shift`)."""
 
 
 def constrain_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
@@ -530,75 +506,3 @@ constrain_scored_slots.__doc__ = f"""Apply the lists of catalog-normalised reque
         ``out_scores``.
     """
 
-
-@triton.jit
-def _mark_kernel(list_off_ptr, list_rows_ptr, marks_ptr, n_segments, mark_shift, BLOCK: tl.constexpr,
-                 PDL: tl.constexpr):
-    pdl_prologue(PDL)
-    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    used = (idx >= tl.load(list_off_ptr)) & (idx < tl.load(list_off_ptr + n_segments))
-    g = tl.load(list_rows_ptr + idx, mask=used, other=0) >> mark_shift
-    bit = (tl.zeros_like(g) + 1) << (g & 31)
-    tl.atomic_or(marks_ptr + (g >> 5), bit.to(tl.uint32).to(tl.int32, bitcast=True), mask=used)
-
-
-def _check_mark_args(list_offsets, list_rows, marks, shift) -> None:
-    check_tensor("list_offsets", list_offsets, dtypes=(torch.int64,), ndim=1, contiguous=True)
-    dev = list_offsets.device
-    check_tensor("list_rows", list_rows, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
-    if marks is None:
-        raise ValueError("marks must be an int32 tensor of mark_words(n_rows) words")
-    _check_marks(marks, shift, dev)
-
-
-def mark_rows_triton(list_offsets: torch.Tensor, list_rows: torch.Tensor, marks: torch.Tensor,
-                     mark_shift: int) -> torch.Tensor:
-    """Triton implementation of :func:`mark_rows` (no host sync: the used length is read on the device)."""
-    _check_mark_args(list_offsets, list_rows, marks, mark_shift)
-    marks.zero_()
-    if list_rows.numel():
-        _mark_kernel[(cdiv(list_rows.numel(), MARK_BLOCK),)](
-            list_offsets, list_rows, marks, list_offsets.numel() - 1, mark_shift, BLOCK=MARK_BLOCK,
-            **pdl_args(list_rows.device))
-    return marks
-
-
-def mark_rows_reference(list_offsets: torch.Tensor, list_rows: torch.Tensor, marks: torch.Tensor,
-                        mark_shift: int) -> torch.Tensor:
-    """PyTorch reference of :func:`mark_rows` (same signature and output)."""
-    _check_mark_args(list_offsets, list_rows, marks, mark_shift)
-    granules = torch.unique(list_rows[int(list_offsets[0]):int(list_offsets[-1])] >> mark_shift)
-    words = torch.zeros(marks.numel(), dtype=torch.int64, device=marks.device)
-    # distinct granules of a word own distinct bits, so their sum is their OR
-    words.index_add_(0, granules >> 5, torch.ones_like(granules) << (granules & 31))
-    marks.copy_(torch.where(words >= 2**31, words - 2**32, words).to(torch.int32))
-    return marks
-
-
-def mark_rows(list_offsets: torch.Tensor, list_rows: torch.Tensor, marks: torch.Tensor,
-              mark_shift: int) -> torch.Tensor:
-    fn = mark_rows_triton if use_triton(list_rows) else mark_rows_reference
-    return fn(list_offsets, list_rows, marks, mark_shift)
-
-
-mark_rows.__doc__ = """The bitmap of every listed row, for the kernels' ``marks``: bit ``g & 31`` of word
-    ``g >> 5`` is set when a row of granule ``g = row >> mark_shift`` is listed, in any
-    segment (the global list and every request's).
-
-    Parameters
-    ----------
-    list_offsets : torch.Tensor
-        ``(batch + 2,)`` int64 CSR offsets, as for :func:`constrain_slots`; the rows used are
-        ``list_rows[list_offsets[0]:list_offsets[-1]]``.
-    list_rows : torch.Tensor
-        ``(capacity,)`` int64 rows.
-    marks : torch.Tensor
-        ``(mark_words(n_rows),)`` int32 output, overwritten.
-    mark_shift : int
-        log2 of the rows per granule (:func:`mark_shift` of the catalog's rows).
-
-    Returns
-    -------
-    torch.Tensor
-        ``marks``.
-    """

@@ -79,7 +79,7 @@ def _replay_times(dec, args, ids, sync) -> None:
     import statistics
     import time
 
-    from zerogr_core.decode.constraints import load_lists
+    from zerogr_core.decode.list_buffers import load_lists
 
     lists = dec.request_lists(args.batch, None, ids)
     for key, shape in dec.gpu_engine._shapes.items():

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerogr_kernels.constraints import (constrain_scored_slots_reference, constrain_scored_slots_triton,
-                                       constrain_slots_reference, constrain_slots_triton, mark_rows_reference,
-                                       mark_rows_triton, mark_shift, mark_words, search_iterations)
+                                       constrain_slots_reference, constrain_slots_triton, search_iterations)
+from zerogr_kernels.row_marks import mark_rows_reference, mark_rows_triton, mark_shift, mark_words
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.decode.constraints import build_lists, row_starts
 from zerogr_core.index import INDEX_PRESETS, HostTrie, build_static_index
@@ -456,7 +456,7 @@ def test_constraint_errors_are_one_line():
                                             (["selective", "full", "full"], "request"),
                                             (["selective", "full", "selective"], "catalog")])
 def test_engine_lists_match_the_reference_and_buffers_regrow(plan, normalise):
-    from zerogr_core.decode import constraints as cons
+    from zerogr_core.decode import list_buffers as cons
     from zerogr_core.decode.engine import GpuEngine
     from zerogr_core.decode.heads import Heads
 

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerogr_core import Catalog, Decoder, build_index
-from zerogr_core.decode.constraints import ListBuffers, RequestLists, build_lists
+from zerogr_core.decode.constraints import RequestLists, build_lists
+from zerogr_core.decode.list_buffers import ListBuffers
 from zerogr_core.decode.device_lists import DEVICE_MIN_IDS, DeviceRequestLists, build_lists_on, listed_ids
 from zerogr_core.decode.registry import ListRegistry, RegisteredList
 
@@ -150,7 +151,7 @@ def test_list_buffers_load_device_lists_as_host_lists():
 
 @pytest.mark.parametrize("normalise", ["request", "catalog"])
 def test_engine_buffers_take_device_lists(normalise):
-    from zerogr_core.decode import constraints as cons
+    from zerogr_core.decode import list_buffers as cons
     from zerogr_core.decode.engine import GpuEngine
     from zerogr_core.decode.heads import Heads
 

@@ -183,7 +183,7 @@ class ShapeState:
         self.runners = [engine.step_runner(level, option, batch) for level, option in enumerate(options)]
         self.capacity = capacity
         if capacity:
-            from .constraints import attach_lists
+            from .list_buffers import attach_lists
 
             self.lists = attach_lists(self.runners, index, batch, capacity, normalise)
         self.loop = BeamLoop(self.runners, batch, engine.beam_width, engine.heads.hidden_size, engine.heads.dtype,
@@ -402,7 +402,7 @@ class GpuEngine:
         when a call lists more rows than its capacity), with ``lists`` copied in. Each
         normalisation has its own shape, so request-normalised lists never run the
         catalog-normalised pass."""
-        from .constraints import capacity_for, load_lists
+        from .list_buffers import capacity_for, load_lists
 
         key = self.key(batch) + ("lists", lists.normalise)
         shape = self._shapes.get(key)

@@ -1,0 +1,158 @@
+"""The static list buffers of a captured constrained shape: each call's lists are staged in
+a pinned block and copied into persistent device buffers that the CUDA graph reads
+(:class:`ListBuffers`); :func:`attach_lists` gives the engine's step runners their
+constraint over them. The lists themselves, and how a slot is judged, are
+:mod:`zerogr_core.decode.constraints`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from zerogr_kernels.constraints import constrain_scored_slots, constrain_slots, search_iterations
+
+from ..errors import ZeroGRError
+from ..index.layout import StepIndex
+from .constraints import RequestLists, RowMarks, row_starts
+
+MIN_CAPACITY = 1024
+"""Smallest list buffer of a captured shape; capacities grow by powers of two."""
+
+
+def capacity_for(rows_needed: int) -> int:
+    """List-buffer capacity of a captured shape: the next power of two ≥ the rows, at least
+    :data:`MIN_CAPACITY`. A call with more listed rows re-captures with a larger buffer."""
+    cap = MIN_CAPACITY
+    while cap < rows_needed:
+        cap *= 2
+    return cap
+
+
+class ListBuffers:
+    """Persistent list buffers of a captured shape (``capacity`` rows), one block per side.
+
+    One int64 device block holds, in order, the offsets (``batch + 2``), the modes
+    (``batch`` int32, in ``batch`` int64 slots) and the rows (the global deny list first,
+    then the requests' lists); :attr:`offsets`, :attr:`mode` and :attr:`rows` are views of
+    it, which the captured graph reads. A pinned host block of the same layout stages each
+    call's lists, so a call is one or two non-blocking copies (header and rows; the global
+    list only when it changed). ``loaded_glob`` is the global array last copied in, so a run
+    of calls with the same global list (one live-catalog version, or a registered deny set)
+    copies only the per-request rows. ``marks`` is the bitmap of the listed rows
+    (:class:`RowMarks` over ``n_rows`` catalog rows), which the first step of every replay
+    refills from the rows.
+    """
+
+    def __init__(self, batch: int, capacity: int, device, n_rows: int = 1):
+        device = torch.device(device)
+        self.batch, self.capacity = batch, capacity
+        self.marks = RowMarks(n_rows, device)
+        self.header = 2 * batch + 2
+        size = self.header + capacity
+        self.block = torch.zeros(size, dtype=torch.int64, device=device)
+        self.offsets = self.block[:batch + 2]
+        self.mode = self.block[batch + 2:self.header].view(torch.int32)[:batch]
+        self.rows = self.block[self.header:]
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=cuda)
+        self._host = self.host.numpy()
+        self._host_mode = self._host[batch + 2:self.header].view(np.int32)[:batch]
+        # the last copies out of ``host``: refilled only once they are done
+        self.copied = torch.cuda.Event() if cuda else None
+        self.pending = False
+        self.loaded_glob = None
+
+    def load(self, lists: "RequestLists") -> None:
+        """Stage ``lists`` in the pinned block and copy them in, stream-ordered before the
+        replay that reads them (no host synchronisation but the previous copy's)."""
+        if self.pending:
+            self.copied.synchronize()
+        if isinstance(lists.rows, torch.Tensor):
+            return self._load_device(lists)
+        b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.size)
+        host = self._host
+        host[0] = 0
+        np.add(lists.offsets, g, out=host[1:b + 2])
+        lists.device_mode(out=self._host_mode)
+        fresh = g and self.loaded_glob is not lists.glob
+        if fresh:
+            host[h:h + g] = lists.glob
+        host[h + g:h + g + r] = lists.rows
+        if fresh or not g:
+            self.block[:h + g + r].copy_(self.host[:h + g + r], non_blocking=True)
+        else:
+            self.block[:h].copy_(self.host[:h], non_blocking=True)
+            if r:
+                self.block[h + g:h + g + r].copy_(self.host[h + g:h + g + r], non_blocking=True)
+        # with no global list the request rows start at 0 and overwrite the old one
+        self.loaded_glob = lists.glob if g else None
+        if self.copied is not None:
+            self.copied.record()
+            self.pending = True
+
+
+    def _load_device(self, lists) -> None:
+        """Lists built on the device (:class:`~zerogr_core.decode.device_lists.DeviceRequestLists`):
+        the modes and a changed global list cross from the pinned block, the offsets and
+        rows are copied device to device, all stream-ordered and without synchronising."""
+        b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.numel())
+        lists.device_mode(out=self._host_mode)
+        fresh = g and self.loaded_glob is not lists.glob
+        if fresh:
+            self._host[h:h + g] = lists.glob
+        end = h + g if fresh else h
+        self.block[:end].copy_(self.host[:end], non_blocking=True)
+        # after the header's copy on the same stream, so these values win
+        self.block[0] = 0
+        torch.add(lists.offsets, g, out=self.block[1:b + 2])
+        if r:
+            self.block[h + g:h + g + r].copy_(lists.rows, non_blocking=True)
+        self.loaded_glob = lists.glob if g else None
+        if self.copied is not None:
+            self.copied.record()
+            self.pending = True
+
+
+def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise: str = "request") -> ListBuffers:
+    """Give each engine step runner a constraint over shared static list buffers.
+
+    The buffers live as long as the shape; :func:`load_lists` refills them before a
+    replay, so the captured graph reads each call's lists. ``n_iter`` follows the
+    capacity, never one call's lists, so the graph stays valid for every fill. Under
+    ``normalise="catalog"`` the runners also get the pass after projection
+    (:func:`~zerogr_kernels.constraints.constrain_scored_slots`); the shape then serves
+    catalog-normalised lists only.
+    """
+    catalog = normalise == "catalog"
+    dev = index.device
+    buffers = ListBuffers(batch, capacity, dev, index.n_items)
+    starts = row_starts(index)
+    n_iter = search_iterations(capacity)
+    marks = buffers.marks
+
+    def make(level: int, beams: int):
+        def constrain(slots) -> None:
+            if level == 0:  # the decode's first use of this call's lists: mark their rows
+                marks.mark(buffers.offsets, buffers.rows)
+            constrain_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level], buffers.offsets,
+                            buffers.rows, buffers.mode, beams, n_iter, defer=catalog, **marks.args)
+        out = torch.empty(batch * beams, dtype=torch.float32, device=dev) if catalog else None
+
+        def rescore(slots, scores: torch.Tensor) -> torch.Tensor:
+            return constrain_scored_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level],
+                                          buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, scores, out,
+                                          **marks.args)
+        return constrain, rescore if catalog else None
+
+    for level, runner in enumerate(runners):
+        runner.constraint, runner.rescore = make(level, runner.filter_out.slot_succ.shape[0] // batch)
+    return buffers
+
+
+def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
+    """Copy ``lists`` into a shape's static buffers (stream-ordered before the replay)."""
+    if lists.total_rows > buffers.capacity:
+        raise ZeroGRError(f"{lists.total_rows} listed rows exceed the buffer capacity {buffers.capacity}")
+    if lists.batch != buffers.mode.shape[0]:
+        raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.mode.shape[0]}")
+    buffers.load(lists)
