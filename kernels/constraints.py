@@ -34,10 +34,10 @@ one row (the last step), and a second one from there for wider ranges. Each prog
 many halvings as its longest searched list needs, read from the offsets at run time, so the
 kernel, and hence a captured CUDA graph, does not depend on the lists of one call; ``n_iter``
 caps them (at least ``bit_length`` of the longest list the buffers can hold).
-An optional bitmap of the rows listed anywhere in the batch (one bit per
-granule of ``2**mark_shift`` rows, request lists and global list together; :mod:`.row_marks`) settles most of the
-remaining slots without a search: a range with no marked granule holds no listed row, so a deny
-request keeps the slot and an allow request loses it. A deny list of 100 rows in a catalog of
+An optional bitmap of the rows listed anywhere in the batch (one bit per granule of
+``2**mark_shift`` rows, request lists and global list together; :mod:`.row_marks`) settles
+most of the remaining slots without a search: a range with no marked granule holds no listed
+row, so a deny request keeps the slot and an allow request loses it. A deny list of 100 rows in a catalog of
 2·10^7 marks one granule in 200,000, and the prefixes of 16 rows that every beam of step 2
 extends are settled by one or two loads each instead of two binary searches.
 A dead slot gets token -1, successor -1 and logit -inf, exactly like a slot past the end
