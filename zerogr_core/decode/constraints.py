@@ -41,7 +41,6 @@ from ..index.layout import StepIndex
 NORMALISE = ("request", "catalog")
 """What filtering first normalises a constrained request over (:class:`RequestLists`)."""
 
-
 _ROW_STARTS: "weakref.WeakKeyDictionary[StepIndex, list]" = weakref.WeakKeyDictionary()
 
 
