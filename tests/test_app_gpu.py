@@ -10,7 +10,8 @@ import torch
 
 from zerogr_core import Decoder, build_index
 from zerogr_core.app_support import gpu
-from zerogr_core.app_support.latency import GPU_GRAPH, STATIC_GRAPH, LatencyProtocol, order_runs, time_orders
+from zerogr_core.app_support.latency import (GPU_GRAPH, STATIC_GRAPH, VALID_STATIC_GRAPH, VALID_TOKENS, LatencyProtocol,
+                                             order_runs, time_orders)
 from zerogr_core.app_support.profile import comparison, profile_decode
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
 from zerogr_core.decode.random_requests import random_heads, random_hidden_fn
@@ -49,12 +50,14 @@ def test_profiled_decode_on_the_gpu_matches_the_decoder(setup, order):
 
 def test_both_orders_time_as_cuda_graphs(setup):
     """Like for like: filtering first as the engine's graph, scoring first as the suite's
-    graphed STATIC-style baseline, both timed in turns (no timing is asserted)."""
+    graphed STATIC-style baseline and its valid-token STATIC, all timed in turns (no timing
+    is asserted)."""
     catalog, index, heads, bands = setup
     fn = random_hidden_fn(8, 256, catalog.codebook_sizes, "float16", "cuda", seed=1)
     decoders = {o: Decoder(index, heads, 32, order=o, band_offsets=bands) for o in ("filter-first", "score-first")}
     runs, notes = order_runs(catalog, decoders, fn, 8)
     assert runs["filter-first"][0] == GPU_GRAPH and runs["score-first"][0] == STATIC_GRAPH, (runs, notes)
+    assert runs[VALID_TOKENS][0] == VALID_STATIC_GRAPH and not notes, (runs, notes)
     # the graphs must own what they read: memory freed since their capture is refilled with
     # out-of-range values, which a graph reading it would index with (a device-side assert)
     gc.collect()
@@ -63,6 +66,38 @@ def test_both_orders_time_as_cuda_graphs(setup):
     torch.cuda.synchronize()
     del junk
     assert all(len(lat.samples_ms) >= 3 and lat.median_ms > 0 for lat in got.values())
+    decoders["filter-first"].gpu_engine.release()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_valid_token_static_graph_returns_filtering_firsts_beams(dtype):
+    """What the Decode page times as scoring first over the valid tokens only decodes what
+    filtering first decodes: the graph's beams, read after its timed replays, against the
+    filter-first decoder's on the same requests."""
+    from zerogr_core.bench.checks import TOLERANCE, check_valid, compare
+
+    catalog = generate("search-like", 50_000, seed=2)
+    index = build_index(catalog, device="cuda")
+    heads, bands = random_heads(catalog, 128, dtype, "cuda", seed=3)
+    fn = random_hidden_fn(4, 128, catalog.codebook_sizes, dtype, "cuda", seed=4)
+    decoders = {o: Decoder(index, heads, 16, order=o, band_offsets=bands) for o in ("filter-first", "score-first")}
+    runs, notes = order_runs(catalog, decoders, fn, 4)
+    label, replay = runs[VALID_TOKENS]
+    assert label == VALID_STATIC_GRAPH and not notes, notes
+    time_orders(runs, "cuda", LatencyProtocol(min_repeats=2, min_seconds=0.0))
+    torch.cuda.synchronize()
+    tokens, scores, states = (t.clone() for t in replay.runner.graph_outputs)
+    ref = decoders["filter-first"].decode(fn, 4)
+    assert check_valid(index, tokens, scores, states, constrained=True)["passed"]
+    tol = TOLERANCE[decoders["filter-first"].heads.dtype]
+    got = compare((tokens, scores, states), (ref.tokens, ref.scores, ref.item_rows), tol)
+    # the same beams in the same order, up to reordered near-ties of rounding (fp16 logits)
+    assert got["passed"] and got["mean_overlap"] >= 0.98, got
+    if dtype == "float32":
+        assert got["status"] == "equal" and torch.equal(states, ref.item_rows), got
+    # and not what the STATIC-style graph returns (normalised over the whole head): the orders differ
+    full = runs["score-first"][1].runner.graph_outputs
+    assert not torch.equal(full[2], ref.item_rows)
     decoders["filter-first"].gpu_engine.release()
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from zerogr_core import Decoder, build_index
-from zerogr_core.app_support.latency import Latency, LatencyProtocol, order_runs, time_orders, winner
+from zerogr_core.app_support.latency import (ORDERS, SERIES_LABELS, VALID_TOKENS, Latency, LatencyProtocol, order_runs,
+                                             time_orders, winner)
 from zerogr_core.app_support.profile import profile_decode
 from zerogr_core.app_support.requests import random_heads, random_hidden_fn
 from zerogr_core.catalog.synth import generate
@@ -76,11 +77,39 @@ def test_winner_only_beyond_noise():
     assert best is None and ratio == pytest.approx(1.6 / 1.5)
 
 
+def test_winner_decides_between_the_two_orders_only():
+    """The GPU's third series (scoring first over the valid tokens) neither wins nor hides a winner."""
+    apart = {"filter-first": Latency("a", [1.0, 1.1, 1.05] * 10), "score-first": Latency("b", [2.0, 2.2, 2.1] * 10)}
+    fastest = dict(apart, **{VALID_TOKENS: Latency("c", [0.1, 0.11, 0.105] * 10)})
+    assert winner(fastest) == winner(apart) == ("filter-first", pytest.approx(2.1 / 1.05))
+    # overlapping the winner's band, or slower than both: still the orders' verdict and ratio
+    for third in ([1.0, 1.1, 1.05] * 10, [9.0, 9.9, 9.5] * 10):
+        assert winner(dict(apart, **{VALID_TOKENS: Latency("c", third)})) == winner(apart)
+    overlap = {"filter-first": Latency("a", [1.0, 1.5, 2.0] * 10), "score-first": Latency("b", [1.2, 1.6, 2.2] * 10)}
+    assert winner(dict(overlap, **{VALID_TOKENS: Latency("c", [5.0] * 30)}))[0] is None
+    # asked to, it ranks the series named
+    assert winner(fastest, among=("filter-first", VALID_TOKENS))[0] == VALID_TOKENS
+
+
+def test_the_latency_chart_draws_every_timed_series():
+    from zerogr_core.app_support.charts import latency_figure
+
+    two = {"filter-first": Latency("a", [1.0, 1.1]), "score-first": Latency("b", [2.0, 2.1])}
+    three = dict(two, **{VALID_TOKENS: Latency("c", [1.5, 1.6])})
+    for latencies in (two, three):
+        fig = latency_figure(latencies)
+        drawn = [trace.name for trace in fig.data]
+        assert drawn == [SERIES_LABELS[s] for s in latencies]
+        assert [len(trace.y) for trace in fig.data] == [2] * len(latencies)
+    assert SERIES_LABELS[VALID_TOKENS] == "scoring first, valid tokens only (STATIC adapted)"
+
+
 def test_time_orders_meets_the_protocol_in_turns(small):
     catalog, index, heads, bands = small
     decoders = {o: Decoder(index, heads, 4, order=o, band_offsets=bands) for o in ("filter-first", "score-first")}
     runs, notes = order_runs(catalog, decoders, fn_of(catalog), 3)
     assert notes == [] and {label for label, _ in runs.values()} == {"PyTorch reference loop, step by step (CPU)"}
+    assert tuple(runs) == ORDERS  # on a CPU the two orders alone: no graphed baseline to time
     protocol = LatencyProtocol(min_repeats=4, min_seconds=0.05, max_seconds=30)
     seen = []
     got = time_orders(runs, "cpu", protocol, progress=seen.append)
@@ -90,3 +119,39 @@ def test_time_orders_meets_the_protocol_in_turns(small):
     assert all(0 <= f <= 1 for f in seen)
     with pytest.raises(ZeroGRError, match="min_repeats"):
         LatencyProtocol(min_repeats=1)
+
+
+@pytest.mark.parametrize("series", [ORDERS, ORDERS + (VALID_TOKENS,)])
+def test_the_decode_page_shows_each_timed_series(monkeypatch, series):
+    """The page's latency block with the two orders (a CPU) and with the valid-token STATIC
+    beside them (a GPU): a metric per series naming its implementation, the faster order
+    between the two orders only, and what the third series is there for."""
+    from streamlit.testing.v1 import AppTest
+
+    # the page's functions, not its flow: importing the page must not run it
+    monkeypatch.setattr("pages._common.guarded", lambda main: None)
+
+    def script():
+        import sys
+
+        import streamlit as st
+
+        from pages.decode import show_latency
+
+        sys.modules.pop("pages.decode")  # imported with guarded stubbed: not a page to keep
+        show_latency(st.session_state["res"])
+
+    samples = {"filter-first": [1.0, 1.1, 1.05], "score-first": [2.0, 2.2, 2.1], VALID_TOKENS: [0.5, 0.55, 0.52]}
+    latency = {s: Latency(f"ran {s}", samples[s] * 10) for s in series}
+    at = AppTest.from_function(script, default_timeout=60)
+    at.session_state["res"] = dict(latency=latency, notes=[])
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = {m.label: m.value for m in at.metric}
+    assert list(shown) == [f"{SERIES_LABELS[s]} latency (median)" for s in series] + ["Faster order"]
+    assert shown["Faster order"] == "filter-first"  # the valid-token series is faster still, but not an order
+    captions = [c.value for c in at.caption]
+    assert all(any(c.startswith(f"ran {s}; 10–90 %") for c in captions) for s in series), captions
+    explained = any("returns filtering first's beams" in c and "cost of the order alone" in c for c in captions)
+    assert explained == (VALID_TOKENS in series)
+    assert any("2.00× faster" in c for c in captions)  # filter-first against score-first, not the third

@@ -452,6 +452,11 @@ def test_decode_random_head_on_a_synthetic_catalog():
     assert ((invalid["mean"] >= 0) & (invalid["mean"] <= 1)).all() and invalid["mean"].max() > 0.5
     assert any("A random head knows nothing of the catalog" in c.value for c in at.caption)
     assert any("Latency only: random weights, overlap is meaningless" in w.value for w in at.warning)
+    # a GPU also times scoring first over the valid tokens only (the valid-token STATIC graph); a CPU the orders alone
+    shown = metrics(at)
+    assert "filter-first latency (median)" in shown and "Faster order" in shown
+    valid = "scoring first, valid tokens only (STATIC adapted) latency (median)"
+    assert (valid in shown) == torch.cuda.is_available(), shown
     at.number_input(key="dec_beam").set_value(5).run()
     assert any("settings changed" in c.value for c in at.caption)
 

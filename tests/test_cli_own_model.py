@@ -62,8 +62,9 @@ def test_both_orders_return_catalog_items_as_json(files, capsys, kind):
                               "--batch", "2", "--beam", "4", "--repeats", "2", "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert set(report) == {"catalog", "model", "device", "batch", "beam", "seed", "repeats", "orders", "notes",
-                           "k", "overlap_at_k", "share_differ_at_k", "all_in_catalog"}
+    assert set(report) == {"catalog", "model", "device", "batch", "beam", "seed", "repeats", "orders", "also_timed",
+                           "notes", "k", "overlap_at_k", "share_differ_at_k", "all_in_catalog"}
+    assert report["also_timed"] == {}  # the valid-token STATIC graph is a GPU's
     assert report["model"]["token_offsets"] == OFFSETS and report["model"]["kind"] == "transformers"
     assert report["catalog"]["items"] == 10 and report["k"] == 4
     assert set(report["orders"]) == {"filter-first", "score-first"}
@@ -108,8 +109,9 @@ def test_a_project_checkpoint_decodes_over_its_own_catalog(capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_a_gpu_both_orders_run_as_cuda_graphs(capsys):
     """Like for like on a GPU: filtering first as the engine's graph, scoring first as the
-    suite's graphed STATIC-style baseline, as the Decode page times them."""
-    from zerogr_core.bench.order_latency import GPU_GRAPH, STATIC_GRAPH
+    suite's graphed STATIC-style baseline, and the suite's valid-token STATIC beside them, as the
+    Decode page times them."""
+    from zerogr_core.bench.order_latency import GPU_GRAPH, STATIC_GRAPH, VALID_STATIC_GRAPH, VALID_TOKENS
     from zerogr_core.recsys.train import BUNDLED_CHECKPOINT
 
     if not BUNDLED_CHECKPOINT.is_file():
@@ -120,6 +122,10 @@ def test_on_a_gpu_both_orders_run_as_cuda_graphs(capsys):
     report = json.loads(out)
     assert report["orders"]["filter-first"]["implementation"] == GPU_GRAPH, report
     assert report["orders"]["score-first"]["implementation"] == STATIC_GRAPH, report
+    # and the valid-token STATIC beside them (filtering first's beams, scoring first's order)
+    valid = report["also_timed"][VALID_TOKENS]
+    assert valid["implementation"] == VALID_STATIC_GRAPH and valid["runs"] >= 5, report
+    assert valid["p10_ms"] <= valid["median_ms"] <= valid["p90_ms"]
     assert report["all_in_catalog"] and not report["notes"]
 
 
@@ -157,6 +163,29 @@ def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys,
     assert one_line_error(capsys, *base, "--model", files / "t5", "--batch", "4", "--beam", "16").startswith(
         "error: --batch × --beam: batch 4 × beam 16 × 12 tokens over all levels is 768 logits per decode, over "
         "this machine's limit of 100")
+
+
+def test_the_text_report_lists_a_series_timed_besides_the_orders():
+    """A GPU's valid-token STATIC is a row of the table and names what ran; the orders' rows keep their layout."""
+    from zerogr_core.bench.compare_orders import format_report
+    from zerogr_core.bench.order_latency import VALID_STATIC_GRAPH, VALID_TOKENS
+
+    timing = dict(median_ms=2.0, p10_ms=1.5, p90_ms=2.5, runs=5)
+    orders = {o: dict(timing, implementation=o.upper(), returned=8, in_catalog=8, all_in_catalog=True)
+              for o in ("filter-first", "score-first")}
+    report = dict(catalog=dict(name="c", items=10, levels=3, codebook_sizes=[4, 4, 4]),
+                  model=dict(architecture="M", path="p", token_offsets=None), batch=2, beam=4, device="cuda",
+                  repeats=5, orders=orders, notes=[], k=4, overlap_at_k=1.0, share_differ_at_k=0.0,
+                  all_in_catalog=True)
+    plain = format_report(dict(report, also_timed={})).splitlines()
+    assert plain[3] == "filter-first       2.000      1.500      2.500       8 of 8"
+    lines = format_report(dict(report, also_timed={VALID_TOKENS: dict(timing, implementation=VALID_STATIC_GRAPH)}))
+    lines = lines.splitlines()
+    w = len(VALID_TOKENS)
+    assert lines[2].startswith(f"{'order':>{w}}   median ms")
+    assert lines[5] == f"{VALID_TOKENS}       2.000      1.500      2.500"  # timed only: no catalog check
+    assert lines[3] == f"{'filter-first':>{w}}       2.000      1.500      2.500       8 of 8"
+    assert f"{VALID_TOKENS}: {VALID_STATIC_GRAPH}" in lines
 
 
 def test_the_catalog_check_counts_beams_whose_sid_is_not_an_item():

@@ -273,6 +273,24 @@ def test_bench_quick(tmp_path):
     assert "| 16 | 2 | 8 |" in (tmp_path / "llm.md").read_text()
 
 
+def test_agreement_reports_each_bf16_path_against_float32():
+    """The benchmark's agreement check in bf16: ours against Hugging Face's forward, and both
+    against the float32 computation over the same weights, per request with its margin."""
+    from dataclasses import replace
+
+    from zerogr_core.bench.llm import LLM_PRESETS, Workload
+    from zerogr_core.bench.llm_agreement import agreement
+
+    w = Workload(replace(LLM_PRESETS["quick"], dtype="bfloat16", agreement_requests=2), log=lambda *_: None)
+    rec = agreement(w, 16, 8)
+    assert rec["requests"] == 2 and 0.0 <= rec["top1_agreement"] <= 1.0 and 0.0 < rec["topk_overlap"] <= 1.0
+    for path in ("ours", "hf"):
+        assert 0.0 <= rec["float32"][path]["top1"] <= 1.0 and 0.0 < rec["float32"][path]["topk_overlap"] <= 1.0
+    detail = rec["requests_detail"]
+    assert len(detail) == 2 and all(d["margin"] >= 0.0 for d in detail)     # the beams come best first
+    assert np.mean([d["ours_vs_hf"] for d in detail]) == rec["top1_agreement"]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_engine_matches_reference(dtype):

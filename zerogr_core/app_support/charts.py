@@ -13,6 +13,7 @@ import numpy as np
 
 from ..catalog.catalog import Catalog
 from .density import histogram_counts
+from .latency import SERIES_LABELS
 from .profile import STAGES
 
 #: The two decode orders, in the order the pages show them.
@@ -219,13 +220,15 @@ def invalid_mass_figure(rows: Sequence[Mapping]):
 
 
 def latency_figure(latencies: Mapping):
-    """Every timed whole decode of each order as points over a box (``latencies``: order → Latency)."""
+    """Every timed whole decode of each series as points over a box (``latencies``: series →
+    Latency: the two orders and, where it ran, scoring first over the valid tokens only)."""
     import pandas as pd
     import plotly.express as px
 
-    orders = [o for o in ORDERS if o in latencies]
-    data = pd.DataFrame([dict(order=o, ms=ms) for o in orders for ms in latencies[o].samples_ms])
-    fig = px.box(data, x="order", y="ms", color="order", points="all", category_orders={"order": orders},
+    shown = [s for s in SERIES_LABELS if s in latencies]
+    data = pd.DataFrame([dict(order=SERIES_LABELS[s], ms=ms) for s in shown for ms in latencies[s].samples_ms])
+    fig = px.box(data, x="order", y="ms", color="order", points="all",
+                 category_orders={"order": [SERIES_LABELS[s] for s in shown]},
                  title="Whole-decode latency, every timed run (ms)")
     fig.update_layout(showlegend=False, height=380, margin=dict(t=60, b=40), xaxis_title="", yaxis_title="ms")
     return fig

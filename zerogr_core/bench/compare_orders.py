@@ -8,7 +8,9 @@ requests through the public :class:`~zerogr_core.Decoder`; whole decodes are tim
 so both orders see the same load, and at the same implementation quality as the Decode page
 times them (:mod:`zerogr_core.bench.order_latency`): on a GPU filtering first as the engine's
 CUDA graph and scoring first as the benchmark suite's graphed STATIC-style baseline, on a CPU
-both as the reference loop. The report names what each order ran.
+both as the reference loop. On a GPU the suite's valid-token STATIC (scoring first with the
+softmax over the valid tokens only, filtering first's beams) is timed with them, so the gap of
+filtering first to it is the order's cost alone. The report names what each series ran.
 
 Bad input (a missing folder, offsets that are not numbers or do not fit the vocabulary and
 the catalog, a foreign checkpoint) is a usage error naming the argument: one line, status 2.
@@ -22,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError, ZeroGRError
+from .order_latency import ORDERS, VALID_TOKENS
 
-ORDERS = ("filter-first", "score-first")
 #: History items per seeded request of a project checkpoint.
 HISTORY_LENGTH = 8
 #: Most beams (batch × beam) one comparison decodes: the batch 32 × beam 128 shape of the
@@ -226,7 +228,9 @@ def compare(catalog, heads, band_offsets, step_model, settings: CompareSettings)
     -------
     dict
         ``orders`` (order → what ran as ``implementation``, latency statistics in ms and
-        the catalog check), ``notes``, ``k``, ``overlap_at_k``, ``share_differ_at_k``,
+        the catalog check), ``also_timed`` (series timed besides the orders, here
+        :data:`~.order_latency.VALID_TOKENS` where it ran → ``implementation`` and latency
+        statistics), ``notes``, ``k``, ``overlap_at_k``, ``share_differ_at_k``,
         ``all_in_catalog``.
     """
     from .. import Decoder, build_index
@@ -243,14 +247,17 @@ def compare(catalog, heads, band_offsets, step_model, settings: CompareSettings)
     k = min(settings.k, settings.beam, catalog.n_items)
     a, b = (results[o].item_rows.cpu().numpy() for o in ORDERS)
     overlap, differ, _ = overlap_metrics(a, b, [k])
-    orders = {}
-    for o in ORDERS:
-        stats = latency[o].stats
-        orders[o] = dict(implementation=latency[o].implementation, median_ms=stats["median_ms"],
-                         p10_ms=stats["p10_ms"], p90_ms=stats["p90_ms"], runs=stats["n"],
-                         **_in_catalog(catalog, results[o]))
-    return dict(orders=orders, notes=notes, k=k, overlap_at_k=overlap[k], share_differ_at_k=differ[k],
-                all_in_catalog=all(v["all_in_catalog"] for v in orders.values()))
+    orders = {o: dict(_timing(latency[o]), **_in_catalog(catalog, results[o])) for o in ORDERS}
+    also = {s: _timing(latency[s]) for s in (VALID_TOKENS,) if s in latency}
+    return dict(orders=orders, also_timed=also, notes=notes, k=k, overlap_at_k=overlap[k],
+                share_differ_at_k=differ[k], all_in_catalog=all(v["all_in_catalog"] for v in orders.values()))
+
+
+def _timing(lat) -> dict:
+    """What ran and the latency statistics (ms) of one timed series, as the report gives them."""
+    stats = lat.stats
+    return dict(implementation=lat.implementation, median_ms=stats["median_ms"], p10_ms=stats["p10_ms"],
+                p90_ms=stats["p90_ms"], runs=stats["n"])
 
 
 def run_compare_orders(args: argparse.Namespace) -> None:
@@ -282,12 +289,16 @@ def format_report(report: dict) -> str:
     lines = [f"catalog {c['name']}: {c['items']:,} items, {c['levels']} levels, codebooks "
              f"{'/'.join(map(str, c['codebook_sizes']))}",
              f"model {m['architecture']} from {m['path']}{offsets}: {report['batch']} seeded requests, beam "
-             f"{report['beam']}, {report['device']}, {report['repeats']} timed decodes per order in turns",
-             f"{'order':>12}  {'median ms':>10}  {'p10 ms':>9}  {'p90 ms':>9}  {'in catalog':>14}"]
-    for order, o in report["orders"].items():
-        lines.append(f"{order:>12}  {o['median_ms']:10.3f}  {o['p10_ms']:9.3f}  {o['p90_ms']:9.3f}  "
-                     f"{o['in_catalog']:>6,} of {o['returned']:<,}".rstrip())
-    lines += [f"{order:>12}: {o['implementation']}" for order, o in report["orders"].items()]
+             f"{report['beam']}, {report['device']}, {report['repeats']} timed decodes per order in turns"]
+    timed = {**report["orders"], **report["also_timed"]}
+    w = max(len(name) for name in ["order", *timed])
+    lines.append(f"{'order':>{w}}  {'median ms':>10}  {'p10 ms':>9}  {'p90 ms':>9}  {'in catalog':>14}")
+    for name, o in timed.items():
+        # the catalog check is the orders' (their decodes' results); another series is timed only
+        checked = f"{o['in_catalog']:>6,} of {o['returned']:<,}" if "in_catalog" in o else ""
+        lines.append(f"{name:>{w}}  {o['median_ms']:10.3f}  {o['p10_ms']:9.3f}  {o['p90_ms']:9.3f}  "
+                     f"{checked}".rstrip())
+    lines += [f"{name:>{w}}: {o['implementation']}" for name, o in timed.items()]
     lines += [f"note: {n}" for n in report["notes"]]
     k = report["k"]
     lines.append(f"overlap@{k}: {100 * report['overlap_at_k']:.1f} % (requests whose top-{k} differs: "

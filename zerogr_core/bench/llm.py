@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
+from .llm_agreement import agreement
 
 #: Ceilings measured on the lent H200 (device notes): bf16 GEMM and device copy bandwidth.
 H200_BF16_TFLOPS = 790.0
@@ -71,6 +72,9 @@ class LLMBenchConfig:
         Where Hugging Face ``generate`` runs.
     agreement_requests : int
         Requests of the agreement check (one at a time, first context).
+    agreement_float32 : bool
+        Also compare both bf16 paths with the float32 computation over the same weights
+        (:mod:`zerogr_core.bench.llm_agreement`).
     repeats, warmup, rotations : int
         Timed calls, untimed calls, distinct input sets cycled through.
     context_bucket : int
@@ -94,7 +98,8 @@ class LLMBenchConfig:
     beam: int = 256
     extra_beams: tuple = (128, 512)
     hf_shapes: tuple = ((1000, 1),)
-    agreement_requests: int = 20
+    agreement_requests: int = 40
+    agreement_float32: bool = True
     repeats: int = 10
     warmup: int = 3
     rotations: int = 3
@@ -405,29 +410,6 @@ def measure_hf(w: Workload, context: int, batch: int, beam: int) -> list[dict]:
     return records
 
 
-def agreement(w: Workload, context: int, beam: int) -> dict:
-    """Scoring first, one request at a time: ours vs Hugging Face's own cached forward (HFStepModel)."""
-    from ..hf import HFGenerator
-
-    ours = w.serving("score-first", "outside", beam)
-    theirs = HFGenerator(w.model, w.index, beam_width=beam, token_offsets=w.offsets, order="score-first")
-    top1, overlap = [], []
-    for r in range(w.cfg.agreement_requests):
-        ids = w.inputs(1, context, 50_000 + r)
-        a = ours.decode(ids).item_rows[0].cpu().numpy()
-        b = theirs.generate(ids).item_rows[0].cpu().numpy()
-        top1.append(bool(a[0] == b[0]))
-        overlap.append(len(set(a[a >= 0].tolist()) & set(b[b >= 0].tolist())) / max(1, int((b >= 0).sum())))
-    del ours, theirs
-    _release(w.device)
-    rec = dict(method="agreement", context=context, batch=1, beam=beam, requests=len(top1),
-               top1_agreement=float(np.mean(top1)), topk_overlap=float(np.mean(overlap)),
-               reference="zerogr_core.hf.HFStepModel (transformers' own DynamicCache forward), scoring first")
-    w.log(f"agreement over {len(top1)} requests: top-1 {rec['top1_agreement']:.2f}, "
-          f"top-{beam} overlap {rec['topk_overlap']:.3f}")
-    return rec
-
-
 def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
     """A small Markdown table of the run."""
     lines = [f"# Qwen3 recommender ({cfg.model}, random weights, {cfg.dtype}), {cfg.n_items:,} items",
@@ -461,6 +443,12 @@ def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
             lines += ["", f"{cfg.dtype} agreement with Hugging Face's cached forward (scoring first, {r['requests']} "
                           f"requests, context {r['context']}, beam {r['beam']}): top-1 item "
                           f"{r['top1_agreement']:.0%}, top-{r['beam']} overlap {r['topk_overlap']:.1%}."]
+            exact = r.get("float32") or {}
+            if "ours" in exact:
+                lines += ["", f"Against the float32 computation (Hugging Face's forward, the same weights upcast): "
+                              f"top-1 item ours {exact['ours']['top1']:.0%}, Hugging Face {cfg.dtype} "
+                              f"{exact['hf']['top1']:.0%}; top-{r['beam']} overlap {exact['ours']['topk_overlap']:.1%} "
+                              f"and {exact['hf']['topk_overlap']:.1%}."]
         if r.get("method") == "skipped":
             lines += ["", f"Skipped (time budget): {r['what']}."]
     return "\n".join(lines) + "\n"

@@ -1,6 +1,9 @@
 """Whole-decode latency of the two orders, timed so that the ranking holds when it is run again:
 what the Decode page and ``compare-orders`` report, at the same implementation quality (graph
-against graph on a GPU, the reference loop for both on a CPU).
+against graph on a GPU, the reference loop for both on a CPU). On a GPU, without item lists, a
+third series runs with them: scoring first with the softmax over the valid tokens only
+(:data:`VALID_TOKENS`), whose beams are filtering first's, so its gap to filtering first is the
+order's cost alone.
 
 One sample of a CPU decode says little: on a shared machine a call can be descheduled and
 take several times its usual time. :func:`time_orders` therefore times the orders in
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..errors import ZeroGRError
 from ..timing import summarize, time_runs
@@ -109,19 +112,34 @@ def time_orders(runs: dict[str, tuple[str, Callable[[], object]]], device, proto
             progress(min(1.0, max(done, elapsed / protocol.max_seconds)))
 
 
-def winner(latencies: dict[str, Latency]) -> tuple[str | None, float]:
+#: The two decode orders, what :func:`winner` decides between.
+ORDERS = ("filter-first", "score-first")
+#: The series timed besides the orders where it applies (:func:`order_runs`): scoring first
+#: with the softmax over the valid tokens only, which returns filtering first's beams.
+VALID_TOKENS = "score-first (valid tokens)"
+
+
+def winner(latencies: dict[str, Latency], among: Sequence[str] = ORDERS) -> tuple[str | None, float]:
     """The order faster beyond noise, and how many times faster its median is.
 
     An order wins only when its p90 is below every other order's p10 (the 10–90 % bands do
     not overlap). Otherwise there is no winner (``None``): the medians differ by less than
     the spread of the samples, and another run could rank them either way.
 
+    Parameters
+    ----------
+    latencies : dict
+        Series → :class:`Latency`, as :func:`time_orders` returns them.
+    among : sequence of str
+        The series compared (default: the two orders; another series timed with them, such
+        as :data:`VALID_TOKENS`, neither wins nor loses).
+
     Returns
     -------
     (str or None, float)
         The winner (or None) and the ratio slowest median / fastest median (≥ 1).
     """
-    stats = {name: lat.stats for name, lat in latencies.items()}
+    stats = {name: latencies[name].stats for name in among}
     fastest = min(stats, key=lambda n: stats[n]["median_ms"])
     slowest = max(stats, key=lambda n: stats[n]["median_ms"])
     ratio = stats[slowest]["median_ms"] / max(stats[fastest]["median_ms"], 1e-12)
@@ -135,17 +153,43 @@ GPU_GRAPH = "CUDA graph of the GPU engine (planned per step)"
 GPU_EAGER = "GPU engine, eager (the graph capture failed)"
 STATIC_GRAPH = "CUDA graph of the benchmark suite's STATIC-style scoring first (GEMM over the head, mask after)"
 STATIC_EAGER = "eager scoring-first loop of Triton kernels (no graph: {why})"
+VALID_STATIC_GRAPH = ("CUDA graph of the suite's valid-token STATIC (scoring first, softmax over the valid tokens "
+                      "only: filtering first's beams)")
+#: Series → (the suite's method, its implementation): the scoring-first graphs of a GPU.
+STATIC_SERIES = {"score-first": ("static", STATIC_GRAPH), VALID_TOKENS: ("static-adapted", VALID_STATIC_GRAPH)}
+
+
+class GraphReplay:
+    """One replay of a captured runner's graph, as :func:`time_orders` calls it.
+
+    It holds the runner: the runner's index and loop buffers were allocated before the
+    capture, so the graph reads memory that only the runner keeps (a replay after they were
+    freed reads whatever was allocated there since).
+
+    Attributes
+    ----------
+    runner : zerogr_core.bench.methods.Runner
+        Captured; its ``graph_outputs`` hold the last replay's (tokens, scores, states).
+    """
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    def __call__(self) -> None:
+        self.runner.graph.replay()
 
 
 def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None,
                constraints: dict | None = None) -> tuple[dict, list[str]]:
-    """One whole decode per order, as callables for :func:`time_orders`, each run once (warm-up).
+    """One whole decode per series, as callables for :func:`time_orders`, each run once (warm-up).
 
     On a CPU both orders run the decoders' step-by-step reference loop. On a GPU both run
     as CUDA graphs: filtering first as the GPU engine's graph, scoring first as the
     benchmark suite's graphed STATIC-style baseline at the same shape
     (:func:`zerogr_core.bench.methods.make_runner`); where that cannot run (per-request
-    lists, a failed capture), scoring first runs eagerly and ``notes`` says why.
+    lists, a failed capture), scoring first runs eagerly and ``notes`` says why. Without
+    lists a GPU also times :data:`VALID_TOKENS`, the suite's valid-token STATIC over the same
+    index (filtering first's beams; left out, with a note, if its capture fails).
 
     Parameters
     ----------
@@ -163,7 +207,8 @@ def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None,
     Returns
     -------
     (dict, list of str)
-        Order → (implementation in words, callable), and notes for the page.
+        Series → (implementation in words, callable): the two orders, and on a GPU
+        :data:`VALID_TOKENS` where it ran; and notes for the page.
     """
     from ..timing import StageTimer
 
@@ -179,31 +224,44 @@ def order_runs(catalog, decoders: dict, hidden_fn, batch: int, *, lists=None,
         ff.decode(hidden_fn, batch, **kw)  # plan + capture
         label = GPU_EAGER if ff.graph_error(batch) else GPU_GRAPH
         runs = {"filter-first": (label, lambda: ff.decode(hidden_fn, batch, **kw))}
-        listed = lists is not None or any(v is not None for v in (constraints or {}).values())
+        # ``normalise`` only says how lists normalise: without lists filtering first normalises
+        # over the catalog's valid tokens either way, as the suite's baselines decode
+        listed = lists is not None or any(v is not None for k, v in (constraints or {}).items() if k != "normalise")
         why = "item lists and sets are not part of the suite's baseline" if listed else None
+        runners = {}
         if why is None:
             try:
-                runner = _static_runner(catalog, ff, hidden_fn, batch)
-                if runner.graph is not None:
-                    # the callable holds the runner: its index and loop buffers were allocated
-                    # before the capture, so the graph reads memory that only the runner keeps
-                    runs["score-first"] = (STATIC_GRAPH, lambda r=runner: r.graph.replay())
-                else:
-                    why = runner.graph_error or "no graph"
+                runners = _static_runners(catalog, ff, hidden_fn, batch)
             except Exception as exc:  # noqa: BLE001 — the page still compares, eagerly, and says why
                 why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        for series, (method, implementation) in STATIC_SERIES.items():
+            runner = runners.get(method)
+            if runner is not None and runner.graph is not None:
+                runs[series] = (implementation, GraphReplay(runner))
         if "score-first" not in runs:
+            why = why or runners["static"].graph_error or "no graph"
             runs["score-first"] = (STATIC_EAGER.format(why=why),
                                    lambda: sf.decode(hidden_fn, batch, **kw))
             notes.append(f"Scoring first ran eagerly ({why}); filtering first as a graph: the gap includes the "
                          "graph's saving, not only the order's.")
+        if not listed and VALID_TOKENS not in runs:
+            lost = runners["static-adapted"].graph_error if runners else why
+            notes.append(f"Scoring first over the valid tokens only was not timed ({lost or 'no graph'}).")
     for _, fn in runs.values():
         fn()
     return runs, notes
 
 
-def _static_runner(catalog, decoder, hidden_fn, batch: int):
-    """The suite's STATIC-style scoring-first runner at this shape, captured."""
+def _static_runners(catalog, decoder, hidden_fn, batch: int,
+                    names: Sequence[str] = ("static", "static-adapted")) -> dict:
+    """The suite's scoring-first runners ``names`` at this shape over one STATIC-style index,
+    each captured (a failed capture leaves its ``graph`` None and says why in ``graph_error``).
+
+    Returns
+    -------
+    dict
+        Method name → :class:`~zerogr_core.bench.methods.Runner`.
+    """
     from .methods import make_runner
     from .workload import STATIC_DENSE_LIMIT
     from ..index.static_style import build_static_index
@@ -213,7 +271,8 @@ def _static_runner(catalog, decoder, hidden_fn, batch: int):
     # the suite's rule: two dense levels when their table fits
     dense = 2 if catalog.n_levels >= 2 and vocab ** 2 * 5 <= STATIC_DENSE_LIMIT else 1
     static = build_static_index(catalog, decoder.index.device, dense_levels=dense, band_offsets=heads.band_offsets)
-    runner = make_runner("static", engine=decoder.gpu_engine, heads=heads, static=static, trie=None, model=hidden_fn,
-                         batch=batch, beam_width=decoder.beam_width)
-    runner.capture()
-    return runner
+    runners = {name: make_runner(name, engine=decoder.gpu_engine, heads=heads, static=static, trie=None,
+                                 model=hidden_fn, batch=batch, beam_width=decoder.beam_width) for name in names}
+    for runner in runners.values():
+        runner.capture()
+    return runners

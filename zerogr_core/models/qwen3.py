@@ -360,16 +360,27 @@ class Qwen3StepModel:
             return layer.mlp(h)
         return F.linear(silu_mul(F.linear(h, self.gate_up_weight[i])), layer.mlp.down_proj.weight)
 
-    def _layers(self, x: torch.Tensor, cos, sin, attend) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, cos, sin, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The decoder layers over rows x (n, hidden); ``attend(i, q, k, v)`` -> (n, heads · D) is
         the attention of layer i. Residual adds are fused into the following norm. Returns the
-        residual stream after the last layer (not normed)."""
+        residual stream after the last layer (not normed).
+
+        With ``keep`` (int64 row indices, (r,)), only those rows' outputs are wanted: the last
+        layer still projects every row's key and value (``attend(i, q, k, v, keep)`` stores
+        them and returns the attention of the kept rows, (r, heads · D)), and its attention
+        output, residual and MLP run on the kept rows alone. Returns (r, hidden) then."""
         layers = self.core.layers
         h = self._norm(layers[0].input_layernorm, x)
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             q, k, v = self._qkv(i, attn, h, cos, sin)
-            h, x = self._norm(layer.post_attention_layernorm, attn.o_proj(attend(i, q, k, v)), x)
+            if keep is not None and i + 1 == len(layers):
+                # a prefill reads one row per request from here on: the rest of the layer's work
+                # (about 5/6 of its GEMMs, and its attention) is skipped for the other rows
+                o, x = attend(i, q, k, v, keep), x[keep]
+            else:
+                o = attend(i, q, k, v)
+            h, x = self._norm(layer.post_attention_layernorm, attn.o_proj(o), x)
             m = self._mlp(i, layer, h)
             if i + 1 < len(layers):
                 h, x = self._norm(layers[i + 1].input_layernorm, m, x)
@@ -385,20 +396,27 @@ class Qwen3StepModel:
         x = self.core.embed_tokens(self.ids).view(b * tb, -1)
         cos, sin = self._rope(x, torch.arange(tb, device=self.device).repeat(b))
 
-        def attend(i, q, k, v):
+        last = torch.arange(b, device=self.device) * tb + self.lengths - 1   # each request's last token, flat
+
+        def attend(i, q, k, v, rows=None):
             k_ctx, v_ctx = self.kv[0, i, :, :tb], self.kv[1, i, :, :tb]
             k_ctx.copy_(k.view(b, tb, -1, self.head_dim))
             v_ctx.copy_(v.view(b, tb, -1, self.head_dim))
             # k and v from the buffer: one layout for prefill and decode (v itself is a strided
             # view of the stacked projection)
-            q, k, v = (t.transpose(1, 2) for t in (q.view(b, tb, -1, self.head_dim), k_ctx, v_ctx))
-            # right padding: causal attention keeps every real token off the padding behind it
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            return o.transpose(1, 2).reshape(b * tb, -1)
+            k, v = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
+            if rows is None:
+                q = q.view(b, tb, -1, self.head_dim).transpose(1, 2)
+                # right padding: causal attention keeps every real token off the padding behind it
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                return o.transpose(1, 2).reshape(b * tb, -1)
+            # one query per request: its g query heads of a KV head attend together (head h reads
+            # KV head h // g, as Hugging Face's repeat_kv), masked off the padding
+            q = q[rows].view(b, self.kv_heads, self.group, self.head_dim)
+            mask = (torch.arange(tb, device=self.device)[None, :] < self.lengths[:, None])[:, None, None]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(b, -1)
 
-        x = self._layers(x, cos, sin, attend).view(b, tb, -1)
-        last = x[torch.arange(b, device=self.device), self.lengths - 1]
-        self.first.copy_(self.core.norm(last))
+        self.first.copy_(self.core.norm(self._layers(x, cos, sin, attend, keep=last)))
 
     def _reorder(self, parents: torch.Tensor, positions: int) -> None:
         """Every layer's lineage slots of positions < ``positions`` gathered from the parent beams."""

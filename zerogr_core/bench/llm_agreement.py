@@ -1,0 +1,100 @@
+"""The LLM benchmark's agreement check: does the Qwen3 step model decode what Hugging Face's
+own forward decodes, on the same weights, in the same dtype?
+
+Scoring first, one request at a time, the same beam loop over two step models:
+:class:`~zerogr_core.models.qwen3.Qwen3StepModel` (ours) and
+:class:`~zerogr_core.hf.HFStepModel` (``transformers``' own cached forward). In bf16 the two
+round differently (stacked projections, fused norms, another attention kernel, a padded
+context), and with random weights the best items' scores are close, so some requests rank
+their top item differently. How much of that is bf16 itself is measured beside it: the same
+weights upcast to float32 through Hugging Face's forward are the exact computation, and
+each bf16 path is compared with it. A top-1 gap that bf16 alone explains is a gap Hugging
+Face's own bf16 forward shows too.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+
+import numpy as np
+import torch
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> float:
+    return len(set(a[a >= 0].tolist()) & set(b[b >= 0].tolist())) / max(1, int((b >= 0).sum()))
+
+
+def _release(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def agreement(w, context: int, beam: int) -> dict:
+    """Top-1 item agreement and top-``beam`` overlap of ours against Hugging Face's forward.
+
+    Parameters
+    ----------
+    w : zerogr_core.bench.llm.Workload
+        The run's model (in its dtype), index and inputs.
+    context, beam : int
+
+    Returns
+    -------
+    dict
+        ``top1_agreement``/``topk_overlap`` (ours vs Hugging Face, same dtype), and when the
+        dtype is not float32, ``float32`` with each path's agreement with the exact
+        computation and ``requests_detail`` (per request: agreements and the float32 top-1
+        margin over the second item, in log-probability).
+    """
+    from ..hf import HFGenerator
+
+    ours = w.serving("score-first", "outside", beam)
+    theirs = HFGenerator(w.model, w.index, beam_width=beam, token_offsets=w.offsets, order="score-first")
+    inputs = [w.inputs(1, context, 50_000 + r) for r in range(w.cfg.agreement_requests)]
+    got = {"ours": [], "hf": []}
+    for ids in inputs:
+        got["ours"].append(ours.decode(ids).item_rows[0].cpu().numpy())
+        got["hf"].append(theirs.generate(ids).item_rows[0].cpu().numpy())
+    del ours, theirs
+    _release(w.device)
+    pairs = list(zip(got["ours"], got["hf"]))
+    top1 = [bool(a[0] == b[0]) for a, b in pairs]
+    rec = dict(method="agreement", context=context, batch=1, beam=beam, requests=len(top1),
+               top1_agreement=float(np.mean(top1)), topk_overlap=float(np.mean([_overlap(a, b) for a, b in pairs])),
+               reference="zerogr_core.hf.HFStepModel (transformers' own DynamicCache forward), scoring first")
+    w.log(f"agreement over {len(top1)} requests: top-1 {rec['top1_agreement']:.2f}, "
+          f"top-{beam} overlap {rec['topk_overlap']:.3f}")
+    if w.dtype != torch.float32 and w.cfg.agreement_float32:
+        rec.update(_against_float32(w, inputs, got, beam))
+    return rec
+
+
+def _against_float32(w, inputs, got: dict, beam: int) -> dict:
+    """Each bf16 path against Hugging Face's forward over the same weights in float32."""
+    from ..hf import HFGenerator
+
+    try:
+        exact_model = copy.deepcopy(w.model).float()
+        exact = HFGenerator(exact_model, w.index, beam_width=beam, token_offsets=w.offsets, order="score-first")
+        rows, margins = [], []
+        for ids in inputs:
+            r = exact.generate(ids)
+            rows.append(r.item_rows[0].cpu().numpy())
+            s = r.scores[0].float().cpu().numpy()
+            margins.append(float(s[0] - s[1]) if s.size > 1 else float("inf"))
+    except torch.OutOfMemoryError:
+        return dict(float32={"error": "out of memory"})
+    finally:
+        exact_model = exact = None
+        _release(w.device)
+    out = {name: dict(top1=float(np.mean([a[0] == c[0] for a, c in zip(got[name], rows)])),
+                      topk_overlap=float(np.mean([_overlap(a, c) for a, c in zip(got[name], rows)])))
+           for name in ("ours", "hf")}
+    detail = [dict(margin=m, ours_vs_hf=bool(a[0] == b[0]), ours_vs_float32=bool(a[0] == c[0]),
+                   hf_vs_float32=bool(b[0] == c[0]))
+              for m, a, b, c in zip(margins, got["ours"], got["hf"], rows)]
+    w.log(f"against float32 (Hugging Face's forward, same weights upcast): top-1 ours {out['ours']['top1']:.2f}, "
+          f"Hugging Face bf16 {out['hf']['top1']:.2f}")
+    return dict(float32=dict(out, reference="zerogr_core.hf.HFStepModel over the weights upcast to float32"),
+                requests_detail=detail)
