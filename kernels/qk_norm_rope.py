@@ -18,9 +18,10 @@ from ._common import FLOAT_DTYPES, check_tensor, next_pow2, use_triton
 
 
 @triton.jit
-def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, H, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
+def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, out_at, H, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
                        BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """One token's H heads: RMS norm, weight, rotation, each half of the head loaded once."""
+    """One token's H heads: RMS norm, weight, rotation, each half of the head loaded once; the
+    result goes to ``out_ptr + out_at`` (the token's heads contiguous there)."""
     heads = tl.arange(0, BLOCK_H)
     cols = tl.arange(0, BLOCK_HALF)
     ok = (heads < H)[:, None] & (cols < half)[None, :]
@@ -38,15 +39,19 @@ def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, H, half, D, eps, cos_lo,
     # rotate_half(y) = [-y_hi, y_lo]
     o_lo = (y_lo * cos_lo).to(dt).to(tl.float32) + (-(y_hi * sin_lo)).to(dt).to(tl.float32)
     o_hi = (y_hi * cos_hi).to(dt).to(tl.float32) + (y_lo * sin_hi).to(dt).to(tl.float32)
-    out = out_ptr + tok * H * D + at
+    out = out_ptr + out_at + at
     tl.store(out, o_lo.to(dt), mask=ok)
     tl.store(out + half, o_hi.to(dt), mask=ok)
 
 
 @triton.jit
-def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, HQ, HK, D, eps,
-                         q_row, k_row, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, vo_ptr, HQ, HK, D,
+                         eps, q_row, k_row, v_row, R, ko_s0, ko_s1, vo_s0, vo_s1, BLOCK_HQ: tl.constexpr,
+                         BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, COPY_V: tl.constexpr,
+                         BLOCK_KV: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
+    # key (and value) row ``tok`` lands at block tok // R, row tok % R of the destination (a cache)
+    blk, sub = tok // R, tok % R
     half = D // 2
     cols = tl.arange(0, BLOCK_HALF)
     c_ok = cols < half
@@ -54,10 +59,14 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr,
     cos_hi = tl.load(cos_ptr + tok * D + half + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     sin_lo = tl.load(sin_ptr + tok * D + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     sin_hi = tl.load(sin_ptr + tok * D + half + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    _norm_rotate_heads(q_ptr, qw_ptr, qo_ptr, tok, q_row, HQ, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
-                       BLOCK_HQ, BLOCK_HALF)
-    _norm_rotate_heads(k_ptr, kw_ptr, ko_ptr, tok, k_row, HK, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
-                       BLOCK_HK, BLOCK_HALF)
+    _norm_rotate_heads(q_ptr, qw_ptr, qo_ptr, tok, q_row, tok * HQ * D, HQ, half, D, eps, cos_lo, cos_hi, sin_lo,
+                       sin_hi, BLOCK_HQ, BLOCK_HALF)
+    _norm_rotate_heads(k_ptr, kw_ptr, ko_ptr, tok, k_row, blk * ko_s0 + sub * ko_s1, HK, half, D, eps, cos_lo, cos_hi,
+                       sin_lo, sin_hi, BLOCK_HK, BLOCK_HALF)
+    if COPY_V:
+        at = tl.arange(0, BLOCK_KV)
+        ok = at < HK * D
+        tl.store(vo_ptr + blk * vo_s0 + sub * vo_s1 + at, tl.load(v_ptr + tok * v_row + at, mask=ok), mask=ok)
 
 
 def _rows_of_heads(name: str, t) -> None:
@@ -67,7 +76,18 @@ def _rows_of_heads(name: str, t) -> None:
         raise ValueError(f"{name}: each row's (heads, head_dim) must be contiguous, got strides {tuple(t.stride())}")
 
 
-def _check(q, k, q_weight, k_weight, cos, sin) -> None:
+def _cache_rows(name: str, t, like) -> None:
+    """A (blocks, rows, heads, D) destination of ``like``'s (n, heads, D) rows: blocks · rows = n,
+    each row's heads contiguous, blocks and rows at any stride (views of a KV cache)."""
+    check_tensor(name, t, dtypes=(like.dtype,), ndim=4, device=like.device)
+    n, h, d = like.shape
+    if t.shape[0] * t.shape[1] != n or tuple(t.shape[2:]) != (h, d):
+        raise ValueError(f"{name}: shape {tuple(t.shape)} does not hold {n} rows of ({h}, {d})")
+    if (d > 1 and t.stride(3) != 1) or (h > 1 and t.stride(2) != d):
+        raise ValueError(f"{name}: each row's (heads, head_dim) must be contiguous, got strides {tuple(t.stride())}")
+
+
+def _check(q, k, q_weight, k_weight, cos, sin, k_out=None, v=None, v_out=None) -> None:
     check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=3)
     n, _, d = q.shape
     if d % 2:
@@ -81,21 +101,36 @@ def _check(q, k, q_weight, k_weight, cos, sin) -> None:
         check_tensor(name, w, dtypes=(q.dtype,), ndim=1, device=q.device, shape=(d,), contiguous=True)
     for name, t in (("cos", cos), ("sin", sin)):
         check_tensor(name, t, dtypes=(q.dtype,), ndim=2, device=q.device, shape=(n, d), contiguous=True)
+    if k_out is not None:
+        _cache_rows("k_out", k_out, k)
+    if (v is None) != (v_out is None) or (v is not None and k_out is None):
+        raise ValueError("v and v_out go together, and only with k_out")
+    if v is not None:
+        check_tensor("v", v, dtypes=(q.dtype,), ndim=3, device=q.device, shape=tuple(k.shape))
+        _rows_of_heads("v", v)
+        _cache_rows("v_out", v_out, k)
+        if tuple(v_out.shape) != tuple(k_out.shape):
+            raise ValueError(f"v_out: shape {tuple(v_out.shape)} differs from k_out's {tuple(k_out.shape)}")
 
 
-def qk_norm_rope_triton(q, k, q_weight, k_weight, eps: float, cos, sin):
+def qk_norm_rope_triton(q, k, q_weight, k_weight, eps: float, cos, sin, *, k_out=None, v=None, v_out=None):
     """Triton launcher of :func:`qk_norm_rope` (same signature and outputs)."""
-    _check(q, k, q_weight, k_weight, cos, sin)
+    _check(q, k, q_weight, k_weight, cos, sin, k_out, v, v_out)
     n, hq, d = q.shape
     hk = k.shape[1]
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dst = k_out if k_out is not None else torch.empty((1,) + tuple(k.shape), dtype=k.dtype, device=k.device)
+    copy_v = v is not None
     if n:
         block_half = next_pow2(d // 2)
-        _qk_norm_rope_kernel[(n,)](q, k, q_weight, k_weight, cos, sin, q_out, k_out, hq, hk, d, float(eps),
-                                   q.stride(0), k.stride(0), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk),
-                                   BLOCK_HALF=block_half, num_warps=4 if next_pow2(hq) * block_half <= 1024 else 8)
-    return q_out, k_out
+        _qk_norm_rope_kernel[(n,)](q, k, v if copy_v else k, q_weight, k_weight, cos, sin, q_out, dst,
+                                   v_out if copy_v else dst, hq, hk, d, float(eps), q.stride(0), k.stride(0),
+                                   v.stride(0) if copy_v else 0, dst.shape[1], dst.stride(0), dst.stride(1),
+                                   v_out.stride(0) if copy_v else 0, v_out.stride(1) if copy_v else 0,
+                                   BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_HALF=block_half,
+                                   COPY_V=copy_v, BLOCK_KV=next_pow2(hk * d) if copy_v else 1,
+                                   num_warps=4 if next_pow2(hq) * block_half <= 1024 else 8)
+    return q_out, (k_out if k_out is not None else dst[0])
 
 
 def _rotate(x, cos, sin):
@@ -103,20 +138,26 @@ def _rotate(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def qk_norm_rope_reference(q, k, q_weight, k_weight, eps: float, cos, sin):
+def qk_norm_rope_reference(q, k, q_weight, k_weight, eps: float, cos, sin, *, k_out=None, v=None, v_out=None):
     """Pure-PyTorch reference of :func:`qk_norm_rope` (Hugging Face's ``Qwen3RMSNorm`` and
     ``apply_rotary_pos_emb``, op for op)."""
-    _check(q, k, q_weight, k_weight, cos, sin)
+    _check(q, k, q_weight, k_weight, cos, sin, k_out, v, v_out)
     out = []
     for x, w in ((q, q_weight), (k, k_weight)):
         xf = x.to(torch.float32)
         y = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
         out.append(_rotate(y, cos[:, None], sin[:, None]))
-    return out[0], out[1]
+    if k_out is None:
+        return out[0], out[1]
+    k_out.copy_(out[1].view(k_out.shape))
+    if v is not None:
+        v_out.copy_(v.view(v_out.shape))
+    return out[0], k_out
 
 
-def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
-    """RMS norm of every query and key head, then the rotary embedding of its token.
+def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin, *, k_out=None, v=None, v_out=None):
+    """RMS norm of every query and key head, then the rotary embedding of its token; optionally
+    the keys and values written straight into a KV cache.
 
     Runs the Triton kernel for CUDA tensors or under ``TRITON_INTERPRET=1``, else the
     PyTorch reference. No host synchronisation.
@@ -132,11 +173,19 @@ def qk_norm_rope(q, k, q_weight, k_weight, eps: float, cos, sin):
         Added to the variance.
     cos, sin : torch.Tensor, shape (n, D), q's dtype
         The rotary embedding of each row's position (the model's rotary module's output).
+    k_out : torch.Tensor, shape (B, R, kv_heads, D), optional
+        Where the rotated keys go, row ``i`` at ``[i // R, i % R]`` (B · R = n): a view of a
+        KV cache, each row's heads contiguous, blocks and rows at any stride. Saves the copy
+        of a new tensor into the cache.
+    v, v_out : torch.Tensor, optional
+        With ``k_out``: the values (n, kv_heads, D), laid out as ``k``, copied into ``v_out``
+        (shaped as ``k_out``) in the same pass.
 
     Returns
     -------
     (torch.Tensor, torch.Tensor)
-        New contiguous tensors shaped as ``q`` and ``k``.
+        A new contiguous tensor shaped as ``q``, and the keys: ``k_out`` if given, else a new
+        contiguous tensor shaped as ``k``.
     """
     fn = qk_norm_rope_triton if use_triton(q) else qk_norm_rope_reference
-    return fn(q, k, q_weight, k_weight, eps, cos, sin)
+    return fn(q, k, q_weight, k_weight, eps, cos, sin, k_out=k_out, v=v, v_out=v_out)

@@ -52,6 +52,44 @@ def test_strided_rows_of_a_fused_qkv(dtype):
                                        dtype == torch.float32 else BF16_ULPS * 2.0 ** -8 * float(w.float().abs().max()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("blocks,rows,stride_rows", [(3, 5, 1), (2, 4, 3), (1, 7, 1)])
+def test_keys_and_values_straight_into_a_cache(dtype, blocks, rows, stride_rows):
+    """k_out/v_out as views of a (blocks, slots, kv_heads, D) cache: row i lands at block i // R,
+    row i % R (rows every ``stride_rows`` slots, as a beam's lineage slot), the keys equal the
+    call without a cache, the values are copied, and every other slot is left as it was."""
+    n, hq, hk, d = blocks * rows, 4, 2, 16
+    q, k, qw, kw, cos, sin = (a.to(DEV) for a in make(n, hq, hk, d, dtype, seed=9))
+    v = torch.randn(n, hk, d, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEV)
+    fused = torch.cat([q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1)], dim=1)
+    qv, kv_, vv = fused[:, :hq * d].view(n, hq, d), fused[:, hq * d:(hq + hk) * d].view(n, hk, d), \
+        fused[:, (hq + hk) * d:].view(n, hk, d)
+    slots = 3 + rows * stride_rows + 2
+    want_q, want_k = qk_norm_rope_reference(qv, kv_, qw, kw, 1e-6, cos, sin)
+    for fn in (qk_norm_rope_triton, qk_norm_rope_reference):
+        cache = torch.full((2, blocks, slots, hk, d), -7.0, dtype=dtype, device=DEV)
+        dst_k = cache[0, :, 3:3 + rows * stride_rows:stride_rows]
+        dst_v = cache[1, :, 3:3 + rows * stride_rows:stride_rows]
+        got_q, got_k = fn(qv, kv_, qw, kw, 1e-6, cos, sin, k_out=dst_k, v=vv, v_out=dst_v)
+        assert got_k.data_ptr() == dst_k.data_ptr()
+        tol = 0 if fn is qk_norm_rope_reference else 1e-5 if dtype == torch.float32 else \
+            BF16_ULPS * 2.0 ** -8 * float(want_k.float().abs().max())
+        torch.testing.assert_close(got_q, want_q, rtol=0, atol=tol)
+        torch.testing.assert_close(dst_k.reshape(n, hk, d), want_k, rtol=0, atol=tol)
+        assert torch.equal(dst_v.reshape(n, hk, d), v)
+        untouched = torch.ones(slots, dtype=torch.bool)
+        untouched[3:3 + rows * stride_rows:stride_rows] = False
+        assert (cache[:, :, untouched.to(DEV)] == -7.0).all()
+
+
+def test_rejects_a_cache_that_does_not_hold_the_rows():
+    q, k, qw, kw, cos, sin = make(6, 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="k_out: shape"):
+        qk_norm_rope_reference(q, k, qw, kw, 1e-6, cos, sin, k_out=torch.empty(4, 2, 2, 16))
+    with pytest.raises(ValueError, match="v and v_out go together"):
+        qk_norm_rope_reference(q, k, qw, kw, 1e-6, cos, sin, v=k)
+
+
 def test_rejects_interleaved_heads():
     q, k, qw, kw, cos, sin = make(3, 4, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="q: each row's"):

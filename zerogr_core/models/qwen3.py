@@ -344,15 +344,19 @@ class Qwen3StepModel:
         share a dtype (:func:`zerogr_kernels.rms_layer_norm`)."""
         return rms_layer_norm(x, module.weight, module.variance_epsilon, residual)
 
-    def _qkv(self, i: int, attn, h: torch.Tensor, cos, sin):
-        """Normed, rotated q (n, heads, D), k (n, kv_heads, D) and v (a strided view) of layer i for the
-        normed hidden states h (n, hidden): one GEMM for the three projections."""
+    def _qkv(self, i: int, attn, h: torch.Tensor, cos, sin, cache):
+        """Normed, rotated q (n, heads, D) of layer i for the normed hidden states h (n, hidden), one
+        GEMM for the three projections; the normed, rotated keys and the values go straight into
+        ``cache = (k_dst, v_dst)``, two (blocks, rows, kv_heads, D) views of the KV cache with
+        blocks · rows = n, which are returned with q."""
         n, d = h.shape[0], self.head_dim
         a, b = self.heads * d, (self.heads + self.kv_heads) * d
         y = F.linear(h, self.qkv_weight[i], self.qkv_bias[i])
-        q, k = qk_norm_rope(y[:, :a].view(n, self.heads, d), y[:, a:b].view(n, self.kv_heads, d),
-                            attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon, cos, sin)
-        return q, k, y[:, b:].view(n, self.kv_heads, d)
+        k_dst, v_dst = cache
+        q, _ = qk_norm_rope(y[:, :a].view(n, self.heads, d), y[:, a:b].view(n, self.kv_heads, d),
+                            attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon, cos, sin,
+                            k_out=k_dst, v=y[:, b:].view(n, self.kv_heads, d), v_out=v_dst)
+        return q, k_dst, v_dst
 
     def _mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
         """Layer i's SwiGLU MLP of h (n, hidden): one GEMM for gate and up, one pass for the gate."""
@@ -360,10 +364,11 @@ class Qwen3StepModel:
             return layer.mlp(h)
         return F.linear(silu_mul(F.linear(h, self.gate_up_weight[i])), layer.mlp.down_proj.weight)
 
-    def _layers(self, x: torch.Tensor, cos, sin, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """The decoder layers over rows x (n, hidden); ``attend(i, q, k, v)`` -> (n, heads · D) is
-        the attention of layer i. Residual adds are fused into the following norm. Returns the
-        residual stream after the last layer (not normed).
+    def _layers(self, x: torch.Tensor, cos, sin, cache, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The decoder layers over rows x (n, hidden); ``cache(i)`` gives layer i's (k_dst, v_dst)
+        cache views for the rows' keys and values (see :meth:`_qkv`), and ``attend(i, q, k, v)``
+        -> (n, heads · D) is the attention of layer i over them. Residual adds are fused into the
+        following norm. Returns the residual stream after the last layer (not normed).
 
         With ``keep`` (int64 row indices, (r,)), only those rows' outputs are wanted: the last
         layer still projects every row's key and value (``attend(i, q, k, v, keep)`` stores
@@ -373,7 +378,7 @@ class Qwen3StepModel:
         h = self._norm(layers[0].input_layernorm, x)
         for i, layer in enumerate(layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(i, attn, h, cos, sin)
+            q, k, v = self._qkv(i, attn, h, cos, sin, cache(i))
             if keep is not None and i + 1 == len(layers):
                 # a prefill reads one row per request from here on: the rest of the layer's work
                 # (about 5/6 of its GEMMs, and its attention) is skipped for the other rows
@@ -398,13 +403,12 @@ class Qwen3StepModel:
 
         last = torch.arange(b, device=self.device) * tb + self.lengths - 1   # each request's last token, flat
 
+        def cache(i):
+            return self.kv[0, i, :, :tb], self.kv[1, i, :, :tb]
+
         def attend(i, q, k, v, rows=None):
-            k_ctx, v_ctx = self.kv[0, i, :, :tb], self.kv[1, i, :, :tb]
-            k_ctx.copy_(k.view(b, tb, -1, self.head_dim))
-            v_ctx.copy_(v.view(b, tb, -1, self.head_dim))
-            # k and v from the buffer: one layout for prefill and decode (v itself is a strided
-            # view of the stacked projection)
-            k, v = k_ctx.transpose(1, 2), v_ctx.transpose(1, 2)
+            # k, v: the context slots of the cache, (b, tb, kv_heads, D); SDPA reads the transpose
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
             if rows is None:
                 q = q.view(b, tb, -1, self.head_dim).transpose(1, 2)
                 # right padding: causal attention keeps every real token off the padding behind it
@@ -416,7 +420,7 @@ class Qwen3StepModel:
             mask = (torch.arange(tb, device=self.device)[None, :] < self.lengths[:, None])[:, None, None]
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(b, -1)
 
-        self.first.copy_(self.core.norm(self._layers(x, cos, sin, attend, keep=last)))
+        self.first.copy_(self.core.norm(self._layers(x, cos, sin, cache, attend, keep=last)))
 
     def _reorder(self, parents: torch.Tensor, positions: int) -> None:
         """Every layer's lineage slots of positions < ``positions`` gathered from the parent beams."""
@@ -448,21 +452,22 @@ class Qwen3StepModel:
         x = self.core.embed_tokens(ids)                                                  # (n, hidden)
         positions = (self.lengths[:, None] + j).expand(b, m).reshape(n)
         cos, sin = self._rope(x, positions)
-        kvh, d = self.kv_heads, self.head_dim
+        d = self.head_dim
         # the kernel on a GPU; on the CPU its reference (SDPA with a mask), even under the interpreter
         attention = (beam_context_attention_triton if self.kv.is_cuda and use_triton(self.kv)
                      else beam_context_attention_reference)
 
+        def cache(i):
+            # the new token's key/value go to its beam's lineage slot of position j, in every request
+            return self.kv[0, i][:, tb + j:tb + m * p:p], self.kv[1, i][:, tb + j:tb + m * p:p]
+
         def attend(i, q, k, v):
-            # the new token's key/value into its beam's lineage slot of every request
-            for buf, new in ((self.kv[0, i], k), (self.kv[1, i], v)):
-                buf[:, tb + j:tb + m * p:p].copy_(new.view(b, m, kvh, d))
             # all M beams and g query heads of a KV head attend together: the context is read once per request
             o = attention(q.view(b, m, self.heads, d), self.kv[0, i], self.kv[1, i], self.lengths, context_len=tb,
                           lineage_len=p, step=step)
             return o.view(n, self.heads * d)
 
-        return self.core.norm(self._layers(x, cos, sin, attend))
+        return self.core.norm(self._layers(x, cos, sin, cache, attend))
 
 
 def _stack(linears, name: str) -> torch.Tensor:
