@@ -51,21 +51,30 @@ _SMS: dict = {}
 
 @triton.jit
 def _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_ok, qk_scale,
-                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr):
     """Keys and values ``[n0, min(n0 + BLOCK_N, end))`` into the running softmax of the rows
-    of ``q``; ``n0 < end``, so the block holds a key and the new row maxima are finite."""
+    of ``q``; ``n0 < end``, so the block holds a key and the new row maxima are finite.
+    Without ``MASKED`` the block is whole (``n0 + BLOCK_N ≤ end``) and the head dimension
+    is ``BLOCK_D``: loads and scores go unpredicated, as in all but a split's last block."""
     n = n0 + tl.arange(0, BLOCK_N)
     n_ok = n < end
-    k = tl.load(k_base + n[None, :] * sk_s + dd[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+    if MASKED:
+        k = tl.load(k_base + n[None, :] * sk_s + dd[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + n[None, :] * sk_s + dd[:, None])
     if UPCAST:
         k = k.to(tl.float32)
     s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-    s = tl.where(n_ok[None, :], s, float("-inf"))
+    if MASKED:
+        s = tl.where(n_ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.math.exp2(m_i - m_new)
     p = tl.math.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_base + n[:, None] * sv_s + dd[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    if MASKED:
+        v = tl.load(v_base + n[:, None] * sv_s + dd[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        v = tl.load(v_base + n[:, None] * sv_s + dd[None, :])
     pv = p.to(v.dtype)
     if UPCAST:
         pv, v = pv.to(tl.float32), v.to(tl.float32)
@@ -79,7 +88,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, ws_m_ptr, ws_l_ptr, ws_
                   sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   G: tl.constexpr, P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr, PRECISION: tl.constexpr,
-                  UPCAST: tl.constexpr):
+                  UPCAST: tl.constexpr, EVEN_D: tl.constexpr):
     bh = tl.program_id(1)
     split = tl.program_id(2)
     b = (bh // KVH).to(tl.int64)
@@ -119,17 +128,25 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, ws_m_ptr, ws_l_ptr, ws_
     length = tl.minimum(tl.load(len_ptr + b).to(tl.int32), context_len)
     start = split * chunk
     end = tl.minimum(start + chunk, length)
+    # whole blocks first, unpredicated (with an exact head dimension); the last, partial one masked
+    whole = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N if EVEN_D else start
     if CHUNK_BLOCKS == 0:
-        for n0 in range(start, end, BLOCK_N):
+        for n0 in range(start, whole, BLOCK_N):
             m_i, l_i, acc = _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_ok, qk_scale,
-                                           BLOCK_N, PRECISION, UPCAST)
+                                           BLOCK_N, PRECISION, UPCAST, False)
+        for n0 in range(whole, end, BLOCK_N):
+            m_i, l_i, acc = _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_ok, qk_scale,
+                                           BLOCK_N, PRECISION, UPCAST, True)
     else:
         # the interpreter cannot take a loop bound read from memory: a fixed count, blocks past `end` skipped
         for i in range(CHUNK_BLOCKS):
             n0 = start + i * BLOCK_N
-            if n0 < end:
+            if n0 < whole:
                 m_i, l_i, acc = _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_ok,
-                                               qk_scale, BLOCK_N, PRECISION, UPCAST)
+                                               qk_scale, BLOCK_N, PRECISION, UPCAST, False)
+            elif n0 < end:
+                m_i, l_i, acc = _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_ok,
+                                               qk_scale, BLOCK_N, PRECISION, UPCAST, True)
 
     if SPLITS == 1:
         o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -264,7 +281,7 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
         v.stride(0), v.stride(1), v.stride(2), G=g, P=lineage_len, SPLITS=n_splits, BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_D=bd, CHUNK_BLOCKS=chunk // bn if small else 0, PRECISION="tf32" if tf32 else "ieee",
         # the interpreter's tl.dot garbles bfloat16 operands; their float32 copies give the same products
-        UPCAST=small and q.dtype == torch.bfloat16, num_warps=4 if small else NUM_WARPS,
+        UPCAST=small and q.dtype == torch.bfloat16, EVEN_D=bd == d, num_warps=4 if small else NUM_WARPS,
         num_stages=1 if small else NUM_STAGES)
     if n_splits > 1:
         mb = 16 if small else min(MERGE_BLOCK_M, next_pow2(rows))

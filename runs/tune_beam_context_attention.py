@@ -1,6 +1,8 @@
 """Tuning sweep of the Qwen3 decode attention kernel against SDPA with a bias (H200 shapes).
 
-Run on a GPU from the repository root: python runs/tune_beam_context_attention.py
+Run on a GPU from the repository root: python runs/tune_beam_context_attention.py [TILES [SPLITS]]
+TILES: comma list of BLOCK_MxBLOCK_NxWARPSxSTAGES (default 128x64x8x2,64x64x4x2); SPLITS: comma list
+of split counts or "auto" (default auto,1,4,16).
 Prints microseconds per call (10 calls per CUDA graph replay) and the largest difference to SDPA.
 """
 import sys, os
@@ -29,6 +31,8 @@ def timeit(fn, reps=50):
     e1.record(); torch.cuda.synchronize()
     return e0.elapsed_time(e1) / reps / 10 * 1000  # us per call
 
+TILES = [tuple(int(x) for x in t.split("x")) for t in (sys.argv[1] if len(sys.argv) > 1 else "128x64x8x2,64x64x4x2").split(",")]
+SPLITS = [None if x == "auto" else int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "auto,1,4,16").split(",")]
 dev = "cuda"
 M, H, KVH, D, P = 256, 16, 8, 128, 2
 for B, ctx, L in [(1, 1024, 1000), (1, 5056, 5000), (8, 1024, 1000), (8, 5056, 5000)]:
@@ -46,9 +50,9 @@ for B, ctx, L in [(1, 1024, 1000), (1, 5056, 5000), (8, 1024, 1000), (8, 5056, 5
     want = sdpa()
     ref = bca.beam_context_attention_reference(q, k, v, lens, **kw)
     print(f"B={B} ctx={ctx}: sdpa {timeit(sdpa):.1f} us; ref-vs-sdpa maxerr {(ref.float()-want.float()).abs().max().item():.3g}", flush=True)
-    for bm, bn, nw, ns in [(128, 64, 8, 2), (64, 64, 4, 2)]:
+    for bm, bn, nw, ns in TILES:
         bca.NUM_WARPS, bca.NUM_STAGES = nw, ns
-        for splits in [None, 1, 4, 16]:
+        for splits in SPLITS:
             try:
                 f = lambda: bca.beam_context_attention_triton(q, k, v, lens, splits=splits, block_m=bm, block_n=bn, **kw)
                 got = f()

@@ -41,6 +41,8 @@ CASES = {
     "g1-p1": (2, 4, 2, 2, 32, 24, 1, [24, 9]),
     "rows-over-a-block": (2, 9, 4, 2, 16, 33, 2, [33, 2]),
     "odd-head-dim": (1, 6, 3, 1, 24, 20, 2, [17]),
+    # lengths on block boundaries: whole blocks only, no partial last block
+    "whole-blocks": (2, 4, 2, 1, 16, 64, 2, [64, 32]),
 }
 
 

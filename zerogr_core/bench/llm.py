@@ -481,8 +481,10 @@ def run(cfg: LLMBenchConfig, out: Path, command: str, log=print) -> list[dict]:
     if cfg.shapes is None:
         shapes += [(cfg.contexts[0], 1, m) for m in cfg.extra_beams]
     # the agreement check is correctness evidence: it runs first so the budget never drops it
-    todo = [("agreement", (cfg.contexts[0], 1, cfg.beam))] + [("shape", s) for s in shapes]
-    todo[2:2] = [("hf", (c, b, cfg.beam)) for c, b in cfg.hf_shapes]
+    todo = [("agreement", (cfg.contexts[0], 1, cfg.beam))] if cfg.agreement_requests else []
+    after_first = len(todo) + 1           # Hugging Face right after the first shape
+    todo += [("shape", s) for s in shapes]
+    todo[after_first:after_first] = [("hf", (c, b, cfg.beam)) for c, b in cfg.hf_shapes]
     with torch.no_grad():
         for what, (c, b, m) in todo:
             if time.perf_counter() - t0 > cfg.budget_s:
@@ -512,6 +514,8 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default=None, help="only these shapes, e.g. 1000x1,5000x8 (context x batch)")
     p.add_argument("--profile", action="store_true", help="kernel tables at every shape")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    p.add_argument("--agreement-requests", type=int, default=None,
+                   help="requests of the agreement check against Hugging Face (0 skips it)")
     a = p.parse_args(argv)
     cfg = LLM_PRESETS["quick" if a.quick else "h200"]
     if a.shapes is not None:
@@ -530,6 +534,11 @@ def main(argv=None) -> int:
         cfg = replace(cfg, hf_shapes=())
     if a.budget_s is not None:
         cfg = replace(cfg, budget_s=a.budget_s)
+    if a.agreement_requests is not None:
+        if a.agreement_requests < 0:
+            print("error: --agreement-requests must be ≥ 0", file=sys.stderr)
+            return 2
+        cfg = replace(cfg, agreement_requests=a.agreement_requests)
     if a.repeats is not None:
         if a.repeats < 1:
             print("error: --repeats must be ≥ 1", file=sys.stderr)
