@@ -371,9 +371,9 @@ class Qwen3StepModel:
         following norm. Returns the residual stream after the last layer (not normed).
 
         With ``keep`` (int64 row indices, (r,)), only those rows' outputs are wanted: the last
-        layer still projects every row's key and value (``attend(i, q, k, v, keep)`` stores
-        them and returns the attention of the kept rows, (r, heads · D)), and its attention
-        output, residual and MLP run on the kept rows alone. Returns (r, hidden) then."""
+        layer still projects and caches every row's key and value, ``attend(i, q, k, v, keep)``
+        returns the attention of the kept rows only, (r, heads · D), and the layer's output
+        projection, residual and MLP run on them alone. Returns (r, hidden) then."""
         layers = self.core.layers
         h = self._norm(layers[0].input_layernorm, x)
         for i, layer in enumerate(layers):
