@@ -199,3 +199,53 @@ def test_cuda_lists_equal_host_lists():
             host = build_lists(catalog, batch, allow, [d.cpu().numpy() if torch.is_tensor(d) else d for d in deny],
                                glob, normalise)
             same(host, dev)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_the_graphed_build_pads_to_the_host_lists(case):
+    """:class:`GraphedBuild`'s padded layout (ids that miss the table, one run over them, empty
+    runs), here run eagerly on the CPU, gives the host path's lists; a second call leaves the
+    first call's lists as they were."""
+    from zerogr_core.decode.device_lists import GraphedBuild, device_id_table
+
+    catalog, batch, allow, deny, _, normalise, seed = case
+    ids = lambda e: None if e is None or isinstance(e, str) else np.asarray(e, dtype=np.int64)  # noqa: E731
+    allow, deny = [ids(a) for a in allow], [ids(d) for d in deny]
+    parts, sizes = [], []
+    for kind, entries in ((1, allow), (0, deny)):
+        for r, a in enumerate(entries):
+            if a is not None and a.size:
+                parts.append(a)
+                sizes.append((r, kind, a.size))
+    mode = np.array([a is not None for a in allow], dtype=np.int32)
+    build = GraphedBuild(device_id_table(catalog, "cpu"), "cpu", batch, catalog.n_items, DEVICE_MIN_IDS)
+    offsets, rows = build(parts, sizes, mode)
+    first = DeviceRequestLists(offsets, rows, mode, np.zeros(0, dtype=np.int64), normalise)
+    same(build_lists(catalog, batch, allow, deny, None, normalise), first)
+    build(parts[::-1], sizes[::-1], mode)  # the same lists in another order
+    same(build_lists(catalog, batch, allow, deny, None, normalise), first)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphed_build_equals_host_lists():
+    """Numpy ids and no global list: the captured build (one graph per batch and capacity),
+    over several calls of one shape; each call's lists stay as built."""
+    g = np.random.default_rng(12)
+    catalog = catalog_of(500, 13)
+    ids = catalog.item_ids
+    for batch in (1, 5, 32):
+        built = []
+        for call in range(3):
+            allow = [None if g.random() < 0.6 else g.choice(ids, g.integers(0, 300)) for _ in range(batch)]
+            deny = [g.integers(-5, int(ids.max()) + 5, g.integers(0, 400)) for _ in range(batch)]
+            for normalise in ("request", "catalog"):
+                dev = build_lists_on("cuda", catalog, batch, allow, deny, None, normalise)
+                built.append((build_lists(catalog, batch, allow, deny, None, normalise), dev))
+        for host, dev in built:
+            same(host, dev)
+    from zerogr_core.decode.device_lists import _TABLES
+
+    graphs = [k for k in _TABLES[catalog._id_lookup] if isinstance(k, tuple) and k[0] == "graph"]
+    assert len(graphs) == 3, graphs  # one per batch: every call fit the smallest capacity

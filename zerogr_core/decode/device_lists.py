@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
+from ..timing import capture
 from .constraints import NORMALISE, RequestLists, _id_array, _merge_standing, _per_request, _unregistered
 
 LIST_PATHS = ("auto", "host", "device")
@@ -274,6 +275,11 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         return DeviceRequestLists(torch.zeros(batch + 1, dtype=torch.int64, device=device), empty, mode, glob,
                                   normalise)
+    if not row_parts and not glob.size and device.type == "cuda" and all(type(p) is np.ndarray for p in id_parts):
+        graphed = _graphed_build(catalog, table, device, batch, total)
+        if graphed is not None:
+            offsets, rows = graphed(id_parts, id_sizes, mode)
+            return DeviceRequestLists(offsets, rows, mode, glob, normalise)
     # which request and kind each entry belongs to, and the modes, cross with the ids;
     # the entries' owners are expanded on the device (``output_size`` spares a synchronisation)
     meta = np.array([[r * 2 + kind, k] for r, kind, k in id_sizes + row_sizes], dtype=np.int64)
@@ -281,12 +287,26 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
     meta, mode_dev = staged[-2].view(-1, 2), staged[-1]
     rows = []
     if id_parts:
-        base, tab = table
-        pos = _joined(staged[:-2]) - base
-        inside = (pos >= 0) & (pos < tab.numel())
-        rows.append(torch.where(inside, tab[torch.where(inside, pos, 0)].long(), -1))
+        rows.append(_table_rows(_joined(staged[:-2]), table))
     rows.extend(row_parts)
     rows = torch.cat(rows) if len(rows) > 1 else rows[0]
+    offsets, packed = _compact(rows, meta, mode_dev, glob, batch, n, total, device)
+    return DeviceRequestLists(offsets, packed, mode, glob, normalise)
+
+
+def _table_rows(ids: torch.Tensor, table) -> torch.Tensor:
+    """Catalog rows of int64 ``ids`` through the dense table (-1 for an id it does not hold)."""
+    base, tab = table
+    pos = ids - base
+    inside = (pos >= 0) & (pos < tab.numel())
+    return torch.where(inside, tab[torch.where(inside, pos, 0)].long(), -1)
+
+
+def _compact(rows: torch.Tensor, meta: torch.Tensor, mode_dev: torch.Tensor, glob: np.ndarray, batch: int,
+             n: int, total: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offsets, rows)`` of the requests' sorted, duplicate-free lists from every listed entry's
+    row (-1: skipped) and the entries' ``(request · 2 + kind, count)`` runs in ``meta``; no host
+    synchronisation, fixed shapes for fixed ``total`` (what a CUDA graph needs)."""
     owner_kind = torch.repeat_interleave(meta[:, 0], meta[:, 1], output_size=total)
     owner, kind = owner_kind >> 1, owner_kind & 1
     valid = rows >= 0
@@ -311,5 +331,99 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
     packed.scatter_(0, torch.where(keep, slot, total), base_key)
     packed = packed[:total]
     bounds = torch.arange(batch + 1, dtype=torch.int64, device=device) * n
-    offsets = torch.searchsorted(packed, bounds)
-    return DeviceRequestLists(offsets, packed % max(n, 1), mode, glob, normalise)
+    return torch.searchsorted(packed, bounds), packed % max(n, 1)
+
+
+GRAPH_MAX_IDS = 1 << 20
+"""Most per-call ids whose device build is captured in a CUDA graph (:class:`GraphedBuild`);
+its buffers stay reserved per (batch, capacity), so the widest builds run eagerly."""
+
+
+class GraphedBuild:
+    """The device build of one (catalog table, device, batch, capacity) shape, captured once
+    in a CUDA graph: the eager build issues some 60 small launches a call, whose host cost
+    (not the GPU's) made it last a millisecond or two whatever the list size.
+
+    A call stages its ids (padded with an id the table does not hold), the entries'
+    ``(request · 2 + kind, count)`` runs (padded with one run over the padding and empty
+    runs) and the modes in one pinned block, copies it in with one non-blocking copy and
+    replays the graph; the lists are clones of the graph's outputs, so a later build never
+    changes them. The pinned block is refilled only after its last copy finished.
+
+    Parameters
+    ----------
+    table : tuple of (int, torch.Tensor)
+        :func:`device_id_table`'s ``(base, table)``.
+    device : torch.device
+        A CUDA device (on a CPU nothing is captured: each call runs the same steps eagerly).
+    batch, n_items, capacity : int
+        Requests, catalog rows, and the ids the shape holds (a power of two).
+    """
+
+    def __init__(self, table, device, batch: int, n_items: int, capacity: int):
+        device = torch.device(device)
+        cuda = device.type == "cuda"
+        self.table, self.batch, self.n, self.capacity = table, batch, n_items, capacity
+        self.runs = 2 * batch + 1
+        size = capacity + 2 * self.runs + batch
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=cuda)
+        self._host = self.host.numpy()
+        self.block = torch.zeros(size, dtype=torch.int64, device=device)
+        self.copied = torch.cuda.Event() if cuda else None
+        self.pending = False
+        self.pad_id = table[0] - 1
+        self.graph = self.outputs = None
+        if cuda:  # (on a CPU, as in the tests, every call builds eagerly from the same padded block)
+            ids, meta, _ = self._views()
+            meta[:, 1] = 0
+            meta[0, 1] = capacity  # a valid layout for the warm-up: every id a miss
+            ids.fill_(self.pad_id)
+            self.graph, self.outputs = capture(lambda: self._build(*self._views()))
+
+    def _views(self):
+        c, r = self.capacity, self.runs
+        return self.block[:c], self.block[c:c + 2 * r].view(r, 2), self.block[c + 2 * r:]
+
+    def _build(self, ids, meta, mode):
+        return _compact(_table_rows(ids, self.table), meta, mode, np.zeros(0, dtype=np.int64), self.batch,
+                        self.n, self.capacity, ids.device)
+
+    def __call__(self, id_parts: list, id_sizes: list, mode: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(offsets, rows)`` of the lists given as ``id_parts`` (int numpy arrays) owned by
+        ``id_sizes`` ``(request, kind, count)``, with the requests' ``mode``."""
+        if self.pending:
+            self.copied.synchronize()
+        c, r, host = self.capacity, self.runs, self._host
+        total = sum(k for _, _, k in id_sizes)
+        if total:
+            np.concatenate(id_parts, out=host[:total], casting="unsafe")
+        host[total:c] = self.pad_id
+        meta = host[c:c + 2 * r].reshape(r, 2)
+        meta[:] = 0
+        k = len(id_sizes)
+        if k:
+            meta[:k] = [(req * 2 + kind, count) for req, kind, count in id_sizes]
+        meta[k] = (0, c - total)
+        host[c + 2 * r:] = mode
+        self.block.copy_(self.host, non_blocking=True)
+        if self.graph is None:
+            return self._build(*self._views())
+        self.copied.record()
+        self.pending = True
+        self.graph.replay()
+        offsets, rows = self.outputs
+        return offsets.clone(), rows.clone()
+
+
+def _graphed_build(catalog, table, device, batch: int, total: int):
+    """The :class:`GraphedBuild` that holds ``total`` ids (built and captured on first use,
+    kept with the catalog's device table, so it goes when the catalog goes), or ``None``
+    past :data:`GRAPH_MAX_IDS`."""
+    capacity = max(DEVICE_MIN_IDS, 1 << max(total - 1, 0).bit_length())
+    if capacity > GRAPH_MAX_IDS:
+        return None
+    per_lookup = _TABLES.setdefault(catalog._id_lookup, {})
+    key = ("graph", str(torch.device(device)), batch, capacity)
+    if key not in per_lookup:
+        per_lookup[key] = GraphedBuild(table, device, batch, catalog.n_items, capacity)
+    return per_lookup[key]
