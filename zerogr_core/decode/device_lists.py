@@ -13,6 +13,12 @@ Without a synchronisation the number of surviving rows is not known on the host,
 :class:`DeviceRequestLists` keeps the list buffer at its upper bound (every id given) and
 the offsets say where each request's rows end; the rows past ``offsets[-1]`` are filler
 that no kernel reads.
+
+Those steps are some 60 small launches, whose host cost, not the GPU's, set the build's
+time (about a millisecond whatever the size). Up to :data:`GRAPH_MAX_IDS` ids with
+per-call ids only (no registered names, no global list), the ids are padded to a power-of-two
+capacity and the steps replay from a CUDA graph captured once per (batch, capacity)
+(:class:`GraphedBuild`).
 """
 from __future__ import annotations
 
@@ -32,11 +38,12 @@ builds per-call lists: on the index's device when it is a GPU, on the host, or o
 index's device whatever it is (tests run the device path on CPU tensors)."""
 
 DEVICE_MIN_IDS = 32_768
-"""Fewest per-call ids for which ``"auto"`` builds the lists on the GPU. The device path's
-launches cost about 0.8–1.6 ms whatever the size, the host's numpy work grows with the ids:
-on the H200 (``runs/results/constraints``) the host built 100 ids per request in 0.07–0.34 ms
-and 10,000 at batch 1 in 0.36 ms (device 0.76–1.62 and 0.89 ms), while 80,000 ids (10,000 at
-batch 8) took the host 3.8 ms and the device 1.6 ms."""
+"""Fewest per-call ids for which ``"auto"`` builds the lists on the GPU. The device path costs
+a few tenths of a millisecond whatever the size (staging, one copy, a graph replay, or some 60
+launches past :data:`GRAPH_MAX_IDS`), the host's numpy work grows with the ids: on the H200
+(``runs/results/constraints/74aa928``) the host built 100 ids per request in 0.03–0.15 ms at
+batch 1–32 and 10,000 at batch 1 in 0.13 ms (device 0.24–0.40 and 0.24 ms), while 80,000 ids
+(10,000 at batch 8) took the host 1.15 ms and the device 0.48 ms."""
 
 
 def listed_ids(allow_items, deny_items, batch: int) -> int:
