@@ -249,3 +249,28 @@ def test_cuda_graphed_build_equals_host_lists():
 
     graphs = [k for k in _TABLES[catalog._id_lookup] if isinstance(k, tuple) and k[0] == "graph"]
     assert len(graphs) == 3, graphs  # one per batch: every call fit the smallest capacity
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphed_build_under_concurrent_callers():
+    """Threads building lists of one shape at once (one on a stream of its own) each get
+    their own lists."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    g = np.random.default_rng(14)
+    catalog = catalog_of(500, 15)
+    ids, batch = catalog.item_ids, 4
+    calls = [[g.integers(-5, int(ids.max()) + 5, g.integers(0, 400)) for _ in range(batch)] for _ in range(24)]
+
+    def build(i):
+        stream = torch.cuda.Stream() if i % 2 else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            dev = build_lists_on("cuda", catalog, batch, None, calls[i])
+            host = dev.to_host()
+        return i, host
+
+    with ThreadPoolExecutor(4) as pool:
+        for i, got in pool.map(build, range(len(calls))):
+            want = build_lists(catalog, batch, None, calls[i])
+            assert got.offsets.tolist() == want.offsets.tolist() and got.rows.tolist() == want.rows.tolist(), i

@@ -22,6 +22,7 @@ capacity and the steps replay from a CUDA graph captured once per (batch, capaci
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -344,6 +345,7 @@ def _compact(rows: torch.Tensor, meta: torch.Tensor, mode_dev: torch.Tensor, glo
 GRAPH_MAX_IDS = 1 << 20
 """Most per-call ids whose device build is captured in a CUDA graph (:class:`GraphedBuild`);
 its buffers stay reserved per (batch, capacity), so the widest builds run eagerly."""
+_CAPTURE_LOCK = threading.Lock()
 
 
 class GraphedBuild:
@@ -380,6 +382,10 @@ class GraphedBuild:
         self.pending = False
         self.pad_id = table[0] - 1
         self.graph = self.outputs = None
+        # one call at a time: its staging, copy, replay and clones use the shared buffers
+        self.lock = threading.Lock()
+        self.done = torch.cuda.Event() if cuda else None
+        self.done_recorded = False
         if cuda:  # (on a CPU, as in the tests, every call builds eagerly from the same padded block)
             ids, meta, _ = self._views()
             meta[:, 1] = 0
@@ -397,9 +403,15 @@ class GraphedBuild:
 
     def __call__(self, id_parts: list, id_sizes: list, mode: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """``(offsets, rows)`` of the lists given as ``id_parts`` (int numpy arrays) owned by
-        ``id_sizes`` ``(request, kind, count)``, with the requests' ``mode``."""
+        ``id_sizes`` ``(request, kind, count)``, with the requests' ``mode``. Thread-safe."""
+        with self.lock:
+            return self._call(id_parts, id_sizes, mode)
+
+    def _call(self, id_parts: list, id_sizes: list, mode: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         if self.pending:
             self.copied.synchronize()
+        if self.done_recorded:  # a caller on another stream: its copy waits for the last clones
+            self.done.wait(torch.cuda.current_stream(self.block.device))
         c, r, host = self.capacity, self.runs, self._host
         total = sum(k for _, _, k in id_sizes)
         if total:
@@ -419,7 +431,10 @@ class GraphedBuild:
         self.pending = True
         self.graph.replay()
         offsets, rows = self.outputs
-        return offsets.clone(), rows.clone()
+        out = offsets.clone(), rows.clone()
+        self.done.record()
+        self.done_recorded = True
+        return out
 
 
 def _graphed_build(catalog, table, device, batch: int, total: int):
@@ -429,8 +444,9 @@ def _graphed_build(catalog, table, device, batch: int, total: int):
     capacity = max(DEVICE_MIN_IDS, 1 << max(total - 1, 0).bit_length())
     if capacity > GRAPH_MAX_IDS:
         return None
-    per_lookup = _TABLES.setdefault(catalog._id_lookup, {})
     key = ("graph", str(torch.device(device)), batch, capacity)
-    if key not in per_lookup:
-        per_lookup[key] = GraphedBuild(table, device, batch, catalog.n_items, capacity)
-    return per_lookup[key]
+    with _CAPTURE_LOCK:  # two threads never capture the same shape, nor at once
+        per_lookup = _TABLES.setdefault(catalog._id_lookup, {})
+        if key not in per_lookup:
+            per_lookup[key] = GraphedBuild(table, device, batch, catalog.n_items, capacity)
+        return per_lookup[key]
