@@ -357,7 +357,8 @@ class GraphedBuild:
     ``(request · 2 + kind, count)`` runs (padded with one run over the padding and empty
     runs) and the modes in one pinned block, copies it in with one non-blocking copy and
     replays the graph; the lists are clones of the graph's outputs, so a later build never
-    changes them. The pinned block is refilled only after its last copy finished.
+    changes them. Calls take turns, and one refills the buffers only after the previous
+    call's copy, replay and clones finished (whatever stream it ran on).
 
     Parameters
     ----------
@@ -378,14 +379,13 @@ class GraphedBuild:
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=cuda)
         self._host = self.host.numpy()
         self.block = torch.zeros(size, dtype=torch.int64, device=device)
-        self.copied = torch.cuda.Event() if cuda else None
-        self.pending = False
         self.pad_id = table[0] - 1
         self.graph = self.outputs = None
-        # one call at a time: its staging, copy, replay and clones use the shared buffers
+        # one call at a time: its staging, copy, replay and clones use the shared buffers,
+        # which the next call refills only once that work is done (``done``: a no-op to wait
+        # on before its first record)
         self.lock = threading.Lock()
         self.done = torch.cuda.Event() if cuda else None
-        self.done_recorded = False
         if cuda:  # (on a CPU, as in the tests, every call builds eagerly from the same padded block)
             ids, meta, _ = self._views()
             meta[:, 1] = 0
@@ -408,10 +408,8 @@ class GraphedBuild:
             return self._call(id_parts, id_sizes, mode)
 
     def _call(self, id_parts: list, id_sizes: list, mode: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.pending:
-            self.copied.synchronize()
-        if self.done_recorded:  # a caller on another stream: its copy waits for the last clones
-            self.done.wait(torch.cuda.current_stream(self.block.device))
+        if self.done is not None:
+            self.done.synchronize()
         c, r, host = self.capacity, self.runs, self._host
         total = sum(k for _, _, k in id_sizes)
         if total:
@@ -427,13 +425,10 @@ class GraphedBuild:
         self.block.copy_(self.host, non_blocking=True)
         if self.graph is None:
             return self._build(*self._views())
-        self.copied.record()
-        self.pending = True
         self.graph.replay()
         offsets, rows = self.outputs
         out = offsets.clone(), rows.clone()
         self.done.record()
-        self.done_recorded = True
         return out
 
 
