@@ -10,12 +10,13 @@ times and profiles the device build of 10,000 ids per request (``build_lists_on`
 """
 import time, statistics, numpy as np, torch
 from torch.profiler import profile, ProfilerActivity
-from zerogr_core.bench.live import _random_lists
 from zerogr_core.bench.methods import ReplayModel
 from zerogr_core.bench.workload import CatalogSpec, Workload
 from zerogr_core.decode.decoder import Decoder
 from zerogr_core.decode.list_buffers import load_lists
 from zerogr_core.decode.device_lists import build_lists_on
+
+from host_timeline_lists import wall_us  # runs/, the script's folder
 
 def host_us(fn, n=300):
     for _ in range(10): fn()
@@ -25,12 +26,10 @@ def host_us(fn, n=300):
     torch.cuda.synchronize()
     return statistics.median(ts) * 1e6
 
+
 def synced_us(fn, n=200):
-    for _ in range(10): fn(); torch.cuda.synchronize()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter(); fn(); torch.cuda.synchronize(); ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e6
+    return wall_us(fn, n, warmup=10)
+
 
 dev = torch.device("cuda")
 wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), dev)

@@ -22,7 +22,11 @@ from zerogr_core.bench.methods import ReplayModel
 from zerogr_core.bench.workload import CatalogSpec, Workload
 
 
-def wall_us(fn, calls: int = 50) -> float:
+def wall_us(fn, calls: int = 50, warmup: int = 0) -> float:
+    """Median wall time of ``fn`` in microseconds, the device synchronised after each call."""
+    for _ in range(warmup):
+        fn()
+        torch.cuda.synchronize()
     times = []
     for _ in range(calls):
         t = time.perf_counter()
