@@ -14,7 +14,8 @@ Per decoding step (docs/design.md §4), op (module):
 1. :func:`filter_slots` (``filtering``) - slot rows and the work queue, sparse or dense;
    with per-request lists, ``constraints.constrain_slots`` after it (and
    ``constraints.constrain_scored_slots`` after step 2 for catalog-normalised requests),
-   over the bitmap of listed rows that ``row_marks.mark_rows`` sets at the first step.
+   over the bitmap of listed rows that ``row_marks.mark_rows`` sets at the first step (deny
+   lists given as item ids are first turned into rows by ``deny_ids.deny_rows``).
 2. :func:`selective_proj` (``selective``), or :func:`shared_selective_proj`
    (``shared_selective``: one gather of a head row for the beams of several requests in one
    state, after :func:`group_beams` (``beam_groups``) sorts the beams by state), or

@@ -45,12 +45,13 @@ def _check_marks(marks, shift, device) -> None:
 
 
 @triton.jit
-def _mark_kernel(list_off_ptr, list_rows_ptr, marks_ptr, n_segments, mark_shift, BLOCK: tl.constexpr,
+def _mark_kernel(list_off_ptr, list_rows_ptr, marks_ptr, n_segments, mark_shift, n_words, BLOCK: tl.constexpr,
                  PDL: tl.constexpr):
     pdl_prologue(PDL)
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     used = (idx >= tl.load(list_off_ptr)) & (idx < tl.load(list_off_ptr + n_segments))
     g = tl.load(list_rows_ptr + idx, mask=used, other=0) >> mark_shift
+    used = used & ((g >> 5) < n_words)  # padding past the last row (kernels.deny_ids) marks nothing
     bit = (tl.zeros_like(g) + 1) << (g & 31)
     tl.atomic_or(marks_ptr + (g >> 5), bit.to(tl.uint32).to(tl.int32, bitcast=True), mask=used)
 
@@ -71,7 +72,7 @@ def mark_rows_triton(list_offsets: torch.Tensor, list_rows: torch.Tensor, marks:
     marks.zero_()
     if list_rows.numel():
         _mark_kernel[(cdiv(list_rows.numel(), MARK_BLOCK),)](
-            list_offsets, list_rows, marks, list_offsets.numel() - 1, mark_shift, BLOCK=MARK_BLOCK,
+            list_offsets, list_rows, marks, list_offsets.numel() - 1, mark_shift, marks.numel(), BLOCK=MARK_BLOCK,
             **pdl_args(list_rows.device))
     return marks
 
@@ -81,6 +82,7 @@ def mark_rows_reference(list_offsets: torch.Tensor, list_rows: torch.Tensor, mar
     """PyTorch reference of :func:`mark_rows` (same signature and output)."""
     _check_mark_args(list_offsets, list_rows, marks, mark_shift)
     granules = torch.unique(list_rows[int(list_offsets[0]):int(list_offsets[-1])] >> mark_shift)
+    granules = granules[(granules >> 5) < marks.numel()]
     words = torch.zeros(marks.numel(), dtype=torch.int64, device=marks.device)
     # distinct granules of a word own distinct bits, so their sum is their OR
     words.index_add_(0, granules >> 5, torch.ones_like(granules) << (granules & 31))
@@ -96,7 +98,8 @@ def mark_rows(list_offsets: torch.Tensor, list_rows: torch.Tensor, marks: torch.
 
 mark_rows.__doc__ = """The bitmap of every listed row, for the kernels' ``marks``: bit ``g & 31`` of word
     ``g >> 5`` is set when a row of granule ``g = row >> mark_shift`` is listed, in any
-    segment (the global list and every request's).
+    segment (the global list and every request's); a row past the bitmap's last word (the
+    padding of :func:`~zerogr_kernels.deny_ids.deny_rows`) marks nothing.
 
     Parameters
     ----------

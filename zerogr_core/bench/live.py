@@ -344,7 +344,7 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
             base = stats
         rec = dict(method="zerogr", path="public API", condition=label, list_kind=kind, normalise=normalise,
                    listed_per_request=count, valid=v["passed"], list_violations=violations,
-                   list_path=None if lists is None else ("host" if isinstance(lists.rows, np.ndarray) else "device"),
+                   list_path=_list_path(dec, batch, kind, kwargs, lists),
                    **built, **shape, **stats)
         if base is not None and kind != "none":
             rec.update(p50_ratio=stats["median_ms"] / base["median_ms"], p99_ratio=stats["p99_ms"] / base["p99_ms"])
@@ -352,6 +352,16 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
         line.append(f"{label}: p50={stats['median_ms']:.3f} ms" +
                     (f" ({rec['p50_ratio']:.2f}x)" if "p50_ratio" in rec else ""))
     s.log(f"[{suite}] public API {wl.spec.label} {ctx.label} beam {ctx.beam} batch {batch}: " + "; ".join(line))
+
+
+def _list_path(dec, batch: int, kind: str, kwargs: dict, lists) -> str | None:
+    """Where the timed call built its lists: "ids" (deny ids resolved in the decode's graph),
+    "host" or "device" (:meth:`Decoder.request_lists`), ``None`` without lists."""
+    if lists is None:
+        return None
+    if kind == "deny" and dec._deny_ids(batch, None, kwargs["deny_items"], kwargs["normalise"], None, None):
+        return "ids"
+    return "host" if isinstance(lists.rows, np.ndarray) else "device"
 
 
 def suite_live(s, suite: str) -> None:

@@ -336,7 +336,8 @@ class Decoder:
                 if standing is not None:
                     return self._decode_standing(standing, model, batch_size, deny_items, normalise,
                                                  timer=timer, on_step=on_step)
-            lists = self.request_lists(batch_size, allow_items, deny_items, normalise=normalise)
+            lists = self._deny_ids(batch_size, allow_items, deny_items, normalise, timer, on_step) or \
+                self.request_lists(batch_size, allow_items, deny_items, normalise=normalise)
         if lists is not None:
             self._check_constrainable(lists, batch_size)
             if lists.empty:  # nothing listed: the list-free path (and its graph)
@@ -371,6 +372,20 @@ class Decoder:
             rows = resolve_rows(self.index, flat).reshape(result.item_rows.shape)
             result.item_rows = torch.where(result.scores > float("-inf"), rows, -1)
         return result
+
+    def _deny_ids(self, batch_size: int, allow_items, deny_items, normalise: str, timer, on_step):
+        """Deny ids the engine resolves inside its graph (:mod:`zerogr_core.decode.id_lists`),
+        when the call can use them: the GPU engine decodes it, nothing is allowed, and the
+        deny lists are short integer id arrays on a catalog with a dense id table."""
+        if self.gpu_engine is None or timer is not None or on_step is not None or self.catalog is None \
+                or self.list_path != "auto":
+            return None
+        if allow_items is not None and (isinstance(allow_items, (str, bytes)) or not hasattr(allow_items, "__len__")
+                                        or len(allow_items) != batch_size or any(a is not None for a in allow_items)):
+            return None
+        from .id_lists import deny_ids
+
+        return deny_ids(self.catalog, self.index.device, batch_size, deny_items, normalise)
 
     def _check_constrainable(self, lists, batch_size: int) -> None:
         from ..index.host_trie import HostTrie

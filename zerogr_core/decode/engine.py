@@ -177,7 +177,7 @@ class ShapeState:
     """Static buffers, runners and beam loop of one (batch, beam, dtype, H) shape."""
 
     def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption], capacity: int = 0,
-                 normalise: str = "request"):
+                 normalise: str = "request", ids=None):
         self.batch = batch
         index = engine.index
         self.runners = [engine.step_runner(level, option, batch) for level, option in enumerate(options)]
@@ -185,7 +185,7 @@ class ShapeState:
         if capacity:
             from .list_buffers import attach_lists
 
-            self.lists = attach_lists(self.runners, index, batch, capacity, normalise)
+            self.lists = attach_lists(self.runners, index, batch, capacity, normalise, ids)
         self.loop = BeamLoop(self.runners, batch, engine.beam_width, engine.heads.hidden_size, engine.heads.dtype,
                              index.device)
         self.prefixes = self.loop.prefixes
@@ -401,15 +401,18 @@ class GpuEngine:
         """The shape with static list buffers that hold ``lists`` (grown and re-captured
         when a call lists more rows than its capacity), with ``lists`` copied in. Each
         normalisation has its own shape, so request-normalised lists never run the
-        catalog-normalised pass."""
+        catalog-normalised pass; deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`) have
+        one per width, which resolves them on the device."""
         from .list_buffers import capacity_for, load_lists
 
-        key = self.key(batch) + ("lists", lists.normalise)
+        width = getattr(lists, "width", 0)
+        key = self.key(batch) + ("lists", lists.normalise) + ((width,) if width else ())
         shape = self._shapes.get(key)
-        if shape is None or shape.capacity < lists.total_rows:
+        if shape is None or shape.capacity < lists.total_rows or (width and shape.lists.table is not lists.table):
             plan = self.plan(model, batch)
-            shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity_for(lists.total_rows),
-                               lists.normalise)
+            capacity = lists.total_rows if width else capacity_for(lists.total_rows)
+            shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity, lists.normalise,
+                               lists if width else None)
             self._shapes[key] = shape
         load_lists(shape.lists, lists)
         return shape

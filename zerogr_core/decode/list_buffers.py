@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from zerogr_kernels.constraints import constrain_scored_slots, constrain_slots, search_iterations
+from zerogr_kernels.deny_ids import deny_rows
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
@@ -41,32 +42,46 @@ class ListBuffers:
     copies only the per-request rows. ``marks`` is the bitmap of the listed rows
     (:class:`RowMarks` over ``n_rows`` catalog rows), which the first step of every replay
     refills from the rows.
+
+    With ``width`` (deny ids, :class:`~zerogr_core.decode.id_lists.DenyIds`) the header also
+    holds the offsets of each request's ids, which follow it back to back, request
+    ``r``'s rows are ``rows[r * width:(r + 1) * width]`` (no global list), and the replay's
+    first kernel writes them from the ids (:func:`zerogr_kernels.deny_ids.deny_rows`).
     """
 
-    def __init__(self, batch: int, capacity: int, device, n_rows: int = 1):
+    def __init__(self, batch: int, capacity: int, device, n_rows: int = 1, width: int = 0):
         device = torch.device(device)
-        self.batch, self.capacity = batch, capacity
+        self.batch, self.capacity, self.width = batch, capacity, width
         self.marks = RowMarks(n_rows, device)
-        self.header = 2 * batch + 2
-        size = self.header + capacity
+        # width mode (deny ids, :mod:`.id_lists`): the ids' offsets in the header too, then the ids
+        self.header = 3 * batch + 3 if width else 2 * batch + 2
+        rows_at = self.header + batch * width
+        size = rows_at + capacity
         self.block = torch.zeros(size, dtype=torch.int64, device=device)
         self.offsets = self.block[:batch + 2]
-        self.mode = self.block[batch + 2:self.header].view(torch.int32)[:batch]
-        self.rows = self.block[self.header:]
+        self.mode = self.block[batch + 2:2 * batch + 2].view(torch.int32)[:batch]
+        self.id_offsets = self.block[2 * batch + 2:self.header]
+        self.ids = self.block[self.header:rows_at]
+        self.rows = self.block[rows_at:]
         cuda = device.type == "cuda"
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=cuda)
         self._host = self.host.numpy()
-        self._host_mode = self._host[batch + 2:self.header].view(np.int32)[:batch]
+        self._host_mode = self._host[batch + 2:2 * batch + 2].view(np.int32)[:batch]
+        if width:  # request r's rows are always rows[r * width:(r + 1) * width]: no global list
+            self._host[1:batch + 2] = np.arange(batch + 1, dtype=np.int64) * width
         # the last copies out of ``host``: refilled only once they are done
         self.copied = torch.cuda.Event() if cuda else None
         self.pending = False
         self.loaded_glob = None
+        self.table = None  # width mode: the id table the captured graph reads
 
     def load(self, lists: "RequestLists") -> None:
         """Stage ``lists`` in the pinned block and copy them in, stream-ordered before the
         replay that reads them (no host synchronisation but the previous copy's)."""
         if self.pending:
             self.copied.synchronize()
+        if self.width:
+            return self._load_ids(lists)
         if isinstance(lists.rows, torch.Tensor):
             return self._load_device(lists)
         b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.size)
@@ -91,6 +106,19 @@ class ListBuffers:
             self.pending = True
 
 
+    def _load_ids(self, lists) -> None:
+        """Deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`): the header and the ids
+        back to back in the pinned block, then one copy of both."""
+        host, b, h = self._host, self.batch, self.header
+        lists.device_mode(out=self._host_mode)
+        np.cumsum(lists.counts, out=host[2 * b + 3:h])
+        n = lists.ids.size
+        host[h:h + n] = lists.ids
+        self.block[:h + n].copy_(self.host[:h + n], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+            self.pending = True
+
     def _load_device(self, lists) -> None:
         """Lists built on the device (:class:`~zerogr_core.decode.device_lists.DeviceRequestLists`):
         the modes and a changed global list cross from the pinned block, the offsets and
@@ -113,7 +141,8 @@ class ListBuffers:
             self.pending = True
 
 
-def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise: str = "request") -> ListBuffers:
+def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise: str = "request",
+                 ids=None) -> ListBuffers:
     """Give each engine step runner a constraint over shared static list buffers.
 
     The buffers live as long as the shape; :func:`load_lists` refills them before a
@@ -121,18 +150,25 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     capacity, never one call's lists, so the graph stays valid for every fill. Under
     ``normalise="catalog"`` the runners also get the pass after projection
     (:func:`~zerogr_kernels.constraints.constrain_scored_slots`); the shape then serves
-    catalog-normalised lists only.
+    catalog-normalised lists only. With ``ids`` (a :class:`~zerogr_core.decode.id_lists.DenyIds`)
+    the buffers take deny ids of its width, looked up in its id table, which the shape keeps.
     """
     catalog = normalise == "catalog"
     dev = index.device
-    buffers = ListBuffers(batch, capacity, dev, index.n_items)
+    width = ids.width if ids is not None else 0
+    buffers = ListBuffers(batch, capacity, dev, index.n_items, width)
+    if ids is not None:
+        buffers.table, base = ids.table, ids.base
     starts = row_starts(index)
     n_iter = search_iterations(capacity)
     marks = buffers.marks
 
     def make(level: int, beams: int):
         def constrain(slots) -> None:
-            if level == 0:  # the decode's first use of this call's lists: mark their rows
+            if level == 0:  # the decode's first use of this call's lists: resolve ids, mark rows
+                if width:
+                    deny_rows(buffers.ids, buffers.id_offsets, width, buffers.table, base, buffers.rows,
+                              buffers.offsets, index.n_items)
                 marks.mark(buffers.offsets, buffers.rows)
             constrain_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level], buffers.offsets,
                             buffers.rows, buffers.mode, beams, n_iter, defer=catalog, **marks.args)
@@ -155,4 +191,6 @@ def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
         raise ZeroGRError(f"{lists.total_rows} listed rows exceed the buffer capacity {buffers.capacity}")
     if lists.batch != buffers.mode.shape[0]:
         raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.mode.shape[0]}")
+    if getattr(lists, "width", 0) != buffers.width:
+        raise ZeroGRError(f"lists of {getattr(lists, 'width', 0)} ids per request, the shape takes {buffers.width}")
     buffers.load(lists)

@@ -1,0 +1,125 @@
+"""Per-call deny lists from raw item ids, turned into sorted catalog rows inside the decode.
+
+A deny-only call ships each request's ids as they came, back to back (request ``r``'s are
+``ids[id_offsets[r]:id_offsets[r + 1]]``, at most ``W`` of them), and nothing else: the id → row lookup, the sort and the removal
+of repeats, which the host would otherwise do before the decode could start, run here as the
+first kernel of the captured graph, one program per request. Request ``r``'s rows go to
+``rows[offsets[r + 1]:offsets[r + 1] + W]``: its distinct catalog rows in ascending order,
+then ``n_rows`` (one past the last row) in every place left over, ids that are not in the
+catalog included. :func:`zerogr_kernels.constraints.constrain_slots` reads such a segment as
+it is: ``n_rows`` lies in no prefix's row range, so it is never counted nor found, and a
+lower-bound search in a sorted segment stops before it.
+
+The lookup is the catalog's dense table (``table[id - base]`` is the row of ``id``, -1 where
+the table has a hole); ids outside the table are misses too.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
+
+MAX_WIDTH = 2048
+"""Widest padded id row (ids per request, a power of two) one program sorts in registers."""
+
+
+@triton.jit
+def _deny_rows_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rows_ptr, offsets_ptr, n_rows,
+                      W: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, W)
+    first = tl.load(id_off_ptr + r)
+    given = k < tl.load(id_off_ptr + r + 1) - first
+    pos = tl.load(ids_ptr + first + k, mask=given, other=0) - base
+    inside = given & (pos >= 0) & (pos < table_size)
+    row = tl.load(table_ptr + pos, mask=inside, other=-1).to(tl.int64)
+    row = tl.sort(tl.where(row >= 0, row, n_rows))
+    out = rows_ptr + tl.load(offsets_ptr + r + 1)
+    tl.store(out + k, row)
+    tl.debug_barrier()  # the sorted row is read back, shifted by one, across the program's threads
+    prev = tl.load(out + k - 1, mask=k > 0, other=-1)
+    keep = (row != prev) & (row < n_rows)
+    place = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    n_keep = tl.sum(keep.to(tl.int32), axis=0)
+    tl.debug_barrier()  # every thread has read before any overwrites
+    tl.store(out + place, row, mask=keep)
+    tl.store(out + k, tl.zeros_like(row) + n_rows, mask=k >= n_keep)
+
+
+def _check(ids, id_offsets, width, table, rows, offsets) -> None:
+    check_tensor("ids", ids, dtypes=(torch.int64,), ndim=1, contiguous=True)
+    dev = ids.device
+    if not isinstance(width, int) or width < 1 or width & (width - 1) or width > MAX_WIDTH:
+        raise ValueError(f"width must be a power of two at most {MAX_WIDTH}, got {width!r}")
+    check_tensor("id_offsets", id_offsets, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
+    batch = id_offsets.shape[0] - 1
+    check_tensor("table", table, dtypes=(torch.int32, torch.int64), ndim=1, device=dev, contiguous=True)
+    check_tensor("rows", rows, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
+    check_tensor("offsets", offsets, dtypes=(torch.int64,), ndim=1, device=dev, shape=(batch + 2,),
+                 contiguous=True)
+
+
+def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
+                     rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """Triton implementation of :func:`deny_rows` (one launch, no host synchronisation)."""
+    _check(ids, id_offsets, width, table, rows, offsets)
+    batch = id_offsets.shape[0] - 1
+    if batch:
+        _deny_rows_kernel[(batch,)](ids, id_offsets, table, table.numel(), int(base), rows, offsets, int(n_rows),
+                                    W=width, num_warps=4, **pdl_args(ids.device))
+    return rows
+
+
+def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
+                        rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """PyTorch reference of :func:`deny_rows` (same signature and output)."""
+    _check(ids, id_offsets, width, table, rows, offsets)
+    for r in range(id_offsets.shape[0] - 1):
+        first = int(id_offsets[r])
+        pos = ids[first:first + min(int(id_offsets[r + 1]) - first, width)] - int(base)
+        pos = pos[(pos >= 0) & (pos < table.numel())]
+        found = table[pos].to(torch.int64)
+        found = torch.unique(found[found >= 0])  # sorted
+        start = int(offsets[r + 1])
+        rows[start:start + width] = n_rows
+        rows[start:start + found.numel()] = found
+    return rows
+
+
+def deny_rows(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
+              rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
+    fn = deny_rows_triton if use_triton(ids) else deny_rows_reference
+    return fn(ids, id_offsets, width, table, base, rows, offsets, n_rows)
+
+
+deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog rows, padded with ``n_rows``.
+
+    Parameters
+    ----------
+    ids : torch.Tensor
+        ``(n,)`` int64 item ids; request ``r`` lists ``ids[id_offsets[r]:id_offsets[r + 1]]``
+        (in any order, repeats and unknown ids allowed).
+    id_offsets : torch.Tensor
+        ``(batch + 1,)`` int64, non-decreasing, each request's count at most ``width``.
+    width : int
+        A power of two, at most :data:`MAX_WIDTH`: the rows each request's output holds.
+    table : torch.Tensor
+        ``(T,)`` int32 or int64: the row of id ``v`` is ``table[v - base]`` (-1: not in the catalog).
+    base : int
+        The smallest id of the table.
+    rows : torch.Tensor
+        ``(capacity,)`` int64 output; request ``r``'s ``width`` entries start at ``offsets[r + 1]``.
+    offsets : torch.Tensor
+        ``(batch + 2,)`` int64, as :func:`~zerogr_kernels.constraints.constrain_slots` takes them
+        (entry 0 starts the global segment, which this op leaves alone).
+    n_rows : int
+        The catalog's rows: the padding value, past every real row.
+
+    Returns
+    -------
+    torch.Tensor
+        ``rows``.
+    """

@@ -1,0 +1,89 @@
+"""Where a constrained public-API call spends the host time that an engine call with prebuilt
+lists does not (search-like catalog of 2·10^7 SIDs, FP16, H 1,024, beam 128, 100 denied ids per
+request, batch 1 / 8 / 32).
+
+    python runs/host_api_lists.py        (on a GPU, from the repository root)
+
+Per batch: whole calls synchronised after each (``Decoder.decode`` with ``deny_items``; the same
+call split by hand into ``request_lists`` and ``GpuEngine.decode``; the engine with prebuilt lists),
+then ``cProfile`` of 200 public-API calls, the functions with the most own time first, and the
+kernels of 20 public-API calls with and without lists (``torch.profiler``, device time per call).
+"""
+import cProfile
+import pstats
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+from zerogr_core.bench.methods import ReplayModel
+from zerogr_core.bench.workload import CatalogSpec, Workload
+from torch.profiler import ProfilerActivity, profile
+
+from zerogr_core.decode.decoder import Decoder
+
+from host_timeline_lists import wall_us  # runs/, the script's folder
+
+
+def main() -> None:
+    wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), torch.device("cuda"))
+    cat = wl.catalog
+    for batch in (1, 8, 32):
+        ctx = wl.context("fp16", 1024, 128, batch, n_sets=1)
+        eng = ctx.engine
+        dec = Decoder(wl.index, beam_width=128, catalog=cat, **wl.decoder_heads(ctx.heads))
+        dec.gpu_engine = eng
+        model = ReplayModel(ctx.sets, batch)
+        rng = np.random.default_rng(0)
+        ids = [cat.item_ids[rng.integers(0, cat.n_items, 100)] for _ in range(batch)]
+        lists = dec.request_lists(batch, deny_items=ids)
+
+        def api():
+            return dec.decode(model, batch, deny_items=ids).item_rows.cpu()
+
+        def split():
+            built = dec.request_lists(batch, deny_items=ids)
+            return eng.decode(model, batch, lists=built).item_rows.cpu()
+
+        rows = {
+            "api none": lambda: dec.decode(model, batch).item_rows.cpu(),
+            "api deny100": api,
+            "request_lists + engine": split,
+            "engine prebuilt": lambda: eng.decode(model, batch, lists=lists).item_rows.cpu(),
+            "engine none": lambda: eng.decode(model, batch).item_rows.cpu(),
+        }
+        print(f"--- batch {batch}, 100 denied ids per request (median of 200 synchronised calls)", flush=True)
+        for name, fn in rows.items():
+            print(f"   {name:28s} {wall_us(fn, 200, warmup=10):8.1f} us", flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            api()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        for name, fn in (("none", rows["api none"]), ("deny100", api)):
+            kernel_table(f"batch {batch} api {name}", fn)
+        ctx.release()
+
+
+def kernel_table(title: str, fn, calls: int = 20) -> None:
+    """Device time per call of each kernel (and copy) that ``calls`` calls of ``fn`` ran."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total, count = defaultdict(float), defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            total[ev.name] += ev.device_time / calls
+            count[ev.name] += 1
+    print(f"--- kernels of {title}: {sum(total.values()):.1f} us of device time per call", flush=True)
+    for name in sorted(total, key=total.get, reverse=True)[:16]:
+        print(f"   {total[name]:8.1f} us  {count[name] / calls:5.1f}x  {name[:90]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Deny lists shipped as raw ids: the kernel that resolves them equals its reference, and
+the engine decodes them exactly as the host-built lists of the same ids."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zerogr_core import Decoder, build_index
+from zerogr_core.decode.id_lists import MIN_WIDTH, DenyIds, deny_ids
+from zerogr_core.decode.device_lists import device_id_table
+from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows, deny_rows_reference, deny_rows_triton
+
+from test_constraints import Model, gpu_case
+from test_device_lists import catalog_of
+
+
+def case(seed, batch, width, n_ids, table_size, base):
+    """``deny_rows``'s arguments: ids with repeats and misses below, inside and above the
+    table, a table with holes, and rows that start after 5 entries the op must leave alone."""
+    g = np.random.default_rng(seed)
+    n_known = table_size * 2 // 3
+    table = np.full(table_size, -1, dtype=np.int32)
+    table[g.choice(table_size, n_known, replace=False)] = g.permutation(n_known).astype(np.int32)
+    counts = g.integers(0, min(n_ids, width) + 1, batch)
+    ids = g.integers(base - 3, base + table_size + 3, int(counts.sum()) + 4)  # 4 more past the last
+    id_offsets = np.concatenate([[0], np.cumsum(counts)])
+    offsets = np.concatenate([[0, 0], np.arange(1, batch + 1) * width]) + 5
+    t = torch.from_numpy
+    return (t(ids.astype(np.int64)), t(id_offsets.astype(np.int64)), width, t(table), base,
+            torch.full((batch * width + 7,), -9, dtype=torch.int64), t(offsets.astype(np.int64)), n_known)
+
+
+def run(fn, args):
+    out = list(args)
+    out[5] = args[5].clone()
+    return fn(*out)
+
+
+@pytest.mark.parametrize("batch,width,n_ids,table_size,base", [
+    (1, 16, 0, 10, 0), (3, 16, 16, 40, 7), (5, 64, 40, 30, -4), (2, 128, 128, 1000, 100), (1, 16, 9, 3, 0)])
+def test_kernel_matches_reference(batch, width, n_ids, table_size, base):
+    for seed in range(3):
+        args = case(seed, batch, width, n_ids, table_size, base)
+        want, got = run(deny_rows_reference, args), run(deny_rows_triton, args)
+        bad = (want != got).nonzero().flatten()
+        assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}: {got[bad[:5]].tolist()} != {want[bad[:5]].tolist()}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**6), st.integers(1, 4), st.sampled_from([16, 32]), st.integers(1, 60))
+def test_reference_rows_are_each_requests_distinct_known_rows(seed, batch, width, table_size):
+    ids, id_offsets, width, table, base, rows, offsets, n_rows = case(seed, batch, width, width, table_size, 2)
+    deny_rows(ids, id_offsets, width, table, base, rows, offsets, n_rows)
+    assert (rows[:5] == -9).all() and (rows[5 + batch * width:] == -9).all()  # nothing else written
+    for r in range(batch):
+        seg = rows[int(offsets[r + 1]):int(offsets[r + 1]) + width].numpy()
+        given_ids = ids[int(id_offsets[r]):int(id_offsets[r + 1])].numpy() - base
+        inside = given_ids[(given_ids >= 0) & (given_ids < table_size)]
+        want = np.unique(table.numpy()[inside])
+        want = want[want >= 0]
+        assert seg[:want.size].tolist() == want.tolist()
+        assert (seg[want.size:] == n_rows).all()
+
+
+def test_kernel_rejects_bad_arguments():
+    ids, id_offsets, width, table, base, rows, offsets, n_rows = case(0, 2, 16, 4, 10, 0)
+    with pytest.raises(ValueError, match="power of two"):
+        deny_rows(ids, id_offsets, 12, table, base, rows, offsets, n_rows)
+    with pytest.raises(ValueError, match="offsets"):
+        deny_rows(ids, id_offsets, width, table, base, rows, offsets[:3], n_rows)
+
+
+def test_calls_that_do_not_qualify_keep_the_host_lists():
+    catalog = catalog_of(100, 1)
+    ids = catalog.item_ids
+    assert deny_ids(catalog, "cpu", 2, [ids[:3], None], "request").width == MIN_WIDTH
+    assert deny_ids(catalog, "cpu", 2, [ids[:40], list(ids[:3])], "request").width == 64
+    assert deny_ids(catalog, "cpu", 2, "reg", "request") is None  # a registered name
+    assert deny_ids(catalog, "cpu", 2, [ids[:3], "reg"], "request") is None
+    assert deny_ids(catalog, "cpu", 2, [ids[:3]], "request") is None  # the wrong length: refused elsewhere
+    assert deny_ids(catalog, "cpu", 1, [ids.astype(str)[:3]], "request") is None  # ids given as strings
+    assert deny_ids(catalog, "cpu", 1, [np.arange(MAX_WIDTH + 1)], "request") is None
+    assert deny_ids(catalog, "cpu", 2, [ids[:3], 7], "request") is None  # a bare id: refused elsewhere
+    assert deny_ids(catalog, "cpu", 1, [np.ones((2, 2), dtype=np.int64)], "request") is None
+    assert deny_ids(catalog, "cpu", 1, [[0.5, 2.0]], "request") is None
+
+
+@pytest.mark.parametrize("normalise", ["request", "catalog"])
+@pytest.mark.parametrize("plan", [["selective", "full", "selective"], ["full", "selective", "full"]])
+def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
+    from zerogr_core.decode.engine import GpuEngine
+    from zerogr_core.decode.heads import Heads
+
+    catalog = catalog_of(300, 5)
+    sizes = catalog.codebook_sizes
+    index = build_index(catalog)
+    heads = [torch.randn(s, 6, generator=torch.Generator().manual_seed(s)) for s in sizes]
+    model = Model(sizes, 6, 3, 9)
+    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 5, plan_override=plan, use_graph=False)
+    ref = Decoder(index, heads, 5, projection=plan, catalog=catalog, engine="reference")
+    ids = catalog.item_ids
+    g = np.random.default_rng(3)
+    # repeats, misses, an empty list, whole prefixes denied, then a wider call
+    calls = [[ids[:20], None, np.array([ids[7], ids[7], -1, 10**9])],
+             [np.array([], dtype=np.int64), ids[g.permutation(300)[:15]], ids[::11]],
+             [ids[:250], ids[50:60], None]]
+    for deny in calls:
+        fast = deny_ids(catalog, "cpu", 3, deny, normalise)
+        assert isinstance(fast, DenyIds)
+        host = ref.request_lists(3, None, deny, normalise=normalise, path="host")
+        got = engine.decode(model, 3, lists=fast)
+        want = ref.decode(model, 3, lists=host)
+        assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
+        torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("width", [16, 128, 1024, MAX_WIDTH])
+def test_cuda_kernel_matches_reference(width):
+    for seed in range(3):
+        args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case(seed, 9, width, width, 5 * width, 11)]
+        want, got = run(deny_rows_reference, args), run(deny_rows_triton, args)
+        bad = (want != got).nonzero().flatten()
+        assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_public_api_deny_ids_equal_host_lists():
+    """Through ``Decoder.decode`` (a captured graph, ids resolved in it): the same items and
+    scores as the host-built lists of the same ids, and none of them denied."""
+    g, catalog, index, heads, hidden_fn = gpu_case()
+    dec = Decoder(index, heads, 16, engine="graph", catalog=catalog)
+    ids, n = catalog.item_ids, catalog.n_items
+    for batch, normalise in ((1, "request"), (4, "request"), (4, "catalog"), (3, "request")):
+        for widths in ((5, 0, 100, 2000), (2048, 17, 1, 0)):
+            deny = [ids[g.choice(n, widths[r % 4], replace=True)] if widths[r % 4] else None for r in range(batch)]
+            assert isinstance(deny_ids(catalog, "cuda", batch, deny, normalise), DenyIds)
+            got = dec.decode(hidden_fn, batch, deny_items=deny, normalise=normalise)
+            assert dec.gpu_engine.graph_error is None
+            host = dec.request_lists(batch, None, deny, normalise=normalise, path="host")
+            want = dec.gpu_engine.decode(hidden_fn, batch, lists=host)
+            assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
+            torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
+            rows = got.item_rows.cpu().numpy()
+            for r in range(batch):
+                assert host.allows(r, rows[r][rows[r] >= 0]).all()

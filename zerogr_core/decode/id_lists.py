@@ -1,0 +1,109 @@
+"""Deny lists that cross to the GPU as the ids the caller gave, resolved inside the decode.
+
+A call that only denies (no allow list, no registered name) of at most
+:data:`~zerogr_kernels.deny_ids.MAX_WIDTH` integer ids per request, on a catalog with a dense
+id table, skips the host's lookup and sort (:func:`~zerogr_core.decode.constraints.build_lists`):
+:class:`DenyIds` holds the ids per request, the engine's list buffers stage them in one padded
+``(batch, W)`` block and copy it, and the captured graph's first kernel
+(:func:`zerogr_kernels.deny_ids.deny_rows`) turns each row into the request's sorted,
+distinct catalog rows. What the host still does per call is a copy of the ids into pinned
+memory; what the decode returns is the same as with :class:`RequestLists` of the same ids.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from zerogr_kernels.constraints import CATALOG_NORMALISED
+from zerogr_kernels.deny_ids import MAX_WIDTH
+
+MIN_WIDTH = 16
+"""Narrowest padded id row: shapes differ only past it, by powers of two."""
+
+
+@dataclass
+class DenyIds:
+    """Each request's deny ids as given, for the engine (:class:`ListBuffers` width mode).
+
+    Attributes
+    ----------
+    ids : np.ndarray, shape (n,), integer
+        Every request's ids back to back (ids not in the catalog are skipped).
+    counts : np.ndarray, shape (batch,), int64
+        Ids per request.
+    width : int
+        A power of two, at least every count: the rows each request's list holds on the device.
+    table : torch.Tensor, shape (T,), int32 or int64, on the device
+        The catalog's id → row table (:func:`~zerogr_core.decode.device_lists.device_id_table`).
+    base : int
+        The table's smallest id.
+    n_rows : int
+        Catalog rows.
+    normalise : {"request", "catalog"}
+    """
+
+    ids: np.ndarray
+    counts: np.ndarray
+    width: int
+    table: torch.Tensor
+    base: int
+    n_rows: int
+    normalise: str = "request"
+
+    @property
+    def batch(self) -> int:
+        return int(self.counts.shape[0])
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing is listed (ids that all miss the catalog still count as listed)."""
+        return not self.ids.size
+
+    @property
+    def catalog_normalised(self) -> bool:
+        return self.normalise == "catalog"
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of the device buffer: ``width`` per request."""
+        return self.batch * self.width
+
+    @property
+    def mode(self) -> np.ndarray:
+        """``(batch,)`` int32 zeros: every request denies."""
+        return np.zeros(self.batch, dtype=np.int32)
+
+    def device_mode(self, out: np.ndarray) -> np.ndarray:
+        """The kernels' mode bits (deny, and the catalog bit when so normalised) into ``out``."""
+        out[:] = CATALOG_NORMALISED if self.catalog_normalised else 0
+        return out
+
+
+def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds | None:
+    """:class:`DenyIds` of a call, or ``None`` when the call does not qualify (the caller then
+    builds :class:`~zerogr_core.decode.constraints.RequestLists`): a catalog with a dense
+    integer id table, and ``deny_items`` a sequence of ``batch`` entries that are each ``None``
+    or integer ids, at most :data:`~zerogr_kernels.deny_ids.MAX_WIDTH` of them."""
+    from .device_lists import device_id_table
+
+    if isinstance(deny_items, (str, bytes)) or not hasattr(deny_items, "__len__") or len(deny_items) != batch:
+        return None
+    try:  # a few whole-batch calls, not a loop of checks per request
+        counts = np.fromiter((0 if e is None else len(e) for e in deny_items), dtype=np.int64, count=batch)
+        parts = [e for e in deny_items if e is not None]
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    except (TypeError, ValueError):  # a name, a bare id, arrays of other shapes: the host path decides
+        return None
+    longest = int(counts.max(initial=0))
+    # a name among arrays fails to concatenate, names alone concatenate as text
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu") or longest > MAX_WIDTH:
+        return None
+    lookup = device_id_table(catalog, device)
+    if lookup is None:
+        return None
+    width = MIN_WIDTH
+    while width < longest:
+        width *= 2
+    return DenyIds(ids, counts, width, lookup[1], lookup[0], catalog.n_items, normalise)
