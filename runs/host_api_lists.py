@@ -2,7 +2,7 @@
 lists does not (search-like catalog of 2·10^7 SIDs, FP16, H 1,024, beam 128, 100 denied ids per
 request, batch 1 / 8 / 32).
 
-    python runs/host_api_lists.py        (on a GPU, from the repository root)
+    python runs/host_api_lists.py [BATCHES] [--no-cprofile]     (on a GPU, from runs/)
 
 Per batch: whole calls synchronised after each (``Decoder.decode`` with ``deny_items``; the same
 call split by hand into ``request_lists`` and ``GpuEngine.decode``; the engine with prebuilt lists),
@@ -11,6 +11,7 @@ kernels of 20 public-API calls with and without lists (``torch.profiler``, devic
 """
 import cProfile
 import pstats
+import sys
 from collections import defaultdict
 
 import numpy as np
@@ -26,9 +27,11 @@ from host_timeline_lists import wall_us  # runs/, the script's folder
 
 
 def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    batches = [int(b) for b in args[0].split(",")] if args else [1, 8, 32]
     wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), torch.device("cuda"))
     cat = wl.catalog
-    for batch in (1, 8, 32):
+    for batch in batches:
         ctx = wl.context("fp16", 1024, 128, batch, n_sets=1)
         eng = ctx.engine
         dec = Decoder(wl.index, beam_width=128, catalog=cat, **wl.decoder_heads(ctx.heads))
@@ -55,12 +58,13 @@ def main() -> None:
         print(f"--- batch {batch}, 100 denied ids per request (median of 200 synchronised calls)", flush=True)
         for name, fn in rows.items():
             print(f"   {name:28s} {wall_us(fn, 200, warmup=10):8.1f} us", flush=True)
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            api()
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        if "--no-cprofile" not in sys.argv:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(200):
+                api()
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         for name, fn in (("none", rows["api none"]), ("deny100", api)):
             kernel_table(f"batch {batch} api {name}", fn)
         ctx.release()
