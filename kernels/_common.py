@@ -1,6 +1,8 @@
 """Helpers shared by the kernel modules: dispatch, argument checks, block sizes, launch options."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 
 import torch
@@ -82,6 +84,19 @@ def check_out(out, specs) -> None:
 
 
 _CAPABILITY: dict = {}
+_PDL_OFF = contextvars.ContextVar("zerogr_pdl_off", default=False)
+
+
+@contextlib.contextmanager
+def pdl_disabled(off: bool = True):
+    """Within the block (when ``off``), this thread's launches go without PDL, whatever
+    :func:`pdl_enabled` would say: a graph captured inside keeps its kernels without it."""
+    token = _PDL_OFF.set(bool(off))
+    try:
+        yield
+    finally:
+        _PDL_OFF.reset(token)
+
 
 
 def pdl_enabled(device: torch.device) -> bool:
@@ -92,8 +107,10 @@ def pdl_enabled(device: torch.device) -> bool:
     for that kernel's completion and memory (``griddepcontrol.wait``), so only the launch
     latency between the two overlaps, which is most of a small kernel's cost in a captured
     decode. ``ZEROGR_PDL=0`` turns it off; ``ZEROGR_PDL=force`` turns it on whatever the
-    device (the offline compile test, which has none).
+    device (the offline compile test, which has none). Inside :func:`pdl_disabled`, off.
     """
+    if _PDL_OFF.get():
+        return False
     mode = os.environ.get("ZEROGR_PDL", "1")
     if mode == "force":
         return True

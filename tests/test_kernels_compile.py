@@ -244,13 +244,18 @@ def test_every_launched_specialisation_compiles_for_hopper():
 def test_pdl_switch(monkeypatch):
     import torch
 
-    from zerogr_kernels._common import pdl_args, pdl_enabled
+    from zerogr_kernels._common import pdl_args, pdl_disabled, pdl_enabled
 
     cpu = torch.device("cpu")
     monkeypatch.setenv("ZEROGR_PDL", "1")
     assert not pdl_enabled(cpu) and pdl_args(cpu) == {"PDL": False}
     monkeypatch.setenv("ZEROGR_PDL", "force")
     assert pdl_args(cpu) == {"PDL": True, "launch_pdl": True}
+    with pdl_disabled():  # what a constrained graph of a large batch is captured under
+        assert pdl_args(cpu) == {"PDL": False}
+        with pdl_disabled(False):
+            assert pdl_enabled(cpu)
+    assert pdl_enabled(cpu)
     monkeypatch.setenv("ZEROGR_PDL", "0")
     assert not pdl_enabled(torch.device("cuda", 0))    # off before any device query
 

@@ -32,6 +32,8 @@ import torch
 from zerogr_kernels import (TOPK_PATHS, BeamGroups, FilterOut, TopkOut, filter_slots, full_proj, group_beams,
                             log_softmax_slots, selective_proj, shared_selective_proj, topk_gather)
 
+from zerogr_kernels._common import pdl_disabled
+
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
 from ..timing import capture, warm_up
@@ -43,6 +45,11 @@ from .loop import BeamLoop
 from .ops import no_timer
 from .precompile import precompile
 from .search import DecodeModel, DecodeResult
+
+CONSTRAINED_PDL_MAX_BATCH = 4
+"""Largest batch whose constrained graphs launch with PDL: on the H200 (batch 8 and 32, deny 100,
+``runs/results/constraints/pdl-constrained/``) a constrained call at batch 8 took 308 µs without
+it against 374 with it, the same at batch 32; batch 1 gains from it."""
 
 __all__ = ["GpuEngine", "ShapeState", "StepRunner"]
 
@@ -464,9 +471,10 @@ class GpuEngine:
     def _capture(self, shape: ShapeState, model: DecodeModel, batch: int) -> None:
         """Warm up and capture; on failure record why in the shape's plan and fall back to
         eager decoding for this shape for good (no warm-up or capture is tried again)."""
-        self._warm_up(shape, model)
         try:
-            graph, outputs = self._record_graph(shape, model)
+            with pdl_disabled(shape.capacity > 0 and batch > CONSTRAINED_PDL_MAX_BATCH):
+                self._warm_up(shape, model)
+                graph, outputs = self._record_graph(shape, model)
         except Exception as exc:  # a model that syncs with the host cannot be captured
             reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
             self.graph_error = shape.graph_error = reason
