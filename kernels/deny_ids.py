@@ -22,7 +22,10 @@ import triton.language as tl
 from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
 
 MAX_WIDTH = 2048
-"""Widest padded id row (ids per request, a power of two) one program sorts in registers."""
+"""Widest padded id row (ids per request, a power of two) one program sorts in registers;
+wider ones go through :func:`deny_rows_sorted`."""
+MAX_IDS = 65_536
+"""Most ids per request :func:`deny_rows` takes (its width, a power of two, at most this)."""
 
 
 @triton.jit
@@ -52,8 +55,8 @@ def _deny_rows_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rows_ptr
 def _check(ids, id_offsets, width, table, rows, offsets) -> None:
     check_tensor("ids", ids, dtypes=(torch.int64,), ndim=1, contiguous=True)
     dev = ids.device
-    if not isinstance(width, int) or width < 1 or width & (width - 1) or width > MAX_WIDTH:
-        raise ValueError(f"width must be a power of two at most {MAX_WIDTH}, got {width!r}")
+    if not isinstance(width, int) or width < 1 or width & (width - 1) or width > MAX_IDS:
+        raise ValueError(f"width must be a power of two at most {MAX_IDS}, got {width!r}")
     check_tensor("id_offsets", id_offsets, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
     batch = id_offsets.shape[0] - 1
     check_tensor("table", table, dtypes=(torch.int32, torch.int64), ndim=1, device=dev, contiguous=True)
@@ -64,8 +67,11 @@ def _check(ids, id_offsets, width, table, rows, offsets) -> None:
 
 def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
                      rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """Triton implementation of :func:`deny_rows` (one launch, no host synchronisation)."""
+    """Triton implementation of :func:`deny_rows` (one launch, no host synchronisation), up to
+    :data:`MAX_WIDTH`."""
     _check(ids, id_offsets, width, table, rows, offsets)
+    if width > MAX_WIDTH:
+        raise ValueError(f"width must be at most {MAX_WIDTH} for the Triton kernel, got {width}")
     batch = id_offsets.shape[0] - 1
     if batch:
         _deny_rows_kernel[(batch,)](ids, id_offsets, table, table.numel(), int(base), rows, offsets, int(n_rows),
@@ -89,9 +95,35 @@ def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int,
     return rows
 
 
+def deny_rows_sorted(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
+                     rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """:func:`deny_rows` in whole-batch torch operations (a padded ``(batch, width)`` matrix,
+    sorted along its rows twice): no host synchronisation, so a CUDA graph can hold it; what
+    widths past :data:`MAX_WIDTH` run."""
+    _check(ids, id_offsets, width, table, rows, offsets)
+    batch = id_offsets.shape[0] - 1
+    if not batch or not ids.numel():
+        return deny_rows_reference(ids, id_offsets, width, table, base, rows, offsets, n_rows)
+    k = torch.arange(width, device=ids.device)
+    first = id_offsets[:-1, None]
+    given = k < (id_offsets[1:, None] - first)
+    pos = ids[(first + k).clamp_(max=ids.numel() - 1)] - base
+    inside = given & (pos >= 0) & (pos < table.numel())
+    row = table[pos.clamp_(0, table.numel() - 1)].long()
+    row = torch.where(inside & (row >= 0), row, n_rows).sort(dim=1).values
+    repeat = torch.zeros_like(given)
+    repeat[:, 1:] = row[:, 1:] == row[:, :-1]
+    row = torch.where(repeat, n_rows, row).sort(dim=1).values
+    rows.scatter_(0, (offsets[1:batch + 1, None] + k).flatten(), row.flatten())
+    return rows
+
+
 def deny_rows(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
               rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
-    fn = deny_rows_triton if use_triton(ids) else deny_rows_reference
+    if width > MAX_WIDTH:
+        fn = deny_rows_sorted
+    else:
+        fn = deny_rows_triton if use_triton(ids) else deny_rows_reference
     return fn(ids, id_offsets, width, table, base, rows, offsets, n_rows)
 
 
@@ -105,7 +137,8 @@ deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog r
     id_offsets : torch.Tensor
         ``(batch + 1,)`` int64, non-decreasing, each request's count at most ``width``.
     width : int
-        A power of two, at most :data:`MAX_WIDTH`: the rows each request's output holds.
+        A power of two, at most :data:`MAX_IDS`: the rows each request's output holds. Past
+        :data:`MAX_WIDTH` the op runs as :func:`deny_rows_sorted`.
     table : torch.Tensor
         ``(T,)`` int32 or int64: the row of id ``v`` is ``table[v - base]`` (-1: not in the catalog).
     base : int

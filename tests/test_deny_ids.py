@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from zerogr_core import Decoder, build_index
 from zerogr_core.decode.id_lists import MIN_WIDTH, DenyIds, deny_ids
 from zerogr_core.decode.device_lists import device_id_table
-from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows, deny_rows_reference, deny_rows_triton
+from zerogr_kernels.deny_ids import (MAX_IDS, MAX_WIDTH, deny_rows, deny_rows_reference, deny_rows_sorted,
+                                     deny_rows_triton)
 
 from test_constraints import Model, gpu_case
 from test_device_lists import catalog_of
@@ -47,6 +48,17 @@ def test_kernel_matches_reference(batch, width, n_ids, table_size, base):
         assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}: {got[bad[:5]].tolist()} != {want[bad[:5]].tolist()}"
 
 
+@pytest.mark.parametrize("batch,width,n_ids,table_size,base", [
+    (1, 16, 0, 10, 0), (3, 16, 16, 40, 7), (4, 64, 64, 30, -4), (2, 4096, 3000, 500, 100)])
+def test_sorted_path_matches_reference(batch, width, n_ids, table_size, base):
+    """The whole-batch torch path that widths past MAX_WIDTH take."""
+    for seed in range(3):
+        args = case(seed, batch, width, n_ids, table_size, base)
+        want, got = run(deny_rows_reference, args), run(deny_rows_sorted, args)
+        bad = (want != got).nonzero().flatten()
+        assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}"
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10**6), st.integers(1, 4), st.sampled_from([16, 32]), st.integers(1, 60))
 def test_reference_rows_are_each_requests_distinct_known_rows(seed, batch, width, table_size):
@@ -67,6 +79,8 @@ def test_kernel_rejects_bad_arguments():
     ids, id_offsets, width, table, base, rows, offsets, n_rows = case(0, 2, 16, 4, 10, 0)
     with pytest.raises(ValueError, match="power of two"):
         deny_rows(ids, id_offsets, 12, table, base, rows, offsets, n_rows)
+    with pytest.raises(ValueError, match="Triton"):
+        deny_rows_triton(ids, id_offsets, 2 * MAX_WIDTH, table, base, rows, offsets, n_rows)
     with pytest.raises(ValueError, match="offsets"):
         deny_rows(ids, id_offsets, width, table, base, rows, offsets[:3], n_rows)
 
@@ -80,7 +94,8 @@ def test_calls_that_do_not_qualify_keep_the_host_lists():
     assert deny_ids(catalog, "cpu", 2, [ids[:3], "reg"], "request") is None
     assert deny_ids(catalog, "cpu", 2, [ids[:3]], "request") is None  # the wrong length: refused elsewhere
     assert deny_ids(catalog, "cpu", 1, [ids.astype(str)[:3]], "request") is None  # ids given as strings
-    assert deny_ids(catalog, "cpu", 1, [np.arange(MAX_WIDTH + 1)], "request") is None
+    assert deny_ids(catalog, "cpu", 1, [np.arange(MAX_WIDTH + 1)], "request").width == 2 * MAX_WIDTH
+    assert deny_ids(catalog, "cpu", 1, [np.arange(MAX_IDS + 1)], "request") is None
     assert deny_ids(catalog, "cpu", 2, [ids[:3], 7], "request") is None  # a bare id: refused elsewhere
     assert deny_ids(catalog, "cpu", 1, [np.ones((2, 2), dtype=np.int64)], "request") is None
     assert deny_ids(catalog, "cpu", 1, [[0.5, 2.0]], "request") is None
@@ -104,7 +119,8 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
     # repeats, misses, an empty list, whole prefixes denied, then a wider call
     calls = [[ids[:20], None, np.array([ids[7], ids[7], -1, 10**9])],
              [np.array([], dtype=np.int64), ids[g.permutation(300)[:15]], ids[::11]],
-             [ids[:250], ids[50:60], None]]
+             [ids[:250], ids[50:60], None],
+             [np.tile(ids[::2], 20), None, ids[:5]]]  # 3,000 ids: past MAX_WIDTH, the sorted path
     for deny in calls:
         fast = deny_ids(catalog, "cpu", 3, deny, normalise)
         assert isinstance(fast, DenyIds)
@@ -117,11 +133,11 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("width", [16, 128, 1024, MAX_WIDTH])
+@pytest.mark.parametrize("width", [16, 128, 1024, MAX_WIDTH, 16_384])
 def test_cuda_kernel_matches_reference(width):
     for seed in range(3):
         args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case(seed, 9, width, width, 5 * width, 11)]
-        want, got = run(deny_rows_reference, args), run(deny_rows_triton, args)
+        want, got = run(deny_rows_reference, args), run(deny_rows, args)  # the Triton kernel or the sorted path
         bad = (want != got).nonzero().flatten()
         assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}"
 
@@ -135,7 +151,7 @@ def test_cuda_public_api_deny_ids_equal_host_lists():
     dec = Decoder(index, heads, 16, engine="graph", catalog=catalog)
     ids, n = catalog.item_ids, catalog.n_items
     for batch, normalise in ((1, "request"), (4, "request"), (4, "catalog"), (3, "request")):
-        for widths in ((5, 0, 100, 2000), (2048, 17, 1, 0)):
+        for widths in ((5, 0, 100, 2000), (2048, 17, 1, 0), (10_000, 3, 0, 5000)):
             deny = [ids[g.choice(n, widths[r % 4], replace=True)] if widths[r % 4] else None for r in range(batch)]
             assert isinstance(deny_ids(catalog, "cuda", batch, deny, normalise), DenyIds)
             got = dec.decode(hidden_fn, batch, deny_items=deny, normalise=normalise)

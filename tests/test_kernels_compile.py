@@ -83,6 +83,11 @@ def _launch_grid():
                                    e(n_beams, K, dtype=dtype), starts, *lists, defer)
         constrain_scored_slots_triton(e(n_beams, K, dtype=torch.int32), e(n_beams, K, dtype=torch.int64),
                                       e(n_beams, K, dtype=dtype), starts, *lists, e(n_beams), e(n_beams))
+    from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows_triton
+
+    for width, table_dtype in itertools.product((16, 128, MAX_WIDTH), (torch.int32, torch.int64)):
+        deny_rows_triton(e(40, dtype=torch.int64), e(4, dtype=torch.int64), width, e(100, dtype=table_dtype), 7,
+                         e(3 * width, dtype=torch.int64), e(5, dtype=torch.int64), 90)
     for (K, H), dtype in itertools.product([(1, 48), (3, 1024), (300, 1024), (64, 4096)],
                                            (torch.float16, torch.bfloat16, torch.float32)):
         n_beams = 4
@@ -231,7 +236,7 @@ def test_every_launched_specialisation_compiles_for_hopper():
     for kernel in ("_rows_topk_kernel", "_chunk_topk_kernel", "_row_stats_kernel", "_threshold_kernel",
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
                    "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
-                   "_constrain_scored_kernel", "_rms_norm_kernel",
+                   "_constrain_scored_kernel", "_deny_rows_kernel", "_rms_norm_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel", "_split_kernel",
                    "_merge_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"

@@ -357,7 +357,7 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
 def _list_path(dec, batch: int, kind: str, kwargs: dict, lists) -> str | None:
     """Where the timed call built its lists: "ids" (deny ids resolved in the decode's graph),
     "host" or "device" (:meth:`Decoder.request_lists`), ``None`` without lists."""
-    if lists is None:
+    if lists is None or lists.empty:  # nothing listed: the list-free path
         return None
     if kind == "deny" and dec._deny_ids(batch, None, kwargs["deny_items"], kwargs["normalise"], None, None):
         return "ids"

@@ -295,8 +295,10 @@ class Decoder:
             filtering first normalises as ``normalise`` says. A request with fewer
             allowed items than ``beam_width`` gets them all, then padding (row -1, score
             -inf). Costs (docs/constraints.md): no list, or only empty ones, takes the
-            list-free path; ids cost a lookup and a sort of the batch's listed rows on the
-            host and one pinned copy; a registered allow set with its own index, named by
+            list-free path; deny-only calls of at most 65,536 integer ids per request cost one
+            pinned copy of the ids, which the captured graph turns into rows
+            (:mod:`zerogr_core.decode.id_lists`); other ids cost a lookup and a sort of the
+            batch's listed rows (on the host, or on the GPU for many ids) and one copy; a registered allow set with its own index, named by
             every request, decodes over its sub-catalog with no list; a registered deny
             set named by every request stays on the device. See
             :mod:`zerogr_core.decode.constraints` and :mod:`zerogr_core.decode.registry`.

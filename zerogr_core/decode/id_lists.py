@@ -1,7 +1,7 @@
 """Deny lists that cross to the GPU as the ids the caller gave, resolved inside the decode.
 
 A call that only denies (no allow list, no registered name) of at most
-:data:`~zerogr_kernels.deny_ids.MAX_WIDTH` integer ids per request, on a catalog with a dense
+:data:`~zerogr_kernels.deny_ids.MAX_IDS` integer ids per request, on a catalog with a dense
 id table, skips the host's lookup and sort (:func:`~zerogr_core.decode.constraints.build_lists`):
 :class:`DenyIds` holds the ids per request, the engine's list buffers stage them in one padded
 ``(batch, W)`` block and copy it, and the captured graph's first kernel
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from zerogr_kernels.constraints import CATALOG_NORMALISED
-from zerogr_kernels.deny_ids import MAX_WIDTH
+from zerogr_kernels.deny_ids import MAX_IDS
 
 MIN_WIDTH = 16
 """Narrowest padded id row: shapes differ only past it, by powers of two."""
@@ -29,8 +29,9 @@ class DenyIds:
 
     Attributes
     ----------
-    ids : np.ndarray, shape (n,), integer
-        Every request's ids back to back (ids not in the catalog are skipped).
+    parts : list of np.ndarray
+        The requests' non-empty id arrays, in request order (any integer dtype; ids not in
+        the catalog are skipped); the engine's pinned block takes them back to back.
     counts : np.ndarray, shape (batch,), int64
         Ids per request.
     width : int
@@ -44,7 +45,7 @@ class DenyIds:
     normalise : {"request", "catalog"}
     """
 
-    ids: np.ndarray
+    parts: list
     counts: np.ndarray
     width: int
     table: torch.Tensor
@@ -59,7 +60,11 @@ class DenyIds:
     @property
     def empty(self) -> bool:
         """Whether nothing is listed (ids that all miss the catalog still count as listed)."""
-        return not self.ids.size
+        return not self.parts
+
+    @property
+    def n_ids(self) -> int:
+        return int(self.counts.sum())
 
     @property
     def catalog_normalised(self) -> bool:
@@ -85,25 +90,27 @@ def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds
     """:class:`DenyIds` of a call, or ``None`` when the call does not qualify (the caller then
     builds :class:`~zerogr_core.decode.constraints.RequestLists`): a catalog with a dense
     integer id table, and ``deny_items`` a sequence of ``batch`` entries that are each ``None``
-    or integer ids, at most :data:`~zerogr_kernels.deny_ids.MAX_WIDTH` of them."""
+    or integer ids, at most :data:`~zerogr_kernels.deny_ids.MAX_IDS` of them."""
     from .device_lists import device_id_table
 
     if isinstance(deny_items, (str, bytes)) or not hasattr(deny_items, "__len__") or len(deny_items) != batch:
         return None
-    try:  # a few whole-batch calls, not a loop of checks per request
-        counts = np.fromiter((0 if e is None else len(e) for e in deny_items), dtype=np.int64, count=batch)
-        parts = [e for e in deny_items if e is not None]
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    except (TypeError, ValueError):  # a name, a bare id, arrays of other shapes: the host path decides
+    try:
+        parts = [e if type(e) is np.ndarray else np.asarray(e) for e in deny_items if e is not None]
+    except (TypeError, ValueError):
         return None
+    # a name, a bare id, text or floats, arrays of other shapes: the host path decides (or refuses)
+    if any(p.ndim != 1 or (p.size and p.dtype.kind not in "iu") for p in parts):
+        return None
+    counts = np.fromiter((0 if e is None else len(e) for e in deny_items), dtype=np.int64, count=batch)
     longest = int(counts.max(initial=0))
-    # a name among arrays fails to concatenate, names alone concatenate as text
-    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu") or longest > MAX_WIDTH:
+    if longest > MAX_IDS:
         return None
+    parts = [p for p in parts if p.size]
     lookup = device_id_table(catalog, device)
     if lookup is None:
         return None
     width = MIN_WIDTH
     while width < longest:
         width *= 2
-    return DenyIds(ids, counts, width, lookup[1], lookup[0], catalog.n_items, normalise)
+    return DenyIds(parts, counts, width, lookup[1], lookup[0], catalog.n_items, normalise)

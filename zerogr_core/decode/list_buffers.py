@@ -112,8 +112,9 @@ class ListBuffers:
         host, b, h = self._host, self.batch, self.header
         lists.device_mode(out=self._host_mode)
         np.cumsum(lists.counts, out=host[2 * b + 3:h])
-        n = lists.ids.size
-        host[h:h + n] = lists.ids
+        n = lists.n_ids
+        if n:
+            np.concatenate(lists.parts, out=host[h:h + n])
         self.block[:h + n].copy_(self.host[:h + n], non_blocking=True)
         if self.copied is not None:
             self.copied.record()
