@@ -97,8 +97,9 @@ def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int,
 
 def deny_rows_sorted(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
                      rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """:func:`deny_rows` in whole-batch torch operations (a padded ``(batch, width)`` matrix,
-    sorted along its rows twice): no host synchronisation, so a CUDA graph can hold it; what
+    """:func:`deny_rows` in whole-batch torch operations (a padded ``(batch, width)`` matrix
+    sorted along its rows, in int32 below 2^31 rows, then each row's distinct rows moved to its
+    front by a stable partition): no host synchronisation, so a CUDA graph can hold it; what
     widths past :data:`MAX_WIDTH` run."""
     _check(ids, id_offsets, width, table, rows, offsets)
     batch = id_offsets.shape[0] - 1
@@ -109,12 +110,17 @@ def deny_rows_sorted(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, ta
     given = k < (id_offsets[1:, None] - first)
     pos = ids[(first + k).clamp_(max=ids.numel() - 1)] - base
     inside = given & (pos >= 0) & (pos < table.numel())
-    row = table[pos.clamp_(0, table.numel() - 1)].long()
+    row = table[pos.clamp_(0, table.numel() - 1)]
+    # a radix sort's passes follow the key's width
+    row = row.to(torch.int32 if n_rows < 2**31 - 1 else torch.int64)
     row = torch.where(inside & (row >= 0), row, n_rows).sort(dim=1).values
-    repeat = torch.zeros_like(given)
-    repeat[:, 1:] = row[:, 1:] == row[:, :-1]
-    row = torch.where(repeat, n_rows, row).sort(dim=1).values
-    rows.scatter_(0, (offsets[1:batch + 1, None] + k).flatten(), row.flatten())
+    keep = row < n_rows
+    keep[:, 1:] &= row[:, 1:] != row[:, :-1]
+    kept = keep.cumsum(dim=1)
+    # kept rows to the front in order, the rest (n_rows once written) behind them
+    place = torch.where(keep, kept - 1, kept[:, -1:] + (k + 1 - kept) - 1)
+    row = torch.where(keep, row, n_rows).long()
+    rows.scatter_(0, (offsets[1:batch + 1, None] + place).flatten(), row.flatten())
     return rows
 
 
