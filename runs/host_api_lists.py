@@ -14,32 +14,21 @@ import pstats
 import sys
 from collections import defaultdict
 
-import numpy as np
 import torch
-
-from zerogr_core.bench.methods import ReplayModel
-from zerogr_core.bench.workload import CatalogSpec, Workload
 from torch.profiler import ProfilerActivity, profile
 
-from zerogr_core.decode.decoder import Decoder
+from zerogr_core.bench.workload import CatalogSpec, Workload
 
-from host_timeline_lists import wall_us  # runs/, the script's folder
+
+from host_timeline_lists import deny_setup, wall_us  # runs/, the script's folder
 
 
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     batches = [int(b) for b in args[0].split(",")] if args else [1, 8, 32]
     wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), torch.device("cuda"))
-    cat = wl.catalog
     for batch in batches:
-        ctx = wl.context("fp16", 1024, 128, batch, n_sets=1)
-        eng = ctx.engine
-        dec = Decoder(wl.index, beam_width=128, catalog=cat, **wl.decoder_heads(ctx.heads))
-        dec.gpu_engine = eng
-        model = ReplayModel(ctx.sets, batch)
-        rng = np.random.default_rng(0)
-        ids = [cat.item_ids[rng.integers(0, cat.n_items, 100)] for _ in range(batch)]
-        lists = dec.request_lists(batch, deny_items=ids)
+        ctx, eng, dec, model, ids, lists = deny_setup(wl, batch)
 
         def api():
             return dec.decode(model, batch, deny_items=ids).item_rows.cpu()

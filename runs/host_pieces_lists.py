@@ -10,13 +10,11 @@ times and profiles the device build of 10,000 ids per request (``build_lists_on`
 """
 import time, statistics, numpy as np, torch
 from torch.profiler import profile, ProfilerActivity
-from zerogr_core.bench.methods import ReplayModel
 from zerogr_core.bench.workload import CatalogSpec, Workload
-from zerogr_core.decode.decoder import Decoder
 from zerogr_core.decode.list_buffers import load_lists
 from zerogr_core.decode.device_lists import build_lists_on
 
-from host_timeline_lists import wall_us  # runs/, the script's folder
+from host_timeline_lists import deny_setup, wall_us  # runs/, the script's folder
 
 def host_us(fn, n=300):
     for _ in range(10): fn()
@@ -36,14 +34,8 @@ wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), dev)
 cat = wl.catalog
 print("torch threads", torch.get_num_threads(), flush=True)
 for batch in (1, 8, 32):
-    ctx = wl.context("fp16", 1024, 128, batch, n_sets=1)
-    eng = ctx.engine
-    dec = Decoder(wl.index, beam_width=128, catalog=cat, **wl.decoder_heads(ctx.heads))
-    dec.gpu_engine = eng
-    model = ReplayModel(ctx.sets, batch)
-    rng = np.random.default_rng(0)
-    ids = [cat.item_ids[rng.integers(0, cat.n_items, 100)] for _ in range(batch)]
-    lists = dec.request_lists(batch, deny_items=ids)
+    ctx, eng, dec, model, ids, lists = deny_setup(wl, batch)
+    rng = np.random.default_rng(1)
     res = {}
     res["api none (synced)"] = synced_us(lambda: dec.decode(model, batch).item_rows.cpu())
     res["api deny100 (synced)"] = synced_us(lambda: dec.decode(model, batch, deny_items=ids).item_rows.cpu())

@@ -36,6 +36,21 @@ def wall_us(fn, calls: int = 50, warmup: int = 0) -> float:
     return statistics.median(times)
 
 
+def deny_setup(wl, batch: int, per_request: int = 100):
+    """``(ctx, engine, decoder, model, ids, lists)`` of the scripts here: the suite's engine for
+    ``batch`` (FP16, H 1,024, beam 128), a public-API decoder over it, and ``per_request``
+    random catalog ids per request with their prebuilt lists."""
+    from zerogr_core.decode.decoder import Decoder
+
+    ctx = wl.context("fp16", 1024, 128, batch, n_sets=1)
+    dec = Decoder(wl.index, beam_width=128, catalog=wl.catalog, **wl.decoder_heads(ctx.heads))
+    dec.gpu_engine = ctx.engine
+    rng = np.random.default_rng(0)
+    cat = wl.catalog
+    ids = [cat.item_ids[rng.integers(0, cat.n_items, per_request)] for _ in range(batch)]
+    return ctx, ctx.engine, dec, ReplayModel(ctx.sets, batch), ids, dec.request_lists(batch, deny_items=ids)
+
+
 def main() -> None:
     scale = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000_000
     wl = Workload(CatalogSpec("search-like", scale, 0, None), torch.device("cuda"))

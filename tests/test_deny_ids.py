@@ -38,14 +38,17 @@ def run(fn, args):
     return fn(*out)
 
 
+def assert_matches_reference(fn, args) -> None:
+    want, got = run(deny_rows_reference, args), run(fn, args)
+    bad = (want != got).nonzero().flatten()
+    assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}: {got[bad[:5]].tolist()} != {want[bad[:5]].tolist()}"
+
+
 @pytest.mark.parametrize("batch,width,n_ids,table_size,base", [
     (1, 16, 0, 10, 0), (3, 16, 16, 40, 7), (5, 64, 40, 30, -4), (2, 128, 128, 1000, 100), (1, 16, 9, 3, 0)])
 def test_kernel_matches_reference(batch, width, n_ids, table_size, base):
     for seed in range(3):
-        args = case(seed, batch, width, n_ids, table_size, base)
-        want, got = run(deny_rows_reference, args), run(deny_rows_triton, args)
-        bad = (want != got).nonzero().flatten()
-        assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}: {got[bad[:5]].tolist()} != {want[bad[:5]].tolist()}"
+        assert_matches_reference(deny_rows_triton, case(seed, batch, width, n_ids, table_size, base))
 
 
 @pytest.mark.parametrize("batch,width,n_ids,table_size,base", [
@@ -53,10 +56,7 @@ def test_kernel_matches_reference(batch, width, n_ids, table_size, base):
 def test_sorted_path_matches_reference(batch, width, n_ids, table_size, base):
     """The whole-batch torch path that widths past MAX_WIDTH take."""
     for seed in range(3):
-        args = case(seed, batch, width, n_ids, table_size, base)
-        want, got = run(deny_rows_reference, args), run(deny_rows_sorted, args)
-        bad = (want != got).nonzero().flatten()
-        assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}"
+        assert_matches_reference(deny_rows_sorted, case(seed, batch, width, n_ids, table_size, base))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -120,7 +120,8 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
     calls = [[ids[:20], None, np.array([ids[7], ids[7], -1, 10**9])],
              [np.array([], dtype=np.int64), ids[g.permutation(300)[:15]], ids[::11]],
              [ids[:250], ids[50:60], None],
-             [np.tile(ids[::2], 20), None, ids[:5]]]  # 3,000 ids: past MAX_WIDTH, the sorted path
+             [np.tile(ids[::2], 20), None, ids[:5]],  # 3,000 ids: past MAX_WIDTH, the sorted path
+             [ids[3:6], None, None]]  # narrower again: the 256-wide shape serves it
     for deny in calls:
         fast = deny_ids(catalog, "cpu", 3, deny, normalise)
         assert isinstance(fast, DenyIds)
@@ -129,6 +130,9 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
         want = ref.decode(model, 3, lists=host)
         assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
         torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
+    # one shape per width class, each as wide as its widest call
+    widths = sorted(shape.lists.width for key, shape in engine._shapes.items() if "lists" in key)
+    assert widths == [256, 4096]
 
 
 @pytest.mark.gpu
@@ -137,9 +141,7 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
 def test_cuda_kernel_matches_reference(width):
     for seed in range(3):
         args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case(seed, 9, width, width, 5 * width, 11)]
-        want, got = run(deny_rows_reference, args), run(deny_rows, args)  # the Triton kernel or the sorted path
-        bad = (want != got).nonzero().flatten()
-        assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}"
+        assert_matches_reference(deny_rows, args)  # the Triton kernel or the sorted path
 
 
 @pytest.mark.gpu

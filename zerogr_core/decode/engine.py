@@ -408,12 +408,17 @@ class GpuEngine:
         """The shape with static list buffers that hold ``lists`` (grown and re-captured
         when a call lists more rows than its capacity), with ``lists`` copied in. Each
         normalisation has its own shape, so request-normalised lists never run the
-        catalog-normalised pass; deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`) have
-        one per width, which resolves them on the device."""
+        catalog-normalised pass. Deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`),
+        which the shape resolves on the device, have two shapes per normalisation: widths the
+        Triton kernel sorts and wider ones (:data:`~zerogr_kernels.deny_ids.MAX_WIDTH`), each
+        grown to the widest call so far and serving every narrower one, so GPU memory stays
+        bounded whatever the list sizes."""
+        from zerogr_kernels.deny_ids import MAX_WIDTH
+
         from .list_buffers import capacity_for, load_lists
 
         width = getattr(lists, "width", 0)
-        key = self.key(batch) + ("lists", lists.normalise) + ((width,) if width else ())
+        key = self.key(batch) + ("lists", lists.normalise) + ((("ids", width > MAX_WIDTH),) if width else ())
         shape = self._shapes.get(key)
         if shape is None or shape.capacity < lists.total_rows or (width and shape.lists.table is not lists.table):
             plan = self.plan(model, batch)

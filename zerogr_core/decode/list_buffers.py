@@ -192,6 +192,7 @@ def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
         raise ZeroGRError(f"{lists.total_rows} listed rows exceed the buffer capacity {buffers.capacity}")
     if lists.batch != buffers.mode.shape[0]:
         raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.mode.shape[0]}")
-    if getattr(lists, "width", 0) != buffers.width:
-        raise ZeroGRError(f"lists of {getattr(lists, 'width', 0)} ids per request, the shape takes {buffers.width}")
+    width = getattr(lists, "width", 0)
+    if bool(width) != bool(buffers.width) or width > buffers.width:
+        raise ZeroGRError(f"lists of {width} ids per request, the shape takes {buffers.width}")
     buffers.load(lists)
