@@ -1,10 +1,10 @@
 """Per-call deny lists from raw item ids, turned into sorted catalog rows inside the decode.
 
 A deny-only call ships each request's ids as they came, back to back (request ``r``'s are
-``ids[id_offsets[r]:id_offsets[r + 1]]``, at most ``W`` of them), and nothing else: the id → row lookup, the sort and the removal
-of repeats, which the host would otherwise do before the decode could start, run here as the
-first kernel of the captured graph, one program per request. Request ``r``'s rows go to
-``rows[offsets[r + 1]:offsets[r + 1] + W]``: its distinct catalog rows in ascending order,
+``ids[id_offsets[r]:id_offsets[r + 1]]``, at most ``width`` of them), and nothing else: the
+id → row lookup, the sort and the removal of repeats, which the host would otherwise do
+before the decode could start, run here as the first kernel of the captured graph, one
+program per request. Request ``r``'s rows go to ``rows[offsets[r + 1]:offsets[r + 1] + width]``: its distinct catalog rows in ascending order,
 then ``n_rows`` (one past the last row) in every place left over, ids that are not in the
 catalog included. :func:`zerogr_kernels.constraints.constrain_slots` reads such a segment as
 it is: ``n_rows`` lies in no prefix's row range, so it is never counted nor found, and a

@@ -31,7 +31,6 @@ import torch
 
 from zerogr_kernels import (TOPK_PATHS, BeamGroups, FilterOut, TopkOut, filter_slots, full_proj, group_beams,
                             log_softmax_slots, selective_proj, shared_selective_proj, topk_gather)
-
 from zerogr_kernels._common import pdl_disabled
 
 from ..errors import ZeroGRError

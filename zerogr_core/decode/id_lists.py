@@ -75,11 +75,6 @@ class DenyIds:
         """Rows of the device buffer: ``width`` per request."""
         return self.batch * self.width
 
-    @property
-    def mode(self) -> np.ndarray:
-        """``(batch,)`` int32 zeros: every request denies."""
-        return np.zeros(self.batch, dtype=np.int32)
-
     def device_mode(self, out: np.ndarray) -> np.ndarray:
         """The kernels' mode bits (deny, and the catalog bit when so normalised) into ``out``."""
         out[:] = CATALOG_NORMALISED if self.catalog_normalised else 0
