@@ -14,7 +14,9 @@ float32 workspace that a second kernel merges. The splits exist to fill the GPU:
 the (query block, request, KV head) programs alone would cover a quarter of an H200's SMs.
 Padding past ``len_b`` is skipped, not masked, and no bias tensor is read. Split 0 also
 scores each row's own lineage keys directly (a dot product per key: at most ``P`` per row),
-so the other beams' lineage slots are never scored.
+so the other beams' lineage slots are never scored. A beam's lineage key of position ``t``
+sits in the slot of the beam that chose it (an ancestor table says which), so a step that
+reorders the beams copies a few indices, not every layer's lineage keys.
 
 Scores and softmax are float32 (in base 2, the scale folded into one multiplier); the
 probabilities are rounded to the input dtype before they weight the values, as the fused
@@ -83,12 +85,12 @@ def _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr,
+def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr,
                   R, KVH, D, context_len, step, chunk, qk_scale,
                   sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   G: tl.constexpr, P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr, PRECISION: tl.constexpr,
-                  UPCAST: tl.constexpr, EVEN_D: tl.constexpr):
+                  UPCAST: tl.constexpr, EVEN_D: tl.constexpr, HAS_ANC: tl.constexpr):
     bh = tl.program_id(1)
     split = tl.program_id(2)
     b = (bh // KVH).to(tl.int64)
@@ -108,11 +110,16 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, ws_m_ptr, ws_l_ptr, ws_
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # the row's own lineage keys, in split 0 only: one gathered key per row and SID position
+    # the row's own lineage keys, in split 0 only: one gathered key per row and SID position, in
+    # the slot of the beam that chose that position's token (the row's ancestor), or its own
     qf = q.to(tl.float32)
     for t in tl.static_range(P):
         ok = r_ok & (t < step) & (split == 0)
-        slot = context_len + beam * P + t
+        if HAS_ANC:
+            owner = tl.load(anc_ptr + (b * (R // G) + beam) * P + t, mask=ok, other=0)
+        else:
+            owner = beam
+        slot = context_len + owner * P + t
         kl = tl.load(k_base + slot[:, None] * sk_s + dd[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
         s = tl.where(ok, tl.sum(qf * kl.to(tl.float32), axis=1) * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, s)
@@ -194,7 +201,7 @@ def _unit_last(name, x) -> None:
         raise ValueError(f"{name} must have unit stride in its last dimension")
 
 
-def _check(q, k, v, lengths, context_len, lineage_len, step) -> int:
+def _check(q, k, v, lengths, context_len, lineage_len, step, lineage=None) -> int:
     """Validate the arguments; return g, the query heads per KV head."""
     check_tensor("q", q, dtypes=FLOAT_DTYPES, ndim=4)
     _unit_last("q", q)
@@ -215,6 +222,11 @@ def _check(q, k, v, lengths, context_len, lineage_len, step) -> int:
         raise ValueError(f"step must be an integer in [0, lineage_len={lineage_len}], got {step!r}")
     if context_len + m * lineage_len > s:
         raise ValueError(f"k: {s} slots hold no context of {context_len} plus {m} beams × {lineage_len} lineage slots")
+    if lineage is not None:
+        check_tensor("lineage", lineage, dtypes=(torch.int32, torch.int64), ndim=3, device=q.device,
+                     shape=(b, m, lineage_len))
+        if not lineage.is_contiguous():
+            raise ValueError("lineage must be contiguous")
     return h // kvh
 
 
@@ -236,14 +248,14 @@ def _sm_count(device: torch.device) -> int:
 
 
 def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage_len: int, step: int,
-                                  scale: float | None = None, splits: int | None = None,
-                                  block_m: int | None = None, block_n: int | None = None):
+                                  scale: float | None = None, lineage: torch.Tensor | None = None,
+                                  splits: int | None = None, block_m: int | None = None, block_n: int | None = None):
     """Triton launcher of :func:`beam_context_attention` (same arguments and output).
 
     ``splits`` (context splits), ``block_m`` (query rows per program) and ``block_n``
     (keys per iteration) override the launcher's choices, for tests and tuning.
     """
-    g = _check(q, k, v, lengths, context_len, lineage_len, step)
+    g = _check(q, k, v, lengths, context_len, lineage_len, step, lineage)
     for name, x in (("block_m", block_m), ("block_n", block_n)):
         if x is not None and (x < 16 or x != next_pow2(x)):
             raise ValueError(f"{name} must be a power of two ≥ 16, got {x!r}")
@@ -276,13 +288,14 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
     # float32 products stay IEEE unless PyTorch's own float32 matmuls may use TF32
     tf32 = q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
     _split_kernel[(row_blocks, b * kvh, n_splits)](
-        q, k, v, lengths, out, ws_m, ws_l, ws_acc, rows, kvh, d, context_len, step, chunk, scale * LOG2E,
+        q, k, v, lengths, lengths if lineage is None else lineage, out, ws_m, ws_l, ws_acc, rows, kvh, d,
+        context_len, step, chunk, scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), G=g, P=lineage_len, SPLITS=n_splits, BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_D=bd, CHUNK_BLOCKS=chunk // bn if small else 0, PRECISION="tf32" if tf32 else "ieee",
         # the interpreter's tl.dot garbles bfloat16 operands; their float32 copies give the same products
-        UPCAST=small and q.dtype == torch.bfloat16, EVEN_D=bd == d, num_warps=4 if small else NUM_WARPS,
-        num_stages=1 if small else NUM_STAGES)
+        UPCAST=small and q.dtype == torch.bfloat16, EVEN_D=bd == d, HAS_ANC=lineage is not None,
+        num_warps=4 if small else NUM_WARPS, num_stages=1 if small else NUM_STAGES)
     if n_splits > 1:
         mb = 16 if small else min(MERGE_BLOCK_M, next_pow2(rows))
         _merge_kernel[(cdiv(rows, mb), b * kvh)](ws_m, ws_l, ws_acc, out, rows, kvh, d, G=g, SPLITS=n_splits,
@@ -291,46 +304,55 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
 
 
 def beam_context_bias(lengths, *, beams: int, group: int, slots: int, context_len: int, lineage_len: int,
-                      step: int, dtype: torch.dtype) -> torch.Tensor:
+                      step: int, dtype: torch.dtype, lineage: torch.Tensor | None = None) -> torch.Tensor:
     """The additive mask of :func:`beam_context_attention` as one SDPA bias.
 
     Returns
     -------
     torch.Tensor, shape (B, 1, beams · group, slots), ``dtype``
-        0 where query row ``r`` (beam ``r // group``) may look, -inf elsewhere: context slots
-        below ``min(lengths[b], context_len)``, and lineage slots ``context_len + m · P + t``
-        with ``m`` the row's beam and ``t < step``.
+        0 where query row ``r`` (beam ``m = r // group``) may look, -inf elsewhere: context
+        slots below ``min(lengths[b], context_len)``, and for each SID position ``t < step``
+        the lineage slot ``context_len + a · P + t`` with ``a = lineage[b, m, t]`` (``m``
+        itself without ``lineage``).
     """
     dev = lengths.device
     pos = torch.arange(slots, device=dev)
     context = (pos[None, :] < lengths[:, None].clamp(max=context_len))[:, None, :]               # (B, 1, S)
+    p = lineage_len
     rel = pos - context_len
-    beam = torch.arange(beams * group, device=dev) // group
-    own = (rel >= 0) & (rel < beams * lineage_len) & (rel % lineage_len < step)
-    lineage = own[None, :] & ((rel // lineage_len)[None, :] == beam[:, None])                    # (R, S)
-    allowed = context | lineage[None]
+    inside = (rel >= 0) & (rel < beams * p)
+    rel = rel.clamp(0, beams * p - 1)
+    t, owner = rel % p, rel // p                                                                 # (S,)
+    beam = torch.arange(beams * group, device=dev) // group                                     # (R,)
+    if lineage is None:
+        want = beam[None, :, None]                                                               # (1, R, 1)
+    else:
+        anc = lineage.to(device=dev, dtype=torch.int64)[:, beam]                                 # (B, R, P)
+        want = anc.gather(2, t[None, None, :].expand(anc.shape[0], anc.shape[1], -1))           # (B, R, S)
+    own = (inside & (t < step))[None, None, :] & (owner[None, None, :] == want)                 # (B', R, S)
+    allowed = context | own
     zero = torch.zeros((), dtype=dtype, device=dev)
     return torch.where(allowed, zero, float("-inf")).to(dtype)[:, None].contiguous()
 
 
 def beam_context_attention_reference(q, k, v, lengths, *, context_len: int, lineage_len: int, step: int,
-                                     scale: float | None = None):
+                                     scale: float | None = None, lineage: torch.Tensor | None = None):
     """Pure-PyTorch reference of :func:`beam_context_attention` (same arguments and output):
     the (M · g, D) query matrix per (request, KV head) through SDPA with
     :func:`beam_context_bias`."""
-    g = _check(q, k, v, lengths, context_len, lineage_len, step)
+    g = _check(q, k, v, lengths, context_len, lineage_len, step, lineage)
     b, m, h, d = q.shape
     kvh = k.shape[2]
     qg = q.reshape(b, m, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, m * g, d)
     bias = beam_context_bias(lengths, beams=m, group=g, slots=k.shape[1], context_len=context_len,
-                             lineage_len=lineage_len, step=step, dtype=q.dtype)
+                             lineage_len=lineage_len, step=step, dtype=q.dtype, lineage=lineage)
     o = torch.nn.functional.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias,
                                                          scale=scale)
     return o.view(b, kvh, m, g, d).permute(0, 2, 1, 3, 4).reshape(b, m, h, d)
 
 
 def beam_context_attention(q, k, v, lengths, *, context_len: int, lineage_len: int, step: int,
-                           scale: float | None = None):
+                           scale: float | None = None, lineage: torch.Tensor | None = None):
     """Attention of every beam of a request over the request's context and the beam's own lineage.
 
     Runs the Triton kernel for CUDA tensors or under ``TRITON_INTERPRET=1``, else the
@@ -357,6 +379,10 @@ def beam_context_attention(q, k, v, lengths, *, context_len: int, lineage_len: i
         Lineage positions ``t < step`` are visible (``0 ≤ step ≤ lineage_len``).
     scale : float, optional
         Score multiplier; ``1 / sqrt(D)`` by default.
+    lineage : torch.Tensor, shape (B, M, lineage_len), int32 or int64, contiguous, optional
+        ``lineage[b, m, t]``: the beam whose lineage slot of position ``t`` holds beam ``m``'s
+        SID token ``t`` (its ancestor at that position), so that beams reordered at each step
+        need no copy of the keys and values. Without it, each beam's own slots.
 
     Returns
     -------
@@ -365,4 +391,5 @@ def beam_context_attention(q, k, v, lengths, *, context_len: int, lineage_len: i
         beam's lineage in one float32 softmax.
     """
     fn = beam_context_attention_triton if use_triton(q) else beam_context_attention_reference
-    return fn(q, k, v, lengths, context_len=context_len, lineage_len=lineage_len, step=step, scale=scale)
+    return fn(q, k, v, lengths, context_len=context_len, lineage_len=lineage_len, step=step, scale=scale,
+              lineage=lineage)

@@ -120,6 +120,53 @@ def test_dispatch_and_checks():
         beam_context_attention_triton(q, torch.cat([k, k], -1)[..., ::2], v, lens, **kw)
 
 
+def _ancestors(batch, beams, p, seed):
+    """A random ancestor table (B, M, P) int32 and the cache it stands for: each beam's lineage
+    slot of position t copied from its ancestor's slot (what a reordering step would write)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, beams, (batch, beams, p), generator=g, dtype=torch.int32).to(DEV)
+
+
+def _copied_lineage(x, anc, context, p):
+    """x (B, S, kvh, D) with every beam's lineage slot (m, t) replaced by slot (anc[b, m, t], t)."""
+    y = x.clone()
+    b, m, _ = anc.shape
+    own = y[:, context:context + m * p].unflatten(1, (m, p))                       # (B, M, P, kvh, D)
+    src = x[:, context:context + m * p].unflatten(1, (m, p))
+    for t in range(p):
+        own[:, :, t] = src[torch.arange(b, device=DEV)[:, None], anc[:, :, t].long(), t]
+    return y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_ancestor_table_equals_a_copied_lineage(splits, dtype):
+    """Keys read through the ancestor table equal the beams' own slots after a physical reorder,
+    in the kernel and in the reference, at every visible step."""
+    batch, beams, heads, kvh, d, context, p, lengths = CASES["varied-lengths"]
+    p = 3
+    q, k, v, lens = make(batch, beams, heads, kvh, d, context, p, lengths, dtype, seed=6)
+    anc = _ancestors(batch, beams, p, seed=7)
+    k2, v2 = _copied_lineage(k, anc, context, p), _copied_lineage(v, anc, context, p)
+    for step in range(p + 1):
+        kw = dict(context_len=context, lineage_len=p, step=step)
+        want = beam_context_attention_reference(q, k2, v2, lens, **kw)
+        ref = beam_context_attention_reference(q, k, v, lens, lineage=anc, **kw)
+        check(ref, want, dtype, f"reference, step {step}")
+        got = beam_context_attention_triton(q, k, v, lens, lineage=anc, splits=splits, **kw)
+        check(got, want, dtype, f"kernel, step {step}")
+
+
+def test_lineage_checks():
+    q, k, v, lens = make(1, 2, 2, 1, 16, 8, 2, [5], torch.float32)
+    kw = dict(context_len=8, lineage_len=2, step=1)
+    with pytest.raises(ValueError, match="lineage must have shape"):
+        beam_context_attention_triton(q, k, v, lens, lineage=torch.zeros(1, 2, 3, dtype=torch.int32, device=DEV),
+                                      **kw)
+    with pytest.raises(TypeError, match="lineage must have dtype"):
+        beam_context_attention_reference(q, k, v, lens, lineage=torch.zeros(1, 2, 2, device=DEV), **kw)
+
+
 def test_split_count():
     """About two programs per SM, never under MIN_SPLIT_KEYS keys a split."""
     assert split_count(1024, 32, 132) == 4           # batch 1: 4 row blocks x 8 KV heads
@@ -162,6 +209,12 @@ def test_bias_marks_own_lineage():
                              dtype=torch.float32)
     allowed = (bias[0, 0] == 0).int().tolist()
     assert allowed == [[1, 1, 0, 1, 0, 0, 0, 0, 0]] * 2 + [[1, 1, 0, 0, 0, 1, 0, 0, 0]] * 2
+    # beam 0 descends from beam 1 at position 0 and chose its own token at position 1
+    anc = torch.tensor([[[1, 0], [1, 1]]])
+    bias = beam_context_bias(torch.tensor([2]), beams=2, group=1, slots=9, context_len=3, lineage_len=2, step=2,
+                             dtype=torch.float32, lineage=anc)
+    allowed = (bias[0, 0] == 0).int().tolist()
+    assert allowed == [[1, 1, 0, 0, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 1, 1, 0, 0]]
 
 
 @pytest.mark.gpu
@@ -169,19 +222,25 @@ def test_bias_marks_own_lineage():
 @pytest.mark.parametrize("batch,context,lengths", [(1, 1024, [1000]), (2, 5056, [5000, 731]), (8, 1024, None)])
 def test_cuda_qwen3_shape_and_graph(batch, context, lengths):
     """Qwen3-1.7B's decode shape (16 / 8 heads of 128, beam 256, P 2) in bfloat16, automatic
-    splits, then replayed from a CUDA graph with new lengths."""
+    splits, an ancestor table, then replayed from a CUDA graph with new lengths and ancestors."""
     lengths = lengths or [1024 - 7 * i for i in range(batch)]
     q, k, v, lens = make(batch, 256, 16, 8, 128, context, 2, lengths, torch.bfloat16, seed=5)
-    kw = dict(context_len=context, lineage_len=2, step=2)
-    check(beam_context_attention(q, k, v, lens, **kw), beam_context_attention_reference(q, k, v, lens, **kw),
-          torch.bfloat16)
+    anc = _ancestors(batch, 256, 2, seed=9)
+    kw = dict(context_len=context, lineage_len=2, step=2, lineage=anc)
+
+    def run():
+        return beam_context_attention(q, k, v, lens, **kw)
+
+    check(run(), beam_context_attention_reference(q, k, v, lens, **kw), torch.bfloat16)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        beam_context_attention(q, k, v, lens, **kw)                   # compiled before capture
+        run()                                                          # compiled before capture
         with torch.cuda.graph(graph, stream=stream):
-            out = beam_context_attention(q, k, v, lens, **kw)
+            out = run()
     lens.copy_(torch.tensor([max(1, n // 3) for n in lengths], device=DEV))
-    graph.replay()
+    anc.copy_(_ancestors(batch, 256, 2, seed=10))
+    for _ in range(3):
+        graph.replay()
     torch.cuda.synchronize()
     check(out, beam_context_attention_reference(q, k, v, lens, **kw), torch.bfloat16)

@@ -151,14 +151,16 @@ def _launch_grid():
     from zerogr_kernels.beam_context_attention import beam_context_attention_triton
 
     # Qwen3 decode attention: tiny odd shapes, and Qwen3-1.7B's (16 / 8 heads of 128, beam 256,
-    # 3 SID levels) with one split (batch 8) and several (batch 1, then the merge kernel)
-    for (b, m, heads, kvh, d, ctx, p, splits), dtype in itertools.product(
+    # 3 SID levels) with one split (batch 8) and several (batch 1, then the merge kernel), each
+    # with and without an ancestor table (the step model passes one)
+    for (b, m, heads, kvh, d, ctx, p, splits), dtype, anc in itertools.product(
             [(1, 3, 2, 1, 16, 1, 2, 1), (2, 5, 4, 2, 24, 40, 1, 3), (1, 256, 16, 8, 128, 1024, 2, 4),
-             (8, 256, 16, 8, 128, 5056, 2, 1)], (torch.float16, torch.bfloat16, torch.float32)):
+             (8, 256, 16, 8, 128, 5056, 2, 1)], (torch.float16, torch.bfloat16, torch.float32), (False, True)):
         slots = ctx + -(-m * p // 16) * 16
         beam_context_attention_triton(e(b, m, heads, d, dtype=dtype), e(b, slots, kvh, d, dtype=dtype),
                                       e(b, slots, kvh, d, dtype=dtype), e(b, dtype=torch.int64), context_len=ctx,
-                                      lineage_len=p, step=p, splits=splits)
+                                      lineage_len=p, step=p, splits=splits,
+                                      lineage=e(b, m, p, dtype=torch.int32) if anc else None)
 
 
 def record_specs() -> list[tuple]:

@@ -205,6 +205,11 @@ def test_errors(model):
     bad[1, 0] = SHAPE.vocab
     with pytest.raises(ZeroGRError, match=r"input_ids: row 1 has ids outside"):
         sm.prefill(bad, mask, beam_width=2)
+    with pytest.raises(ZeroGRError, match=r"input_ids: row 1 has ids outside"):
+        sm.prefill(bad, None, beam_width=2)
+    bad[1, 0] = -1
+    with pytest.raises(ZeroGRError, match=r"input_ids: row 1 has ids outside"):
+        sm.prefill(bad, None, beam_width=2)
     with pytest.raises(ZeroGRError, match="input_ids: expected a"):
         sm.prefill(ids[0], None, beam_width=2)
     with pytest.raises(ZeroGRError, match="call prefill before step"):

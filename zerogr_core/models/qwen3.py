@@ -13,8 +13,9 @@ arithmetic) and serves it through the step protocol (:mod:`zerogr_core.models.pr
   the hidden state at position ``len_b - 1`` is kept (final RMS norm applied, it predicts
   level 1). The context keys/values are stored once per request, never per beam.
 * **Decode step l.** The M beams of a request attend to the request's context KV plus
-  their own lineage (the SID tokens chosen so far, per-beam slots after the context,
-  gathered from the parent beams each step). Grouped-query attention: the
+  their own lineage (the SID tokens chosen so far: each token's key stays in the slot of
+  the beam that chose it, after the context, and an ancestor table of (B, M, L - 1) indices,
+  gathered from the parent beams each step, says which slots are a beam's). Grouped-query attention: the
   ``g = heads / kv_heads`` query heads of a KV head and all M beams form one
   ``(g·M, head_dim)`` query matrix per (request, KV head) attended over the request's
   context and each row's own lineage slots, so the context is read once per request:
@@ -238,24 +239,29 @@ class Qwen3StepModel:
             raise ZeroGRError(f"input_ids: expected integer token ids, got {history.dtype}")
         ids = history.to(self.device, torch.int64)
         b, t = ids.shape
+        out_of_vocab = (ids < 0) | (ids >= self.vocab)
         if attention_mask is None:
-            mask = torch.ones(b, t, dtype=torch.bool, device=self.device)
-        else:
-            if tuple(attention_mask.shape) != (b, t):
-                raise ZeroGRError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
-                                  f"{(b, t)}")
-            mask = attention_mask.to(self.device).bool()
+            # the common call: one device reduction and one synchronisation
+            if bool(out_of_vocab.any()):
+                row = int(out_of_vocab.any(dim=1).nonzero()[0, 0])
+                raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {self.vocab})")
+            return ids, torch.full((b,), t, dtype=torch.int64, device=self.device)
+        if tuple(attention_mask.shape) != (b, t):
+            raise ZeroGRError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
+                              f"{(b, t)}")
+        mask = attention_mask.to(self.device).bool()
         lengths = mask.sum(dim=1)
         start = mask.to(torch.int8).argmax(dim=1)
         pos = torch.arange(t, device=self.device)
         rel = pos[None, :] - start[:, None]
-        contiguous = torch.equal(mask, (rel >= 0) & (rel < lengths[:, None]))
-        bad_ids = (mask & ((ids < 0) | (ids >= self.vocab))).any(dim=1)
-        if int(lengths.min()) < 1:
+        scattered = (mask != ((rel >= 0) & (rel < lengths[:, None]))).any()
+        bad_ids = (mask & out_of_vocab).any(dim=1)
+        empty, scattered, bad = torch.stack([(lengths < 1).any(), scattered, bad_ids.any()]).tolist()
+        if empty:
             raise ZeroGRError(f"attention_mask: row {int(torch.argmin(lengths))} has no token")
-        if not contiguous:
+        if scattered:
             raise ZeroGRError("attention_mask: each row's tokens must be one contiguous run (left or right padding)")
-        if bool(bad_ids.any()):
+        if bad:
             row = int(bad_ids.nonzero()[0, 0])
             raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {self.vocab})")
         src = (start[:, None] + pos[None, :]).clamp(max=t - 1)
@@ -274,6 +280,13 @@ class Qwen3StepModel:
         # contiguous run per request, and SDPA reads the (kv_heads, slot) transpose as a view
         self.kv = torch.zeros(2, self.n_layers, b, tb + own, self.kv_heads, self.head_dim, dtype=dt, device=dev)
         self.first = torch.zeros(b, self.hidden_size, dtype=dt, device=dev)
+        p = self.lineage_len
+        # lineage[b, m, t]: the beam whose slot of position t holds beam m's SID token t
+        self.own_slots = torch.arange(beam_width, dtype=torch.int32, device=dev)[None, :, None].expand(
+            b, beam_width, p).contiguous()
+        self.lineage = self.own_slots.clone()
+        # cos and sin of every position a request of this bucket reaches, from the model's own rotary module
+        self.rope_table = torch.stack(self._rope(self.first, torch.arange(tb + p, device=dev)))   # (2, tb + P, D)
         self.batch, self.beam_width, self.context_len = b, beam_width, tb
 
     @torch.no_grad()
@@ -399,7 +412,7 @@ class Qwen3StepModel:
         (no host synchronisation, static shapes), so a CUDA graph can hold it."""
         b, tb = self.ids.shape
         x = self.core.embed_tokens(self.ids).view(b * tb, -1)
-        cos, sin = self._rope(x, torch.arange(tb, device=self.device).repeat(b))
+        cos, sin = self.rope_table[:, :tb].repeat(1, b, 1)                               # (b · tb, D) each
 
         last = torch.arange(b, device=self.device) * tb + self.lengths - 1   # each request's last token, flat
 
@@ -420,18 +433,22 @@ class Qwen3StepModel:
             mask = (torch.arange(tb, device=self.device)[None, :] < self.lengths[:, None])[:, None, None]
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(b, -1)
 
-        self.first.copy_(self.core.norm(self._layers(x, cos, sin, cache, attend, keep=last)))
+        self.first.copy_(self._norm(self.core.norm, self._layers(x, cos, sin, cache, attend, keep=last)))
 
-    def _reorder(self, parents: torch.Tensor, positions: int) -> None:
-        """Every layer's lineage slots of positions < ``positions`` gathered from the parent beams."""
+    def _descend(self, parents: torch.Tensor | None, position: int) -> None:
+        """The ancestor table after a step that chose SID position ``position``: positions before it
+        inherited from each beam's parent, the new one (and those after) the beam's own slot."""
         from .protocol import safe_parents
 
-        b, m, p, tb = self.batch, self.beam_width, self.lineage_len, self.context_len
+        if position == 0:
+            self.lineage.copy_(self.own_slots)
+            return
+        b, m = self.batch, self.beam_width
         rows = safe_parents(parents.to(self.device), m).view(b, m)
         local = rows - torch.arange(b, device=self.device)[:, None] * m                  # parent beam in its request
-        kv = self.kv.view(2 * self.n_layers, b, -1, self.kv_heads, self.head_dim)
-        own = kv[:, :, tb:tb + m * p].unflatten(2, (m, p))[:, :, :, :positions]          # (2Ly, b, M, pos, kvh, D)
-        own.copy_(own[:, torch.arange(b, device=self.device)[:, None], local])
+        inherited = self.lineage[torch.arange(b, device=self.device)[:, None], local]    # (b, M, P)
+        inherited[:, :, position:] = self.own_slots[:, :, position:]
+        self.lineage.copy_(inherited)
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
@@ -445,14 +462,12 @@ class Qwen3StepModel:
         b, m, tb, p = self.batch, tokens.shape[1], self.context_len, self.lineage_len
         if m != self.beam_width:
             raise ZeroGRError(f"step model: {m} beams per request at step {step}, prefilled for {self.beam_width}")
-        n, j = b * m, step - 1                                        # j: SID position of the new token
-        if step > 1:
-            self._reorder(parents, j)
+        n, j, d = b * m, step - 1, self.head_dim                       # j: SID position of the new token
+        self._descend(parents, j)
         ids = tokens.to(self.device, torch.int64).clamp(min=0).reshape(n) + self.token_offsets[j]
         x = self.core.embed_tokens(ids)                                                  # (n, hidden)
-        positions = (self.lengths[:, None] + j).expand(b, m).reshape(n)
-        cos, sin = self._rope(x, positions)
-        d = self.head_dim
+        rope = self.rope_table[:, self.lengths + j]                                      # (2, b, D)
+        cos, sin = rope[:, :, None].expand(2, b, m, d).contiguous().view(2, n, d)       # (n, D) each
         # the kernel on a GPU; on the CPU its reference (SDPA with a mask), even under the interpreter
         attention = (beam_context_attention_triton if self.kv.is_cuda and use_triton(self.kv)
                      else beam_context_attention_reference)
@@ -464,10 +479,10 @@ class Qwen3StepModel:
         def attend(i, q, k, v):
             # all M beams and g query heads of a KV head attend together: the context is read once per request
             o = attention(q.view(b, m, self.heads, d), self.kv[0, i], self.kv[1, i], self.lengths, context_len=tb,
-                          lineage_len=p, step=step)
+                          lineage_len=p, step=step, lineage=self.lineage)
             return o.view(n, self.heads * d)
 
-        return self.core.norm(self._layers(x, cos, sin, cache, attend))
+        return self._norm(self.core.norm, self._layers(x, cos, sin, cache, attend))
 
 
 def _stack(linears, name: str) -> torch.Tensor:
