@@ -231,21 +231,22 @@ class Qwen3StepModel:
     # ---- requests -------------------------------------------------------------------
 
     def _right_padded(self, history, attention_mask):
-        """(ids (B, T) right-padded with 0, lengths (B,)), validated."""
+        """(ids (B, T) right-padded with 0, lengths (B,) or None when every row is T tokens), validated."""
         if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[1] < 1:
             shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
             raise ZeroGRError(f"input_ids: expected a (batch, T ≥ 1) integer tensor, got {shape}")
         if history.dtype.is_floating_point or history.dtype == torch.bool:
             raise ZeroGRError(f"input_ids: expected integer token ids, got {history.dtype}")
-        ids = history.to(self.device, torch.int64)
-        b, t = ids.shape
-        out_of_vocab = (ids < 0) | (ids >= self.vocab)
+        b, t = history.shape
         if attention_mask is None:
-            # the common call: one device reduction and one synchronisation
-            if bool(out_of_vocab.any()):
-                row = int(out_of_vocab.any(dim=1).nonzero()[0, 0])
+            # the common call: one reduction where the ids are (a synchronisation only if that is a GPU)
+            lo, hi = torch.stack(torch.aminmax(history)).tolist()
+            if lo < 0 or hi >= self.vocab:
+                row = int(((history < 0) | (history >= self.vocab)).any(dim=1).nonzero()[0, 0])
                 raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {self.vocab})")
-            return ids, torch.full((b,), t, dtype=torch.int64, device=self.device)
+            return history.to(self.device, torch.int64), None
+        ids = history.to(self.device, torch.int64)
+        out_of_vocab = (ids < 0) | (ids >= self.vocab)
         if tuple(attention_mask.shape) != (b, t):
             raise ZeroGRError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
                               f"{(b, t)}")
@@ -311,9 +312,13 @@ class Qwen3StepModel:
         if self._static_key != key:
             self._allocate(b, tb, beam_width)
             self._static_key = key
-        self.ids[:, t:].zero_()
+        if t < tb:
+            self.ids[:, t:].zero_()
         self.ids[:, :t].copy_(ids)
-        self.lengths.copy_(lengths)
+        if lengths is None:
+            self.lengths.fill_(t)
+        else:
+            self.lengths.copy_(lengths)
         self.prefill_in_step = True
 
     @torch.no_grad()
