@@ -59,3 +59,20 @@ def _reference_kernels(request, monkeypatch):
     PyTorch references on CPU tensors, as a CPU deployment does, instead of the interpreter."""
     if request.node.get_closest_marker("reference_kernels") is not None and not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+# The suite's longest tests (a 2-worker CI run, `pytest --durations`), started first: pytest-xdist
+# hands tests out in collection order, and a 4-minute test handed out last kept one worker busy
+# for minutes after the other had finished.
+LONGEST_FIRST = (
+    "test_recsys_beauty.py::test_compiled_training_step_follows_the_eager_one",
+    "test_constraint_api.py::test_registered_allow_sets_match_the_row_lists_and_the_oracle",
+    "test_profile_decode.py::test_quick_run_records_every_list_condition",
+    "e2e/test_app_e2e.py::test_app_in_browser",
+    "test_constraints.py::test_both_orders_match_the_oracle",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.removeprefix("tests/"), len(rank)))

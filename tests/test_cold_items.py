@@ -196,6 +196,7 @@ def test_checkpoint_records_the_split_and_constrained_orders_return_only_cold_it
         decode_rows(model, histories, "filter-first", 10, 4, allow_rows=cold_rows, skip_seen=True)
 
 
+@pytest.mark.reference_kernels
 def test_a_kept_checkpoint_is_evaluated_again_only_on_its_own_split(study, tmp_path, capsys):
     args = ["coldstart", "--data", str(study["seq"]), "--sids", str(study["sids"]), "--cold", "0.1", "--preset",
             "tiny", "--device", "cpu", "--users", "4", "--checkpoint", str(study["out"]), "--json"]

@@ -48,7 +48,11 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     data_dir = write_synthetic_ml1m(root / "ml1m")
     out = root / "model" / "tiny.pt"
-    meta = train_movielens(data_dir, out, preset="tiny", device="cpu", log=lambda line: None)
+    # training's validation decodes take the kernels' PyTorch references, as a CPU deployment does
+    # (a module-scoped fixture runs before the reference_kernels marker's per-test switch)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        meta = train_movielens(data_dir, out, preset="tiny", device="cpu", log=lambda line: None)
     return data_dir, out, meta
 
 

@@ -98,6 +98,7 @@ def test_many_calls_follow_the_schedule_of_one_with_dropout_and_the_validity_ter
     assert history2[-1]["elapsed_s"] >= sum(r["seconds"] for r in history2)
 
 
+@pytest.mark.reference_kernels
 def test_resume_refuses_a_state_of_another_run(tmp_path, seq, capsys):
     out = tmp_path / "m.pt"
     args = ["train", "--data", str(seq), "--preset", "tiny", "--out", str(out), "--stop-after-minutes", "1e-6"]
