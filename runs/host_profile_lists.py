@@ -1,14 +1,16 @@
 """Where the host time of a constrained public-API decode goes: ``Decoder.decode(..., deny_items=)``
-against the same decoder without lists, on the constraints suite's search-like catalog (smaller
-scale: the host work does not grow with the catalog).
+(or ``allow_items=``) against the same decoder without lists, on the constraints suite's
+search-like catalog (smaller scale: the host work of a deny list does not grow with the catalog).
 
     python runs/host_profile_lists.py --scale 1000000 --batch 1 --deny 100 [--calls 300]
+    python runs/host_profile_lists.py --scale 20000000 --batch 32 --allow-share 0.01 --calls 20 --kernels
 
 (from the repository root, with the package installed by ``make install``, or ``PYTHONPATH=.``).
 
 Prints the median wall time of each condition (synchronised after every call) and, for the
 lists, the cProfile table of the calls (cumulative time per function), so the host cost of
-building, staging and launching can be read apart from the GPU's.
+building, staging and launching can be read apart from the GPU's. ``--kernels`` adds the device
+time of one call's kernels and copies (torch.profiler).
 """
 from __future__ import annotations
 
@@ -25,7 +27,10 @@ def main() -> None:
     p.add_argument("--scale", type=int, default=1_000_000)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--deny", type=int, default=100, help="ids denied per request")
+    p.add_argument("--allow-share", type=float, default=0.0,
+                   help="allow this share of the catalog per request (ids as numpy arrays) instead of denying")
     p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--kernels", action="store_true", help="the device time of one call, per kernel")
     p.add_argument("--top", type=int, default=30)
     args = p.parse_args()
 
@@ -45,14 +50,20 @@ def main() -> None:
     model = ReplayModel(ctx.sets, args.batch)
     rng = np.random.default_rng(0)
     cat = wl.catalog
-    ids = [cat.item_ids[rng.integers(0, cat.n_items, args.deny)] for _ in range(args.batch)]
+    if args.allow_share > 0:
+        n = max(1, int(args.allow_share * cat.n_items))
+        ids = [cat.item_ids[rng.choice(cat.n_items, n, replace=False)] for _ in range(args.batch)]
+        condition = (f"allow {n}", {"allow_items": ids})
+    else:
+        ids = [cat.item_ids[rng.integers(0, cat.n_items, args.deny)] for _ in range(args.batch)]
+        condition = (f"deny {args.deny}", {"deny_items": ids})
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def call(kwargs):
         dec.decode(model, args.batch, **kwargs)
         sync()
 
-    for label, kwargs in (("none", {}), (f"deny {args.deny}", {"deny_items": ids})):
+    for label, kwargs in (("none", {}), condition):
         for _ in range(5):
             call(kwargs)
         times = []
@@ -69,7 +80,12 @@ def main() -> None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(args.top)
         print(out.getvalue(), flush=True)
-    if device.type == "cuda":
+        if args.kernels and device.type == "cuda":
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                                    torch.profiler.ProfilerActivity.CPU]) as prof:
+                call(kwargs)
+            print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=args.top), flush=True)
+    if device.type == "cuda" and args.allow_share == 0:
         _replay_times(dec, args, ids, sync)
 
 

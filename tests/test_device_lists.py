@@ -274,3 +274,23 @@ def test_cuda_graphed_build_under_concurrent_callers():
         for i, got in pool.map(build, range(len(calls))):
             want = build_lists(catalog, batch, None, calls[i])
             assert got.offsets.tolist() == want.offsets.tolist() and got.rows.tolist() == want.rows.tolist(), i
+
+
+@pytest.mark.parametrize("limit", ["int32", "int64"])
+def test_both_key_widths_build_the_host_lists(monkeypatch, limit):
+    """The device build sorts its keys as int32 when they fit, else as int64: both give the host
+    path's lists (the int64 width forced here: a catalog big enough to need it is not built)."""
+    from zerogr_core.decode import device_lists
+
+    if limit == "int64":
+        monkeypatch.setattr(device_lists, "KEY32_LIMIT", 0)
+    g = np.random.default_rng(7)
+    for seed in range(6):
+        catalog = catalog_of(300, seed)
+        ids = catalog.item_ids
+        batch = 1 + seed
+        allow = [None if g.random() < 0.5 else g.choice(ids, g.integers(0, 200)) for _ in range(batch)]
+        deny = [g.integers(-5, int(ids.max()) + 5, g.integers(0, 250)) for _ in range(batch)]
+        for normalise in ("request", "catalog"):
+            same(build_lists(catalog, batch, allow, deny, None, normalise),
+                 build_lists_on("cpu", catalog, batch, allow, deny, None, normalise))

@@ -120,6 +120,7 @@ def test_metric_helpers():
     assert differ == {1: 0.5, 2: 0.0, 3: 0.5} and order_differ == {1: 0.5, 2: 0.5, 3: 1.0}
 
 
+@pytest.mark.reference_kernels
 def test_cli_quality_on_tiny_model(tiny, tmp_path, capsys):
     data_dir, out, _ = tiny
     code = main(["quality", "--data", str(data_dir), "--checkpoint", str(out), "--beam", "10", "--users", "12",
@@ -182,6 +183,7 @@ def test_shipped_checkpoint_reproduces_recorded_metrics():
         assert again[key] == pytest.approx(rec["test"][key], abs=1e-9)
 
 
+@pytest.mark.reference_kernels
 def test_padded_batches_decode_as_one_and_the_clock_splits(tiny):
     data_dir, out, _ = tiny
     study = load_checkpoint(out)
