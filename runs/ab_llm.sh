@@ -6,9 +6,10 @@
 #   bash runs/ab_llm.sh BASE OUT [BENCH_ARGS...]
 #
 # BASE is a folder holding another version's kernels/ and zerogr_core/ (for example
-# `git archive COMMIT kernels zerogr_core | tar x -C .wt_base`); OUT gets base1/, new1/, base2/, new2/
-# (llm.json, llm.csv, llm.md and run.log each) and ab.txt, the filter-first lines of every round. BENCH_ARGS go to `python -m zerogr_core.bench.llm`
-# (default: --shapes 1000x1,1000x8 --no-hf --agreement-requests 0 --budget-s 100).
+# `git archive COMMIT kernels zerogr_core | tar x -C .wt_base`); OUT gets base1/, new1/, base2/, new2/, ...
+# (llm.json, llm.csv, llm.md and run.log each) and ab.txt, the filter-first lines of every round.
+# BENCH_ARGS go to `python -m zerogr_core.bench.llm` (default: --shapes 1000x1,1000x8 --no-hf
+# --agreement-requests 0 --budget-s 100).
 set -uo pipefail
 [ $# -ge 2 ] || { echo "usage: bash runs/ab_llm.sh BASE OUT [BENCH_ARGS...]" >&2; exit 2; }
 BASE=$(cd "$1" && pwd) || { echo "error: $1: base folder not found" >&2; exit 2; }

@@ -365,10 +365,10 @@ class GraphedBuild:
     in a CUDA graph: the eager build issues some 60 small launches a call, whose host cost
     (not the GPU's) made it last a millisecond or two whatever the list size.
 
-    A call gathers its ids into a pinned block, copies them in, pads them on the device with an
-    id the table does not hold, copies in the entries' ``(request · 2 + kind, count)`` runs (padded with one run over
-    the padding and empty runs) and the modes, and replays the graph; the lists are clones of the graph's outputs, so a later build never
-    changes them. Calls take turns, and one refills the buffers only after the previous
+    A call gathers its ids into a pinned block and copies them in, pads them on the device with
+    an id the table does not hold, copies in the entries' ``(request · 2 + kind, count)`` runs
+    (padded with one run over the padding and empty runs) and the modes, and replays the
+    graph; the lists are clones of the graph's outputs, so a later build never changes them. Calls take turns, and one refills the buffers only after the previous
     call's copy, replay and clones finished (whatever stream it ran on).
 
     Parameters
@@ -432,14 +432,12 @@ class GraphedBuild:
         host[c + 2 * r:] = mode
         if total:
             np.concatenate(id_parts, out=host[:total], casting="unsafe")
-        if self.graph is None:
-            host[total:c] = self.pad_id
-            self.block.copy_(self.host)
-            return self._build(*self._views())
         # the ids and the header cross; the padding between them is filled on the device
         self.block[:total].copy_(self.host[:total], non_blocking=True)
         self.block[total:c].fill_(self.pad_id)
         self.block[c:].copy_(self.host[c:], non_blocking=True)
+        if self.graph is None:
+            return self._build(*self._views())
         self.graph.replay()
         offsets, rows = self.outputs
         out = offsets.clone(), rows.clone()
