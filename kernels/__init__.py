@@ -12,10 +12,13 @@ path (except the naive ablation), so a whole decode can be captured in a CUDA gr
 Per decoding step (docs/design.md §4), op (module):
 
 1. :func:`filter_slots` (``filtering``) - slot rows and the work queue, sparse or dense;
-   with per-request lists, ``constraints.constrain_slots`` after it (and
-   ``constraints.constrain_scored_slots`` after step 2 for catalog-normalised requests),
-   over the bitmap of listed rows that ``row_marks.mark_rows`` sets at the first step (deny
-   lists given as item ids are first turned into rows by ``deny_ids.deny_rows``).
+   with per-request lists (``constraint=constraints.SlotLists(...)``) it also kills the slots
+   with no allowed row below them as it fills them (``constraints.constrain_slots`` is the
+   same test as a kernel of its own, which the reference decoder runs after the filter), and
+   ``deferred.finish_deferred`` settles catalog-normalised requests after step 2
+   (``constraints.constrain_scored_slots`` on the reference path); both read the bitmap of
+   listed rows that ``row_marks.mark_rows`` sets at the first step (deny lists given as item
+   ids are first turned into rows, and marked, by ``deny_ids.deny_rows``).
 2. :func:`selective_proj` (``selective``), or :func:`shared_selective_proj`
    (``shared_selective``: one gather of a head row for the beams of several requests in one
    state, after :func:`group_beams` (``beam_groups``) sorts the beams by state), or

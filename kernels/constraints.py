@@ -45,12 +45,14 @@ of its segment. Beam ``b`` belongs to request ``b // beams_per_request``.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, pdl_args, pdl_prologue, use_triton
-from .normalize import lse_finish, lse_update, row_tiling
+from .normalize import lse_finish, lse_start, lse_update, row_tiling
 from .row_marks import _check_marks
 
 BLOCK_SLOTS = 128
@@ -65,6 +67,52 @@ ALLOW = 1
 CATALOG_NORMALISED = 2
 """Bit of ``list_mode``: normalise the request over the catalog's valid tokens, then drop
 its listed candidates (see the module docstring)."""
+
+
+class SlotLists(NamedTuple):
+    """A step's lists as :func:`zerogr_kernels.filter_slots` applies them while it fills the
+    slots (its ``constraint=``): the arguments of :func:`constrain_slots` that are not slots.
+    The fields are those of :func:`constrain_slots` (its docstring has their shapes and dtypes).
+    With ``defer``, a slot of a catalog-normalised request that only its own list kills stays
+    live for projection with its successor ``s`` stored as ``-2 - s``
+    (:func:`zerogr_kernels.deferred.finish_deferred` settles it afterwards, without a search).
+    """
+
+    row_start: torch.Tensor | None
+    list_offsets: torch.Tensor
+    list_rows: torch.Tensor
+    list_mode: torch.Tensor
+    beams_per_request: int
+    n_iter: int
+    defer: bool = False
+    marks: torch.Tensor | None = None
+    mark_shift: int = 0
+
+    def check(self, slot_tokens, slot_succ, slot_logits) -> None:
+        """Raise unless the lists fit these slot tensors (:func:`constrain_slots`'s checks)."""
+        _check(slot_tokens, slot_succ, slot_logits, self.row_start, self.list_offsets, self.list_rows,
+               self.list_mode, self.beams_per_request, self.n_iter)
+        _check_marks(self.marks, self.mark_shift, slot_succ.device)
+
+    def launch_args(self) -> tuple:
+        """The filter kernels' list pointers and scalars, in their order."""
+        last = self.row_start is None
+        return (self.list_rows if last else self.row_start, self.list_offsets, self.list_rows, self.list_mode,
+                self.list_mode if self.marks is None else self.marks, self.mark_shift, self.beams_per_request,
+                self.n_iter)
+
+    def launch_flags(self) -> dict:
+        return {"LAST": self.row_start is None, "DEFER": bool(self.defer), "MARKS": self.marks is not None}
+
+    def apply_reference(self, slot_tokens, slot_succ, slot_logits) -> None:
+        """:func:`constrain_slots_reference` over these slots (in place), the deferred slots
+        marked as the filter marks them."""
+        if self.defer:
+            valid, alive, live, catalog = _alive_reference(slot_succ, *self[:5])
+            later = valid & catalog & live & ~alive
+            slot_succ.copy_(torch.where(later, -2 - slot_succ, slot_succ))
+        constrain_slots_reference(slot_tokens, slot_succ, slot_logits, *self[:6], self.defer, self.marks,
+                                  self.mark_shift)
 
 
 def search_iterations(capacity: int) -> int:
@@ -197,6 +245,27 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
 
 
 @triton.jit
+def _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, list_mode_ptr,
+                  marks_ptr, mark_shift, beams_per_request, n_cap, LAST: tl.constexpr, DEFER: tl.constexpr,
+                  MARKS: tl.constexpr):
+    # For a (ROWS, BLOCK) tile of beams `rows` whose slots a caller holds in registers (the
+    # filter): (kept, succ), the slots the lists leave and their successors, -1 where killed
+    # and, with DEFER, -2 - s for the live slots of catalog-normalised requests that their own
+    # list kills after projection.
+    req = tl.minimum(rows, n_beams - 1) // beams_per_request
+    mode = tl.load(list_mode_ptr + req, mask=row_ok, other=0)
+    alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req[:, None],
+                              ((mode & 1) != 0)[:, None], n_cap, marks_ptr, mark_shift, LAST, MARKS)
+    later = valid & False
+    if DEFER:
+        catalog = ((mode & 2) != 0)[:, None]
+        later = valid & catalog & live & ~alive
+        alive = tl.where(catalog, live, alive)
+    kept = valid & alive
+    return kept, tl.where(kept, tl.where(later, -2 - succ, succ), -1)
+
+
+@triton.jit
 def _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, dead):
     # marks the slots at int64 offsets `slot` (any shape) where `dead` is true as invalid
     minus_one = tl.zeros_like(slot) - 1
@@ -242,16 +311,10 @@ def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_st
                              ROWS: tl.constexpr, BLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, MARKS: tl.constexpr,
                              PDL: tl.constexpr):
     pdl_prologue(PDL)
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
-    req = tl.minimum(rows, n_rows - 1) // beams_per_request
-    mode = tl.load(list_mode_ptr + req, mask=row_ok, other=0)
-    active = row_ok & ((mode & 2) != 0)  # other requests read nothing and keep their scores
+    rows, row_ok, req, mode, active = _catalog_rows(list_mode_ptr, n_rows, beams_per_request, ROWS)
     # log-sum-exp states over every live slot (m_all, s_all) and over the alive ones
-    m_all = tl.full([ROWS], float("-inf"), tl.float32)
-    s_all = tl.zeros([ROWS], tl.float32)
-    m_alive = tl.full([ROWS], float("-inf"), tl.float32)
-    s_alive = tl.zeros([ROWS], tl.float32)
+    m_all, s_all = lse_start(ROWS)
+    m_alive, s_alive = lse_start(ROWS)
     for c in range(N_CHUNKS):
         cols = c * BLOCK + tl.arange(0, BLOCK)
         ok = active[:, None] & (cols < K)[None, :]
@@ -265,6 +328,24 @@ def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_st
         m_all, s_all = lse_update(m_all, s_all, x)
         m_alive, s_alive = lse_update(m_alive, s_alive, tl.where(alive, x, float("-inf")))
         _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, valid & ~alive)
+    _store_shifted(score_ptr, out_score_ptr, rows, row_ok, active, m_all, s_all, m_alive, s_alive)
+
+
+@triton.jit
+def _catalog_rows(list_mode_ptr, n_rows, beams_per_request, ROWS: tl.constexpr):
+    # this program's beams, their requests and modes, and which are catalog-normalised (the
+    # others read nothing and keep their scores)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    req = tl.minimum(rows, n_rows - 1) // beams_per_request
+    mode = tl.load(list_mode_ptr + req, mask=row_ok, other=0)
+    return rows, row_ok, req, mode, row_ok & ((mode & 2) != 0)
+
+
+@triton.jit
+def _store_shifted(score_ptr, out_score_ptr, rows, row_ok, active, m_all, s_all, m_alive, s_alive):
+    # the beam scores of catalog-normalised rows (`active`) moved by lse(alive) - lse(live); -inf
+    # where nothing is alive; the other rows' scores unchanged
     score = tl.load(score_ptr + rows, mask=row_ok, other=float("-inf"))
     shift = lse_finish(m_alive, s_alive) - lse_finish(m_all, s_all)
     out = tl.where(m_alive == float("-inf"), float("-inf"), score + shift)

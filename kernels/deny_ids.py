@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
+from .row_marks import _check_marks, mark_rows, marks_of_rows
 
 MAX_WIDTH = 2048
 """Widest padded id row (ids per request, a power of two) one program sorts in registers;
@@ -30,7 +31,7 @@ MAX_IDS = 65_536
 
 @triton.jit
 def _deny_rows_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rows_ptr, offsets_ptr, n_rows,
-                      W: tl.constexpr, PDL: tl.constexpr):
+                      marks_ptr, mark_shift, n_words, W: tl.constexpr, MARKS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, W)
@@ -50,39 +51,56 @@ def _deny_rows_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rows_ptr
     tl.debug_barrier()  # every thread has read before any overwrites
     tl.store(out + place, row, mask=keep)
     tl.store(out + k, tl.zeros_like(row) + n_rows, mask=k >= n_keep)
+    if MARKS:  # the row bitmap (kernels.row_marks) of what this program wrote, without a launch of its own:
+        # its kept rows, and the padding where mark_rows would mark it (inside the last word)
+        g = tl.where(keep, row, n_rows) >> mark_shift
+        bit = (tl.zeros_like(g) + 1) << (g & 31)
+        tl.atomic_or(marks_ptr + (g >> 5), bit.to(tl.uint32).to(tl.int32, bitcast=True),
+                     mask=(keep | (k >= n_keep)) & ((g >> 5) < n_words))
 
 
-def _check(ids, id_offsets, width, table, rows, offsets) -> None:
-    check_tensor("ids", ids, dtypes=(torch.int64,), ndim=1, contiguous=True)
-    dev = ids.device
+def _check(ids, id_offsets, width, table, rows, offsets, marks=None, mark_shift=0) -> None:
+    check_tensor("rows", rows, dtypes=(torch.int64,), ndim=1, contiguous=True)
+    dev = rows.device
+    # the ids may stay in pinned host memory, which a GPU kernel reads in place
+    host = dev.type == "cuda" and ids.device.type == "cpu" and ids.is_pinned() and id_offsets.is_pinned()
+    src = ids.device if host else dev
+    check_tensor("ids", ids, dtypes=(torch.int64,), ndim=1, device=src, contiguous=True)
     if not isinstance(width, int) or width < 1 or width & (width - 1) or width > MAX_IDS:
         raise ValueError(f"width must be a power of two at most {MAX_IDS}, got {width!r}")
-    check_tensor("id_offsets", id_offsets, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
+    check_tensor("id_offsets", id_offsets, dtypes=(torch.int64,), ndim=1, device=src, contiguous=True)
     batch = id_offsets.shape[0] - 1
     check_tensor("table", table, dtypes=(torch.int32, torch.int64), ndim=1, device=dev, contiguous=True)
-    check_tensor("rows", rows, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
     check_tensor("offsets", offsets, dtypes=(torch.int64,), ndim=1, device=dev, shape=(batch + 2,),
                  contiguous=True)
+    _check_marks(marks, mark_shift, dev)
 
 
 def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
-                     rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """Triton implementation of :func:`deny_rows` (one launch, no host synchronisation), up to
-    :data:`MAX_WIDTH`."""
-    _check(ids, id_offsets, width, table, rows, offsets)
+                     rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
+                     mark_shift: int = 0) -> torch.Tensor:
+    """Triton implementation of :func:`deny_rows` (one launch, and a fill of ``marks``; no host
+    synchronisation), up to :data:`MAX_WIDTH`."""
+    _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift)
     if width > MAX_WIDTH:
         raise ValueError(f"width must be at most {MAX_WIDTH} for the Triton kernel, got {width}")
     batch = id_offsets.shape[0] - 1
+    if marks is not None:
+        marks.zero_()
     if batch:
         _deny_rows_kernel[(batch,)](ids, id_offsets, table, table.numel(), int(base), rows, offsets, int(n_rows),
-                                    W=width, num_warps=4, **pdl_args(ids.device))
+                                    rows if marks is None else marks, int(mark_shift),
+                                    0 if marks is None else marks.numel(), W=width, MARKS=marks is not None,
+                                    num_warps=4, **pdl_args(rows.device))
     return rows
 
 
 def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
-                        rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
+                        rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
+                        mark_shift: int = 0) -> torch.Tensor:
     """PyTorch reference of :func:`deny_rows` (same signature and output)."""
-    _check(ids, id_offsets, width, table, rows, offsets)
+    _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift)
+    ids, id_offsets = ids.to(rows.device), id_offsets.to(rows.device)
     for r in range(id_offsets.shape[0] - 1):
         first = int(id_offsets[r])
         pos = ids[first:first + min(int(id_offsets[r + 1]) - first, width)] - int(base)
@@ -92,19 +110,24 @@ def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int,
         start = int(offsets[r + 1])
         rows[start:start + width] = n_rows
         rows[start:start + found.numel()] = found
+    if marks is not None:
+        marks_of_rows(rows[int(offsets[0]):int(offsets[-1])], marks, mark_shift)
     return rows
 
 
 def deny_rows_sorted(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
-                     rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
+                     rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
+                     mark_shift: int = 0) -> torch.Tensor:
     """:func:`deny_rows` in whole-batch torch operations (a padded ``(batch, width)`` matrix
     sorted along its rows, in int32 below 2^31 rows, then each row's distinct rows moved to its
     front by a stable partition): no host synchronisation, so a CUDA graph can hold it; what
     widths past :data:`MAX_WIDTH` run."""
-    _check(ids, id_offsets, width, table, rows, offsets)
+    _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift)
+    if ids.device != rows.device:
+        raise ValueError("deny_rows_sorted needs the ids on the rows' device")
     batch = id_offsets.shape[0] - 1
     if not batch or not ids.numel():
-        return deny_rows_reference(ids, id_offsets, width, table, base, rows, offsets, n_rows)
+        return deny_rows_reference(ids, id_offsets, width, table, base, rows, offsets, n_rows, marks, mark_shift)
     k = torch.arange(width, device=ids.device)
     first = id_offsets[:-1, None]
     given = k < (id_offsets[1:, None] - first)
@@ -121,16 +144,19 @@ def deny_rows_sorted(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, ta
     place = torch.where(keep, kept - 1, kept[:, -1:] + (k + 1 - kept) - 1)
     row = torch.where(keep, row, n_rows).long()
     rows.scatter_(0, (offsets[1:batch + 1, None] + place).flatten(), row.flatten())
+    if marks is not None:
+        mark_rows(offsets, rows, marks, mark_shift)
     return rows
 
 
 def deny_rows(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
-              rows: torch.Tensor, offsets: torch.Tensor, n_rows: int) -> torch.Tensor:
+              rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
+              mark_shift: int = 0) -> torch.Tensor:
     if width > MAX_WIDTH:
         fn = deny_rows_sorted
     else:
-        fn = deny_rows_triton if use_triton(ids) else deny_rows_reference
-    return fn(ids, id_offsets, width, table, base, rows, offsets, n_rows)
+        fn = deny_rows_triton if use_triton(rows) else deny_rows_reference
+    return fn(ids, id_offsets, width, table, base, rows, offsets, n_rows, marks, mark_shift)
 
 
 deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog rows, padded with ``n_rows``.
@@ -139,7 +165,9 @@ deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog r
     ----------
     ids : torch.Tensor
         ``(n,)`` int64 item ids; request ``r`` lists ``ids[id_offsets[r]:id_offsets[r + 1]]``
-        (in any order, repeats and unknown ids allowed).
+        (in any order, repeats and unknown ids allowed). Up to :data:`MAX_WIDTH`, ``ids`` and
+        ``id_offsets`` may be pinned host tensors beside CUDA ``rows``: the kernel reads them
+        in place, so no copy is needed (nor captured) before it.
     id_offsets : torch.Tensor
         ``(batch + 1,)`` int64, non-decreasing, each request's count at most ``width``.
     width : int
@@ -156,6 +184,14 @@ deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog r
         (entry 0 starts the global segment, which this op leaves alone).
     n_rows : int
         The catalog's rows: the padding value, past every real row.
+    marks : torch.Tensor, optional
+        ``(mark_words(n_rows),)`` int32, overwritten with the bitmap of
+        ``rows[offsets[0]:offsets[-1]]`` after the op (:func:`~zerogr_kernels.row_marks.mark_rows`),
+        set by the same launch up to :data:`MAX_WIDTH`. The kernel marks the rows it writes, so
+        ``offsets`` must then lay the requests' outputs back to back, ``width`` apart, after an
+        empty global segment (as the engine's deny-id buffers do).
+    mark_shift : int
+        log2 of the rows per bit of ``marks``.
 
     Returns
     -------

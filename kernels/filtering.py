@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ._common import (FLOAT_DTYPES, cdiv, check_out, check_tensor, next_pow2, pdl_args, pdl_prologue,
                       use_triton)
+from .constraints import SlotLists, _filter_lists
 
 TASK_WIDTH = 64
 """Slots per work-queue task (the task at column block ``c`` starts at ``64 * c``)."""
@@ -136,8 +137,11 @@ def _store_slots(rows, row_ok, cols, K, col_task, valid, tok, succ, lg,
 def _filter_sparse_kernel(states_ptr, tokens_ptr, offsets_ptr, logits_ptr,
                           slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, seg_len_ptr, tasks_ptr,
                           n_beams, K, n_col_tasks, stride_lb, stride_lv,
+                          row_start_ptr, list_off_ptr, list_rows_ptr, list_mode_ptr, marks_ptr, mark_shift,
+                          beams_per_request, n_iter,
                           HAS_LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
-                          TASK_W: tl.constexpr, PDL: tl.constexpr):
+                          TASK_W: tl.constexpr, CONSTRAIN: tl.constexpr, LAST: tl.constexpr, DEFER: tl.constexpr,
+                          MARKS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     # grid: (beam blocks of ROWS, column tasks of TASK_W slots); BLOCK_K <= TASK_W
     col_task = tl.program_id(1)
@@ -155,9 +159,14 @@ def _filter_sparse_kernel(states_ptr, tokens_ptr, offsets_ptr, logits_ptr,
     entry = start[:, None] + cols[None, :]
     tok = tl.load(tokens_ptr + entry, mask=valid, other=-1).to(tl.int32)
     succ = tl.where(valid, entry, -1)
+    kept = valid
+    if CONSTRAIN:
+        kept, succ = _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr,
+                                   list_mode_ptr, marks_ptr, mark_shift, beams_per_request, n_iter, LAST, DEFER, MARKS)
+        tok = tl.where(kept, tok, -1)
     if HAS_LOGITS:
         lg = tl.load(logits_ptr + rows[:, None] * stride_lb + tok.to(tl.int64) * stride_lv,
-                     mask=valid, other=float("-inf")).to(tl.float32)
+                     mask=kept, other=float("-inf")).to(tl.float32)
     else:
         lg = tl.full([ROWS, BLOCK_K], float("-inf"), tl.float32)
     _store_slots(rows, row_ok, cols, K, col_task, valid, tok, succ, lg,
@@ -169,8 +178,11 @@ def _filter_sparse_kernel(states_ptr, tokens_ptr, offsets_ptr, logits_ptr,
 def _filter_dense_kernel(states_ptr, table_ptr, logits_ptr,
                          slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, seg_len_ptr, tasks_ptr,
                          n_beams, K, n_col_tasks, stride_ds, stride_dv, stride_lb, stride_lv,
+                         row_start_ptr, list_off_ptr, list_rows_ptr, list_mode_ptr, marks_ptr, mark_shift,
+                         beams_per_request, n_iter,
                          HAS_LOGITS: tl.constexpr, ATOMIC_LEN: tl.constexpr, ROWS: tl.constexpr,
-                         BLOCK_K: tl.constexpr, TASK_W: tl.constexpr, PDL: tl.constexpr):
+                         BLOCK_K: tl.constexpr, TASK_W: tl.constexpr, CONSTRAIN: tl.constexpr, LAST: tl.constexpr,
+                         DEFER: tl.constexpr, MARKS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     # grid: (beam blocks of ROWS, column tasks of TASK_W slots); slot k <-> token k
     col_task = tl.program_id(1)
@@ -183,10 +195,14 @@ def _filter_dense_kernel(states_ptr, table_ptr, logits_ptr,
                    mask=live, other=-1).to(tl.int64)
     valid = succ >= 0
     succ = tl.where(valid, succ, -1)
-    tok = tl.where(valid, cols[None, :], -1)
+    kept = valid
+    if CONSTRAIN:
+        kept, succ = _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr,
+                                   list_mode_ptr, marks_ptr, mark_shift, beams_per_request, n_iter, LAST, DEFER, MARKS)
+    tok = tl.where(kept, cols[None, :], -1)
     if HAS_LOGITS:
         lg = tl.load(logits_ptr + rows[:, None] * stride_lb + cols[None, :] * stride_lv,
-                     mask=valid, other=float("-inf")).to(tl.float32)
+                     mask=kept, other=float("-inf")).to(tl.float32)
     else:
         lg = tl.full([ROWS, BLOCK_K], float("-inf"), tl.float32)
     count = _store_slots(rows, row_ok, cols, K, col_task, valid, tok, succ, lg,
@@ -200,12 +216,19 @@ def _filter_dense_kernel(states_ptr, table_ptr, logits_ptr,
 
 def filter_slots_triton(states: torch.Tensor, K: int, *, tokens: torch.Tensor | None = None,
                         offsets: torch.Tensor | None = None, table: torch.Tensor | None = None,
-                        logits: torch.Tensor | None = None, out=None) -> FilterOut:
+                        logits: torch.Tensor | None = None, out=None,
+                        constraint: SlotLists | None = None) -> FilterOut:
     """Triton launcher of :func:`filter_slots` (same signature and outputs)."""
     res = _prepare(states, K, tokens, offsets, table, logits, out)
     n_beams = states.shape[0]
+    if constraint is not None:
+        constraint.check(res.slot_tokens, res.slot_succ, res.slot_logits)
     if n_beams == 0:
         return res
+    if constraint is None:
+        lists, flags = (states,) * 5 + (0, 1, 0), {"LAST": False, "DEFER": False, "MARKS": False}
+    else:
+        lists, flags = constraint.launch_args(), constraint.launch_flags()
     n_col = cdiv(K, TASK_WIDTH)
     block_k = min(TASK_WIDTH, next_pow2(K))
     rows = min(next_pow2(n_beams), max(1, 512 // block_k))
@@ -221,25 +244,31 @@ def filter_slots_triton(states: torch.Tensor, K: int, *, tokens: torch.Tensor | 
     if table is None:
         _filter_sparse_kernel[grid](
             states, tokens, offsets, lg, res.slot_tokens, res.slot_succ, res.slot_logits,
-            res.seg_len, res.tasks, n_beams, K, n_col, *lg_strides,
-            HAS_LOGITS=has_logits, ROWS=rows, BLOCK_K=block_k, TASK_W=TASK_WIDTH, num_warps=4, **pdl)
+            res.seg_len, res.tasks, n_beams, K, n_col, *lg_strides, *lists,
+            HAS_LOGITS=has_logits, ROWS=rows, BLOCK_K=block_k, TASK_W=TASK_WIDTH,
+            CONSTRAIN=constraint is not None, **flags, num_warps=4, **pdl)
     else:
         atomic = n_col > 1
         if atomic:
             res.seg_len.zero_()
         _filter_dense_kernel[grid](
             states, table, lg, res.slot_tokens, res.slot_succ, res.slot_logits,
-            res.seg_len, res.tasks, n_beams, K, n_col, table.stride(0), table.stride(1), *lg_strides,
+            res.seg_len, res.tasks, n_beams, K, n_col, table.stride(0), table.stride(1), *lg_strides, *lists,
             HAS_LOGITS=has_logits, ATOMIC_LEN=atomic, ROWS=rows, BLOCK_K=block_k,
-            TASK_W=TASK_WIDTH, num_warps=4, **pdl)
+            TASK_W=TASK_WIDTH, CONSTRAIN=constraint is not None, **flags, num_warps=4, **pdl)
     return res
 
 
 def filter_slots_reference(states: torch.Tensor, K: int, *, tokens: torch.Tensor | None = None,
                            offsets: torch.Tensor | None = None, table: torch.Tensor | None = None,
-                           logits: torch.Tensor | None = None, out=None) -> FilterOut:
-    """Pure-PyTorch reference of :func:`filter_slots` (same signature and outputs)."""
+                           logits: torch.Tensor | None = None, out=None,
+                           constraint: SlotLists | None = None) -> FilterOut:
+    """Pure-PyTorch reference of :func:`filter_slots` (same signature and outputs): the
+    slots, then ``constraint`` applied to them as :func:`~zerogr_kernels.constraints.constrain_slots`
+    does."""
     res = _prepare(states, K, tokens, offsets, table, logits, out)
+    if constraint is not None:
+        constraint.check(res.slot_tokens, res.slot_succ, res.slot_logits)
     n_beams = states.shape[0]
     device = states.device
     alive = states >= 0
@@ -272,12 +301,15 @@ def filter_slots_reference(states: torch.Tensor, K: int, *, tokens: torch.Tensor
     ], dim=-1).reshape(-1, 3)
     for dst, src in zip(res, (tok, succ, lg, valid.sum(1), tasks)):
         dst.copy_(src)
+    if constraint is not None and n_beams:
+        constraint.apply_reference(res.slot_tokens, res.slot_succ, res.slot_logits)
     return res
 
 
 def filter_slots(states: torch.Tensor, K: int, *, tokens: torch.Tensor | None = None,
                  offsets: torch.Tensor | None = None, table: torch.Tensor | None = None,
-                 logits: torch.Tensor | None = None, out=None) -> FilterOut:
+                 logits: torch.Tensor | None = None, out=None,
+                 constraint: SlotLists | None = None) -> FilterOut:
     """Expand each beam's valid next tokens into its slot row and build the work queue.
 
     Pass either a sparse mapping (``tokens``, ``offsets``) or a dense one (``table``).
@@ -306,6 +338,15 @@ def filter_slots(states: torch.Tensor, K: int, *, tokens: torch.Tensor | None = 
         For sparse mappings every token id must be ``< V``.
     out : tuple of torch.Tensor, optional
         Preallocated contiguous outputs in :class:`FilterOut` order; all are overwritten.
+    constraint : SlotLists, optional
+        Per-request lists (:class:`zerogr_kernels.constraints.SlotLists`) applied while the
+        slots are filled: the outputs equal this call without them followed by
+        :func:`~zerogr_kernels.constraints.constrain_slots` with the same lists (a killed slot
+        gets token -1, successor -1 and logit -inf; ``seg_len`` and the work queue still count
+        it, as consumers mask by ``slot_tokens >= 0``), in one launch and one pass over the slots.
+        With ``constraint.defer``, the slots of catalog-normalised requests that only their own
+        list kills keep their token and logit, their successor ``s`` stored as ``-2 - s``, for
+        :func:`~zerogr_kernels.deferred.finish_deferred` after projection.
 
     Returns
     -------
@@ -314,4 +355,4 @@ def filter_slots(states: torch.Tensor, K: int, *, tokens: torch.Tensor | None = 
         :class:`FilterOut` and the module docstring for the work-queue format.
     """
     fn = filter_slots_triton if use_triton(states) else filter_slots_reference
-    return fn(states, K, tokens=tokens, offsets=offsets, table=table, logits=logits, out=out)
+    return fn(states, K, tokens=tokens, offsets=offsets, table=table, logits=logits, out=out, constraint=constraint)

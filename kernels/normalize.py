@@ -24,6 +24,12 @@ TILE = 1024
 
 
 @triton.jit
+def lse_start(ROWS: tl.constexpr):
+    """The empty :func:`lse_update` state ``(m, s)`` of ``ROWS`` rows."""
+    return tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32)
+
+
+@triton.jit
 def lse_update(m, s, x):
     """Fold a ``(ROWS, BLOCK_K)`` float32 chunk ``x`` into the running row max ``m`` and
     sum ``s = sum(exp(x - m))`` (both ``(ROWS,)``); -inf entries contribute nothing."""
@@ -40,8 +46,7 @@ def row_lse_state(x_ptr, rows, row_ok, K, ROWS: tl.constexpr, BLOCK_K: tl.conste
     """:func:`lse_update` state ``(m, s)`` of rows ``rows`` ``(ROWS,)`` int64 of a row-major
     ``(n, K)`` array at ``x_ptr``, folded over ``N_CHUNKS`` chunks of ``BLOCK_K`` columns;
     rows where ``row_ok`` is false read as empty."""
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    s = tl.zeros([ROWS], tl.float32)
+    m, s = lse_start(ROWS)
     for c in range(N_CHUNKS):
         cols = c * BLOCK_K + tl.arange(0, BLOCK_K)
         ok = row_ok[:, None] & (cols < K)[None, :]

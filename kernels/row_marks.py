@@ -81,7 +81,13 @@ def mark_rows_reference(list_offsets: torch.Tensor, list_rows: torch.Tensor, mar
                         mark_shift: int) -> torch.Tensor:
     """PyTorch reference of :func:`mark_rows` (same signature and output)."""
     _check_mark_args(list_offsets, list_rows, marks, mark_shift)
-    granules = torch.unique(list_rows[int(list_offsets[0]):int(list_offsets[-1])] >> mark_shift)
+    return marks_of_rows(list_rows[int(list_offsets[0]):int(list_offsets[-1])], marks, mark_shift)
+
+
+def marks_of_rows(rows: torch.Tensor, marks: torch.Tensor, mark_shift: int) -> torch.Tensor:
+    """``marks`` overwritten with the bitmap of ``rows`` (int64, any order, rows past the
+    bitmap ignored): the PyTorch computation behind the references that mark rows."""
+    granules = torch.unique(rows >> mark_shift)
     granules = granules[(granules >> 5) < marks.numel()]
     words = torch.zeros(marks.numel(), dtype=torch.int64, device=marks.device)
     # distinct granules of a word own distinct bits, so their sum is their OR

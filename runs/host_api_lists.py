@@ -2,7 +2,11 @@
 lists does not (search-like catalog of 2·10^7 SIDs, FP16, H 1,024, beam 128, 100 denied ids per
 request, batch 1 / 8 / 32).
 
-    python runs/host_api_lists.py [BATCHES] [--no-cprofile]     (on a GPU, from runs/)
+    python runs/host_api_lists.py [BATCHES] [--no-cprofile] [--ids=100,10000] [--calls=200] [--kernels] [--profile]
+                                                                  (on a GPU, from runs/)
+
+``--ids`` also times deny lists of other lengths through the public API, in both normalisations
+(the split calls and the profile are then skipped; ``--kernels`` prints each call's kernel table, ``--profile`` a ``cProfile`` of 100 request-normalised calls).
 
 Per batch: whole calls synchronised after each (``Decoder.decode`` with ``deny_items``; the same
 call split by hand into ``request_lists`` and ``GpuEngine.decode``; the engine with prebuilt lists),
@@ -14,6 +18,7 @@ import pstats
 import sys
 from collections import defaultdict
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -25,9 +30,15 @@ from host_timeline_lists import deny_setup, wall_us  # runs/, the script's folde
 
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     batches = [int(b) for b in args[0].split(",")] if args else [1, 8, 32]
+    lengths = [int(k) for k in opts.get("ids", "100").split(",")]
+    calls = int(opts.get("calls", 200))
     wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), torch.device("cuda"))
     for batch in batches:
+        if lengths != [100]:
+            public_api_rows(wl, batch, lengths, calls)
+            continue
         ctx, eng, dec, model, ids, lists = deny_setup(wl, batch)
 
         def api():
@@ -48,15 +59,47 @@ def main() -> None:
         for name, fn in rows.items():
             print(f"   {name:28s} {wall_us(fn, 200, warmup=10):8.1f} us", flush=True)
         if "--no-cprofile" not in sys.argv:
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(200):
-                api()
-            prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+            host_profile(api, 200, 18)
         for name, fn in (("none", rows["api none"]), ("deny100", api)):
             kernel_table(f"batch {batch} api {name}", fn)
         ctx.release()
+
+
+def host_profile(fn, calls: int, top: int) -> None:
+    """``cProfile`` of ``calls`` calls of ``fn``: the ``top`` functions with the most own time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
+    """Median wall time of public-API calls with deny lists of each length (request- and
+    catalog-normalised) against the same decoder without lists, synchronised after each call."""
+    ctx, _, dec, model, _, _ = deny_setup(wl, batch)
+    rng = np.random.default_rng(1)
+    cat = wl.catalog
+    def plain():
+        return dec.decode(model, batch).item_rows.cpu()
+
+    none = wall_us(plain, calls, warmup=10)
+    print(f"--- batch {batch}: api none {none:.1f} us (median of {calls} synchronised calls)", flush=True)
+    for k in lengths:
+        ids = [cat.item_ids[rng.integers(0, cat.n_items, k)] for _ in range(batch)]
+        for normalise in ("request", "catalog"):
+            def call():
+                return dec.decode(model, batch, deny_items=ids, normalise=normalise).item_rows.cpu()
+
+            t = wall_us(call, calls, warmup=10)
+            print(f"   api deny {k:6d} {normalise:8s} {t:8.1f} us  {t / none:5.2f}x", flush=True)
+            if "--kernels" in sys.argv:
+                kernel_table(f"batch {batch} api deny {k} {normalise}", call)
+            if "--profile" in sys.argv and normalise == "request":
+                host_profile(call, 100, 14)
+    print(f"   api none again {wall_us(plain, calls, warmup=10):8.1f} us", flush=True)
+    ctx.release()
 
 
 def kernel_table(title: str, fn, calls: int = 20) -> None:

@@ -12,6 +12,8 @@ from zerogr_core.decode.device_lists import device_id_table
 from zerogr_kernels.deny_ids import (MAX_IDS, MAX_WIDTH, deny_rows, deny_rows_reference, deny_rows_sorted,
                                      deny_rows_triton)
 
+from zerogr_kernels.row_marks import mark_rows_reference, mark_words
+
 from test_constraints import Model, gpu_case
 from test_device_lists import catalog_of
 
@@ -57,6 +59,24 @@ def test_sorted_path_matches_reference(batch, width, n_ids, table_size, base):
     """The whole-batch torch path that widths past MAX_WIDTH take."""
     for seed in range(3):
         assert_matches_reference(deny_rows_sorted, case(seed, batch, width, n_ids, table_size, base))
+
+
+@pytest.mark.parametrize("fn", [deny_rows_triton, deny_rows_sorted])
+@pytest.mark.parametrize("shift", [0, 2])
+def test_marks_set_with_the_rows_match_mark_rows(fn, shift):
+    """With ``marks`` the op leaves the bitmap of the rows it wrote (stale bits cleared): the
+    kernel sets them in its own launch, the sorted path after its sort."""
+    for seed, (batch, width, n_ids, size) in enumerate([(3, 16, 16, 40), (2, 64, 50, 300), (1, 16, 0, 10)]):
+        args = case(seed, batch, width, n_ids, size, 3)
+        n_words = mark_words(args[7] << shift)
+        want = mark_rows_reference(args[6], run(deny_rows_reference, args), torch.zeros(n_words, dtype=torch.int32),
+                                   shift)
+        for f in (fn, deny_rows_reference):
+            out = list(args)
+            out[5] = args[5].clone()
+            marks = torch.full((n_words,), -1, dtype=torch.int32)
+            f(*out, marks=marks, mark_shift=shift)
+            assert torch.equal(marks, want), (f.__name__, (marks != want).nonzero()[:5].tolist())
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -142,6 +162,11 @@ def test_cuda_kernel_matches_reference(width):
     for seed in range(3):
         args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case(seed, 9, width, width, 5 * width, 11)]
         assert_matches_reference(deny_rows, args)  # the Triton kernel or the sorted path
+        if width <= MAX_WIDTH:  # ids and their offsets read in place from pinned host memory
+            pinned = list(args)
+            pinned[0], pinned[1] = args[0].cpu().pin_memory(), args[1].cpu().pin_memory()
+            want, got = run(deny_rows_reference, args), run(deny_rows, pinned)
+            assert torch.equal(got, want), (got != want).nonzero()[:5].tolist()
 
 
 @pytest.mark.gpu
@@ -165,3 +190,11 @@ def test_cuda_public_api_deny_ids_equal_host_lists():
             rows = got.item_rows.cpu().numpy()
             for r in range(batch):
                 assert host.allows(r, rows[r][rows[r] >= 0]).all()
+        # calls queued without a synchronisation between them: the second call's ids wait
+        # for the first decode to have read the pinned block before they overwrite it
+        lists = [[ids[g.choice(n, 50 + 30 * k)] for _ in range(batch)] for k in range(3)]
+        got = [dec.decode(hidden_fn, batch, deny_items=d, normalise=normalise) for d in lists]
+        for d, res in zip(lists, got):
+            host = dec.request_lists(batch, None, d, normalise=normalise, path="host")
+            want = dec.gpu_engine.decode(hidden_fn, batch, lists=host)
+            assert torch.equal(res.item_rows, want.item_rows)

@@ -83,11 +83,31 @@ def _launch_grid():
                                    e(n_beams, K, dtype=dtype), starts, *lists, defer)
         constrain_scored_slots_triton(e(n_beams, K, dtype=torch.int32), e(n_beams, K, dtype=torch.int64),
                                       e(n_beams, K, dtype=dtype), starts, *lists, e(n_beams), e(n_beams))
+    from zerogr_kernels.constraints import SlotLists
+
+    # the filters with the lists applied as they fill the slots (the engine's constrained steps)
+    for (K, n_beams), starts, defer, marks in itertools.product(
+            [(3, 4), (300, 256), (8192, 2)], (None, e(9, dtype=torch.int32)), (False, True),
+            ({}, dict(marks=e(8, dtype=torch.int32), mark_shift=0))):
+        lists = SlotLists(starts, e(4, dtype=torch.int64), e(1024, dtype=torch.int64), e(2, dtype=torch.int32),
+                          n_beams // 2, 11, defer, **marks)
+        for logits in (None, e(n_beams, K, dtype=torch.float32)):
+            filter_slots_triton(e(n_beams, dtype=torch.int64), K, tokens=e(10, dtype=torch.int16),
+                                offsets=e(4, dtype=torch.int32), logits=logits, constraint=lists)
+            filter_slots_triton(e(n_beams, dtype=torch.int64), K, table=e(4, K, dtype=torch.int32), logits=logits,
+                                constraint=lists)
+    from zerogr_kernels.deferred import finish_deferred_triton
+
+    for (K, n_beams), dtype in itertools.product([(1, 2), (25, 256), (8192, 1)],
+                                                 (torch.float16, torch.bfloat16, torch.float32)):
+        finish_deferred_triton(e(n_beams, K, dtype=torch.int32), e(n_beams, K, dtype=torch.int64),
+                               e(n_beams, K, dtype=dtype), e(1, dtype=torch.int32), n_beams, e(n_beams), e(n_beams))
     from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows_triton
 
-    for width, table_dtype in itertools.product((16, 128, MAX_WIDTH), (torch.int32, torch.int64)):
+    for width, table_dtype, marks in itertools.product((16, 128, MAX_WIDTH), (torch.int32, torch.int64),
+                                                       (None, e(8, dtype=torch.int32))):
         deny_rows_triton(e(40, dtype=torch.int64), e(4, dtype=torch.int64), width, e(100, dtype=table_dtype), 7,
-                         e(3 * width, dtype=torch.int64), e(5, dtype=torch.int64), 90)
+                         e(3 * width, dtype=torch.int64), e(5, dtype=torch.int64), 90, marks=marks)
     for (K, H), dtype in itertools.product([(1, 48), (3, 1024), (300, 1024), (64, 4096)],
                                            (torch.float16, torch.bfloat16, torch.float32)):
         n_beams = 4
@@ -238,7 +258,7 @@ def test_every_launched_specialisation_compiles_for_hopper():
     for kernel in ("_rows_topk_kernel", "_chunk_topk_kernel", "_row_stats_kernel", "_threshold_kernel",
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
                    "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
-                   "_constrain_scored_kernel", "_deny_rows_kernel", "_rms_norm_kernel",
+                   "_constrain_scored_kernel", "_deny_rows_kernel", "_finish_deferred_kernel", "_rms_norm_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel", "_split_kernel",
                    "_merge_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"

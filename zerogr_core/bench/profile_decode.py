@@ -15,7 +15,8 @@ in one CUDA graph, as ``bench --suite headline`` does. Then:
 
 ``--lists`` profiles the same shapes with per-request lists, built beforehand as the
 constraints suite builds them (``bench --suite constraints``), so the tables show what the
-constrained graph adds (the constraint kernels, the catalog-normalised pass):
+constrained graph adds (the lists' share of the filter kernels, the row bitmap, the
+catalog-normalised pass after projection):
 
     python -m zerogr_core.bench.profile_decode --shapes fp16:1,fp16:32 --scale 20000000 \
         --lists none,deny:0,deny:10000,deny-catalog:10000,allow:200000 --out runs/results/constraints/profile.json

@@ -2,8 +2,9 @@
 
 Catalog rows are sorted by SID, so every prefix (index state) covers one contiguous range
 of rows. A candidate slot is *alive* for a request when its range holds a row the
-request may return; :func:`zerogr_kernels.constrain_slots` kills the others right after
-filtering, before projection and normalisation. Consequences, for both orders:
+request may return; the others are killed as the filter fills the slots (the GPU engine:
+``filter_slots(constraint=...)``) or right after it (:func:`zerogr_kernels.constrain_slots`,
+the reference decoder), before projection and normalisation. Consequences, for both orders:
 
 - every returned beam is an allowed item, and no beam is spent on a prefix without an
   allowed item below it;

@@ -295,9 +295,10 @@ class Decoder:
             filtering first normalises as ``normalise`` says. A request with fewer
             allowed items than ``beam_width`` gets them all, then padding (row -1, score
             -inf). Costs (docs/constraints.md): no list, or only empty ones, takes the
-            list-free path; deny-only calls of at most 65,536 integer ids per request cost one
-            pinned copy of the ids, which the captured graph turns into rows
-            (:mod:`zerogr_core.decode.id_lists`); other ids cost a lookup and a sort of the
+            list-free path; deny-only calls of at most 65,536 integer ids per request cost a
+            write of the ids into pinned memory, which the captured graph turns into rows (up to
+            2,048 ids per request it reads them there, with no copy;
+            :mod:`zerogr_core.decode.id_lists`); other ids cost a lookup and a sort of the
             batch's listed rows (on the host, or on the GPU for many ids) and one copy; a registered allow set with its own index, named by
             every request, decodes over its sub-catalog with no list; a registered deny
             set named by every request stays on the device. See

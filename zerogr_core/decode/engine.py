@@ -92,11 +92,13 @@ class StepRunner:
         # sparse+shared: the beams sorted by state
         self.groups = (BeamGroups.empty(n, sparse[1].numel() - 1, dev)
                        if option.mode == "sparse+shared" else None)
-        #: Optional callable(FilterOut) that kills constrained slots in place, after
-        #: filtering and before projection/normalisation (set by a constrained ShapeState),
-        #: and callable(FilterOut, scores) -> scores that applies catalog-normalised lists
-        #: after projection.
-        self.constraint = None
+        #: Set by a constrained ShapeState: the step's lists, which the filter applies as it
+        #: fills the slots (:class:`~zerogr_kernels.constraints.SlotLists`); an optional
+        #: callable() run before the filter (the first step resolves and marks the call's
+        #: lists); and callable(FilterOut, scores) -> scores that applies catalog-normalised
+        #: lists after projection.
+        self.slot_lists = None
+        self.prepare_lists = None
         self.rescore = None
         self.top = TopkOut.empty(batch, beam_width, dev)
 
@@ -106,17 +108,19 @@ class StepRunner:
             with timer(self.level, "project"):
                 full_proj(hidden, self.weight, self.band_start, self.mapping.codebook, out=self.logits)
             with timer(self.level, "filter"):
-                slots = filter_slots(states, self.K, **self.args, logits=self.logits, out=self.filter_out)
-                if self.constraint is not None:
-                    self.constraint(slots)
-            return slots
+                return self.filter(states, self.logits)
         with timer(self.level, "filter"):
-            slots = filter_slots(states, self.K, **self.args, out=self.filter_out)
-            if self.constraint is not None:
-                self.constraint(slots)
+            slots = self.filter(states)
         with timer(self.level, "project"):
             self.selective(states, hidden, slots)
         return slots
+
+    def filter(self, states: torch.Tensor, logits: torch.Tensor | None = None) -> FilterOut:
+        """The step's slots (with ``logits``, copied from the band GEMM's output), under its lists."""
+        if self.prepare_lists is not None:
+            self.prepare_lists()
+        return filter_slots(states, self.K, **self.args, logits=logits, out=self.filter_out,
+                            constraint=self.slot_lists)
 
     def selective(self, states: torch.Tensor, hidden: torch.Tensor, slots: FilterOut) -> torch.Tensor:
         """The selective projection of filtered ``slots`` (per beam, or shared by the beams of a state)."""
@@ -207,6 +211,11 @@ class ShapeState:
     def run(self, model, record=None, timer=no_timer):
         """All L steps (:meth:`BeamLoop.run`); returns (tokens, scores, rows) views of static buffers."""
         return self.loop.run(model, record, timer)
+
+    def launched(self) -> None:
+        """After a decode of this shape was launched (its list buffers then guard their pinned block)."""
+        if self.capacity:
+            self.lists.launched()
 
 
 class GpuEngine:
@@ -459,9 +468,11 @@ class GpuEngine:
                 self._capture(shape, model, batch_size)
             if shape.graph is not None:
                 shape.graph.replay()
+                shape.launched()
                 tokens, scores, rows = shape.outputs
                 return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
         tokens, scores, rows = shape.run(model)
+        shape.launched()
         return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
 
     def _warm_up(self, shape: ShapeState, model: DecodeModel) -> None:

@@ -3,11 +3,12 @@
 A call that only denies (no allow list, no registered name) of at most
 :data:`~zerogr_kernels.deny_ids.MAX_IDS` integer ids per request, on a catalog with a dense
 id table, skips the host's lookup and sort (:func:`~zerogr_core.decode.constraints.build_lists`):
-:class:`DenyIds` holds the ids per request, the engine's list buffers stage them in one padded
-``(batch, W)`` block and copy it, and the captured graph's first kernel
-(:func:`zerogr_kernels.deny_ids.deny_rows`) turns each row into the request's sorted,
-distinct catalog rows. What the host still does per call is a copy of the ids into pinned
-memory; what the decode returns is the same as with :class:`RequestLists` of the same ids.
+:class:`DenyIds` holds the ids per request, the engine's list buffers write them back to back
+into their pinned block, and the captured graph's first kernel
+(:func:`zerogr_kernels.deny_ids.deny_rows`) turns each request's ids into its sorted, distinct
+catalog rows, reading them in place up to :data:`~zerogr_kernels.deny_ids.MAX_WIDTH` per request
+(wider lists cross in one copy first). What the host still does per call is that write into
+pinned memory; what the decode returns is the same as with :class:`RequestLists` of the same ids.
 """
 from __future__ import annotations
 

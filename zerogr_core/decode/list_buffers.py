@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from zerogr_kernels.constraints import constrain_scored_slots, constrain_slots, search_iterations
-from zerogr_kernels.deny_ids import deny_rows
+from zerogr_kernels.constraints import SlotLists, search_iterations
+from zerogr_kernels.deferred import finish_deferred
+from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
@@ -46,7 +47,12 @@ class ListBuffers:
     With ``width`` (deny ids, :class:`~zerogr_core.decode.id_lists.DenyIds`) the header also
     holds the offsets of each request's ids, which follow it back to back, request
     ``r``'s rows are ``rows[r * width:(r + 1) * width]`` (no global list), and the replay's
-    first kernel writes them from the ids (:func:`zerogr_kernels.deny_ids.deny_rows`).
+    first kernel writes them from the ids (:func:`zerogr_kernels.deny_ids.deny_rows`). On a GPU,
+    up to :data:`~zerogr_kernels.deny_ids.MAX_WIDTH`, that kernel reads the id offsets and the
+    ids where the call wrote them, in the pinned block (:attr:`in_place`): a call is then a
+    write into host memory and the replay, with no copy to launch; the offsets and modes,
+    the same for every call of the shape, cross once. :meth:`launched` guards the block until
+    the decode that reads it is done.
     """
 
     def __init__(self, batch: int, capacity: int, device, n_rows: int = 1, width: int = 0):
@@ -69,11 +75,16 @@ class ListBuffers:
         self._host_mode = self._host[batch + 2:2 * batch + 2].view(np.int32)[:batch]
         if width:  # request r's rows are always rows[r * width:(r + 1) * width]: no global list
             self._host[1:batch + 2] = np.arange(batch + 1, dtype=np.int64) * width
-        # the last copies out of ``host``: refilled only once they are done
+        # the last copies out of ``host`` (in place: the last decode reading it), refilled only once done
         self.copied = torch.cuda.Event() if cuda else None
         self.pending = False
         self.loaded_glob = None
         self.table = None  # width mode: the id table the captured graph reads
+        self.in_place = bool(cuda and width and width <= MAX_WIDTH)
+        self.header_loaded = None  # in place: the modes last copied in
+        if self.in_place:  # the kernel's views of the pinned block
+            self.id_offsets = self.host[2 * batch + 2:self.header]
+            self.ids = self.host[self.header:rows_at]
 
     def load(self, lists: "RequestLists") -> None:
         """Stage ``lists`` in the pinned block and copy them in, stream-ordered before the
@@ -115,8 +126,20 @@ class ListBuffers:
         n = lists.n_ids
         if n:
             np.concatenate(lists.parts, out=host[h:h + n])
-        self.block[:h + n].copy_(self.host[:h + n], non_blocking=True)
-        if self.copied is not None:
+        if not self.in_place:
+            self.block[:h + n].copy_(self.host[:h + n], non_blocking=True)
+            self.copied.record() if self.copied is not None else None
+            self.pending = self.copied is not None
+        elif self.header_loaded is None or not np.array_equal(self.header_loaded, self._host_mode):
+            self.block[:2 * b + 2].copy_(self.host[:2 * b + 2], non_blocking=True)
+            self.header_loaded = self._host_mode.copy()
+            self.copied.record()
+            self.pending = True
+
+    def launched(self) -> None:
+        """After the decode that reads this call's lists was launched: with the ids read in
+        place, the pinned block is refilled only once it is done (an event, no wait here)."""
+        if self.in_place:
             self.copied.record()
             self.pending = True
 
@@ -150,7 +173,7 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     replay, so the captured graph reads each call's lists. ``n_iter`` follows the
     capacity, never one call's lists, so the graph stays valid for every fill. Under
     ``normalise="catalog"`` the runners also get the pass after projection
-    (:func:`~zerogr_kernels.constraints.constrain_scored_slots`); the shape then serves
+    (:func:`~zerogr_kernels.deferred.finish_deferred`, over the slots the filter deferred); the shape then serves
     catalog-normalised lists only. With ``ids`` (a :class:`~zerogr_core.decode.id_lists.DenyIds`)
     the buffers take deny ids of its width, looked up in its id table, which the shape keeps.
     """
@@ -164,25 +187,26 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     n_iter = search_iterations(capacity)
     marks = buffers.marks
 
+    def prepare() -> None:  # the decode's first use of this call's lists: resolve ids, mark rows
+        if width:  # marking the rows it writes (no global list here)
+            deny_rows(buffers.ids, buffers.id_offsets, width, buffers.table, base, buffers.rows, buffers.offsets,
+                      index.n_items, **marks.args)
+        else:
+            marks.mark(buffers.offsets, buffers.rows)
+
     def make(level: int, beams: int):
-        def constrain(slots) -> None:
-            if level == 0:  # the decode's first use of this call's lists: resolve ids, mark rows
-                if width:
-                    deny_rows(buffers.ids, buffers.id_offsets, width, buffers.table, base, buffers.rows,
-                              buffers.offsets, index.n_items)
-                marks.mark(buffers.offsets, buffers.rows)
-            constrain_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level], buffers.offsets,
-                            buffers.rows, buffers.mode, beams, n_iter, defer=catalog, **marks.args)
+        lists = SlotLists(starts[level], buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, catalog,
+                          **marks.args)
         out = torch.empty(batch * beams, dtype=torch.float32, device=dev) if catalog else None
 
         def rescore(slots, scores: torch.Tensor) -> torch.Tensor:
-            return constrain_scored_slots(slots.slot_tokens, slots.slot_succ, slots.slot_logits, starts[level],
-                                          buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, scores, out,
-                                          **marks.args)
-        return constrain, rescore if catalog else None
+            return finish_deferred(slots.slot_tokens, slots.slot_succ, slots.slot_logits, buffers.mode, beams,
+                                   scores, out)
+        return lists, prepare if level == 0 else None, rescore if catalog else None
 
     for level, runner in enumerate(runners):
-        runner.constraint, runner.rescore = make(level, runner.filter_out.slot_succ.shape[0] // batch)
+        runner.slot_lists, runner.prepare_lists, runner.rescore = make(
+            level, runner.filter_out.slot_succ.shape[0] // batch)
     return buffers
 
 

@@ -1,0 +1,104 @@
+"""The filter kernels with per-request lists applied as they fill the slots
+(``filter_slots(constraint=SlotLists(...))``) against the PyTorch reference, which filters
+and then runs ``constrain_slots_reference``: one launch must decide every slot as the
+separate constraint kernel does, and, for catalog-normalised requests, the filter's deferred
+slots settled by ``finish_deferred`` as the searching ``constrain_scored_slots`` settles them."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kernel_asserts import assert_outputs_equal, kernel_device, random_dense_table, random_sparse_mapping, random_states
+from zerogr_kernels import FilterOut, filter_slots_reference, filter_slots_triton
+from zerogr_kernels.constraints import SlotLists, constrain_scored_slots_triton, constrain_slots_triton, search_iterations
+from zerogr_kernels.deferred import finish_deferred_reference, finish_deferred_triton
+from zerogr_kernels.row_marks import mark_rows_reference, mark_words
+
+DEV = kernel_device()
+
+
+def random_lists(rng, n_succ: int, batch: int, list_len: int, last: bool, shift):
+    """Lists over the rows below ``n_succ`` successor states (each state covers at least one
+    row; at the last step the successor is the row): a global deny segment and one segment
+    per request, modes of every kind, and the bitmap when ``shift`` is given."""
+    if last:
+        n_rows, row_start = n_succ, None
+    else:
+        n_rows = n_succ + int(rng.integers(0, 3 * n_succ + 1))
+        cuts = np.sort(rng.choice(np.arange(1, n_rows), n_succ - 1, replace=False)) if n_succ > 1 else []
+        row_start = torch.as_tensor(np.concatenate([[0], cuts, [n_rows]]), dtype=torch.int32, device=DEV)
+    glob = np.unique(rng.integers(0, n_rows, rng.integers(0, list_len + 1)))
+    own = [np.setdiff1d(np.unique(rng.integers(0, n_rows, rng.integers(0, list_len + 1))), glob)
+           for _ in range(batch)]
+    offsets = np.concatenate([[0], np.cumsum([len(x) for x in [glob] + own])])
+    rows = np.concatenate([glob] + own + [np.zeros(1, dtype=np.int64)])
+    t = lambda a, dt: torch.as_tensor(np.asarray(a), dtype=dt, device=DEV)  # noqa: E731
+    offsets, rows = t(offsets, torch.int64), t(rows, torch.int64)
+    marks = {}
+    if shift is not None:
+        words = torch.full((mark_words(n_rows << shift),), -1, dtype=torch.int32, device=DEV)
+        marks = dict(marks=mark_rows_reference(offsets, rows, words, shift), mark_shift=shift)
+    mode = t(rng.integers(0, 4, batch), torch.int32)
+    return row_start, offsets, rows, mode, marks
+
+
+def both(states, K, lists, **kw):
+    got = filter_slots_triton(states, K, constraint=lists, **kw)
+    exp = filter_slots_reference(states, K, constraint=lists, **kw)
+    assert_outputs_equal(got, exp, names=FilterOut._fields, rtol=0.0, atol=0.0)
+    return got
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), dense=st.booleans(), batch=st.integers(1, 3), beams=st.integers(1, 5),
+       list_len=st.integers(0, 40), last=st.booleans(), defer=st.booleans(), logits=st.booleans(),
+       shift=st.sampled_from([None, 0, 2]))
+def test_filter_with_lists_matches_reference(seed, dense, batch, beams, list_len, last, defer, logits, shift):
+    """Sparse and dense mappings, dead beams, the last step and earlier ones, logits copied
+    or not, with and without the bitmap, every list mode, deferred catalog-normalised lists."""
+    rng = np.random.default_rng(seed)
+    n_states, vocab = 9, 70
+    n_beams = batch * beams
+    if dense:
+        table = random_dense_table(rng, n_states, vocab, density=0.4, device=DEV)
+        mapping, K, n_succ = {"table": table}, vocab, max(int(table.max()) + 1, 1)
+    else:
+        tokens, offsets, K = random_sparse_mapping(rng, n_states, vocab, 40, device=DEV)
+        mapping, n_succ = {"tokens": tokens, "offsets": offsets}, max(int(offsets[-1]), 1)
+    states = random_states(rng, n_beams, n_states, device=DEV)
+    row_start, list_offsets, rows, mode, marks = random_lists(rng, n_succ, batch, list_len, last, shift)
+    lists = SlotLists(row_start, list_offsets, rows, mode, beams, search_iterations(4 * n_succ + 8), defer,
+                      **marks)
+    kw = {}
+    if logits:
+        kw["logits"] = torch.as_tensor(rng.normal(size=(n_beams, vocab)), dtype=torch.float32, device=DEV)
+    got = both(states, K, lists, **mapping, **kw)
+    # the same slots as the unfused kernels: filter, then the constraint kernel (and, for the
+    # deferred lists, the pass after projection: here the logits copied in stand for it)
+    plain = filter_slots_triton(states, K, **mapping, **kw)
+    constrain_slots_triton(*plain[:3], *lists[:6], defer, **marks)
+    if defer:
+        scores = torch.as_tensor(rng.normal(size=n_beams), dtype=torch.float32, device=DEV)
+        want = constrain_scored_slots_triton(*plain[:3], *lists[:6], scores, torch.empty_like(scores), **marks)
+        out = finish_deferred_triton(*got[:3], mode, beams, scores, torch.empty_like(scores))
+        assert torch.equal(torch.isneginf(out), torch.isneginf(want))
+        torch.testing.assert_close(out, want, rtol=0, atol=1e-5)
+        ref_got = filter_slots_reference(states, K, constraint=lists, **mapping, **kw)
+        ref = finish_deferred_reference(*ref_got[:3], mode, beams, scores, torch.empty_like(scores))
+        torch.testing.assert_close(ref, want, rtol=0, atol=1e-5)
+        assert_outputs_equal(ref_got, plain, names=FilterOut._fields, rtol=0.0, atol=0.0)
+    assert_outputs_equal(got, plain, names=FilterOut._fields, rtol=0.0, atol=0.0)
+
+
+def test_filter_lists_are_checked():
+    rng = np.random.default_rng(0)
+    tokens, offsets, K = random_sparse_mapping(rng, 4, 10, 5, device=DEV)
+    states = random_states(rng, 4, 4, device=DEV)
+    _, list_offsets, rows, mode, _ = random_lists(rng, int(offsets[-1]), 2, 3, True, None)
+    with pytest.raises(ValueError, match="beams_per_request"):
+        filter_slots_triton(states, K, tokens=tokens, offsets=offsets,
+                            constraint=SlotLists(None, list_offsets, rows, mode, 3, 4))
+    with pytest.raises(ValueError, match="list_offsets"):
+        filter_slots_reference(states, K, tokens=tokens, offsets=offsets,
+                               constraint=SlotLists(None, list_offsets[:-1], rows, mode, 2, 4))
