@@ -11,6 +11,7 @@ import torch
 from zerogr_kernels._common import interpreting
 
 from ..errors import ZeroGRError
+from ..index.host_trie import HostTrie
 from ..index.layout import StepIndex
 from .heads import Heads
 from .ops import DISPATCH, REFERENCE, KernelOps, no_timer
@@ -194,7 +195,7 @@ class Decoder:
         :class:`~zerogr_core.decode.constraints.RequestLists`); both hold the same lists.
         ``path`` ("auto", "host" or "device") overrides :attr:`list_path`.
         """
-        constraints, device_lists = _list_modules()
+        constraints, device_lists, _ = _list_modules()
         if self.catalog is None:
             raise ZeroGRError("allow_items/deny_items need the item ids: pass catalog= to Decoder")
         path = path or self.list_path
@@ -386,13 +387,9 @@ class Decoder:
         if allow_items is not None and (isinstance(allow_items, (str, bytes)) or not hasattr(allow_items, "__len__")
                                         or len(allow_items) != batch_size or any(a is not None for a in allow_items)):
             return None
-        from .id_lists import deny_ids
-
-        return deny_ids(self.catalog, self.index.device, batch_size, deny_items, normalise)
+        return _list_modules()[2].deny_ids(self.catalog, self.index.device, batch_size, deny_items, normalise)
 
     def _check_constrainable(self, lists, batch_size: int) -> None:
-        from ..index.host_trie import HostTrie
-
         if lists.batch != batch_size:
             raise ZeroGRError(f"constraint lists cover {lists.batch} requests, batch_size is {batch_size}")
         if self.order == "unconstrained":
@@ -432,8 +429,8 @@ def _nothing_listed(batch_size: int, allow_items, deny_items) -> bool:
 
 @functools.cache
 def _list_modules():
-    """``(constraints, device_lists)``, imported on the first call that has lists (they load
-    the list kernels) and then kept: an import statement costs microseconds on every call."""
-    from . import constraints, device_lists
+    """``(constraints, device_lists, id_lists)``, imported on the first call that has lists (they
+    load the list kernels) and then kept: an import statement costs microseconds on every call."""
+    from . import constraints, device_lists, id_lists
 
-    return constraints, device_lists
+    return constraints, device_lists, id_lists

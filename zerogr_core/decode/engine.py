@@ -32,11 +32,13 @@ import torch
 from zerogr_kernels import (TOPK_PATHS, BeamGroups, FilterOut, TopkOut, filter_slots, full_proj, group_beams,
                             log_softmax_slots, selective_proj, shared_selective_proj, topk_gather)
 from zerogr_kernels._common import pdl_disabled
+from zerogr_kernels.deny_ids import MAX_WIDTH
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
 from ..timing import capture, warm_up
 from .heads import Heads
+from .list_buffers import attach_lists, capacity_for, load_lists
 from .options import MODES, PLANNED_TOPK, SHARED_GROUP, StepOption, step_options
 from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
 from .planner import DEFAULT_COST_MODEL, Plan, PlanShape, cost_model_summary, make_plan
@@ -193,8 +195,6 @@ class ShapeState:
         self.runners = [engine.step_runner(level, option, batch) for level, option in enumerate(options)]
         self.capacity = capacity
         if capacity:
-            from .list_buffers import attach_lists
-
             self.lists = attach_lists(self.runners, index, batch, capacity, normalise, ids)
         self.loop = BeamLoop(self.runners, batch, engine.beam_width, engine.heads.hidden_size, engine.heads.dtype,
                              index.device)
@@ -421,10 +421,6 @@ class GpuEngine:
         Triton kernel sorts and wider ones (:data:`~zerogr_kernels.deny_ids.MAX_WIDTH`), each
         grown to the widest call so far and serving every narrower one, so GPU memory stays
         bounded whatever the list sizes."""
-        from zerogr_kernels.deny_ids import MAX_WIDTH
-
-        from .list_buffers import capacity_for, load_lists
-
         width = getattr(lists, "width", 0)
         key = self.key(batch) + ("lists", lists.normalise) + ((("ids", width > MAX_WIDTH),) if width else ())
         shape = self._shapes.get(key)

@@ -20,6 +20,8 @@ import torch
 from zerogr_kernels.constraints import CATALOG_NORMALISED
 from zerogr_kernels.deny_ids import MAX_IDS
 
+from .device_lists import device_id_table
+
 MIN_WIDTH = 16
 """Narrowest padded id row: shapes differ only past it, by powers of two."""
 
@@ -87,22 +89,28 @@ def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds
     builds :class:`~zerogr_core.decode.constraints.RequestLists`): a catalog with a dense
     integer id table, and ``deny_items`` a sequence of ``batch`` entries that are each ``None``
     or integer ids, at most :data:`~zerogr_kernels.deny_ids.MAX_IDS` of them."""
-    from .device_lists import device_id_table
-
     if isinstance(deny_items, (str, bytes)) or not hasattr(deny_items, "__len__") or len(deny_items) != batch:
         return None
-    try:
-        parts = [e if type(e) is np.ndarray else np.asarray(e) for e in deny_items if e is not None]
-    except (TypeError, ValueError):
-        return None
-    # a name, a bare id, text or floats, arrays of other shapes: the host path decides (or refuses)
-    if any(p.ndim != 1 or (p.size and p.dtype.kind not in "iu") for p in parts):
-        return None
-    counts = np.fromiter((0 if e is None else len(e) for e in deny_items), dtype=np.int64, count=batch)
-    longest = int(counts.max(initial=0))
+    # one pass, no per-call imports: this is host time a batch-1 call waits for
+    parts, lengths = [], []
+    for e in deny_items:
+        if e is None:
+            lengths.append(0)
+            continue
+        try:
+            p = e if type(e) is np.ndarray else np.asarray(e)
+        except (TypeError, ValueError):
+            return None
+        # a name, a bare id, text or floats, arrays of other shapes: the host path decides (or refuses)
+        if p.ndim != 1 or (p.size and p.dtype.kind not in "iu"):
+            return None
+        lengths.append(p.size)
+        if p.size:
+            parts.append(p)
+    longest = max(lengths, default=0)
     if longest > MAX_IDS:
         return None
-    parts = [p for p in parts if p.size]
+    counts = np.array(lengths, dtype=np.int64)
     lookup = device_id_table(catalog, device)
     if lookup is None:
         return None

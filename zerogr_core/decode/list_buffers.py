@@ -112,9 +112,7 @@ class ListBuffers:
                 self.block[h + g:h + g + r].copy_(self.host[h + g:h + g + r], non_blocking=True)
         # with no global list the request rows start at 0 and overwrite the old one
         self.loaded_glob = lists.glob if g else None
-        if self.copied is not None:
-            self.copied.record()
-            self.pending = True
+        self._guard()
 
 
     def _load_ids(self, lists) -> None:
@@ -128,18 +126,21 @@ class ListBuffers:
             np.concatenate(lists.parts, out=host[h:h + n])
         if not self.in_place:
             self.block[:h + n].copy_(self.host[:h + n], non_blocking=True)
-            self.copied.record() if self.copied is not None else None
-            self.pending = self.copied is not None
+            self._guard()
         elif self.header_loaded is None or not np.array_equal(self.header_loaded, self._host_mode):
             self.block[:2 * b + 2].copy_(self.host[:2 * b + 2], non_blocking=True)
             self.header_loaded = self._host_mode.copy()
-            self.copied.record()
-            self.pending = True
+            self._guard()
 
     def launched(self) -> None:
         """After the decode that reads this call's lists was launched: with the ids read in
         place, the pinned block is refilled only once it is done (an event, no wait here)."""
         if self.in_place:
+            self._guard()
+
+    def _guard(self) -> None:
+        """The pinned block is read by work queued so far: the next :meth:`load` waits for it."""
+        if self.copied is not None:
             self.copied.record()
             self.pending = True
 
@@ -160,9 +161,7 @@ class ListBuffers:
         if r:
             self.block[h + g:h + g + r].copy_(lists.rows, non_blocking=True)
         self.loaded_glob = lists.glob if g else None
-        if self.copied is not None:
-            self.copied.record()
-            self.pending = True
+        self._guard()
 
 
 def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise: str = "request",
