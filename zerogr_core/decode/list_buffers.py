@@ -52,7 +52,8 @@ class ListBuffers:
     ids where the call wrote them, in the pinned block (:attr:`in_place`): a call is then a
     write into host memory and the replay, with no copy to launch; the offsets and modes,
     the same for every call of the shape, cross once. :meth:`launched` guards the block until
-    the decode that reads it is done.
+    the decode that reads it is done (the whole decode, not only ``deny_rows``: a caller that
+    queues the next decode waits for it before staging; docs/constraints.md, "What remains").
     """
 
     def __init__(self, batch: int, capacity: int, device, n_rows: int = 1, width: int = 0):
