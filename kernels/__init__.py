@@ -14,10 +14,10 @@ Per decoding step (docs/design.md §4), op (module):
 1. :func:`filter_slots` (``filtering``) - slot rows and the work queue, sparse or dense;
    with per-request lists (``constraint=constraints.SlotLists(...)``) it also kills the slots
    with no allowed row below them as it fills them (``constraints.constrain_slots`` is the
-   same test as a kernel of its own, which the reference decoder runs after the filter), and
-   ``deferred.finish_deferred`` settles catalog-normalised requests after step 2
-   (``constraints.constrain_scored_slots`` on the reference path); both read the bitmap of
-   listed rows that ``row_marks.mark_rows`` sets at the first step (deny lists given as item
+   same test as a kernel of its own, which the reference decoder runs after the filter); for
+   catalog-normalised requests it defers the slots only their own list removes, which step 4
+   counts in the normaliser and drops (``constraints.constrain_scored_slots`` on the reference
+   path); both read the bitmap of listed rows that ``row_marks.mark_rows`` sets at the first step (deny lists given as item
    ids are first turned into rows, and marked, by ``deny_ids.deny_rows``).
 2. :func:`selective_proj` (``selective``), or :func:`shared_selective_proj`
    (``shared_selective``: one gather of a head row for the beams of several requests in one
@@ -26,8 +26,9 @@ Per decoding step (docs/design.md §4), op (module):
    ablation :func:`naive_selective_proj` (``naive_selective``) - logits of the valid slots.
 3. :func:`log_softmax_slots` (``normalize``) - normalisation plus beam scores.
 4. :func:`topk_gather` (``selection``) - top-M per request and the next beams; with
-   ``beam_scores`` it fuses step 3, with ``prefixes`` it also writes the next step's
-   token prefixes (:func:`extend_prefixes` is the unfused form).
+   ``beam_scores`` it fuses step 3 (and, with ``deferred``, settles the filter's deferred
+   slots), with ``prefixes`` it also writes the next step's token prefixes
+   (:func:`extend_prefixes` (``beams_out``) is the unfused form).
 
 Beside the decoding step, six kernels serve the models that feed it (a T5 decoder step,
 a Qwen3 layer): :func:`cached_self_attention` (``beam_attention``), :func:`request_attention`

@@ -19,7 +19,8 @@ with a mode:
   empty lists change nothing).
 
 Bit :data:`CATALOG_NORMALISED` (2) of ``mode[r]`` asks for the request to be normalised over
-the catalog's valid tokens, the lists only removing candidates: filtering first then calls
+the catalog's valid tokens, the lists only removing candidates: the reference decoder's
+filtering first then calls
 :func:`constrain_slots` with ``defer=True``, which applies only the global list to that
 request's slots, so the rest are projected, and :func:`constrain_scored_slots` after
 projection, which kills them and moves the difference between the two normalisers into the
@@ -75,7 +76,8 @@ class SlotLists(NamedTuple):
     The fields are those of :func:`constrain_slots` (its docstring has their shapes and dtypes).
     With ``defer``, a slot of a catalog-normalised request that only its own list kills stays
     live for projection with its successor ``s`` stored as ``-2 - s``
-    (:func:`zerogr_kernels.deferred.finish_deferred` settles it afterwards, without a search).
+    (:func:`zerogr_kernels.topk_gather` with ``deferred`` counts it in the normaliser and drops it,
+    without a search).
     """
 
     row_start: torch.Tensor | None
@@ -192,24 +194,26 @@ def _count_in_range(rows_ptr, start, end, lo, hi, need, n_cap):
 
 
 @triton.jit
-def _any_marked(marks_ptr, shift, lo, hi, need):
-    # Whether a granule of [lo, hi) is marked, for the lanes in `need` (True elsewhere, and
-    # where the range's granules span more than two words: those lanes search as before).
+def _may_decide(marks_ptr, shift, lo, hi, need, deny):
+    # Whether a list can decide [lo, hi), for the lanes in `need` (True elsewhere): a granule
+    # of it is marked (ranges over more than two words are assumed so), and, for a deny list,
+    # every granule of the range in its first word is marked too: an unmarked granule holds
+    # a row no list has, so the range keeps a row and no search can kill it.
     g_lo = lo >> shift
     g_hi = (hi - 1) >> shift
     w0 = g_lo >> 5
     w1 = g_hi >> 5
     near = need & (w1 - w0 <= 1)
     two = near & (w1 != w0)
-    a = tl.load(marks_ptr + w0, mask=near, other=0).to(tl.int64) & 0xFFFFFFFF
+    a = tl.load(marks_ptr + w0, mask=need, other=0).to(tl.int64) & 0xFFFFFFFF
     b = tl.load(marks_ptr + w1, mask=two, other=0).to(tl.int64) & 0xFFFFFFFF
     one = tl.zeros_like(lo) + 1
     s0 = g_lo & 31
-    e0 = tl.where(two, 31, g_hi & 31)
+    e0 = tl.where(w1 != w0, 31, g_hi & 31)
     m0 = ((one << (e0 - s0 + 1)) - 1) << s0
     m1 = (one << ((g_hi & 31) + 1)) - 1
     hit = ((a & m0) != 0) | (two & ((b & m1) != 0))
-    return tl.where(near, hit, True)
+    return tl.where(need, tl.where(near, hit, True) & (~deny | ((a & m0) == m0)), True)
 
 
 @triton.jit
@@ -235,7 +239,7 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
     reach = n_req + n_glob
     search = listing
     if MARKS:  # a range with no listed row anywhere in the batch holds none of this request's
-        search = search & _any_marked(marks_ptr, mark_shift, lo, hi, listing & (allow | (size <= reach)))
+        search = search & _may_decide(marks_ptr, mark_shift, lo, hi, listing & (allow | (size <= reach)), ~allow)
     listed = _count_in_range(list_rows_ptr, start, start + n_req, lo, hi,
                              search & (n_req > 0) & (allow | (size <= reach)), n_cap)
     glob = _count_in_range(list_rows_ptr, g_start, g_start + n_glob, lo, hi,

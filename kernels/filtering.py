@@ -346,7 +346,7 @@ def filter_slots(states: torch.Tensor, K: int, *, tokens: torch.Tensor | None = 
         it, as consumers mask by ``slot_tokens >= 0``), in one launch and one pass over the slots.
         With ``constraint.defer``, the slots of catalog-normalised requests that only their own
         list kills keep their token and logit, their successor ``s`` stored as ``-2 - s``, for
-        :func:`~zerogr_kernels.deferred.finish_deferred` after projection.
+        :func:`~zerogr_kernels.topk_gather` with ``deferred`` after projection.
 
     Returns
     -------

@@ -42,13 +42,15 @@ paths give bit-identical outputs:
   engine's planner times it beside the other paths and keeps it where it is fastest.
 
 With ``beam_scores`` the op takes raw slot logits and fuses the normalisation of
-:mod:`zerogr_kernels.normalize` into the key computation (all paths). With ``prefixes`` it also
+:mod:`zerogr_kernels.normalize` into the key computation (all paths). With ``deferred`` too,
+a slot whose successor is below -1 (a catalog-normalised request's slot that only its own
+list removes, left live by the filter: :class:`~zerogr_kernels.constraints.SlotLists`)
+counts in its row's log-sum-exp but is never a candidate, so such a request is normalised
+over the catalog and loses its listed items in the same pass. With ``prefixes`` it also
 writes the next step's token prefixes (:func:`extend_prefixes`) in its gather, which
 spares a decode step the separate gather/copy launches.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
@@ -56,6 +58,7 @@ import triton.language as tl
 
 from ._common import (FLOAT_DTYPES, cdiv, check_out, check_tensor, next_pow2, pdl_args, pdl_prologue,
                       use_triton)
+from .beams_out import TopkOut, _topk_specs, extend_prefixes
 from .normalize import (apply_log_softmax, log_softmax_slots_reference, lse_finish, lse_update,
                         row_lse_state, row_tiling)
 
@@ -78,41 +81,6 @@ _NEG_INF_HI = tl.constexpr(-2139095041)
 # padding key of the split path: high word -2**31 < _NEG_INF_HI, so padding sorts below
 # every real key (-inf candidates included) and decodes as padding like them
 _PAD_KEY = tl.constexpr(-(2**63) + 1)
-
-
-class TopkOut(NamedTuple):
-    """Outputs of :func:`topk_gather` (also the layout of its ``out=`` tuple).
-
-    Attributes
-    ----------
-    scores : torch.Tensor
-        ``(batch, M)`` float32 scores, best first; -inf for padding.
-    parents : torch.Tensor
-        ``(batch, M)`` int64 absolute parent beam (``r * Mb + p // K``); -1 for padding.
-    tokens : torch.Tensor
-        ``(batch, M)`` int32 next token ``slot_tokens[parent, p % K]``; -1 for padding.
-    succ : torch.Tensor
-        ``(batch, M)`` int64 next state ``slot_succ[parent, p % K]``; -1 for padding.
-    """
-
-    scores: torch.Tensor
-    parents: torch.Tensor
-    tokens: torch.Tensor
-    succ: torch.Tensor
-
-    @classmethod
-    def empty(cls, batch: int, beam_width: int, device) -> "TopkOut":
-        """Buffers for ``topk_gather(..., out=...)`` of ``batch`` requests and ``beam_width``
-        beams (as a CUDA graph needs: allocated once, written by every replay)."""
-        return cls(*(torch.empty(shape, dtype=dtype, device=device)
-                     for _, shape, dtype, _ in _topk_specs(batch, beam_width, device)))
-
-
-def _topk_specs(batch: int, beam_width: int, device):
-    return [("scores", (batch, beam_width), torch.float32, device),
-            ("parents", (batch, beam_width), torch.int64, device),
-            ("tokens", (batch, beam_width), torch.int32, device),
-            ("succ", (batch, beam_width), torch.int64, device)]
 
 
 def _block_cols(K: int) -> int:
@@ -173,27 +141,8 @@ def split_first_stage(beams_per_request: int, K: int, beam_width: int) -> tuple[
     return rows, block_k, 1, cdiv(beams_per_request, rows)
 
 
-def extend_prefixes(prev: torch.Tensor, nxt: torch.Tensor, top: TopkOut) -> None:
-    """Write the next step's prefixes into ``nxt`` from a selection (PyTorch ops).
-
-    Parameters
-    ----------
-    prev : torch.Tensor
-        ``(batch, Mb, l)`` int64 prefixes of the step's beams.
-    nxt : torch.Tensor
-        ``(batch, M, l + 1)`` int64 output: row ``(r, m)`` is the prefix of parent
-        ``top.parents[r, m]`` followed by ``top.tokens[r, m]``; a padded beam (parent -1)
-        gets -1 everywhere.
-    top : TopkOut
-    """
-    level = prev.shape[2]
-    if level:
-        kept = prev.reshape(-1, level).index_select(0, top.parents.clamp(min=0).view(-1)).view(nxt.shape[0], -1, level)
-        nxt[..., :level] = torch.where(top.parents[..., None] >= 0, kept, -1)
-    nxt[..., level] = top.tokens
-
-
-def _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, path, out, prefixes) -> TopkOut:
+def _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, path, out, prefixes,
+             deferred) -> TopkOut:
     check_tensor("scores", scores, dtypes=FLOAT_DTYPES, ndim=2, contiguous=True)
     n_beams, K = scores.shape
     device = scores.device
@@ -201,6 +150,8 @@ def _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, pat
                  shape=(n_beams, K), contiguous=True)
     check_tensor("slot_succ", slot_succ, dtypes=(torch.int64,), ndim=2, device=device,
                  shape=(n_beams, K), contiguous=True)
+    if deferred and beam_scores is None:
+        raise ValueError("deferred slots need beam_scores (they count in the fused normalisation)")
     if beam_scores is not None:
         check_tensor("beam_scores", beam_scores, dtypes=(torch.float32,), ndim=1, device=device,
                      shape=(n_beams,), contiguous=True)
@@ -286,10 +237,17 @@ def _store_survivors(keys, dst_ptr, BLOCK_OUT: tl.constexpr):
 
 
 @triton.jit
+def _drop_deferred(x, slot_succ_ptr, slot, ok):
+    # deferred slots (successor < -1) were in the normaliser; they are not candidates
+    succ = tl.load(slot_succ_ptr + slot, mask=ok, other=-1)
+    return tl.where(succ < -1, float("-inf"), x)
+
+
+@triton.jit
 def _rows_topk_kernel(scores_ptr, beam_scores_ptr, top_ptr, lse_ptr, thr_ptr,
                       slot_tok_ptr, slot_succ_ptr, out_score_ptr, out_parent_ptr, out_tok_ptr, out_succ_ptr,
                       prev_ptr, next_ptr, level, Mb, K, M,
-                      NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+                      NORMALIZE: tl.constexpr, DEFER: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
                       N_COL: tl.constexpr, BLOCK_OUT: tl.constexpr, FINAL: tl.constexpr,
                       PRUNE: tl.constexpr, EXTEND: tl.constexpr, LP: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
@@ -318,6 +276,8 @@ def _rows_topk_kernel(scores_ptr, beam_scores_ptr, top_ptr, lse_ptr, thr_ptr,
             lse = lse_finish(m, s)
         bs = tl.load(beam_scores_ptr + beam, mask=row_ok, other=float("-inf"))
         x = apply_log_softmax(x, lse, bs)
+        if DEFER:
+            x = _drop_deferred(x, slot_succ_ptr, beam[:, None] * K + col[None, :], ok)
     if PRUNE:
         ok = ok & (x > float("-inf")) & (x >= tl.load(thr_ptr + req))
     # padding cells get the padding key: below every real key, never output
@@ -337,8 +297,8 @@ def _rows_topk_kernel(scores_ptr, beam_scores_ptr, top_ptr, lse_ptr, thr_ptr,
 
 
 @triton.jit
-def _row_stats_kernel(x_ptr, beam_scores_ptr, lse_ptr, best_ptr, n_rows, K,
-                      NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+def _row_stats_kernel(x_ptr, beam_scores_ptr, lse_ptr, best_ptr, slot_succ_ptr, n_rows, K,
+                      NORMALIZE: tl.constexpr, DEFER: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
                       N_CHUNKS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     # per row: log-sum-exp of the valid slots and the row's best candidate score
@@ -348,6 +308,14 @@ def _row_stats_kernel(x_ptr, beam_scores_ptr, lse_ptr, best_ptr, n_rows, K,
     if NORMALIZE:
         lse = lse_finish(m, s)
         bs = tl.load(beam_scores_ptr + rows, mask=row_ok, other=float("-inf"))
+        if DEFER:  # the best candidate, which no deferred slot is
+            m = tl.full([ROWS], float("-inf"), tl.float32)
+            for c in range(N_CHUNKS):
+                cols = c * BLOCK_K + tl.arange(0, BLOCK_K)
+                ok = row_ok[:, None] & (cols < K)[None, :]
+                x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=ok, other=float("-inf"))
+                x = _drop_deferred(x.to(tl.float32), slot_succ_ptr, rows[:, None] * K + cols[None, :], ok)
+                m = tl.maximum(m, tl.max(x, axis=1))
         # the same expression the selection kernels apply to the row's maximum
         best = tl.reshape(apply_log_softmax(tl.reshape(m, [ROWS, 1]), lse, bs), [ROWS])
         tl.store(lse_ptr + rows, lse, mask=row_ok)
@@ -370,8 +338,8 @@ def _threshold_kernel(best_ptr, thr_ptr, Mb, M, BLOCK_MB: tl.constexpr, PDL: tl.
 
 
 @triton.jit
-def _slot_keys_kernel(x_ptr, beam_scores_ptr, keys_ptr, n_rows, Mb, K,
-                      NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
+def _slot_keys_kernel(x_ptr, beam_scores_ptr, keys_ptr, slot_succ_ptr, n_rows, Mb, K,
+                      NORMALIZE: tl.constexpr, DEFER: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
                       N_CHUNKS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -389,6 +357,8 @@ def _slot_keys_kernel(x_ptr, beam_scores_ptr, keys_ptr, n_rows, Mb, K,
                     other=float("-inf")).to(tl.float32)
         if NORMALIZE:
             x = apply_log_softmax(x, lse, bs)
+            if DEFER:
+                x = _drop_deferred(x, slot_succ_ptr, rows[:, None] * K + cols[None, :], ok)
         tl.store(keys_ptr + rows[:, None] * K + cols[None, :],
                  _pack_keys(x, base[:, None] + cols[None, :]), mask=ok)
 
@@ -441,9 +411,9 @@ def _warps(tile: int) -> int:
 
 def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torch.Tensor,
                        batch: int, beam_width: int, *, beam_scores: torch.Tensor | None = None,
-                       path: str | None = None, out=None, prefixes=None) -> TopkOut:
+                       path: str | None = None, out=None, prefixes=None, deferred: bool = False) -> TopkOut:
     """Triton launcher of :func:`topk_gather` (same signature and outputs)."""
-    res = _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, path, out, prefixes)
+    res = _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, path, out, prefixes, deferred)
     n_beams, K = scores.shape
     mb = n_beams // batch
     dev = scores.device
@@ -463,7 +433,8 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
         if tile > SMALL_MAX:
             raise ValueError(f"small path: padded tile {block_m}x{block_k} exceeds {SMALL_MAX}")
         _rows_topk_kernel[(batch, 1)](
-            scores, bs, res.scores, res.scores, res.scores, *gather_args, NORMALIZE=normalize, ROWS=block_m,
+            scores, bs, res.scores, res.scores, res.scores, *gather_args, NORMALIZE=normalize, DEFER=deferred,
+            ROWS=block_m,
             BLOCK_C=block_k, N_COL=1, BLOCK_OUT=block_out, FINAL=True, PRUNE=False, **ext,
             num_warps=_warps(tile), **pdl)
         return res
@@ -476,7 +447,8 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
             thr = torch.empty(batch, dtype=torch.float32, device=dev)
             rows, kb, n_chunks = row_tiling(n_beams, K)
             _row_stats_kernel[(cdiv(n_beams, rows),)](
-                scores, bs, lse, best, n_beams, K, NORMALIZE=normalize, ROWS=rows, BLOCK_K=kb,
+                scores, bs, lse, best, slot_succ, n_beams, K, NORMALIZE=normalize, DEFER=deferred, ROWS=rows,
+                BLOCK_K=kb,
                 N_CHUNKS=n_chunks, num_warps=4, **pdl)
             _threshold_kernel[(batch,)](best, thr, mb, beam_width, BLOCK_MB=max(2, next_pow2(mb)),
                                         num_warps=4, **pdl)
@@ -484,7 +456,7 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
         final = n_first == 1
         keys = res.scores if final else torch.empty(batch, n_first * block_out, dtype=torch.int64, device=dev)
         _rows_topk_kernel[(batch, n_first)](
-            scores, bs, keys, lse, thr, *gather_args, NORMALIZE=normalize, ROWS=rows, BLOCK_C=block_c,
+            scores, bs, keys, lse, thr, *gather_args, NORMALIZE=normalize, DEFER=deferred, ROWS=rows, BLOCK_C=block_c,
             N_COL=n_col, BLOCK_OUT=block_out, FINAL=final, PRUNE=prune, **ext, num_warps=_warps(rows * block_c), **pdl)
         if final:
             return res
@@ -501,8 +473,8 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
     keys = torch.empty(n_beams, K, dtype=torch.int64, device=dev)
     rows, kb, n_chunks = row_tiling(n_beams, K)
     _slot_keys_kernel[(cdiv(n_beams, rows),)](
-        scores, bs, keys, n_beams, mb, K,
-        NORMALIZE=normalize, ROWS=rows, BLOCK_K=kb, N_CHUNKS=n_chunks, num_warps=4, **pdl)
+        scores, bs, keys, slot_succ, n_beams, mb, K,
+        NORMALIZE=normalize, DEFER=deferred, ROWS=rows, BLOCK_K=kb, N_CHUNKS=n_chunks, num_warps=4, **pdl)
     n_top = min(beam_width, mb * K)
     top = torch.topk(keys.view(batch, mb * K), n_top, dim=1, largest=True, sorted=True).values
     _gather_kernel[(batch,)](
@@ -512,16 +484,18 @@ def topk_gather_triton(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_suc
 
 def topk_gather_reference(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torch.Tensor,
                           batch: int, beam_width: int, *, beam_scores: torch.Tensor | None = None,
-                          path: str | None = None, out=None, prefixes=None) -> TopkOut:
+                          path: str | None = None, out=None, prefixes=None, deferred: bool = False) -> TopkOut:
     """Pure-PyTorch reference of :func:`topk_gather` (same signature and outputs).
 
     A stable descending sort implements the tie order; ``path`` is checked and ignored.
     """
-    res = _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, path, out, prefixes)
+    res = _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, path, out, prefixes, deferred)
     n_beams, K = scores.shape
     mb = n_beams // batch
     if beam_scores is not None:
         scores = log_softmax_slots_reference(scores, beam_scores)
+        if deferred:
+            scores = scores.masked_fill(slot_succ < -1, float("-inf"))
     flat = scores.float().view(batch, mb * K)
     val, pos = torch.sort(flat, dim=1, descending=True, stable=True)
     n_top = min(beam_width, mb * K)
@@ -543,7 +517,7 @@ def topk_gather_reference(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_
 
 def topk_gather(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torch.Tensor,
                 batch: int, beam_width: int, *, beam_scores: torch.Tensor | None = None,
-                path: str | None = None, out=None, prefixes=None) -> TopkOut:
+                path: str | None = None, out=None, prefixes=None, deferred: bool = False) -> TopkOut:
     """Select the top ``beam_width`` candidates of each request and gather their beams.
 
     Runs the Triton kernels for CUDA tensors or under ``TRITON_INTERPRET=1``, else the
@@ -578,6 +552,9 @@ def topk_gather(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torc
         ``(prev, next)``: int64 contiguous ``(batch, Mb, l)`` prefixes of the step's beams
         and the ``(batch, M, l + 1)`` buffer that receives the next step's prefixes, as
         :func:`extend_prefixes` writes them (fused into the gather on the Triton path).
+    deferred : bool
+        With ``beam_scores``: slots whose ``slot_succ`` is below -1 count in their row's
+        log-sum-exp but are never selected (catalog-normalised lists, module docstring).
 
     Returns
     -------
@@ -586,4 +563,4 @@ def topk_gather(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_succ: torc
     """
     fn = topk_gather_triton if use_triton(scores) else topk_gather_reference
     return fn(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores=beam_scores,
-              path=path, out=out, prefixes=prefixes)
+              path=path, out=out, prefixes=prefixes, deferred=deferred)

@@ -86,6 +86,8 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
 
     none = wall_us(plain, calls, warmup=10)
     print(f"--- batch {batch}: api none {none:.1f} us (median of {calls} synchronised calls)", flush=True)
+    if "--kernels" in sys.argv:
+        kernel_table(f"batch {batch} api none", plain)
     for k in lengths:
         ids = [cat.item_ids[rng.integers(0, cat.n_items, k)] for _ in range(batch)]
         for normalise in ("request", "catalog"):

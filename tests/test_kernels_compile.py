@@ -47,9 +47,11 @@ def _launch_grid():
     # (beams per request, K, beam width): K = 1 and 3, beam width 1, single beams, dense
     # wide rows (watch-like step 2), search-like rows, beam 256, codebook 16384
     # the engine always normalises in the selection and extends prefixes after step 0
-    for (mb, K, bw), (normalize, level) in itertools.product(
+    # (True, 3, True): catalog-normalised lists, deferred slots dropped by the selection
+    for (mb, K, bw), (normalize, level, deferred) in itertools.product(
             [(1, 1, 4), (4, 1, 4), (1, 3, 1), (2, 2, 2), (128, 8, 128), (128, 300, 128), (1, 8192, 128),
-             (128, 8192, 128), (256, 64, 256), (2, 16384, 128)], [(False, 0), (True, 3)]):
+             (128, 8192, 128), (256, 64, 256), (2, 16384, 128)],
+            [(False, 0, False), (True, 3, False), (True, 3, True)]):
         batch = 2
         scores = e(batch * mb, K)
         prefixes = (e(batch, mb, level, dtype=torch.int64), e(batch, bw, level + 1, dtype=torch.int64)) \
@@ -58,7 +60,7 @@ def _launch_grid():
             try:
                 topk_gather_triton(scores, e(batch * mb, K, dtype=torch.int32), e(batch * mb, K, dtype=torch.int64),
                                    batch, bw, beam_scores=e(batch * mb) if normalize else None, path=path,
-                                   prefixes=prefixes)
+                                   prefixes=prefixes, deferred=deferred)
             except ValueError:  # e.g. the small path's tile limit: the launcher refuses, nothing to compile
                 pass
     for K, n_beams in [(1, 1), (3, 5), (300, 256), (16384, 64)]:
@@ -96,12 +98,6 @@ def _launch_grid():
                                 offsets=e(4, dtype=torch.int32), logits=logits, constraint=lists)
             filter_slots_triton(e(n_beams, dtype=torch.int64), K, table=e(4, K, dtype=torch.int32), logits=logits,
                                 constraint=lists)
-    from zerogr_kernels.deferred import finish_deferred_triton
-
-    for (K, n_beams), dtype in itertools.product([(1, 2), (25, 256), (8192, 1)],
-                                                 (torch.float16, torch.bfloat16, torch.float32)):
-        finish_deferred_triton(e(n_beams, K, dtype=torch.int32), e(n_beams, K, dtype=torch.int64),
-                               e(n_beams, K, dtype=dtype), e(1, dtype=torch.int32), n_beams, e(n_beams), e(n_beams))
     from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows_triton
 
     for width, table_dtype, marks in itertools.product((16, 128, MAX_WIDTH), (torch.int32, torch.int64),
@@ -258,7 +254,7 @@ def test_every_launched_specialisation_compiles_for_hopper():
     for kernel in ("_rows_topk_kernel", "_chunk_topk_kernel", "_row_stats_kernel", "_threshold_kernel",
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
                    "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
-                   "_constrain_scored_kernel", "_deny_rows_kernel", "_finish_deferred_kernel", "_rms_norm_kernel",
+                   "_constrain_scored_kernel", "_deny_rows_kernel", "_rms_norm_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel", "_split_kernel",
                    "_merge_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"

@@ -2,7 +2,8 @@
 (``filter_slots(constraint=SlotLists(...))``) against the PyTorch reference, which filters
 and then runs ``constrain_slots_reference``: one launch must decide every slot as the
 separate constraint kernel does, and, for catalog-normalised requests, the filter's deferred
-slots settled by ``finish_deferred`` as the searching ``constrain_scored_slots`` settles them."""
+slots settled by the selection (``topk_gather(deferred=True)``) as the searching
+``constrain_scored_slots`` settles them."""
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 from kernel_asserts import assert_outputs_equal, kernel_device, random_dense_table, random_sparse_mapping, random_states
 from zerogr_kernels import FilterOut, filter_slots_reference, filter_slots_triton
 from zerogr_kernels.constraints import SlotLists, constrain_scored_slots_triton, constrain_slots_triton, search_iterations
-from zerogr_kernels.deferred import finish_deferred_reference, finish_deferred_triton
+from zerogr_kernels.selection import (PATHS, SMALL_MAX, small_tile, topk_gather_reference,
+                                     topk_gather_triton)
 from zerogr_kernels.row_marks import mark_rows_reference, mark_words
 
 DEV = kernel_device()
@@ -78,17 +80,30 @@ def test_filter_with_lists_matches_reference(seed, dense, batch, beams, list_len
     # deferred lists, the pass after projection: here the logits copied in stand for it)
     plain = filter_slots_triton(states, K, **mapping, **kw)
     constrain_slots_triton(*plain[:3], *lists[:6], defer, **marks)
-    if defer:
-        scores = torch.as_tensor(rng.normal(size=n_beams), dtype=torch.float32, device=DEV)
-        want = constrain_scored_slots_triton(*plain[:3], *lists[:6], scores, torch.empty_like(scores), **marks)
-        out = finish_deferred_triton(*got[:3], mode, beams, scores, torch.empty_like(scores))
-        assert torch.equal(torch.isneginf(out), torch.isneginf(want))
-        torch.testing.assert_close(out, want, rtol=0, atol=1e-5)
-        ref_got = filter_slots_reference(states, K, constraint=lists, **mapping, **kw)
-        ref = finish_deferred_reference(*ref_got[:3], mode, beams, scores, torch.empty_like(scores))
-        torch.testing.assert_close(ref, want, rtol=0, atol=1e-5)
-        assert_outputs_equal(ref_got, plain, names=FilterOut._fields, rtol=0.0, atol=0.0)
-    assert_outputs_equal(got, plain, names=FilterOut._fields, rtol=0.0, atol=0.0)
+    if not defer:
+        assert_outputs_equal(got, plain, names=FilterOut._fields, rtol=0.0, atol=0.0)
+        return
+    # the projection's logits on the live slots, the same in both
+    x = torch.as_tensor(rng.normal(size=(n_beams, K)), dtype=torch.float32, device=DEV)
+    for slots in (got, plain):
+        slots.slot_logits.copy_(torch.where(slots.slot_tokens >= 0, x, float("-inf")))
+    scores = torch.as_tensor(rng.normal(size=n_beams), dtype=torch.float32, device=DEV)
+    shifted = constrain_scored_slots_triton(*plain[:3], *lists[:6], scores, torch.empty_like(scores), **marks)
+    # the searching pass killed the deferred slots and moved the normalisers' difference into the scores
+    M = int(rng.integers(1, 2 * beams * K + 1))
+    want = topk_gather_reference(plain.slot_logits, plain.slot_tokens, plain.slot_succ, batch, M,
+                                 beam_scores=shifted)
+    ref_got = filter_slots_reference(states, K, constraint=lists, **mapping, **kw)
+    ref_got.slot_logits.copy_(got.slot_logits)
+    tops = [topk_gather_reference(ref_got.slot_logits, ref_got.slot_tokens, ref_got.slot_succ, batch, M,
+                                  beam_scores=scores, deferred=True)]
+    tops += [topk_gather_triton(got.slot_logits, got.slot_tokens, got.slot_succ, batch, M, beam_scores=scores,
+                                deferred=True, path=path)
+             for path in PATHS if path != "small" or np.prod(small_tile(beams, K, M)[:2]) <= SMALL_MAX]
+    for top in tops:
+        torch.testing.assert_close(top.scores, want.scores, rtol=0, atol=1e-5)
+        for name in ("parents", "tokens", "succ"):
+            assert torch.equal(getattr(top, name), getattr(want, name)), name
 
 
 def test_filter_lists_are_checked():

@@ -103,6 +103,35 @@ def test_fused_normalisation(batch, mb, vocab, max_len, M):
         assert_selection_equivalent(got, exp, scores, slots.slot_tokens, slots.slot_succ, batch)
 
 
+@pytest.mark.parametrize("batch,mb,vocab,max_len,M,chunk_min", [
+    (3, 4, 2, 2, 7, 1024),         # fewer candidates than M: deferred slots never pad the tail
+    (2, 5, 30, 12, 3, 4),          # several split stages
+    (2, 8, 300, 199, 32, 1024),    # K = 199
+    (1, 1, 16384, 16384, 128, 1024),  # one wide row: column blocks fold the whole row's normaliser
+])
+def test_deferred_slots_normalise_but_are_not_candidates(monkeypatch, batch, mb, vocab, max_len, M, chunk_min):
+    """Slots with a successor below -1 (a catalog-normalised request's slots that only its own
+    list removes) count in the row's log-sum-exp and are never selected, on every path."""
+    monkeypatch.setattr(selection, "SPLIT_CHUNK_MIN", chunk_min)
+    slots, logits, beam_scores = _candidates(batch * 13 + vocab, batch, mb, vocab, max_len)
+    g = torch.Generator().manual_seed(vocab)
+    live = slots.slot_tokens >= 0
+    later = live & (torch.rand(live.shape, generator=g) < 0.4).to(DEV)
+    later[0] = live[0]  # a beam whose every live slot is deferred: it has no candidate
+    succ = torch.where(later, -2 - slots.slot_succ, slots.slot_succ)
+    want = log_softmax_slots_reference(logits, beam_scores).masked_fill(later, float("-inf"))
+    exp = topk_gather_reference(want, slots.slot_tokens, succ, batch, M)
+    ref = topk_gather_reference(logits, slots.slot_tokens, succ, batch, M, beam_scores=beam_scores, deferred=True)
+    assert_outputs_equal(ref, exp, names=NAMES, rtol=0.0, atol=0.0)
+    assert not (exp.succ < -1).any() and not (exp.parents == 0).any()
+    for path in _paths(batch, mb, logits.shape[1], M):
+        got = topk_gather_triton(logits, slots.slot_tokens, succ, batch, M, beam_scores=beam_scores,
+                                 deferred=True, path=path)
+        assert_selection_equivalent(got, exp, want, slots.slot_tokens, succ, batch)
+    with pytest.raises(ValueError, match="deferred"):
+        topk_gather_reference(logits, slots.slot_tokens, succ, batch, M, deferred=True)
+
+
 def test_out_buffers_and_checks():
     slots, logits, beam_scores = _candidates(2, 2, 3, 50, 20)
     scores = log_softmax_slots_reference(logits, beam_scores)

@@ -97,11 +97,11 @@ class StepRunner:
         #: Set by a constrained ShapeState: the step's lists, which the filter applies as it
         #: fills the slots (:class:`~zerogr_kernels.constraints.SlotLists`); an optional
         #: callable() run before the filter (the first step resolves and marks the call's
-        #: lists); and callable(FilterOut, scores) -> scores that applies catalog-normalised
-        #: lists after projection.
+        #: lists); and whether the lists are catalog-normalised, the selection then dropping
+        #: the slots the filter deferred after counting them in the normaliser.
         self.slot_lists = None
         self.prepare_lists = None
-        self.rescore = None
+        self.deferred = False
         self.top = TopkOut.empty(batch, beam_width, dev)
 
     def project(self, states: torch.Tensor, hidden: torch.Tensor, timer=no_timer) -> FilterOut:
@@ -137,14 +137,12 @@ class StepRunner:
         """Fused log-softmax over valid slots + beam score, top-M and gather (and, with
         ``prefixes = (prev, next)``, the next step's prefixes)."""
         return topk_gather(slots.slot_logits, slots.slot_tokens, slots.slot_succ, self.batch, self.beam_width,
-                           beam_scores=scores, path=self.option.topk, out=self.top, prefixes=prefixes)
+                           beam_scores=scores, path=self.option.topk, out=self.top, prefixes=prefixes,
+                           deferred=self.deferred)
 
     def __call__(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor,
                  prefixes=None, timer=no_timer) -> TopkOut:
         slots = self.project(states, hidden, timer)
-        if self.rescore is not None:
-            with timer(self.level, "filter"):
-                scores = self.rescore(slots, scores)
         with timer(self.level, "select"):
             return self.select(slots, scores, prefixes)
 

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from zerogr_kernels.constraints import SlotLists, search_iterations
-from zerogr_kernels.deferred import finish_deferred
 from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows
 
 from ..errors import ZeroGRError
@@ -172,8 +171,9 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     The buffers live as long as the shape; :func:`load_lists` refills them before a
     replay, so the captured graph reads each call's lists. ``n_iter`` follows the
     capacity, never one call's lists, so the graph stays valid for every fill. Under
-    ``normalise="catalog"`` the runners also get the pass after projection
-    (:func:`~zerogr_kernels.deferred.finish_deferred`, over the slots the filter deferred); the shape then serves
+    ``normalise="catalog"`` the filter defers the slots only a request's own list removes and
+    the runners' selection counts them in its normaliser, then drops them
+    (:func:`zerogr_kernels.topk_gather`'s ``deferred``); the shape then serves
     catalog-normalised lists only. With ``ids`` (a :class:`~zerogr_core.decode.id_lists.DenyIds`)
     the buffers take deny ids of its width, looked up in its id table, which the shape keeps.
     """
@@ -197,16 +197,11 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     def make(level: int, beams: int):
         lists = SlotLists(starts[level], buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, catalog,
                           **marks.args)
-        out = torch.empty(batch * beams, dtype=torch.float32, device=dev) if catalog else None
-
-        def rescore(slots, scores: torch.Tensor) -> torch.Tensor:
-            return finish_deferred(slots.slot_tokens, slots.slot_succ, slots.slot_logits, buffers.mode, beams,
-                                   scores, out)
-        return lists, prepare if level == 0 else None, rescore if catalog else None
+        return lists, prepare if level == 0 else None
 
     for level, runner in enumerate(runners):
-        runner.slot_lists, runner.prepare_lists, runner.rescore = make(
-            level, runner.filter_out.slot_succ.shape[0] // batch)
+        runner.slot_lists, runner.prepare_lists = make(level, runner.filter_out.slot_succ.shape[0] // batch)
+        runner.deferred = catalog
     return buffers
 
 
