@@ -4,7 +4,8 @@ A deny-only call ships each request's ids as they came, back to back (request ``
 ``ids[id_offsets[r]:id_offsets[r + 1]]``, at most ``width`` of them), and nothing else: the
 id → row lookup, the sort and the removal of repeats, which the host would otherwise do
 before the decode could start, run here as the first kernel of the captured graph, one
-program per request. Request ``r``'s rows go to ``rows[offsets[r + 1]:offsets[r + 1] + width]``: its distinct catalog rows in ascending order,
+program per request (past :data:`MAX_WIDTH` ids, as a lookup kernel, torch's sort and two
+compaction kernels). Request ``r``'s rows go to ``rows[offsets[r + 1]:offsets[r + 1] + width]``: its distinct catalog rows in ascending order,
 then ``n_rows`` (one past the last row) in every place left over, ids that are not in the
 catalog included. :func:`zerogr_kernels.constraints.constrain_slots` reads such a segment as
 it is: ``n_rows`` lies in no prefix's row range, so it is never counted nor found, and a
@@ -22,41 +23,106 @@ import triton.language as tl
 from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
 from .row_marks import _check_marks, mark_rows, marks_of_rows
 
-MAX_WIDTH = 2048
+MAX_WIDTH = 1024
 """Widest padded id row (ids per request, a power of two) one program sorts in registers;
-wider ones go through :func:`deny_rows_sorted`."""
+wider ones are sorted by torch between a lookup launch and two compaction launches (faster
+from 2,048 ids: 36 against 47 µs on the H200, ``runs/results/constraints/wide-sort/``)."""
+IN_PLACE_WIDTH = 2048
+"""Widest id row the engine leaves in pinned host memory for the first kernel to read in
+place; wider rows cross in one copy first."""
+WIDE_BLOCK = 1024
+"""Ids a program of the wide path's launches handles at once (its tile)."""
 MAX_IDS = 65_536
 """Most ids per request :func:`deny_rows` takes (its width, a power of two, at most this)."""
 
 
 @triton.jit
-def _deny_rows_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rows_ptr, offsets_ptr, n_rows,
-                      marks_ptr, mark_shift, n_words, W: tl.constexpr, MARKS: tl.constexpr, PDL: tl.constexpr):
-    pdl_prologue(PDL)
-    r = tl.program_id(0).to(tl.int64)
-    k = tl.arange(0, W)
+def _keys(ids_ptr, id_off_ptr, table_ptr, table_size, base, r, k, n_rows, KEY32: tl.constexpr):
+    """Request r's lanes k as catalog rows (``n_rows`` for misses and the padding past its ids),
+    int32 below 2^31 rows: half the registers and bytes of the sort that follows."""
     first = tl.load(id_off_ptr + r)
     given = k < tl.load(id_off_ptr + r + 1) - first
     pos = tl.load(ids_ptr + first + k, mask=given, other=0) - base
     inside = given & (pos >= 0) & (pos < table_size)
-    row = tl.load(table_ptr + pos, mask=inside, other=-1).to(tl.int64)
-    row = tl.sort(tl.where(row >= 0, row, n_rows))
+    row = tl.load(table_ptr + pos, mask=inside, other=-1)
+    if KEY32:
+        row = row.to(tl.int32)
+    else:
+        row = row.to(tl.int64)
+    return tl.where(row >= 0, row, n_rows)
+
+
+@triton.jit
+def _mark(row, on, marks_ptr, mark_shift, n_words):
+    """Set the bits of rows ``row`` where ``on`` in the row bitmap (kernels.row_marks)."""
+    g = row.to(tl.int64) >> mark_shift
+    bit = (tl.zeros_like(g) + 1) << (g & 31)
+    tl.atomic_or(marks_ptr + (g >> 5), bit.to(tl.uint32).to(tl.int32, bitcast=True), mask=on & ((g >> 5) < n_words))
+
+
+@triton.jit
+def _deny_rows_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rows_ptr, offsets_ptr, n_rows,
+                      marks_ptr, mark_shift, n_words, W: tl.constexpr, KEY32: tl.constexpr, MARKS: tl.constexpr,
+                      PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    k = tl.arange(0, W)
+    row = tl.sort(_keys(ids_ptr, id_off_ptr, table_ptr, table_size, base, r, k, n_rows, KEY32))
     out = rows_ptr + tl.load(offsets_ptr + r + 1)
-    tl.store(out + k, row)
+    tl.store(out + k, row.to(tl.int64))
     tl.debug_barrier()  # the sorted row is read back, shifted by one, across the program's threads
-    prev = tl.load(out + k - 1, mask=k > 0, other=-1)
+    prev = tl.load(out + k - 1, mask=k > 0, other=-1).to(row.dtype)
     keep = (row != prev) & (row < n_rows)
     place = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     n_keep = tl.sum(keep.to(tl.int32), axis=0)
     tl.debug_barrier()  # every thread has read before any overwrites
-    tl.store(out + place, row, mask=keep)
-    tl.store(out + k, tl.zeros_like(row) + n_rows, mask=k >= n_keep)
-    if MARKS:  # the row bitmap (kernels.row_marks) of what this program wrote, without a launch of its own:
-        # its kept rows, and the padding where mark_rows would mark it (inside the last word)
-        g = tl.where(keep, row, n_rows) >> mark_shift
-        bit = (tl.zeros_like(g) + 1) << (g & 31)
-        tl.atomic_or(marks_ptr + (g >> 5), bit.to(tl.uint32).to(tl.int32, bitcast=True),
-                     mask=(keep | (k >= n_keep)) & ((g >> 5) < n_words))
+    tl.store(out + place, row.to(tl.int64), mask=keep)
+    tl.store(out + k, tl.zeros_like(row).to(tl.int64) + n_rows, mask=k >= n_keep)
+    if MARKS:  # the row bitmap of what this program wrote, without a launch of its own: its kept
+        # rows, and the padding once, where mark_rows would mark it (inside the last word)
+        _mark(tl.where(keep, row, n_rows), keep | (k == n_keep), marks_ptr, mark_shift, n_words)
+
+
+@triton.jit
+def _deny_keys_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, keys_ptr, n_rows,
+                      W: tl.constexpr, BLOCK: tl.constexpr, KEY32: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(keys_ptr + r * W + k, _keys(ids_ptr, id_off_ptr, table_ptr, table_size, base, r, k, n_rows, KEY32))
+
+
+@triton.jit
+def _distinct(src, k, n_rows):
+    """Sorted keys ``src[k]`` and whether each is a row (not ``n_rows``) unlike the one before it."""
+    row = tl.load(src + k)
+    return row, (row != tl.load(src + k - 1, mask=k > 0, other=-1)) & (row < n_rows)
+
+
+@triton.jit
+def _deny_count_kernel(keys_ptr, counts_ptr, n_rows, W: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    r, b = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    _, keep = _distinct(keys_ptr + r * W, b * BLOCK + tl.arange(0, BLOCK), n_rows)
+    tl.store(counts_ptr + r * (W // BLOCK) + b, tl.sum(keep.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _deny_distinct_kernel(keys_ptr, counts_ptr, rows_ptr, offsets_ptr, n_rows, marks_ptr, mark_shift, n_words,
+                          W: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, MARKS: tl.constexpr,
+                          PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    r, b = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    c = tl.arange(0, NB)
+    counts = tl.load(counts_ptr + r * (W // BLOCK) + c, mask=c < W // BLOCK, other=0)
+    before, n_keep = tl.sum(tl.where(c < b, counts, 0), axis=0), tl.sum(counts, axis=0)
+    k = b * BLOCK + tl.arange(0, BLOCK)
+    row, keep = _distinct(keys_ptr + r * W, k, n_rows)
+    out = rows_ptr + tl.load(offsets_ptr + r + 1)
+    tl.store(out + before + tl.cumsum(keep.to(tl.int32), axis=0) - 1, row.to(tl.int64), mask=keep)
+    tl.store(out + k, tl.zeros_like(k).to(tl.int64) + n_rows, mask=k >= n_keep)
+    if MARKS:  # the block's rows, and the padding once, where mark_rows would mark it (inside the last word)
+        _mark(tl.where(keep, row, n_rows), keep | (k == n_keep), marks_ptr, mark_shift, n_words)
 
 
 def _check(ids, id_offsets, width, table, rows, offsets, marks=None, mark_shift=0) -> None:
@@ -79,19 +145,39 @@ def _check(ids, id_offsets, width, table, rows, offsets, marks=None, mark_shift=
 def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
                      rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
                      mark_shift: int = 0) -> torch.Tensor:
-    """Triton implementation of :func:`deny_rows` (one launch, and a fill of ``marks``; no host
-    synchronisation), up to :data:`MAX_WIDTH`."""
+    """Triton implementation of :func:`deny_rows`, with no host synchronisation: up to
+    :data:`MAX_WIDTH` one launch that sorts each request's rows in registers (and sets
+    ``marks``); wider, a lookup launch, torch's sort of the ``(batch, width)`` keys along their
+    rows, then blocks of :data:`WIDE_BLOCK` keys, each counting its distinct rows in one launch
+    and writing them after the blocks before it in a second (which sets ``marks``)."""
     _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift)
-    if width > MAX_WIDTH:
-        raise ValueError(f"width must be at most {MAX_WIDTH} for the Triton kernel, got {width}")
     batch = id_offsets.shape[0] - 1
     if marks is not None:
         marks.zero_()
-    if batch:
+    if not batch:
+        return rows
+    key32 = n_rows < 2**31 - 1
+    mark_args = (rows if marks is None else marks, int(mark_shift), 0 if marks is None else marks.numel())
+    pdl = pdl_args(rows.device)
+    if width <= MAX_WIDTH:
         _deny_rows_kernel[(batch,)](ids, id_offsets, table, table.numel(), int(base), rows, offsets, int(n_rows),
-                                    rows if marks is None else marks, int(mark_shift),
-                                    0 if marks is None else marks.numel(), W=width, MARKS=marks is not None,
-                                    num_warps=4, **pdl_args(rows.device))
+                                    *mark_args, W=width, KEY32=key32, MARKS=marks is not None, num_warps=4,
+                                    **pdl)
+        return rows
+    # one program's bitonic sort grows as width · log² width: 0.68 ms for 16,384 ids on the H200,
+    # where the radix sort of the keys takes tens of µs (runs/results/constraints/wide-sort/)
+    keys = torch.empty(batch, width, dtype=torch.int32 if key32 else torch.int64, device=rows.device)
+    block = min(width, WIDE_BLOCK)
+    _deny_keys_kernel[(batch, width // block)](ids, id_offsets, table, table.numel(), int(base), keys, int(n_rows),
+                                               W=width, BLOCK=block, KEY32=key32, num_warps=4, **pdl)
+    keys = keys.sort(dim=1).values
+    # each block's distinct rows counted, then written after those of the blocks before it
+    n_blocks = width // block
+    counts = torch.empty(batch, n_blocks, dtype=torch.int32, device=rows.device)
+    _deny_count_kernel[(batch, n_blocks)](keys, counts, int(n_rows), W=width, BLOCK=block, num_warps=4, **pdl)
+    _deny_distinct_kernel[(batch, n_blocks)](keys, counts, rows, offsets, int(n_rows), *mark_args, W=width,
+                                             BLOCK=block, NB=triton.next_power_of_2(n_blocks),
+                                             MARKS=marks is not None, num_warps=4, **pdl)
     return rows
 
 
@@ -115,47 +201,10 @@ def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int,
     return rows
 
 
-def deny_rows_sorted(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
-                     rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
-                     mark_shift: int = 0) -> torch.Tensor:
-    """:func:`deny_rows` in whole-batch torch operations (a padded ``(batch, width)`` matrix
-    sorted along its rows, in int32 below 2^31 rows, then each row's distinct rows moved to its
-    front by a stable partition): no host synchronisation, so a CUDA graph can hold it; what
-    widths past :data:`MAX_WIDTH` run."""
-    _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift)
-    if ids.device != rows.device:
-        raise ValueError("deny_rows_sorted needs the ids on the rows' device")
-    batch = id_offsets.shape[0] - 1
-    if not batch or not ids.numel():
-        return deny_rows_reference(ids, id_offsets, width, table, base, rows, offsets, n_rows, marks, mark_shift)
-    k = torch.arange(width, device=ids.device)
-    first = id_offsets[:-1, None]
-    given = k < (id_offsets[1:, None] - first)
-    pos = ids[(first + k).clamp_(max=ids.numel() - 1)] - base
-    inside = given & (pos >= 0) & (pos < table.numel())
-    row = table[pos.clamp_(0, table.numel() - 1)]
-    # a radix sort's passes follow the key's width
-    row = row.to(torch.int32 if n_rows < 2**31 - 1 else torch.int64)
-    row = torch.where(inside & (row >= 0), row, n_rows).sort(dim=1).values
-    keep = row < n_rows
-    keep[:, 1:] &= row[:, 1:] != row[:, :-1]
-    kept = keep.cumsum(dim=1)
-    # kept rows to the front in order, the rest (n_rows once written) behind them
-    place = torch.where(keep, kept - 1, kept[:, -1:] + (k + 1 - kept) - 1)
-    row = torch.where(keep, row, n_rows).long()
-    rows.scatter_(0, (offsets[1:batch + 1, None] + place).flatten(), row.flatten())
-    if marks is not None:
-        mark_rows(offsets, rows, marks, mark_shift)
-    return rows
-
-
 def deny_rows(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
               rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
               mark_shift: int = 0) -> torch.Tensor:
-    if width > MAX_WIDTH:
-        fn = deny_rows_sorted
-    else:
-        fn = deny_rows_triton if use_triton(rows) else deny_rows_reference
+    fn = deny_rows_triton if use_triton(rows) else deny_rows_reference
     return fn(ids, id_offsets, width, table, base, rows, offsets, n_rows, marks, mark_shift)
 
 
@@ -165,14 +214,14 @@ deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog r
     ----------
     ids : torch.Tensor
         ``(n,)`` int64 item ids; request ``r`` lists ``ids[id_offsets[r]:id_offsets[r + 1]]``
-        (in any order, repeats and unknown ids allowed). Up to :data:`MAX_WIDTH`, ``ids`` and
-        ``id_offsets`` may be pinned host tensors beside CUDA ``rows``: the kernel reads them
-        in place, so no copy is needed (nor captured) before it.
+        (in any order, repeats and unknown ids allowed). ``ids`` and ``id_offsets`` may be
+        pinned host tensors beside CUDA ``rows``: the kernels read them in place, so no copy is
+        needed (nor captured) before them (the engine does so up to :data:`IN_PLACE_WIDTH`).
     id_offsets : torch.Tensor
         ``(batch + 1,)`` int64, non-decreasing, each request's count at most ``width``.
     width : int
         A power of two, at most :data:`MAX_IDS`: the rows each request's output holds. Past
-        :data:`MAX_WIDTH` the op runs as :func:`deny_rows_sorted`.
+        :data:`MAX_WIDTH` the rows are sorted by torch between a lookup launch and two compaction launches.
     table : torch.Tensor
         ``(T,)`` int32 or int64: the row of id ``v`` is ``table[v - base]`` (-1: not in the catalog).
     base : int
@@ -187,7 +236,7 @@ deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog r
     marks : torch.Tensor, optional
         ``(mark_words(n_rows),)`` int32, overwritten with the bitmap of
         ``rows[offsets[0]:offsets[-1]]`` after the op (:func:`~zerogr_kernels.row_marks.mark_rows`),
-        set by the same launch up to :data:`MAX_WIDTH`. The kernel marks the rows it writes, so
+        set by the launch that writes the rows. The kernels mark the rows they write, so
         ``offsets`` must then lay the requests' outputs back to back, ``width`` apart, after an
         empty global segment (as the engine's deny-id buffers do).
     mark_shift : int

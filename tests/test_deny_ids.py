@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from zerogr_core import Decoder, build_index
 from zerogr_core.decode.id_lists import MIN_WIDTH, DenyIds, deny_ids
 from zerogr_core.decode.device_lists import device_id_table
-from zerogr_kernels.deny_ids import (MAX_IDS, MAX_WIDTH, deny_rows, deny_rows_reference, deny_rows_sorted,
+from zerogr_kernels.deny_ids import (IN_PLACE_WIDTH, MAX_IDS, MAX_WIDTH, WIDE_BLOCK, deny_rows, deny_rows_reference,
                                      deny_rows_triton)
 
 from zerogr_kernels.row_marks import mark_rows_reference, mark_words
@@ -54,29 +54,44 @@ def test_kernel_matches_reference(batch, width, n_ids, table_size, base):
 
 
 @pytest.mark.parametrize("batch,width,n_ids,table_size,base", [
-    (1, 16, 0, 10, 0), (3, 16, 16, 40, 7), (4, 64, 64, 30, -4), (2, 4096, 3000, 500, 100)])
-def test_sorted_path_matches_reference(batch, width, n_ids, table_size, base):
-    """The whole-batch torch path that widths past MAX_WIDTH take."""
-    for seed in range(3):
-        assert_matches_reference(deny_rows_sorted, case(seed, batch, width, n_ids, table_size, base))
+    (1, 2 * MAX_WIDTH, 0, 10, 0), (3, 2 * MAX_WIDTH, 3000, 4000, 7), (2, 4 * MAX_WIDTH, 8000, 500, -4),
+    (1, 4 * MAX_WIDTH, 5000, 100_000, 100)])
+def test_wide_path_matches_reference(batch, width, n_ids, table_size, base):
+    """Past MAX_WIDTH: the lookup kernel, torch's sort, then the compaction kernels, whose blocks
+    of WIDE_BLOCK ids each continue where the blocks before stopped (repeats across them)."""
+    assert width > MAX_WIDTH and width % WIDE_BLOCK == 0
+    for seed in range(2):
+        assert_matches_reference(deny_rows_triton, case(seed, batch, width, n_ids, table_size, base))
 
 
-@pytest.mark.parametrize("fn", [deny_rows_triton, deny_rows_sorted])
+@pytest.mark.parametrize("width", [16, 64, 2 * MAX_WIDTH])
 @pytest.mark.parametrize("shift", [0, 2])
-def test_marks_set_with_the_rows_match_mark_rows(fn, shift):
-    """With ``marks`` the op leaves the bitmap of the rows it wrote (stale bits cleared): the
-    kernel sets them in its own launch, the sorted path after its sort."""
-    for seed, (batch, width, n_ids, size) in enumerate([(3, 16, 16, 40), (2, 64, 50, 300), (1, 16, 0, 10)]):
+def test_marks_set_with_the_rows_match_mark_rows(width, shift):
+    """With ``marks`` the op leaves the bitmap of the rows it wrote (stale bits cleared), set by
+    the launch that writes them (the sorting kernel, or the wide path's compaction)."""
+    for seed, (batch, n_ids, size) in enumerate([(3, 16, 40), (2, 50, 300), (1, 0, 10), (2, 16, 5000)]):
         args = case(seed, batch, width, n_ids, size, 3)
         n_words = mark_words(args[7] << shift)
         want = mark_rows_reference(args[6], run(deny_rows_reference, args), torch.zeros(n_words, dtype=torch.int32),
                                    shift)
-        for f in (fn, deny_rows_reference):
+        for f in (deny_rows_triton, deny_rows_reference):
             out = list(args)
             out[5] = args[5].clone()
             marks = torch.full((n_words,), -1, dtype=torch.int32)
             f(*out, marks=marks, mark_shift=shift)
             assert torch.equal(marks, want), (f.__name__, (marks != want).nonzero()[:5].tolist())
+
+
+@pytest.mark.parametrize("width", [64, 2 * MAX_WIDTH])
+def test_rows_past_int32_keep_int64_keys(width):
+    """A catalog of 2^31 rows or more: both paths sort the rows as int64, not narrowed to int32."""
+    ids, id_offsets, width, table, base, rows, offsets, n_rows = case(4, 3, width, 60, 200, 9)
+    big = 2**31 + 3
+    table = torch.where(table >= 0, table.long() + big - n_rows, table.long())
+    args = (ids, id_offsets, width, table, base, rows, offsets, big)
+    assert_matches_reference(deny_rows_triton, args)
+    got = run(deny_rows_triton, args)[5:5 + 3 * width]
+    assert (got >= big - n_rows).all() and (got < big).sum() > 3
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,8 +114,8 @@ def test_kernel_rejects_bad_arguments():
     ids, id_offsets, width, table, base, rows, offsets, n_rows = case(0, 2, 16, 4, 10, 0)
     with pytest.raises(ValueError, match="power of two"):
         deny_rows(ids, id_offsets, 12, table, base, rows, offsets, n_rows)
-    with pytest.raises(ValueError, match="Triton"):
-        deny_rows_triton(ids, id_offsets, 2 * MAX_WIDTH, table, base, rows, offsets, n_rows)
+    with pytest.raises(ValueError, match="at most"):
+        deny_rows_triton(ids, id_offsets, 2 * MAX_IDS, table, base, rows, offsets, n_rows)
     with pytest.raises(ValueError, match="offsets"):
         deny_rows(ids, id_offsets, width, table, base, rows, offsets[:3], n_rows)
 
@@ -140,8 +155,9 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
     calls = [[ids[:20], None, np.array([ids[7], ids[7], -1, 10**9])],
              [np.array([], dtype=np.int64), ids[g.permutation(300)[:15]], ids[::11]],
              [ids[:250], ids[50:60], None],
-             [np.tile(ids[::2], 20), None, ids[:5]],  # 3,000 ids: past MAX_WIDTH, the sorted path
-             [ids[3:6], None, None]]  # narrower again: the 256-wide shape serves it
+             [np.tile(ids, 5), ids[:3], None],  # 1,500 ids: the wide path (in place on a GPU)
+             [np.tile(ids[::2], 20), None, ids[:5]],  # 3,000 ids: copied first on a GPU
+             [ids[3:6], None, None]]  # narrower again: the 2,048-wide shape serves it
     for deny in calls:
         fast = deny_ids(catalog, "cpu", 3, deny, normalise)
         assert isinstance(fast, DenyIds)
@@ -152,21 +168,21 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
         torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
     # one shape per width class, each as wide as its widest call
     widths = sorted(shape.lists.width for key, shape in engine._shapes.items() if "lists" in key)
-    assert widths == [256, 4096]
+    assert widths == [IN_PLACE_WIDTH, 4096]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("width", [16, 128, 1024, MAX_WIDTH, 16_384])
+@pytest.mark.parametrize("width", [16, 128, MAX_WIDTH, IN_PLACE_WIDTH, 4096, 16_384, MAX_IDS])
 def test_cuda_kernel_matches_reference(width):
     for seed in range(3):
         args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case(seed, 9, width, width, 5 * width, 11)]
-        assert_matches_reference(deny_rows, args)  # the Triton kernel or the sorted path
-        if width <= MAX_WIDTH:  # ids and their offsets read in place from pinned host memory
-            pinned = list(args)
-            pinned[0], pinned[1] = args[0].cpu().pin_memory(), args[1].cpu().pin_memory()
-            want, got = run(deny_rows_reference, args), run(deny_rows, pinned)
-            assert torch.equal(got, want), (got != want).nonzero()[:5].tolist()
+        assert_matches_reference(deny_rows, args)  # the sorting kernel or the wide path
+        # ids and their offsets read in place from pinned host memory
+        pinned = list(args)
+        pinned[0], pinned[1] = args[0].cpu().pin_memory(), args[1].cpu().pin_memory()
+        want, got = run(deny_rows_reference, args), run(deny_rows, pinned)
+        assert torch.equal(got, want), (got != want).nonzero()[:5].tolist()
 
 
 @pytest.mark.gpu

@@ -98,12 +98,16 @@ def _launch_grid():
                                 offsets=e(4, dtype=torch.int32), logits=logits, constraint=lists)
             filter_slots_triton(e(n_beams, dtype=torch.int64), K, table=e(4, K, dtype=torch.int32), logits=logits,
                                 constraint=lists)
-    from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows_triton
+    from zerogr_kernels.deny_ids import MAX_IDS, MAX_WIDTH, deny_rows_triton
 
-    for width, table_dtype, marks in itertools.product((16, 128, MAX_WIDTH), (torch.int32, torch.int64),
-                                                       (None, e(8, dtype=torch.int32))):
+    # the sorting kernel and the wide path's two, with int32 keys and (past 2^31 rows) int64 ones
+    for width, table_dtype, marks, n_rows in itertools.product(
+            (16, 128, MAX_WIDTH, 2 * MAX_WIDTH, MAX_IDS), (torch.int32, torch.int64),
+            (None, e(8, dtype=torch.int32)), (90, 2**31 + 5)):
+        if n_rows > 90 and (table_dtype == torch.int32 or width not in (128, MAX_IDS)):
+            continue
         deny_rows_triton(e(40, dtype=torch.int64), e(4, dtype=torch.int64), width, e(100, dtype=table_dtype), 7,
-                         e(3 * width, dtype=torch.int64), e(5, dtype=torch.int64), 90, marks=marks)
+                         e(3 * width, dtype=torch.int64), e(5, dtype=torch.int64), n_rows, marks=marks)
     for (K, H), dtype in itertools.product([(1, 48), (3, 1024), (300, 1024), (64, 4096)],
                                            (torch.float16, torch.bfloat16, torch.float32)):
         n_beams = 4
@@ -254,7 +258,8 @@ def test_every_launched_specialisation_compiles_for_hopper():
     for kernel in ("_rows_topk_kernel", "_chunk_topk_kernel", "_row_stats_kernel", "_threshold_kernel",
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
                    "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
-                   "_constrain_scored_kernel", "_deny_rows_kernel", "_rms_norm_kernel",
+                   "_constrain_scored_kernel", "_deny_rows_kernel", "_deny_keys_kernel",
+                   "_deny_count_kernel", "_deny_distinct_kernel", "_rms_norm_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel", "_split_kernel",
                    "_merge_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"

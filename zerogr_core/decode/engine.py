@@ -32,7 +32,7 @@ import torch
 from zerogr_kernels import (TOPK_PATHS, BeamGroups, FilterOut, TopkOut, filter_slots, full_proj, group_beams,
                             log_softmax_slots, selective_proj, shared_selective_proj, topk_gather)
 from zerogr_kernels._common import pdl_disabled
-from zerogr_kernels.deny_ids import MAX_WIDTH
+from zerogr_kernels.deny_ids import IN_PLACE_WIDTH
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
@@ -415,12 +415,13 @@ class GpuEngine:
         when a call lists more rows than its capacity), with ``lists`` copied in. Each
         normalisation has its own shape, so request-normalised lists never run the
         catalog-normalised pass. Deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`),
-        which the shape resolves on the device, have two shapes per normalisation: widths the
-        Triton kernel sorts and wider ones (:data:`~zerogr_kernels.deny_ids.MAX_WIDTH`), each
+        which the shape resolves on the device, have two shapes per normalisation: widths whose
+        ids the first kernel reads in place from pinned memory and wider ones, copied first
+        (:data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH`), each
         grown to the widest call so far and serving every narrower one, so GPU memory stays
         bounded whatever the list sizes."""
         width = getattr(lists, "width", 0)
-        key = self.key(batch) + ("lists", lists.normalise) + ((("ids", width > MAX_WIDTH),) if width else ())
+        key = self.key(batch) + ("lists", lists.normalise) + ((("ids", width > IN_PLACE_WIDTH),) if width else ())
         shape = self._shapes.get(key)
         if shape is None or shape.capacity < lists.total_rows or (width and shape.lists.table is not lists.table):
             plan = self.plan(model, batch)

@@ -6,7 +6,7 @@ id table, skips the host's lookup and sort (:func:`~zerogr_core.decode.constrain
 :class:`DenyIds` holds the ids per request, the engine's list buffers write them back to back
 into their pinned block, and the captured graph's first kernel
 (:func:`zerogr_kernels.deny_ids.deny_rows`) turns each request's ids into its sorted, distinct
-catalog rows, reading them in place up to :data:`~zerogr_kernels.deny_ids.MAX_WIDTH` per request
+catalog rows, reading them in place up to :data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH` per request
 (wider lists cross in one copy first). What the host still does per call is that write into
 pinned memory; what the decode returns is the same as with :class:`RequestLists` of the same ids.
 """

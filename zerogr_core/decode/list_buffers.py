@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from zerogr_kernels.constraints import SlotLists, search_iterations
-from zerogr_kernels.deny_ids import MAX_WIDTH, deny_rows
+from zerogr_kernels.deny_ids import IN_PLACE_WIDTH, deny_rows
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
@@ -47,7 +47,7 @@ class ListBuffers:
     holds the offsets of each request's ids, which follow it back to back, request
     ``r``'s rows are ``rows[r * width:(r + 1) * width]`` (no global list), and the replay's
     first kernel writes them from the ids (:func:`zerogr_kernels.deny_ids.deny_rows`). On a GPU,
-    up to :data:`~zerogr_kernels.deny_ids.MAX_WIDTH`, that kernel reads the id offsets and the
+    up to :data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH`, that kernel reads the id offsets and the
     ids where the call wrote them, in the pinned block (:attr:`in_place`): a call is then a
     write into host memory and the replay, with no copy to launch; the offsets and modes,
     the same for every call of the shape, cross once. :meth:`launched` guards the block until
@@ -80,7 +80,7 @@ class ListBuffers:
         self.pending = False
         self.loaded_glob = None
         self.table = None  # width mode: the id table the captured graph reads
-        self.in_place = bool(cuda and width and width <= MAX_WIDTH)
+        self.in_place = bool(cuda and width and width <= IN_PLACE_WIDTH)
         self.header_loaded = None  # in place: the modes last copied in
         if self.in_place:  # the kernel's views of the pinned block
             self.id_offsets = self.host[2 * batch + 2:self.header]
