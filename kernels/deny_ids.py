@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
-from .row_marks import _check_marks, mark_rows, marks_of_rows
+from .row_marks import _check_marks, marks_of_rows
 
 MAX_WIDTH = 1024
 """Widest padded id row (ids per request, a power of two) one program sorts in registers;
