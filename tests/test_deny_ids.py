@@ -187,11 +187,13 @@ def test_cuda_kernel_matches_reference(width):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_public_api_deny_ids_equal_host_lists():
-    """Through ``Decoder.decode`` (a captured graph, ids resolved in it): the same items and
-    scores as the host-built lists of the same ids, and none of them denied."""
+@pytest.mark.parametrize("engine", ["graph", "eager"])
+def test_cuda_public_api_deny_ids_equal_host_lists(engine):
+    """Through ``Decoder.decode`` (a captured graph, or the engine's eager steps; ids resolved on
+    a side stream beside the first step): the same items and scores as the host-built lists of
+    the same ids, and none of them denied."""
     g, catalog, index, heads, hidden_fn = gpu_case()
-    dec = Decoder(index, heads, 16, engine="graph", catalog=catalog)
+    dec = Decoder(index, heads, 16, engine=engine, catalog=catalog)
     ids, n = catalog.item_ids, catalog.n_items
     for batch, normalise in ((1, "request"), (4, "request"), (4, "catalog"), (3, "request")):
         for widths in ((5, 0, 100, 2000), (2048, 17, 1, 0), (10_000, 3, 0, 5000)):
@@ -206,9 +208,11 @@ def test_cuda_public_api_deny_ids_equal_host_lists():
             rows = got.item_rows.cpu().numpy()
             for r in range(batch):
                 assert host.allows(r, rows[r][rows[r] >= 0]).all()
-        # calls queued without a synchronisation between them: the second call's ids wait
-        # for the first decode to have read the pinned block before they overwrite it
-        lists = [[ids[g.choice(n, 50 + 30 * k)] for _ in range(batch)] for k in range(3)]
+        # calls queued without a synchronisation between them: each call's ids wait for the
+        # previous decode to have read the pinned block before they overwrite it (read in place
+        # up to IN_PLACE_WIDTH ids, copied past it)
+        sizes = [50, 1500, 80, 3000, 20, 700, 2500, 5]
+        lists = [[ids[g.choice(n, k + 7 * r)] for r in range(batch)] for k in sizes]
         got = [dec.decode(hidden_fn, batch, deny_items=d, normalise=normalise) for d in lists]
         for d, res in zip(lists, got):
             host = dec.request_lists(batch, None, d, normalise=normalise, path="host")

@@ -96,8 +96,8 @@ class StepRunner:
                        if option.mode == "sparse+shared" else None)
         #: Set by a constrained ShapeState: the step's lists, which the filter applies as it
         #: fills the slots (:class:`~zerogr_kernels.constraints.SlotLists`); an optional
-        #: callable() run before the filter (the first step resolves and marks the call's
-        #: lists); and whether the lists are catalog-normalised, the selection then dropping
+        #: callable() run before the filter (the first step waits there for the call's lists,
+        #: resolved beside it); and whether the lists are catalog-normalised, the selection then dropping
         #: the slots the filter deferred after counting them in the normaliser.
         self.slot_lists = None
         self.prepare_lists = None
@@ -207,7 +207,11 @@ class ShapeState:
         self.graph_error = None
 
     def run(self, model, record=None, timer=no_timer):
-        """All L steps (:meth:`BeamLoop.run`); returns (tokens, scores, rows) views of static buffers."""
+        """All L steps (:meth:`BeamLoop.run`); returns (tokens, scores, rows) views of static buffers.
+        A constrained shape first resolves the call's lists beside the first step
+        (:meth:`~zerogr_core.decode.list_buffers.ListBuffers.begin`)."""
+        if self.capacity:
+            self.lists.begin()
         return self.loop.run(model, record, timer)
 
     def launched(self) -> None:

@@ -50,9 +50,14 @@ class ListBuffers:
     up to :data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH`, that kernel reads the id offsets and the
     ids where the call wrote them, in the pinned block (:attr:`in_place`): a call is then a
     write into host memory and the replay, with no copy to launch; the offsets and modes,
-    the same for every call of the shape, cross once. :meth:`launched` guards the block until
-    the decode that reads it is done (the whole decode, not only ``deny_rows``: a caller that
-    queues the next decode waits for it before staging; docs/constraints.md, "What remains").
+    the same for every call of the shape, cross once.
+
+    A decode resolves its lists first (:meth:`begin`: ``deny_rows`` in width mode, else the row
+    bitmap), on a side stream that forks from the decode's stream, so this work overlaps the
+    model's first step and projection, and the first filter waits for it (:meth:`join`). Read in
+    place, the pinned block is guarded by an event recorded right after ``deny_rows``, inside the
+    captured graph (an external event node), so the next call stages its ids as soon as they are
+    read, with no event recorded on the host per call.
     """
 
     def __init__(self, batch: int, capacity: int, device, n_rows: int = 1, width: int = 0):
@@ -75,9 +80,14 @@ class ListBuffers:
         self._host_mode = self._host[batch + 2:2 * batch + 2].view(np.int32)[:batch]
         if width:  # request r's rows are always rows[r * width:(r + 1) * width]: no global list
             self._host[1:batch + 2] = np.arange(batch + 1, dtype=np.int64) * width
-        # the last copies out of ``host`` (in place: the last decode reading it), refilled only once done
-        self.copied = torch.cuda.Event() if cuda else None
+        # the last copies out of ``host`` (in place: the last ``deny_rows`` reading it, an event the
+        # graph records), refilled only once done
+        self.copied = torch.cuda.Event(external=True) if cuda else None
         self.pending = False
+        # resolving the lists (set by :func:`attach_lists`), and where it runs beside the decode
+        self.resolve = None
+        self.side = torch.cuda.Stream(device) if cuda else None
+        self.resolved = torch.cuda.Event() if cuda else None
         self.loaded_glob = None
         self.table = None  # width mode: the id table the captured graph reads
         self.in_place = bool(cuda and width and width <= IN_PLACE_WIDTH)
@@ -132,11 +142,30 @@ class ListBuffers:
             self.header_loaded = self._host_mode.copy()
             self._guard()
 
+    def begin(self) -> None:
+        """At the start of a decode: resolve its lists on the side stream (inline on a CPU),
+        after the work queued so far, then guard the pinned block they were read from."""
+        if self.side is None:
+            self.resolve()
+            return
+        self.side.wait_stream(torch.cuda.current_stream(self.side.device))
+        with torch.cuda.stream(self.side):
+            self.resolve()
+            if self.in_place:
+                self.copied.record(self.side)
+            self.resolved.record(self.side)
+
+    def join(self) -> None:
+        """Before the decode's first filter: wait for :meth:`begin`'s work."""
+        if self.resolved is not None:
+            torch.cuda.current_stream(self.side.device).wait_event(self.resolved)
+
     def launched(self) -> None:
         """After the decode that reads this call's lists was launched: with the ids read in
-        place, the pinned block is refilled only once it is done (an event, no wait here)."""
-        if self.in_place:
-            self._guard()
+        place, the pinned block is refilled only once ``deny_rows`` has read them (the event
+        :meth:`begin` records inside the decode; no wait here)."""
+        if self.in_place and self.copied is not None:
+            self.pending = True
 
     def _guard(self) -> None:
         """The pinned block is read by work queued so far: the next :meth:`load` waits for it."""
@@ -187,17 +216,19 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     n_iter = search_iterations(capacity)
     marks = buffers.marks
 
-    def prepare() -> None:  # the decode's first use of this call's lists: resolve ids, mark rows
+    def resolve() -> None:  # this call's ids into rows, and the rows into the bitmap
         if width:  # marking the rows it writes (no global list here)
             deny_rows(buffers.ids, buffers.id_offsets, width, buffers.table, base, buffers.rows, buffers.offsets,
                       index.n_items, **marks.args)
         else:
             marks.mark(buffers.offsets, buffers.rows)
 
+    buffers.resolve = resolve
+
     def make(level: int, beams: int):
         lists = SlotLists(starts[level], buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, catalog,
                           **marks.args)
-        return lists, prepare if level == 0 else None
+        return lists, buffers.join if level == 0 else None
 
     for level, runner in enumerate(runners):
         runner.slot_lists, runner.prepare_lists = make(level, runner.filter_out.slot_succ.shape[0] // batch)
