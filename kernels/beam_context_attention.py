@@ -12,9 +12,10 @@ streams the split's keys ``[start, min(end, len_b))`` once with an online float3
 and, with more than one split, writes its partial (row max, row sum, weighted values) to a
 float32 workspace that a second kernel merges. The splits exist to fill the GPU: at batch 1
 the (query block, request, KV head) programs alone would cover a quarter of an H200's SMs.
-Padding past ``len_b`` is skipped, not masked, and no bias tensor is read. Split 0 also
-scores each row's own lineage keys directly (a dot product per key: at most ``P`` per row),
-so the other beams' lineage slots are never scored. A beam's lineage key of position ``t``
+Padding past ``len_b`` is skipped, not masked, and no bias tensor is read. Each row's own
+lineage keys are scored directly (a dot product per key: at most ``P`` per row), so the other
+beams' lineage slots are never scored: by the merge kernel, beside its loads of the partials,
+or by the only split's program when there is one. A beam's lineage key of position ``t``
 sits in the slot of the beam that chose it (an ancestor table says which), so a step that
 reorders the beams copies a few indices, not every layer's lineage keys.
 
@@ -42,7 +43,14 @@ BLOCK_N = 64
 MERGE_BLOCK_M = 32
 """Query rows per program of the merge kernel on a GPU."""
 NUM_WARPS = 4
-NUM_STAGES = 2
+NUM_STAGES = None
+"""Software-pipelining depth of the key loop on a GPU; ``None`` chooses by the key blocks a split
+streams (:func:`pipeline_stages`)."""
+DEEP_PIPELINE_BLOCKS = 8
+"""Key blocks per split from which three stages pay: in the H200 sweep
+(``runs/results/llm/session-2026-12-04b/tune-variants.txt``) three stages took 8 × 5,056 keys from 230.5
+to 196.3 µs, 8 × 1,024 (16 blocks) from 64.4 to 56.0 and 1 × 5,056 (4 splits of 20 blocks) from 33.0 to
+30.3, while 1 × 1,024 (4 splits of 4 blocks) went from 14.4 to 14.8 µs."""
 MIN_SPLIT_KEYS = 256
 """Fewest context keys per split: below it the workspace traffic outweighs the extra programs."""
 MAX_SPLITS = 32
@@ -85,6 +93,33 @@ def _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_
 
 
 @triton.jit
+def _lineage_keys(qf, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i, acc, R, context_len, step,
+                  sk_s, sv_s, qk_scale, G: tl.constexpr, P: tl.constexpr, HAS_ANC: tl.constexpr):
+    """The rows' own lineage keys into their running softmax: one gathered key per row and SID
+    position ``t < step``, in the slot of the beam that chose that position's token (the row's
+    ancestor), or the beam's own. ``qf`` holds the rows' queries in float32."""
+    for t in tl.static_range(P):
+        ok = r_ok & (t < step)
+        if HAS_ANC:
+            owner = tl.load(anc_ptr + (b * (R // G) + beam) * P + t, mask=ok, other=0)
+        else:
+            owner = beam
+        slot = context_len + owner * P + t
+        kl = tl.load(k_base + slot[:, None] * sk_s + dd[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.where(ok, tl.sum(qf * kl.to(tl.float32), axis=1) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, s)
+        # a row with nothing scored yet keeps -inf; a finite reference keeps it free of NaN
+        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - ref)
+        p = tl.math.exp2(s - ref)
+        vl = tl.load(v_base + slot[:, None] * sv_s + dd[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+        l_i = l_i * alpha + p
+        acc = acc * alpha[:, None] + p.to(vl.dtype).to(tl.float32)[:, None] * vl.to(tl.float32)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr,
                   R, KVH, D, context_len, step, chunk, qk_scale,
                   sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
@@ -110,27 +145,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # the row's own lineage keys, in split 0 only: one gathered key per row and SID position, in
-    # the slot of the beam that chose that position's token (the row's ancestor), or its own
-    qf = q.to(tl.float32)
-    for t in tl.static_range(P):
-        ok = r_ok & (t < step) & (split == 0)
-        if HAS_ANC:
-            owner = tl.load(anc_ptr + (b * (R // G) + beam) * P + t, mask=ok, other=0)
-        else:
-            owner = beam
-        slot = context_len + owner * P + t
-        kl = tl.load(k_base + slot[:, None] * sk_s + dd[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.where(ok, tl.sum(qf * kl.to(tl.float32), axis=1) * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, s)
-        # a row with nothing scored yet keeps -inf; a finite reference keeps it free of NaN
-        ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - ref)
-        p = tl.math.exp2(s - ref)
-        vl = tl.load(v_base + slot[:, None] * sv_s + dd[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-        l_i = l_i * alpha + p
-        acc = acc * alpha[:, None] + p.to(vl.dtype).to(tl.float32)[:, None] * vl.to(tl.float32)
-        m_i = m_new
+    # with several splits the merge kernel scores the lineage keys, so no split waits on their
+    # dependent loads (the ancestor, then the key); one split scores them here
+    if SPLITS == 1:
+        m_i, l_i, acc = _lineage_keys(q.to(tl.float32), k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i,
+                                      acc, R, context_len, step, sk_s, sv_s, qk_scale, G, P, HAS_ANC)
 
     length = tl.minimum(tl.load(len_ptr + b).to(tl.int32), context_len)
     start = split * chunk
@@ -167,17 +186,27 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l
 
 
 @triton.jit
-def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, R, KVH, D,
-                  G: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, q_ptr, k_ptr, v_ptr, anc_ptr, R, KVH, D, context_len, step,
+                  qk_scale, sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
+                  G: tl.constexpr, P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_D: tl.constexpr, HAS_ANC: tl.constexpr):
     bh = tl.program_id(1)
     b = (bh // KVH).to(tl.int64)
+    kh = bh % KVH
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    beam = r // G
+    head = kh * G + r % G
     dd = tl.arange(0, BLOCK_D)
-    r_ok = r < R
-    rd_ok = r_ok[:, None] & (dd < D)[None, :]
+    r_ok, d_ok = r < R, dd < D
+    rd_ok = r_ok[:, None] & d_ok[None, :]
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # the rows' lineage keys first: their loads are independent of the partials' below
+    q = tl.load(q_ptr + b * sq_b + beam[:, None] * sq_m + head[:, None] * sq_h + dd[None, :], mask=rd_ok, other=0.0)
+    m, l_sum, acc = _lineage_keys(q.to(tl.float32), k_ptr + b * sk_b + kh * sk_h, v_ptr + b * sv_b + kh * sv_h,
+                                  anc_ptr, b, beam, r_ok, dd, d_ok, m, l_sum, acc, R, context_len, step,
+                                  sk_s, sv_s, qk_scale, G, P, HAS_ANC)
     for s in tl.static_range(SPLITS):
         row = (bh * SPLITS + s).to(tl.int64) * R + r
         ms = tl.load(ws_m_ptr + row, mask=r_ok, other=float("-inf"))
@@ -191,8 +220,7 @@ def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, R, KVH, D,
         acc = acc * a[:, None] + accs * c[:, None]
         m = m_new
     o = acc / tl.where(l_sum > 0.0, l_sum, 1.0)[:, None]
-    head = (bh % KVH) * G + r % G
-    dst = out_ptr + ((b * (R // G) + r // G) * (KVH * G) + head)[:, None] * D + dd[None, :]
+    dst = out_ptr + ((b * (R // G) + beam) * (KVH * G) + head)[:, None] * D + dd[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=rd_ok)
 
 
@@ -236,6 +264,14 @@ def split_count(context_len: int, programs: int, sms: int) -> int:
     programs alone fill that."""
     want = 2 * sms // max(programs, 1)
     return max(1, min(want, context_len // MIN_SPLIT_KEYS, MAX_SPLITS))
+
+
+def pipeline_stages(blocks_per_split: int) -> int:
+    """Pipeline stages of the key loop: 3 from :data:`DEEP_PIPELINE_BLOCKS` key blocks per split
+    on, else 2 (a short loop gains nothing from a deeper prologue); :data:`NUM_STAGES` overrides."""
+    if NUM_STAGES is not None:
+        return NUM_STAGES
+    return 3 if blocks_per_split >= DEEP_PIPELINE_BLOCKS else 2
 
 
 def _sm_count(device: torch.device) -> int:
@@ -295,11 +331,14 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
         BLOCK_D=bd, CHUNK_BLOCKS=chunk // bn if small else 0, PRECISION="tf32" if tf32 else "ieee",
         # the interpreter's tl.dot garbles bfloat16 operands; their float32 copies give the same products
         UPCAST=small and q.dtype == torch.bfloat16, EVEN_D=bd == d, HAS_ANC=lineage is not None,
-        num_warps=4 if small else NUM_WARPS, num_stages=1 if small else NUM_STAGES)
+        num_warps=4 if small else NUM_WARPS, num_stages=1 if small else pipeline_stages(chunk // bn))
     if n_splits > 1:
         mb = 16 if small else min(MERGE_BLOCK_M, next_pow2(rows))
-        _merge_kernel[(cdiv(rows, mb), b * kvh)](ws_m, ws_l, ws_acc, out, rows, kvh, d, G=g, SPLITS=n_splits,
-                                                 BLOCK_M=mb, BLOCK_D=bd, num_warps=4)
+        _merge_kernel[(cdiv(rows, mb), b * kvh)](
+            ws_m, ws_l, ws_acc, out, q, k, v, lengths if lineage is None else lineage, rows, kvh, d, context_len, step,
+            scale * LOG2E, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), G=g, P=lineage_len, SPLITS=n_splits, BLOCK_M=mb, BLOCK_D=bd,
+            HAS_ANC=lineage is not None, num_warps=4)
     return out
 
 

@@ -22,6 +22,21 @@ from zerogr_core.bench.llm import LLM_PRESETS, Workload
 from zerogr_core.timing import time_runs
 
 
+def synced_walls(fn, n: int = 20, synchronise_after: bool = True) -> list[float]:
+    """Wall-clock milliseconds of ``fn(i)`` for i < n, each started on an idle GPU; the clock stops
+    after a synchronisation, or as soon as ``fn`` returns (the host's share alone)."""
+    walls = []
+    for i in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(i)
+        if synchronise_after:
+            torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.synchronize()
+    return walls
+
+
 def main(argv) -> int:
     context, batch = (int(v) for v in (argv[1] if len(argv) > 1 else "1000x1").split("x"))
     cfg = LLM_PRESETS["h200"]
@@ -36,22 +51,22 @@ def main(argv) -> int:
 
     ms = time_runs(e2e, dev, repeats=20, warmup=5)
     print(f"{context}x{batch}: end to end {statistics.median(ms):.3f} ms (median of 20)")
-    walls = []
-    for i in range(20):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run.step_model.stage(sets[i % 3], beam_width=cfg.beam)
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - t0) * 1e6)
-    print(f"stage alone: {statistics.median(walls):.1f} µs (median wall, synchronised)")
-    walls = []
-    for i in range(20):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        run.decoder.decode(run.step_model, batch)
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        walls.append((t1 - t0) * 1e3)
+    # the same ids from host memory, as a server holds a request's tokens: no device reduction to validate them
+    host_sets = [s.cpu() for s in sets]
+
+    def e2e_host(i=0):
+        r = run.decode(host_sets[i % 3])
+        return w.catalog.ids_of_rows(r.item_rows.cpu().numpy())
+
+    for label, fn in (("inputs on the host", e2e_host), ("inputs on the device", e2e)):
+        ms = time_runs(fn, dev, repeats=20, warmup=5)
+        print(f"{context}x{batch}: end to end, {label}: {statistics.median(ms):.3f} ms (median of 20)")
+    for label, src in (("host", host_sets), ("device", sets)):
+        walls = synced_walls(lambda i: run.step_model.stage(src[i % 3], beam_width=cfg.beam))
+        print(f"stage alone, inputs on the {label}: {statistics.median(walls) * 1e3:.1f} µs (median wall, synchronised)")
+    walls = synced_walls(lambda i: run.step_model.stage(sets[i % 3], beam_width=cfg.beam))
+    print(f"stage alone: {statistics.median(walls) * 1e3:.1f} µs (median wall, synchronised)")
+    walls = synced_walls(lambda i: run.decoder.decode(run.step_model, batch), synchronise_after=False)
     print(f"decoder.decode (staged, prefill inside): {statistics.median(walls):.3f} ms wall")
     prof = cProfile.Profile()
     for i in range(20):

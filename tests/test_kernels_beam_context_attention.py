@@ -10,7 +10,7 @@ from kernel_asserts import assert_kernel_equal, kernel_device
 
 from zerogr_kernels import (beam_context_attention, beam_context_attention_reference,
                             beam_context_attention_triton)
-from zerogr_kernels.beam_context_attention import beam_context_bias, split_count
+from zerogr_kernels.beam_context_attention import beam_context_bias, pipeline_stages, split_count
 
 DEV = kernel_device()
 
@@ -174,6 +174,16 @@ def test_split_count():
     assert split_count(5056, 256, 132) == 1          # batch 8 fills the GPU alone
     assert split_count(100, 4, 132) == 1             # too short to split
     assert split_count(1 << 20, 1, 132) == 32        # capped
+
+
+def test_pipeline_stages():
+    """Three stages for a split of 8 or more key blocks (the Qwen3 decode at batch 8, or 5,056 keys
+    at batch 1), two for the 4 blocks a split of 1,024 keys at batch 1 streams."""
+    assert pipeline_stages(4) == 2
+    assert pipeline_stages(7) == 2
+    assert pipeline_stages(8) == 3
+    assert pipeline_stages(16) == 3                  # batch 8, 1,024 keys, one split
+    assert pipeline_stages(79) == 3                  # batch 8, 5,056 keys, one split
 
 
 def _qwen3_sdpa(q, k, v, lengths, context, p, step):
