@@ -338,6 +338,18 @@ def test_kernel_table_splits_identical_decodes():
     assert kernel_table(events[:2], 3, top=2)["note"] == "events do not split into equal decodes"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_llm_bench_profile_call_sums_one_call():
+    """The LLM bench's kernel tables: one call's kernels, and the idle time between them."""
+    from zerogr_core.bench.llm import profile_call
+
+    x = torch.randn(256, 256, device="cuda")
+    t = profile_call(lambda: (x @ x).relu_().sum(), torch.device("cuda"), top=5)
+    assert t["kernels_per_decode"] >= 3 and t["kernel_us_sum"] > 0 and t["kernels"]
+    assert t["span_us"] >= t["busy_us"] > 0 and t["gap_us"] >= 0
+
+
 def test_topk_paths_option_narrows_the_plan(tmp_path):
     result = run_bench("--quick", "--suite", "headline", "--device", "cpu", "--methods", "zerogr", "--batch", "2",
                        "--topk-paths", "small,wide", "--out", str(tmp_path))

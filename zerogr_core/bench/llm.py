@@ -250,7 +250,7 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
     e2e_peak = _peak_gb(dev)
     profiled = dev.type == "cuda" and beam == cfg.beam and (
         cfg.profile_all or (context, batch) == (cfg.contexts[0], max(cfg.batches)))
-    profiles = {"kernel_profile": kernel_table(e2e, dev)} if profiled else {}
+    profiles = {"kernel_profile": profile_call(e2e, dev)} if profiled else {}
     del run
     _release(dev)
 
@@ -265,7 +265,7 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
     prefill_ms = _median(time_runs(fn, dev, repeats=cfg.repeats, warmup=cfg.warmup,
                                    before=lambda i: sm.stage(sets[i % len(sets)], beam_width=beam)))
     if profiled:
-        profiles["prefill_profile"] = kernel_table(fn, dev)
+        profiles["prefill_profile"] = profile_call(fn, dev)
     del graph, sm
     _release(dev)
 
@@ -278,7 +278,7 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
 
     decode_ms = _timed(decode_only, dev, cfg, lambda i: smd.prefill(sets[i % len(sets)], beam_width=beam))
     if profiled:
-        profiles["decode_profile"] = kernel_table(decode_only, dev)
+        profiles["decode_profile"] = profile_call(decode_only, dev)
     del run, smd
     _release(dev)
 
@@ -300,6 +300,11 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
     records.append(rec)
     w.log(f"[{context}x{batch} M{beam}] zerogr {e2e_ms:.2f} ms (prefill {prefill_ms:.2f}, decode {decode_ms:.2f}), "
           f"peak {e2e_peak} GB, MFU {rec['prefill_mfu']:.2f}, HBM {rec['decode_hbm_share']:.2f}, {loop}")
+    for name, t in profiles.items():
+        if "span_us" in t:
+            w.log(f"[{context}x{batch} M{beam}]   {name}: {t['kernels_per_decode']} GPU operations, "
+                  f"{t['kernel_us_sum'] / 1e3:.2f} ms of kernels over a span of {t['span_us'] / 1e3:.2f} ms, "
+                  f"{t['gap_us'] / 1e3:.2f} ms idle between them")
 
     # the other two orders through the same public path: the reference loop (the GPU engine
     # serves filtering first only), staged prefill and decode captured in one CUDA graph as
@@ -312,7 +317,7 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
         rec = dict(base, method=f"zerogr-{order}", order=order, total_ms=ms, peak_gb=_peak_gb(dev),
                    valid_fraction=float((ids >= 0).mean()), loop=loop)
         if profiled:
-            rec["kernel_profile"] = kernel_table(fn, dev)
+            rec["kernel_profile"] = profile_call(fn, dev)
         records.append(rec)
         w.log(f"[{context}x{batch} M{beam}] zerogr-{order} {ms:.2f} ms ({loop})")
         del fn, holder
@@ -361,24 +366,21 @@ def reference_graph(w: Workload, order: str, beam: int, sets, batch: int):
     return replay, "reference loop, one CUDA graph, prefill inside", holder
 
 
-def kernel_table(fn, device, top: int = 25) -> list[dict]:
-    """The ``top`` kernels of one call of ``fn`` by GPU time (torch.profiler)."""
+def profile_call(fn, device, top: int = 25) -> dict:
+    """One call of ``fn`` (after one unprofiled call) under ``torch.profiler``: its GPU events as
+    :func:`~zerogr_core.bench.kernel_profile.kernel_table` sums them (``kernels``: the ``top``
+    kernels by GPU time, ``kernel_us_sum``, ``busy_us``, ``span_us`` and ``gap_us``, the GPU's idle
+    time between the call's first and last kernel)."""
     from torch.profiler import ProfilerActivity, profile
+
+    from .kernel_profile import kernel_table
 
     fn()
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize(device)
-    rows = []
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None)
-        if t is None:
-            t = getattr(e, "cuda_time_total", 0)
-        if t:
-            rows.append(dict(name=e.key[:90], calls=int(e.count), ms=t / 1e3))
-    rows.sort(key=lambda r: -r["ms"])
-    return rows[:top]
+    return kernel_table(prof.events(), 1, top)
 
 
 def measure_hf(w: Workload, context: int, batch: int, beam: int) -> list[dict]:
