@@ -335,7 +335,23 @@ def test_kernel_table_splits_identical_decodes():
     assert t["kernels_per_decode"] == 3 and t["kernel_us_sum"] == 19.5
     assert (t["busy_us"], t["span_us"], t["gap_us"]) == (17.5, 20.5, 3.0)
     assert [k["name"] for k in t["kernels"]] == ["a", "c"] and t["kernels"][0]["calls"] == 1
+    # the first decode idles 3 µs, between b (which ends after a) and c
+    assert t["widest_gaps"] == [dict(us=3.0, after="b", before="c")]
     assert kernel_table(events[:2], 3, top=2)["note"] == "events do not split into equal decodes"
+
+
+def test_idle_stretches_longest_first():
+    from types import SimpleNamespace as NS
+
+    from zerogr_core.bench.kernel_profile import idle_stretches
+
+    def ev(name, start, end):
+        return NS(name=name, time_range=NS(start=start, end=end))
+
+    # a long kernel covers a short one: the stretch after both starts at the long one's end
+    events = [ev("long", 0, 10), ev("inside", 2, 4), ev("x", 11, 12), ev("y", 17, 18), ev("z", 18, 19)]
+    assert idle_stretches(events) == [dict(us=5.0, after="x", before="y"), dict(us=1.0, after="long", before="x")]
+    assert idle_stretches([]) == []
 
 
 @pytest.mark.gpu

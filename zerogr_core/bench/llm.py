@@ -304,7 +304,8 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
         if "span_us" in t:
             w.log(f"[{context}x{batch} M{beam}]   {name}: {t['kernels_per_decode']} GPU operations, "
                   f"{t['kernel_us_sum'] / 1e3:.2f} ms of kernels over a span of {t['span_us'] / 1e3:.2f} ms, "
-                  f"{t['gap_us'] / 1e3:.2f} ms idle between them")
+                  f"{t['gap_us'] / 1e3:.2f} ms idle between them"
+                  + "".join(f"; {g['us']:.1f} µs before {g['before'][:40]}" for g in t["widest_gaps"][:2]))
 
     # the other two orders through the same public path: the reference loop (the GPU engine
     # serves filtering first only), staged prefill and decode captured in one CUDA graph as
