@@ -149,7 +149,8 @@ class StepRunner:
     def stages(self, states: torch.Tensor, hidden: torch.Tensor, scores: torch.Tensor) -> dict:
         """The step cut into separately callable parts, for per-stage timing.
 
-        Runs :meth:`project` once, so that every part finds its inputs in place. Keys:
+        Runs :meth:`project` once, so that every part finds its inputs in place; the filter parts
+        apply the runner's lists, as the decode does. Keys:
         ``filtering`` (slots alone), ``projection`` (the band GEMM on full options, the
         selective projection of the filtered slots otherwise), ``filtering+projection``,
         ``normalisation`` (unfused log-softmax over the valid slots, into a scratch buffer),
@@ -170,14 +171,14 @@ class StepRunner:
             "filtering+projection": lambda: self.project(states, hidden),
             "normalisation": lambda: log_softmax_slots(slots.slot_logits, scores, out=norm),
             "selection+gather": lambda: topk_gather(norm, slots.slot_tokens, slots.slot_succ, self.batch,
-                                                    self.beam_width, path=opt.topk, out=top),
+                                                    self.beam_width, path=opt.topk, out=top, deferred=self.deferred),
             "fused step": lambda: self(states, hidden, scores),
-            "filtering": lambda: filter_slots(states, self.K, **self.args, out=fo),
+            "filtering": lambda: self.filter(states),
         }
         if self.logits is not None:
             parts["projection"] = lambda: full_proj(hidden, self.weight, self.band_start, self.mapping.codebook,
                                                     out=self.logits)
-            parts["filter copy"] = lambda: filter_slots(states, self.K, **self.args, logits=self.logits, out=fo)
+            parts["filter copy"] = lambda: self.filter(states, self.logits)
         else:
             parts["projection"] = lambda: self.selective(states, hidden, fo)
         return parts
