@@ -15,6 +15,11 @@ host, and one call's runtime calls and device work in order, from its start; ``-
 time per call of N calls issued back to back:
 
     python runs/host_profile_lists.py --scale 20000000 --batch 1 --deny 10000 --calls 100 --timeline
+
+``--ids-in pinned`` (or ``device``) hands the decoder each request's ids as a pinned host tensor (or a
+tensor on the GPU), as a caller that receives its requests into such buffers would:
+
+    python runs/host_profile_lists.py --scale 20000000 --batch 32 --allow-share 0.01 --calls 20 --ids-in pinned
 """
 from __future__ import annotations
 
@@ -33,6 +38,9 @@ def main() -> None:
     p.add_argument("--deny", type=int, default=100, help="ids denied per request")
     p.add_argument("--allow-share", type=float, default=0.0,
                    help="allow this share of the catalog per request (ids as numpy arrays) instead of denying")
+    p.add_argument("--ids-in", choices=("numpy", "pinned", "device"), default="numpy",
+                   help="where the caller keeps each request's ids: numpy arrays (pageable), pinned host tensors "
+                        "(they cross without being gathered first), or tensors already on the device")
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--kernels", action="store_true", help="the device time of one call, per kernel")
     p.add_argument("--top", type=int, default=30)
@@ -50,6 +58,8 @@ def main() -> None:
     from zerogr_core.decode.decoder import Decoder
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.ids_in != "numpy" and device.type != "cuda":
+        raise SystemExit(f"error: --ids-in {args.ids_in} needs a CUDA device")
     wl = Workload(CatalogSpec("search-like", args.scale, 0, None), device)
     ctx = wl.context("fp16", 1024, 128, args.batch, 1)
     dec = Decoder(wl.index, beam_width=128, catalog=wl.catalog, **wl.decoder_heads(ctx.heads))
@@ -65,6 +75,11 @@ def main() -> None:
     else:
         ids = [cat.item_ids[rng.integers(0, cat.n_items, args.deny)] for _ in range(args.batch)]
         condition = (f"deny {args.deny}", {"deny_items": ids})
+    if args.ids_in != "numpy":
+        held = [torch.from_numpy(a) for a in ids]
+        held = [t.pin_memory() for t in held] if args.ids_in == "pinned" else [t.to(device) for t in held]
+        key = next(iter(condition[1]))
+        condition = (f"{condition[0]} ({args.ids_in} tensors)", {key: held})
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def call(kwargs):

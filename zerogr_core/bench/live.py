@@ -264,17 +264,20 @@ def suite_constraints(s, suite: str) -> None:
         ctx.release()
 
 
-def api_conditions(n_items: int, quick: bool) -> list[tuple[str, str, int, str]]:
+def api_conditions(n_items: int, quick: bool, cuda: bool = False) -> list[tuple[str, str, int, str]]:
     """(label, kind, listed ids per request, normalise) of the public-API part: no lists,
     deny 0 / 100 / 10,000 ids (the last also catalog-normalised), an allow list of 1 % of
-    the catalog passed per call, the same set registered once and named per request, and a
-    registered deny set named by every request."""
+    the catalog passed per call (on CUDA also as pinned host tensors, which cross without
+    being gathered into the decoder's own pinned block first), the same set registered once
+    and named per request, and a registered deny set named by every request."""
     deny = [0, 10, 100] if quick else [0, 100, 10_000]
     one = max(1, n_items // 100)
     out = [("none", "none", 0, "request")]
     out += [(f"deny {d:,}", "deny", min(d, n_items - 1), "request") for d in deny]
     out.append((f"deny {deny[-1]:,}, catalog-normalised", "deny", min(deny[-1], n_items - 1), "catalog"))
     out.append(("allow 1%", "allow", one, "request"))
+    if cuda:
+        out.append(("allow 1%, pinned ids", "allow-pinned", one, "request"))
     out.append(("allow 1%, registered", "allow-registered", one, "request"))
     out.append((f"deny {deny[-1]:,}, registered", "deny-registered", min(deny[-1], n_items - 1), "request"))
     return out
@@ -285,6 +288,8 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
     as a user calls it (list building and copies included), against the same decoder
     without lists. The decoder decodes through the suite's engine (its plan and graphs);
     a registered allow set builds its sub-catalog index and plans once, before timing."""
+    import torch
+
     from ..decode.decoder import Decoder
     from .checks import check_valid
     from ..timing import time_runs
@@ -295,7 +300,7 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
     if dec.gpu_engine is not None:
         dec.gpu_engine = ctx.engine
     base, line = None, []
-    for label, kind, count, normalise in api_conditions(cat.n_items, s.o.quick):
+    for label, kind, count, normalise in api_conditions(cat.n_items, s.o.quick, s.dev.type == "cuda"):
         if s.expired():
             s.skipped(suite, wl, f"public API {label} batch {batch}")
             break
@@ -305,6 +310,8 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
         kwargs = dict(normalise=normalise)
         if kind in ("deny", "allow"):
             kwargs[f"{kind}_items"] = ids
+        elif kind == "allow-pinned":
+            kwargs["allow_items"] = [torch.from_numpy(a).pin_memory() for a in ids]
         elif kind.endswith("registered"):
             what = kind.split("-")[0]
             dec.register_items(label, ids[0], kind=what, index=True if what == "allow" else None)
@@ -320,7 +327,7 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
                 (~lists.allows(r, rows[r][rows[r] >= 0])).sum() for r in range(batch)))
             heavy = count * batch > 1_000_000
             built = {}
-            if kind in ("deny", "allow"):
+            if kind in ("deny", "allow", "allow-pinned"):
                 # the list building alone, on each path (the call above took the default one)
                 for path in ("host", "device"):
                     built[f"build_{path}_ms"] = summarize(time_runs(
