@@ -184,7 +184,8 @@ def _launch_grid():
 
 
 def record_specs() -> list[tuple]:
-    """``(module, kernel, signature, constexprs, num_warps, launch_pdl)`` of every distinct launch over the grid."""
+    """``(module, kernel, signature, constexprs, num_warps, launch_pdl, num_stages)`` of every distinct launch
+    over the grid (``num_stages`` None where the launcher leaves Triton's default)."""
     from triton.runtime.jit import JITFunction
 
     specs: dict = {}
@@ -194,7 +195,7 @@ def record_specs() -> list[tuple]:
         constexprs = {k: v for k, v in kwargs.items() if k in params}
         signature = {name: _arg_type(a) for name, a in zip(self.arg_names, args)}
         spec = (self.fn.__module__, self.fn.__name__, signature, constexprs, kwargs.get("num_warps", 4),
-                bool(kwargs.get("launch_pdl", False)))
+                bool(kwargs.get("launch_pdl", False)), kwargs.get("num_stages"))
         specs.setdefault(repr(spec), spec)
 
     original = JITFunction.run
@@ -214,16 +215,20 @@ def compile_spec(spec: tuple) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module, name, signature, constexprs, warps, pdl = spec
+    module, name, signature, constexprs, warps, pdl, stages = spec
     fn = getattr(importlib.import_module(module), name)
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
+    options = {"num_warps": warps, "launch_pdl": pdl}
+    if stages is not None:
+        options["num_stages"] = stages
     try:
         kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=constexprs),
-                                target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": pdl})
+                                target=GPUTarget("cuda", 90, 32), options=options)
         assert kernel.asm["cubin"], "empty cubin"
     except Exception as exc:  # noqa: BLE001 - report every kernel, not only the first
         first = (str(exc).strip().splitlines() or [""])[0]
-        return f"FAILED {name} {constexprs} num_warps={warps} launch_pdl={pdl}: {type(exc).__name__}: {first}"
+        return (f"FAILED {name} {constexprs} num_warps={warps} launch_pdl={pdl} num_stages={stages}: "
+                f"{type(exc).__name__}: {first}")
     return ""
 
 
@@ -240,8 +245,9 @@ def compile_all() -> int:
     print(f"compiled {len(specs) - len(failures)} of {len(specs)} kernel specialisations for sm_90 "
           f"({len(names)} kernels: {', '.join(names)}); {sum(s[5] for s in specs)} launched with programmatic "
           f"dependent launch")
+    print("decode attention pipeline stages:", sorted({s[6] for s in specs if s[1] == "_split_kernel"}))
     print("filter launches (HAS_LOGITS, launch_pdl):",
-          sorted({(c["HAS_LOGITS"], pdl) for _, name, _, c, _, pdl in specs if name.startswith("_filter")}))
+          sorted({(c["HAS_LOGITS"], pdl) for _, name, _, c, _, pdl, _ in specs if name.startswith("_filter")}))
     return len(failures)
 
 
@@ -267,6 +273,8 @@ def test_every_launched_specialisation_compiles_for_hopper():
     assert pdl > 0, out[-2000:]
     # the filter that copies a band GEMM's logits is the one decode kernel launched without it
     assert "filter launches (HAS_LOGITS, launch_pdl): [(False, True), (True, False)]" in out, out[-2000:]
+    # short splits pipeline two deep, long ones three (batch 8, 5,056 keys, one split)
+    assert "decode attention pipeline stages: [2, 3]" in out, out[-2000:]
 
 
 def test_pdl_switch(monkeypatch):
