@@ -5,7 +5,11 @@ weights, the 10^7-item catalog), then for the filter-first serving with the pref
 graph: the end-to-end call as the bench times it, the staging alone (synchronised wall clock),
 and a cProfile of 20 calls (the host functions by own time).
 
-    python runs/host_llm_e2e.py [CONTEXTxBATCH]
+    python runs/host_llm_e2e.py [CONTEXTxBATCH] [TRACE.json.gz]
+
+With a TRACE path, one more call runs under ``torch.profiler`` (host and GPU activity) and its
+Chrome trace is written there: when each host call (staging, the graph's launch, the copy of the
+results) ran against the GPU's kernels.
 """
 from __future__ import annotations
 
@@ -80,6 +84,16 @@ def main(argv) -> int:
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(40)
     print(s.getvalue())
+    if len(argv) > 2:
+        from torch.profiler import ProfilerActivity, profile
+
+        e2e(0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            e2e(1)
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(argv[2])
+        print(f"trace of one call: {argv[2]}")
     return 0
 
 

@@ -205,8 +205,8 @@ def test_cuda_lists_equal_host_lists():
 @given(requests())
 def test_the_graphed_build_pads_to_the_host_lists(case):
     """:class:`GraphedBuild`'s padded layout (ids that miss the table, one run over them, empty
-    runs), here run eagerly on the CPU, gives the host path's lists; a second call leaves the
-    first call's lists as they were."""
+    runs), here run eagerly on the CPU, gives the host path's lists, with ids as numpy arrays and
+    as tensors; a second call leaves the first call's lists as they were."""
     from zerogr_core.decode.device_lists import GraphedBuild, device_id_table
 
     catalog, batch, allow, deny, _, normalise, seed = case
@@ -220,7 +220,10 @@ def test_the_graphed_build_pads_to_the_host_lists(case):
                 sizes.append((r, kind, a.size))
     mode = np.array([a is not None for a in allow], dtype=np.int32)
     build = GraphedBuild(device_id_table(catalog, "cpu"), "cpu", batch, catalog.n_items, DEVICE_MIN_IDS)
-    offsets, rows = build(parts, sizes, mode)
+    # every other part as a tensor on the build's device: it is copied into its stretch of the block
+    mixed = [torch.from_numpy(p).to(torch.int32 if i % 4 == 1 else torch.int64) if i % 2 else p
+             for i, p in enumerate(parts)]
+    offsets, rows = build(mixed, sizes, mode)
     first = DeviceRequestLists(offsets, rows, mode, np.zeros(0, dtype=np.int64), normalise)
     same(build_lists(catalog, batch, allow, deny, None, normalise), first)
     build(parts[::-1], sizes[::-1], mode)  # the same lists in another order
@@ -230,18 +233,21 @@ def test_the_graphed_build_pads_to_the_host_lists(case):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graphed_build_equals_host_lists():
-    """Numpy ids and no global list: the captured build (one graph per batch and capacity),
-    over several calls of one shape; each call's lists stay as built."""
+    """Numpy ids, pinned host tensors and tensors on the device, no global list: the captured
+    build (one graph per batch and capacity), over several calls of one shape; each call's lists
+    stay as built."""
     g = np.random.default_rng(12)
     catalog = catalog_of(500, 13)
     ids = catalog.item_ids
+    as_tensor = (lambda a: a, lambda a: torch.from_numpy(a).pin_memory(), lambda a: torch.from_numpy(a).cuda())
     for batch in (1, 5, 32):
         built = []
         for call in range(3):
             allow = [None if g.random() < 0.6 else g.choice(ids, g.integers(0, 300)) for _ in range(batch)]
             deny = [g.integers(-5, int(ids.max()) + 5, g.integers(0, 400)) for _ in range(batch)]
+            given = [None if a is None else as_tensor[(r + call) % 3](a) for r, a in enumerate(allow)]
             for normalise in ("request", "catalog"):
-                dev = build_lists_on("cuda", catalog, batch, allow, deny, None, normalise)
+                dev = build_lists_on("cuda", catalog, batch, given, deny, None, normalise)
                 built.append((build_lists(catalog, batch, allow, deny, None, normalise), dev))
         for host, dev in built:
             same(host, dev)

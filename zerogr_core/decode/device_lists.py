@@ -16,7 +16,8 @@ that no kernel reads.
 
 Those steps are some 60 small launches, whose host cost, not the GPU's, set the build's
 time (about a millisecond whatever the size). Up to :data:`GRAPH_MAX_IDS` ids with
-per-call ids only (no registered names, no global list), the ids are padded to a power-of-two
+per-call ids only (no registered names, no global list; numpy arrays, or tensors that are pinned
+or on the device, which cross without the gather), the ids are padded to a power-of-two
 capacity and the steps replay from a CUDA graph captured once per (batch, capacity)
 (:class:`GraphedBuild`).
 """
@@ -191,7 +192,7 @@ def _stage(arrays: list, device) -> list[torch.Tensor]:
     out: list = [None] * len(arrays)
     staged = []
     for i, a in enumerate(arrays):
-        if isinstance(a, torch.Tensor) and (a.device == device or (a.device.type == "cpu" and a.is_pinned())):
+        if isinstance(a, torch.Tensor) and (_on(a, device) or (a.device.type == "cpu" and a.is_pinned())):
             out[i] = a.to(device=device, dtype=torch.int64, non_blocking=True)
         else:
             staged.append((i, a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))))
@@ -221,6 +222,22 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
             return torch.cat(parts)
         at += p.numel() * size
     return first.as_strided((sum(p.numel() for p in parts),), (1,))
+
+
+def _on(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether tensor ``t`` is on ``device`` (``"cuda"`` without an index: the current one)."""
+    if t.device.type != device.type:
+        return False
+    index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
+    return t.device.index == index
+
+
+def _graphable(part, device) -> bool:
+    """Whether :class:`GraphedBuild` takes ``part`` as it is: a numpy array (gathered into its
+    pinned block), or a tensor that crosses without one (on ``device``, or pinned)."""
+    if type(part) is np.ndarray:
+        return True
+    return _on(part, device) or (part.device.type == "cpu" and part.is_pinned())
 
 
 def _integer_ids(items, what: str):
@@ -289,7 +306,7 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         return DeviceRequestLists(torch.zeros(batch + 1, dtype=torch.int64, device=device), empty, mode, glob,
                                   normalise)
-    if not row_parts and not glob.size and device.type == "cuda" and all(type(p) is np.ndarray for p in id_parts):
+    if not row_parts and not glob.size and device.type == "cuda" and all(_graphable(p, device) for p in id_parts):
         graphed = _graphed_build(catalog, table, device, batch, total)
         if graphed is not None:
             offsets, rows = graphed(id_parts, id_sizes, mode)
@@ -354,9 +371,10 @@ def _compact(rows: torch.Tensor, meta: torch.Tensor, mode_dev: torch.Tensor, glo
     return torch.searchsorted(packed, bounds), (packed % max(n, 1)).long()
 
 
-GRAPH_MAX_IDS = 1 << 20
+GRAPH_MAX_IDS = 1 << 21
 """Most per-call ids whose device build is captured in a CUDA graph (:class:`GraphedBuild`);
-its buffers stay reserved per (batch, capacity), so the widest builds run eagerly."""
+its buffers stay reserved per (batch, capacity), so the widest builds run eagerly. 2^21 holds
+an allow list of 1 % of a 2·10^7-item catalog at batch 8 (1.6 M ids)."""
 _CAPTURE_LOCK = threading.Lock()
 
 
@@ -413,8 +431,9 @@ class GraphedBuild:
                         self.n, self.capacity, ids.device)
 
     def __call__(self, id_parts: list, id_sizes: list, mode: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(offsets, rows)`` of the lists given as ``id_parts`` (int numpy arrays) owned by
-        ``id_sizes`` ``(request, kind, count)``, with the requests' ``mode``. Thread-safe."""
+        """``(offsets, rows)`` of the lists given as ``id_parts`` (1-D integer numpy arrays, or
+        tensors on the device or pinned) owned by ``id_sizes`` ``(request, kind, count)``, with the
+        requests' ``mode``. Thread-safe."""
         with self.lock:
             return self._call(id_parts, id_sizes, mode)
 
@@ -430,10 +449,21 @@ class GraphedBuild:
             meta[:k] = [(req * 2 + kind, count) for req, kind, count in id_sizes]
         meta[k] = (0, c - total)
         host[c + 2 * r:] = mode
-        if total:
-            np.concatenate(id_parts, out=host[:total], casting="unsafe")
-        # the ids and the header cross; the padding between them is filled on the device
-        self.block[:total].copy_(self.host[:total], non_blocking=True)
+        # numpy ids are gathered into the pinned block and cross with it; tensors (on the device,
+        # or pinned) are copied into their stretch after it, on the same stream
+        tensors, at, gathered = [], 0, 0
+        for part in id_parts:
+            k = part.shape[0]
+            if isinstance(part, torch.Tensor):
+                tensors.append((at, part))
+            else:
+                host[at:at + k] = part
+                gathered = at + k
+            at += k
+        if gathered:
+            self.block[:gathered].copy_(self.host[:gathered], non_blocking=True)
+        for at, part in tensors:
+            self.block[at:at + part.shape[0]].copy_(part, non_blocking=True)
         self.block[total:c].fill_(self.pad_id)
         self.block[c:].copy_(self.host[c:], non_blocking=True)
         if self.graph is None:
