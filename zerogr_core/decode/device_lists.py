@@ -192,7 +192,7 @@ def _stage(arrays: list, device) -> list[torch.Tensor]:
     out: list = [None] * len(arrays)
     staged = []
     for i, a in enumerate(arrays):
-        if isinstance(a, torch.Tensor) and (_on(a, device) or (a.device.type == "cpu" and a.is_pinned())):
+        if isinstance(a, torch.Tensor) and _crosses_as_is(a, device):
             out[i] = a.to(device=device, dtype=torch.int64, non_blocking=True)
         else:
             staged.append((i, a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))))
@@ -224,20 +224,14 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return first.as_strided((sum(p.numel() for p in parts),), (1,))
 
 
-def _on(t: torch.Tensor, device: torch.device) -> bool:
-    """Whether tensor ``t`` is on ``device`` (``"cuda"`` without an index: the current one)."""
-    if t.device.type != device.type:
-        return False
-    index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
-    return t.device.index == index
-
-
-def _graphable(part, device) -> bool:
-    """Whether :class:`GraphedBuild` takes ``part`` as it is: a numpy array (gathered into its
-    pinned block), or a tensor that crosses without one (on ``device``, or pinned)."""
-    if type(part) is np.ndarray:
-        return True
-    return _on(part, device) or (part.device.type == "cpu" and part.is_pinned())
+def _crosses_as_is(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether tensor ``t`` reaches ``device`` without a gather into pinned memory: it is there
+    already (``"cuda"`` without an index meaning the current GPU), or it is pinned."""
+    if t.device.type == device.type:
+        index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
+        if t.device.index == index:
+            return True
+    return t.device.type == "cpu" and t.is_pinned()
 
 
 def _integer_ids(items, what: str):
@@ -306,7 +300,8 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         return DeviceRequestLists(torch.zeros(batch + 1, dtype=torch.int64, device=device), empty, mode, glob,
                                   normalise)
-    if not row_parts and not glob.size and device.type == "cuda" and all(_graphable(p, device) for p in id_parts):
+    if not row_parts and not glob.size and device.type == "cuda" and all(
+            type(p) is np.ndarray or _crosses_as_is(p, device) for p in id_parts):
         graphed = _graphed_build(catalog, table, device, batch, total)
         if graphed is not None:
             offsets, rows = graphed(id_parts, id_sizes, mode)
