@@ -59,6 +59,13 @@ def gemms(rows: int) -> None:
             report(f"F.linear, preferred BLAS {lib}", lambda: F.linear(h, w))
         finally:
             torch.backends.cuda.preferred_blas_library(before)
+    # deterministic mode makes PyTorch set cuBLAS's atomics mode to "not allowed", so its heuristic
+    # skips kernels that reduce split-K partial sums with atomics into a zeroed output
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        report("F.linear, cuBLAS atomics not allowed", lambda: F.linear(h, w))
+    finally:
+        torch.use_deterministic_algorithms(False)
     report("control: the q/k/v GEMM (no memset in the trace)", lambda: F.linear(h, qkv))
 
 
@@ -81,6 +88,13 @@ def attention(rows: int) -> None:
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             report(label, lambda q=q, k=k, v=v, gqa=gqa: F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, enable_gqa=gqa))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            report("cuDNN, the views, GQA, deterministic mode", lambda: F.scaled_dot_product_attention(
+                q_view, k_view, v_view, is_causal=True, enable_gqa=True))
+    finally:
+        torch.use_deterministic_algorithms(False)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
         report("flash, KV heads repeated", lambda: F.scaled_dot_product_attention(q_c, k_x, v_x, is_causal=True))
 
