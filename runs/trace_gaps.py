@@ -2,9 +2,10 @@
 ``export_chrome_trace``, plain or gzipped, e.g. from ``runs/host_llm_e2e.py 1000x1 TRACE``) and prints
 
 - the host's runtime calls longer than 5 µs, from the trace's start;
-- the GPU's span, kernel time and idle time from ``--from``'s GPU event on (default the first
-  event of a CUDA graph's replay: the first GPU event after the last ``cudaGraphLaunch`` began);
-- the idle time between neighbouring GPU events summed per (before → after) pair of names, widest first.
+- the GPU's span, busy time and idle time from the last ``cudaGraphLaunch`` on (the graph's
+  replay; from the first GPU event when the trace has no graph launch);
+- the idle stretches (``zerogr_core.bench.kernel_profile.idle_stretches``) summed per pair of the
+  events around them, widest first.
 
     python runs/trace_gaps.py runs/results/llm/session-2026-12-04c/trace-1000x1.json.gz [--top 20]
 """
@@ -14,6 +15,9 @@ import argparse
 import collections
 import gzip
 import json
+from types import SimpleNamespace
+
+from zerogr_core.bench.kernel_profile import idle_stretches, union_us
 
 
 def load(path: str) -> list[dict]:
@@ -40,20 +44,19 @@ def main(argv=None) -> int:
     part = [e for e in gpu if e["ts"] >= start]
     if launches:
         print(f"first GPU event after the graph's launch began: {part[0]['ts'] - start:.1f} µs later")
-    span = part[-1]["ts"] + part[-1]["dur"] - part[0]["ts"]
-    busy = sum(e["dur"] for e in part)
+    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in part]
+    span = max(end for _, end in intervals) - intervals[0][0]
+    busy = union_us(intervals)
     pairs = collections.defaultdict(lambda: [0, 0.0])
-    idle = 0.0
-    for a, b in zip(part, part[1:]):
-        gap = b["ts"] - (a["ts"] + a["dur"])
-        if gap > 0:
-            idle += gap
-            key = f"{a['name'][:45]} -> {b['name'][:45]}"
-            pairs[key][0] += 1
-            pairs[key][1] += gap
+    stretches = idle_stretches([SimpleNamespace(name=e["name"], time_range=SimpleNamespace(start=s, end=t))
+                                for e, (s, t) in zip(part, intervals)])
+    for g in stretches:
+        key = f"{g['after'][:45]} -> {g['before'][:45]}"
+        pairs[key][0] += 1
+        pairs[key][1] += g["us"]
     memsets = [e for e in part if e.get("cat") == "gpu_memset"]
-    print(f"from the graph on: {len(part)} GPU events, span {span:.1f} µs, their time {busy:.1f} µs, "
-          f"idle between them {idle:.1f} µs; {len(memsets)} memsets, {sum(e['dur'] for e in memsets):.1f} µs")
+    print(f"from the graph on: {len(part)} GPU events, span {span:.1f} µs, busy {busy:.1f} µs, "
+          f"idle {span - busy:.1f} µs; {len(memsets)} memsets, {sum(e['dur'] for e in memsets):.1f} µs")
     print("idle µs, times, before -> after:")
     for key, (n, us) in sorted(pairs.items(), key=lambda kv: -kv[1][1])[:args.top]:
         print(f"  {us:8.1f} {n:4d}  {key}")
