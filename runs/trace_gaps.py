@@ -31,7 +31,12 @@ def main(argv=None) -> int:
     p.add_argument("trace")
     p.add_argument("--top", type=int, default=20)
     args = p.parse_args(argv)
-    events = load(args.trace)
+    try:
+        events = load(args.trace)
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"error: {args.trace}: not a readable Chrome trace ({type(exc).__name__}: {exc})")
+    if not any(e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") for e in events):
+        raise SystemExit(f"error: {args.trace}: the trace holds no GPU events")
     t0 = min(e["ts"] for e in events)
     gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
     runtime = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
