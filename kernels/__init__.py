@@ -16,9 +16,10 @@ Per decoding step (docs/design.md §4), op (module):
    with no allowed row below them as it fills them (``constraints.constrain_slots`` is the
    same test as a kernel of its own, which the reference decoder runs after the filter); for
    catalog-normalised requests it defers the slots only their own list removes, which step 4
-   counts in the normaliser and drops (``constraints.constrain_scored_slots`` on the reference
+   counts in the normaliser and drops (``scored_constraints.constrain_scored_slots`` on the reference
    path); both read the bitmap of listed rows that ``row_marks.mark_rows`` sets at the first step (deny lists given as item
-   ids are first turned into rows, and marked, by ``deny_ids.deny_rows``).
+   ids are first turned into rows, and marked, by ``deny_ids.deny_rows``); allow lists given as item ids are instead
+   bitmaps of the successors that hold an allowed row, set by ``allow_nodes.allow_nodes``, one load per slot.
 2. :func:`selective_proj` (``selective``), or :func:`shared_selective_proj`
    (``shared_selective``: one gather of a head row for the beams of several requests in one
    state, after :func:`group_beams` (``beam_groups``) sorts the beams by state), or

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, pdl_args, pdl_prologue, use_triton
-from .normalize import lse_finish, lse_start, lse_update, row_tiling
+from .allow_nodes import node_alive
 from .row_marks import _check_marks
 
 BLOCK_SLOTS = 128
@@ -77,7 +77,9 @@ class SlotLists(NamedTuple):
     With ``defer``, a slot of a catalog-normalised request that only its own list kills stays
     live for projection with its successor ``s`` stored as ``-2 - s``
     (:func:`zerogr_kernels.topk_gather` with ``deferred`` counts it in the normaliser and drops it,
-    without a search).
+    without a search). With ``nodes`` (``(batch, node_stride)`` int32, :func:`zerogr_kernels.allow_nodes.allow_nodes`'s
+    bitmaps, this step's starting at word ``node_off``), an allow request's slot is alive when its
+    successor's bit is set, and its row segment is not read.
     """
 
     row_start: torch.Tensor | None
@@ -89,32 +91,59 @@ class SlotLists(NamedTuple):
     defer: bool = False
     marks: torch.Tensor | None = None
     mark_shift: int = 0
+    nodes: torch.Tensor | None = None
+    node_off: int = 0
+    node_stride: int = 0
 
     def check(self, slot_tokens, slot_succ, slot_logits) -> None:
         """Raise unless the lists fit these slot tensors (:func:`constrain_slots`'s checks)."""
         _check(slot_tokens, slot_succ, slot_logits, self.row_start, self.list_offsets, self.list_rows,
                self.list_mode, self.beams_per_request, self.n_iter)
         _check_marks(self.marks, self.mark_shift, slot_succ.device)
+        if self.nodes is not None:
+            check_tensor("nodes", self.nodes, dtypes=(torch.int32,), ndim=2, device=slot_succ.device,
+                         contiguous=True)
+            if self.nodes.shape[0] != self.list_mode.shape[0] or self.nodes.shape[1] != self.node_stride \
+                    or not 0 <= self.node_off < self.node_stride:
+                raise ValueError(f"nodes must be (batch, node_stride) = ({self.list_mode.shape[0]}, "
+                                 f"{self.node_stride}) with node_off inside a row, got {tuple(self.nodes.shape)} "
+                                 f"and {self.node_off}")
 
     def launch_args(self) -> tuple:
         """The filter kernels' list pointers and scalars, in their order."""
         last = self.row_start is None
         return (self.list_rows if last else self.row_start, self.list_offsets, self.list_rows, self.list_mode,
-                self.list_mode if self.marks is None else self.marks, self.mark_shift, self.beams_per_request,
-                self.n_iter)
+                self.list_mode if self.marks is None else self.marks, self.mark_shift,
+                self.list_mode if self.nodes is None else self.nodes, self.node_off, self.node_stride,
+                self.beams_per_request, self.n_iter)
 
     def launch_flags(self) -> dict:
-        return {"LAST": self.row_start is None, "DEFER": bool(self.defer), "MARKS": self.marks is not None}
+        return {"LAST": self.row_start is None, "DEFER": bool(self.defer), "MARKS": self.marks is not None,
+                "NODES": self.nodes is not None}
 
     def apply_reference(self, slot_tokens, slot_succ, slot_logits) -> None:
         """:func:`constrain_slots_reference` over these slots (in place), the deferred slots
-        marked as the filter marks them."""
+        marked as the filter marks them; with ``nodes``, an allow request's slots read its bitmap."""
+        valid, alive, live, catalog = _alive_reference(slot_succ, *self[:5])
+        if self.nodes is not None:
+            alive = torch.where(self._allowing(slot_succ), self._node_bits(slot_succ), alive)
         if self.defer:
-            valid, alive, live, catalog = _alive_reference(slot_succ, *self[:5])
             later = valid & catalog & live & ~alive
+            alive = torch.where(catalog, live, alive)
             slot_succ.copy_(torch.where(later, -2 - slot_succ, slot_succ))
-        constrain_slots_reference(slot_tokens, slot_succ, slot_logits, *self[:6], self.defer, self.marks,
-                                  self.mark_shift)
+        _kill_reference(slot_tokens, slot_succ, slot_logits, valid & ~alive)
+
+    def _allowing(self, slot_succ) -> torch.Tensor:
+        """``(n, 1)`` bool: the slot rows of allow requests."""
+        req = torch.arange(slot_succ.shape[0], device=slot_succ.device) // self.beams_per_request
+        return ((self.list_mode[req].long() & ALLOW) != 0)[:, None]
+
+    def _node_bits(self, slot_succ) -> torch.Tensor:
+        """``(n, K)`` bool: each slot's successor bit in its request's ``nodes`` (False where invalid)."""
+        req = torch.arange(slot_succ.shape[0], device=slot_succ.device) // self.beams_per_request
+        q = slot_succ.clamp(min=0)
+        word = self.nodes[req[:, None], self.node_off + (q >> 5)].long()
+        return (slot_succ >= 0) & (((word >> (q & 31)) & 1) == 1)
 
 
 def search_iterations(capacity: int) -> int:
@@ -218,7 +247,8 @@ def _may_decide(marks_ptr, shift, lo, hi, need, deny):
 
 @triton.jit
 def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, allow, n_cap,
-                marks_ptr, mark_shift, LAST: tl.constexpr, MARKS: tl.constexpr):
+                marks_ptr, mark_shift, nodes_ptr, node_off, node_stride, LAST: tl.constexpr, MARKS: tl.constexpr,
+                NODES: tl.constexpr):
     # Per slot: whether its row range [lo, hi) holds a row request `req` may return (alive),
     # and a row that is not globally denied (live: still in the catalog). Only lanes whose
     # answer can depend on a list search it: a deny list of k rows (global g) cannot empty
@@ -240,8 +270,13 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
     search = listing
     if MARKS:  # a range with no listed row anywhere in the batch holds none of this request's
         search = search & _may_decide(marks_ptr, mark_shift, lo, hi, listing & (allow | (size <= reach)), ~allow)
-    listed = _count_in_range(list_rows_ptr, start, start + n_req, lo, hi,
-                             search & (n_req > 0) & (allow | (size <= reach)), n_cap)
+    own = search & (n_req > 0) & (allow | (size <= reach))
+    if NODES:  # an allow request's bitmap of alive successors settles it in one load (kernels.allow_nodes)
+        own = own & ~allow
+    listed = _count_in_range(list_rows_ptr, start, start + n_req, lo, hi, own, n_cap)
+    if NODES:
+        listed = tl.where(allow, node_alive(nodes_ptr, node_off, node_stride, req, succ, listing & allow).to(tl.int64),
+                          listed)
     glob = _count_in_range(list_rows_ptr, g_start, g_start + n_glob, lo, hi,
                            search & (n_glob > 0) & (size <= tl.where(allow, n_glob, reach)), n_cap)
     alive = tl.where(allow, listed > 0, size > listed + glob)
@@ -250,8 +285,8 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
 
 @triton.jit
 def _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, list_mode_ptr,
-                  marks_ptr, mark_shift, beams_per_request, n_cap, LAST: tl.constexpr, DEFER: tl.constexpr,
-                  MARKS: tl.constexpr):
+                  marks_ptr, mark_shift, nodes_ptr, node_off, node_stride, beams_per_request, n_cap,
+                  LAST: tl.constexpr, DEFER: tl.constexpr, MARKS: tl.constexpr, NODES: tl.constexpr):
     # For a (ROWS, BLOCK) tile of beams `rows` whose slots a caller holds in registers (the
     # filter): (kept, succ), the slots the lists leave and their successors, -1 where killed
     # and, with DEFER, -2 - s for the live slots of catalog-normalised requests that their own
@@ -259,7 +294,8 @@ def _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_pt
     req = tl.minimum(rows, n_beams - 1) // beams_per_request
     mode = tl.load(list_mode_ptr + req, mask=row_ok, other=0)
     alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req[:, None],
-                              ((mode & 1) != 0)[:, None], n_cap, marks_ptr, mark_shift, LAST, MARKS)
+                              ((mode & 1) != 0)[:, None], n_cap, marks_ptr, mark_shift, nodes_ptr, node_off,
+                              node_stride, LAST, MARKS, NODES)
     later = valid & False
     if DEFER:
         catalog = ((mode & 2) != 0)[:, None]
@@ -300,60 +336,13 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
             succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
             valid = succ >= 0
             alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req,
-                                      (mode & 1) != 0, n_iter, marks_ptr, mark_shift, LAST, MARKS)
+                                      (mode & 1) != 0, n_iter, marks_ptr, mark_shift, marks_ptr, 0, 0, LAST, MARKS,
+                                      False)
             if DEFER:
                 # a catalog-normalised request loses only what left the catalog here; its
                 # own list is applied after projection
                 alive = tl.where((mode & 2) != 0, live, alive)
             _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, in_row & valid & ~alive)
-
-
-@triton.jit
-def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr,
-                             list_off_ptr, list_rows_ptr, list_mode_ptr, marks_ptr, mark_shift, score_ptr,
-                             out_score_ptr, n_rows, K, beams_per_request, n_iter, LAST: tl.constexpr,
-                             ROWS: tl.constexpr, BLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, MARKS: tl.constexpr,
-                             PDL: tl.constexpr):
-    pdl_prologue(PDL)
-    rows, row_ok, req, mode, active = _catalog_rows(list_mode_ptr, n_rows, beams_per_request, ROWS)
-    # log-sum-exp states over every live slot (m_all, s_all) and over the alive ones
-    m_all, s_all = lse_start(ROWS)
-    m_alive, s_alive = lse_start(ROWS)
-    for c in range(N_CHUNKS):
-        cols = c * BLOCK + tl.arange(0, BLOCK)
-        ok = active[:, None] & (cols < K)[None, :]
-        slot = rows[:, None] * K + cols[None, :]
-        succ = tl.load(slot_succ_ptr + slot, mask=ok, other=-1)
-        valid = succ >= 0
-        x = tl.load(slot_logit_ptr + slot, mask=valid, other=float("-inf")).to(tl.float32)
-        alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req[:, None],
-                                  ((mode & 1) != 0)[:, None], n_iter, marks_ptr, mark_shift, LAST, MARKS)
-        x = tl.where(live, x, float("-inf"))
-        m_all, s_all = lse_update(m_all, s_all, x)
-        m_alive, s_alive = lse_update(m_alive, s_alive, tl.where(alive, x, float("-inf")))
-        _kill(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, slot, valid & ~alive)
-    _store_shifted(score_ptr, out_score_ptr, rows, row_ok, active, m_all, s_all, m_alive, s_alive)
-
-
-@triton.jit
-def _catalog_rows(list_mode_ptr, n_rows, beams_per_request, ROWS: tl.constexpr):
-    # this program's beams, their requests and modes, and which are catalog-normalised (the
-    # others read nothing and keep their scores)
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
-    req = tl.minimum(rows, n_rows - 1) // beams_per_request
-    mode = tl.load(list_mode_ptr + req, mask=row_ok, other=0)
-    return rows, row_ok, req, mode, row_ok & ((mode & 2) != 0)
-
-
-@triton.jit
-def _store_shifted(score_ptr, out_score_ptr, rows, row_ok, active, m_all, s_all, m_alive, s_alive):
-    # the beam scores of catalog-normalised rows (`active`) moved by lse(alive) - lse(live); -inf
-    # where nothing is alive; the other rows' scores unchanged
-    score = tl.load(score_ptr + rows, mask=row_ok, other=float("-inf"))
-    shift = lse_finish(m_alive, s_alive) - lse_finish(m_all, s_all)
-    out = tl.where(m_alive == float("-inf"), float("-inf"), score + shift)
-    tl.store(out_score_ptr + rows, tl.where(active, out, score), mask=row_ok)
 
 
 def constrain_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
@@ -497,97 +486,3 @@ constrain_slots.__doc__ = f"""Invalidate, in place, every slot whose prefix has 
     None
         The three slot tensors are updated in place: dead slots get -1, -1, -inf.
     """
-
-
-def _check_scores(slot_succ, beam_scores, out_scores) -> None:
-    n, dev = slot_succ.shape[0], slot_succ.device
-    check_tensor("beam_scores", beam_scores, dtypes=(torch.float32,), ndim=1, device=dev, shape=(n,),
-                 contiguous=True)
-    check_tensor("out_scores", out_scores, dtypes=(torch.float32,), ndim=1, device=dev, shape=(n,),
-                 contiguous=True)
-
-
-def constrain_scored_slots_triton(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
-                                  row_start: torch.Tensor | None, list_offsets: torch.Tensor,
-                                  list_rows: torch.Tensor, list_mode: torch.Tensor, beams_per_request: int,
-                                  n_iter: int, beam_scores: torch.Tensor, out_scores: torch.Tensor,
-                                  marks: torch.Tensor | None = None, mark_shift: int = 0) -> torch.Tensor:
-    """Triton implementation of :func:`constrain_scored_slots` (no host sync)."""
-    _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
-           beams_per_request, n_iter)
-    _check_marks(marks, mark_shift, slot_succ.device)
-    _check_scores(slot_succ, beam_scores, out_scores)
-    n, K = slot_succ.shape
-    if n == 0:
-        return out_scores
-    rows, block, n_chunks = row_tiling(n, K)
-    last = row_start is None
-    pdl = pdl_args(slot_succ.device)
-    _constrain_scored_kernel[(cdiv(n, rows),)](
-        slot_tokens, slot_succ, slot_logits, list_rows if last else row_start, list_offsets, list_rows,
-        list_mode, list_mode if marks is None else marks, mark_shift, beam_scores, out_scores, n, K,
-        beams_per_request, n_iter, LAST=last, ROWS=rows, BLOCK=block, N_CHUNKS=n_chunks, MARKS=marks is not None,
-        **pdl)
-    return out_scores
-
-
-def constrain_scored_slots_reference(slot_tokens: torch.Tensor, slot_succ: torch.Tensor,
-                                     slot_logits: torch.Tensor, row_start: torch.Tensor | None,
-                                     list_offsets: torch.Tensor, list_rows: torch.Tensor, list_mode: torch.Tensor,
-                                     beams_per_request: int, n_iter: int, beam_scores: torch.Tensor,
-                                     out_scores: torch.Tensor, marks: torch.Tensor | None = None,
-                                     mark_shift: int = 0) -> torch.Tensor:
-    """PyTorch reference of :func:`constrain_scored_slots` (same signature and output)."""
-    _check(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
-           beams_per_request, n_iter)
-    _check_marks(marks, mark_shift, slot_succ.device)
-    _check_scores(slot_succ, beam_scores, out_scores)
-    if slot_succ.shape[0] == 0:
-        return out_scores
-    valid, alive, live, catalog = _alive_reference(slot_succ, row_start, list_offsets, list_rows, list_mode,
-                                                   beams_per_request)
-    x = slot_logits.float().masked_fill(~(valid & live), float("-inf"))
-    lse_all = torch.logsumexp(x, dim=1)
-    lse_alive = torch.logsumexp(x.masked_fill(~alive, float("-inf")), dim=1)
-    any_alive = (valid & alive).any(dim=1)
-    safe = torch.where(any_alive, lse_alive - lse_all, 0.0)
-    shifted = torch.where(any_alive, beam_scores + safe, float("-inf"))
-    out_scores.copy_(torch.where(catalog[:, 0], shifted, beam_scores))
-    _kill_reference(slot_tokens, slot_succ, slot_logits, valid & ~alive & catalog)
-    return out_scores
-
-
-def constrain_scored_slots(slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
-                           row_start: torch.Tensor | None, list_offsets: torch.Tensor, list_rows: torch.Tensor,
-                           list_mode: torch.Tensor, beams_per_request: int, n_iter: int,
-                           beam_scores: torch.Tensor, out_scores: torch.Tensor, marks: torch.Tensor | None = None,
-                           mark_shift: int = 0) -> torch.Tensor:
-    fn = constrain_scored_slots_triton if use_triton(slot_succ) else constrain_scored_slots_reference
-    return fn(slot_tokens, slot_succ, slot_logits, row_start, list_offsets, list_rows, list_mode,
-              beams_per_request, n_iter, beam_scores, out_scores, marks, mark_shift)
-
-
-constrain_scored_slots.__doc__ = f"""Apply the lists of catalog-normalised requests after projection.
-
-    For every beam of a request with bit :data:`CATALOG_NORMALISED`: kill its dead slots (as
-    :func:`constrain_slots`) and set ``out_scores[b] = beam_scores[b] + lse(alive) - lse(live)``,
-    the log-sum-exp of the beam's alive slot logits and of those still in the catalog (not
-    globally denied); -inf when nothing is alive. A log-softmax over the alive slots plus that
-    score then equals the log-softmax over the catalog's slots, so the request keeps the
-    catalog's normalisation. Other beams keep their
-    slots, and ``out_scores[b] = beam_scores[b]``.
-
-    Parameters
-    ----------
-{_LISTS_DOC}
-    beam_scores : torch.Tensor
-        ``(n_beams,)`` float32 accumulated beam scores.
-    out_scores : torch.Tensor
-        ``(n_beams,)`` float32 output (must not alias ``beam_scores``).
-
-    Returns
-    -------
-    torch.Tensor
-        ``out_scores``.
-    """
-

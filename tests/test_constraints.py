@@ -9,8 +9,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zerogr_kernels.constraints import (constrain_scored_slots_reference, constrain_scored_slots_triton,
-                                       constrain_slots_reference, constrain_slots_triton, search_iterations)
+from zerogr_kernels.constraints import constrain_slots_reference, constrain_slots_triton, search_iterations
+from zerogr_kernels.scored_constraints import constrain_scored_slots_reference, constrain_scored_slots_triton
 from zerogr_kernels.row_marks import mark_rows_reference, mark_rows_triton, mark_shift, mark_words
 from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.decode.constraints import build_lists, row_starts

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from zerogr_core import Decoder, build_index
 from zerogr_core.decode.id_lists import MIN_WIDTH, DenyIds, deny_ids
-from zerogr_core.decode.device_lists import device_id_table
 from zerogr_kernels.deny_ids import (IN_PLACE_WIDTH, MAX_IDS, MAX_WIDTH, WIDE_BLOCK, deny_rows, deny_rows_reference,
                                      deny_rows_triton)
 
@@ -136,9 +135,9 @@ def test_calls_that_do_not_qualify_keep_the_host_lists():
     assert deny_ids(catalog, "cpu", 1, [[0.5, 2.0]], "request") is None
 
 
-@pytest.mark.parametrize("normalise", ["request", "catalog"])
-@pytest.mark.parametrize("plan", [["selective", "full", "selective"], ["full", "selective", "full"]])
-def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
+def engine_case(plan):
+    """``(catalog, index, model, engine, ref)``: the GPU engine's code on a CPU (no graph) with a
+    fixed ``plan``, and the reference decoder projecting as it does, over 300 items of 3 steps."""
     from zerogr_core.decode.engine import GpuEngine
     from zerogr_core.decode.heads import Heads
 
@@ -149,6 +148,34 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
     model = Model(sizes, 6, 3, 9)
     engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 5, plan_override=plan, use_graph=False)
     ref = Decoder(index, heads, 5, projection=plan, catalog=catalog, engine="reference")
+    return catalog, index, model, engine, ref
+
+
+def assert_result_as(got, want, host) -> None:
+    """``got`` (a decode of lists resolved on the device) is ``want`` (the decode of ``host``, the
+    host-built lists of the same ids): the same items, tokens and scores, every item allowed."""
+    assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens), \
+        f"{got.item_rows.tolist()} != {want.item_rows.tolist()}"
+    torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
+    rows = got.item_rows.cpu().numpy()
+    for r in range(host.batch):
+        assert host.allows(r, rows[r][rows[r] >= 0]).all()
+
+
+def assert_decodes_as(engine, ref, model, fast, host) -> None:
+    """The engine decodes ``fast`` as the reference decodes ``host`` (:func:`assert_result_as`)."""
+    assert_result_as(engine.decode(model, host.batch, lists=fast), ref.decode(model, host.batch, lists=host), host)
+
+
+def over_plans(test):
+    """``test(plan, normalise)`` for two fixed plans of :func:`engine_case` and both normalisations."""
+    plans = pytest.mark.parametrize("plan", [["selective", "full", "selective"], ["full", "selective", "full"]])
+    return pytest.mark.parametrize("normalise", ["request", "catalog"])(plans(test))
+
+
+@over_plans
+def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
+    catalog, index, model, engine, ref = engine_case(plan)
     ids = catalog.item_ids
     g = np.random.default_rng(3)
     # repeats, misses, an empty list, whole prefixes denied, then a wider call
@@ -161,11 +188,7 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
     for deny in calls:
         fast = deny_ids(catalog, "cpu", 3, deny, normalise)
         assert isinstance(fast, DenyIds)
-        host = ref.request_lists(3, None, deny, normalise=normalise, path="host")
-        got = engine.decode(model, 3, lists=fast)
-        want = ref.decode(model, 3, lists=host)
-        assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
-        torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
+        assert_decodes_as(engine, ref, model, fast, ref.request_lists(3, None, deny, normalise=normalise, path="host"))
     # one shape per width class, each as wide as its widest call
     widths = sorted(shape.lists.width for key, shape in engine._shapes.items() if "lists" in key)
     assert widths == [IN_PLACE_WIDTH, 4096]
@@ -202,12 +225,7 @@ def test_cuda_public_api_deny_ids_equal_host_lists(engine):
             got = dec.decode(hidden_fn, batch, deny_items=deny, normalise=normalise)
             assert dec.gpu_engine.graph_error is None
             host = dec.request_lists(batch, None, deny, normalise=normalise, path="host")
-            want = dec.gpu_engine.decode(hidden_fn, batch, lists=host)
-            assert torch.equal(got.item_rows, want.item_rows) and torch.equal(got.tokens, want.tokens)
-            torch.testing.assert_close(got.scores, want.scores, rtol=1e-4, atol=1e-4)
-            rows = got.item_rows.cpu().numpy()
-            for r in range(batch):
-                assert host.allows(r, rows[r][rows[r] >= 0]).all()
+            assert_result_as(got, dec.gpu_engine.decode(hidden_fn, batch, lists=host), host)
         # calls queued without a synchronisation between them: each call's ids wait for the
         # previous decode to have read the pinned block before they overwrite it (read in place
         # up to IN_PLACE_WIDTH ids, copied past it)

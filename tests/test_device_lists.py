@@ -300,3 +300,20 @@ def test_both_key_widths_build_the_host_lists(monkeypatch, limit):
         for normalise in ("request", "catalog"):
             same(build_lists(catalog, batch, allow, deny, None, normalise),
                  build_lists_on("cpu", catalog, batch, allow, deny, None, normalise))
+
+
+def test_place_ids_lays_parts_back_to_back():
+    from zerogr_core.decode.device_lists import PARALLEL_GATHER, copy_tensors, place_ids
+
+    g = np.random.default_rng(0)
+    parts = [g.integers(0, 10**9, 5), g.integers(0, 2**31, PARALLEL_GATHER + 3).astype(np.uint32),
+             torch.arange(7, dtype=torch.int32), g.integers(-5, 5, 2), torch.arange(3) + 100]
+    host = torch.full((3 + PARALLEL_GATHER + 40,), -1, dtype=torch.int64)
+    gathered, tensors = place_ids(parts, host, 3)
+    assert gathered == 3 + 5 + PARALLEL_GATHER + 3 + 7 + 2
+    assert [(at, t.numel()) for at, t in tensors] == [(3 + 5 + PARALLEL_GATHER + 3, 7), (gathered, 3)]
+    block = host.clone()
+    copy_tensors(tensors, block)
+    want = np.concatenate([np.asarray(p) for p in parts]).astype(np.int64)
+    assert block[3:3 + want.size].tolist() == want.tolist()
+    assert host[:3].tolist() == [-1] * 3 and block[3 + want.size:].eq(-1).all()

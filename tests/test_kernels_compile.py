@@ -73,7 +73,8 @@ def _launch_grid():
             if logits is None or logits.shape[1] == K:
                 filter_slots_triton(e(n_beams, dtype=torch.int64), K, table=e(4, K, dtype=torch.int32),
                                     logits=logits)
-    from zerogr_kernels.constraints import constrain_scored_slots_triton, constrain_slots_triton
+    from zerogr_kernels.constraints import constrain_slots_triton
+    from zerogr_kernels.scored_constraints import constrain_scored_slots_triton
 
     for (K, n_beams), dtype, starts in itertools.product(
             [(1, 2), (3, 4), (300, 256), (16384, 2), (1024, 4096)],  # the last: several blocks per program
@@ -88,9 +89,11 @@ def _launch_grid():
     from zerogr_kernels.constraints import SlotLists
 
     # the filters with the lists applied as they fill the slots (the engine's constrained steps)
+    # (and with allow lists as bitmaps of alive successors: ``nodes``)
     for (K, n_beams), starts, defer, marks in itertools.product(
             [(3, 4), (300, 256), (8192, 2)], (None, e(9, dtype=torch.int32)), (False, True),
-            ({}, dict(marks=e(8, dtype=torch.int32), mark_shift=0))):
+            ({}, dict(marks=e(8, dtype=torch.int32), mark_shift=0),
+             dict(nodes=e(2, 40, dtype=torch.int32), node_off=3, node_stride=40))):
         lists = SlotLists(starts, e(4, dtype=torch.int64), e(1024, dtype=torch.int64), e(2, dtype=torch.int32),
                           n_beams // 2, 11, defer, **marks)
         for logits in (None, e(n_beams, K, dtype=torch.float32)):
@@ -108,6 +111,13 @@ def _launch_grid():
             continue
         deny_rows_triton(e(40, dtype=torch.int64), e(4, dtype=torch.int64), width, e(100, dtype=table_dtype), 7,
                          e(3 * width, dtype=torch.int64), e(5, dtype=torch.int64), n_rows, marks=marks)
+    from zerogr_kernels.allow_nodes import allow_nodes_triton
+
+    # one program count and batch per shape: a request's search over the id offsets unrolls by batch
+    for batch, levels, table_dtype in itertools.product((1, 3, 32), (1, 5), (torch.int32, torch.int64)):
+        allow_nodes_triton(e(5000, dtype=torch.int64), e(batch + 1, dtype=torch.int64), e(100, dtype=table_dtype), 7,
+                           e(max(levels - 1, 1), 30, dtype=torch.int32), e(max(levels - 1, 1), 30, dtype=torch.int32),
+                           e(levels, dtype=torch.int64), e(batch, 64, dtype=torch.int32))
     for (K, H), dtype in itertools.product([(1, 48), (3, 1024), (300, 1024), (64, 4096)],
                                            (torch.float16, torch.bfloat16, torch.float32)):
         n_beams = 4

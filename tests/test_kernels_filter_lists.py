@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from kernel_asserts import assert_outputs_equal, kernel_device, random_dense_table, random_sparse_mapping, random_states
 from zerogr_kernels import FilterOut, filter_slots_reference, filter_slots_triton
-from zerogr_kernels.constraints import SlotLists, constrain_scored_slots_triton, constrain_slots_triton, search_iterations
+from zerogr_kernels.constraints import SlotLists, constrain_slots_triton, search_iterations
+from zerogr_kernels.scored_constraints import constrain_scored_slots_triton
 from zerogr_kernels.selection import (PATHS, SMALL_MAX, small_tile, topk_gather_reference,
                                      topk_gather_triton)
 from zerogr_kernels.row_marks import mark_rows_reference, mark_words

@@ -363,11 +363,15 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
 
 def _list_path(dec, batch: int, kind: str, kwargs: dict, lists) -> str | None:
     """Where the timed call built its lists: "ids" (deny ids resolved in the decode's graph),
-    "host" or "device" (:meth:`Decoder.request_lists`), ``None`` without lists."""
+    "bitmaps" (allow ids turned into bitmaps there), "host" or "device" (:meth:`Decoder.request_lists`),
+    ``None`` without lists."""
     if lists is None or lists.empty:  # nothing listed: the list-free path
         return None
     if kind == "deny" and dec._deny_ids(batch, None, kwargs["deny_items"], kwargs["normalise"], None, None):
         return "ids"
+    if kind.startswith("allow") and dec._allow_ids(batch, kwargs.get("allow_items"), None, kwargs["normalise"],
+                                                   None, None):
+        return "bitmaps"
     return "host" if isinstance(lists.rows, np.ndarray) else "device"
 
 

@@ -33,7 +33,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from zerogr_kernels.constraints import CATALOG_NORMALISED, constrain_scored_slots, constrain_slots, search_iterations
+from zerogr_kernels.constraints import CATALOG_NORMALISED, constrain_slots, search_iterations
+from zerogr_kernels.scored_constraints import constrain_scored_slots
 from zerogr_kernels.row_marks import mark_rows, mark_shift, mark_words
 
 from ..errors import ZeroGRError
@@ -434,7 +435,7 @@ class SlotConstraint:
     def rescore(self, step: int, slot_tokens: torch.Tensor, slot_succ: torch.Tensor, slot_logits: torch.Tensor,
                 scores: torch.Tensor) -> torch.Tensor:
         """After projection: drop the deferred slots and return the beam scores that keep
-        the catalog's normalisation (:func:`zerogr_kernels.constraints.constrain_scored_slots`).
+        the catalog's normalisation (:func:`zerogr_kernels.scored_constraints.constrain_scored_slots`).
         Returns ``scores`` unchanged when no request is catalog-normalised."""
         if not self.lists.catalog_normalised:
             return scores

@@ -341,6 +341,7 @@ class Decoder:
                     return self._decode_standing(standing, model, batch_size, deny_items, normalise,
                                                  timer=timer, on_step=on_step)
             lists = self._deny_ids(batch_size, allow_items, deny_items, normalise, timer, on_step) or \
+                self._allow_ids(batch_size, allow_items, deny_items, normalise, timer, on_step) or \
                 self.request_lists(batch_size, allow_items, deny_items, normalise=normalise)
         if lists is not None:
             self._check_constrainable(lists, batch_size)
@@ -388,6 +389,25 @@ class Decoder:
                                         or len(allow_items) != batch_size or any(a is not None for a in allow_items)):
             return None
         return _list_modules()[2].deny_ids(self.catalog, self.index.device, batch_size, deny_items, normalise)
+
+    def _allow_ids(self, batch_size: int, allow_items, deny_items, normalise: str, timer, on_step):
+        """Allow ids the engine turns into bitmaps inside its graph (:class:`~zerogr_core.decode.id_lists.AllowIds`),
+        when the call can use them: the GPU engine decodes it, nothing is denied, and the allow lists are
+        integer ids on a catalog with a dense id table, at least
+        :data:`~zerogr_core.decode.device_lists.DEVICE_MIN_IDS` of them on a GPU (``list_path="device"``:
+        any number, on any device)."""
+        if self.gpu_engine is None or timer is not None or on_step is not None or self.catalog is None \
+                or self.list_path == "host" or allow_items is None or isinstance(allow_items, (str, bytes)):
+            return None
+        constraints, device_lists, id_lists = _list_modules()
+        if not hasattr(allow_items, "__len__") or len(allow_items) != batch_size or (deny_items is not None and (
+                isinstance(deny_items, (str, bytes)) or not hasattr(deny_items, "__len__")
+                or len(deny_items) != batch_size or not all(constraints.is_empty_request(d) for d in deny_items))):
+            return None
+        if self.list_path == "auto" and (self.index.device.type != "cuda" or device_lists.listed_ids(
+                allow_items, None, batch_size) < device_lists.DEVICE_MIN_IDS):
+            return None
+        return id_lists.allow_ids(self.catalog, self.index, batch_size, allow_items, normalise)
 
     def _check_constrainable(self, lists, batch_size: int) -> None:
         if lists.batch != batch_size:

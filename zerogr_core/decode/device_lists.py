@@ -234,6 +234,39 @@ def _crosses_as_is(t: torch.Tensor, device: torch.device) -> bool:
     return t.device.type == "cpu" and t.is_pinned()
 
 
+PARALLEL_GATHER = 1 << 15
+"""Ids of a numpy part from which :func:`place_ids` gathers it with torch's copy (parallel over
+the host's cores) rather than numpy's (one core, but less overhead per call)."""
+
+
+def place_ids(parts: list, host: torch.Tensor, start: int) -> tuple[int, list]:
+    """Lay 1-D id ``parts`` back to back from ``start``: numpy parts are written into ``host`` (a
+    pinned int64 block, which crosses in one copy), tensors (on the device, or pinned) are
+    returned as ``(offset, tensor)`` for :func:`copy_tensors` after that copy, on the same stream.
+    Returns ``(end of the last numpy part, or start, tensors)``."""
+    tensors, at, gathered = [], start, start
+    host_np = None
+    for part in parts:
+        k = part.shape[0]
+        if isinstance(part, torch.Tensor):
+            tensors.append((at, part))
+        elif k >= PARALLEL_GATHER:
+            host[at:at + k].copy_(torch.from_numpy(np.ascontiguousarray(part)))
+            gathered = at + k
+        else:
+            host_np = host.numpy() if host_np is None else host_np
+            host_np[at:at + k] = part
+            gathered = at + k
+        at += k
+    return gathered, tensors
+
+
+def copy_tensors(tensors: list, block: torch.Tensor) -> None:
+    """Copy :func:`place_ids`'s tensors into their stretches of the device ``block`` (non-blocking)."""
+    for at, part in tensors:
+        block[at:at + part.shape[0]].copy_(part, non_blocking=True)
+
+
 def _integer_ids(items, what: str):
     """One request's ids as an integer array or tensor, or ``None`` when they are of another
     kind (strings, integer strings: the host path converts or refuses them)."""
@@ -444,21 +477,10 @@ class GraphedBuild:
             meta[:k] = [(req * 2 + kind, count) for req, kind, count in id_sizes]
         meta[k] = (0, c - total)
         host[c + 2 * r:] = mode
-        # numpy ids are gathered into the pinned block and cross with it; tensors (on the device,
-        # or pinned) are copied into their stretch after it, on the same stream
-        tensors, at, gathered = [], 0, 0
-        for part in id_parts:
-            k = part.shape[0]
-            if isinstance(part, torch.Tensor):
-                tensors.append((at, part))
-            else:
-                host[at:at + k] = part
-                gathered = at + k
-            at += k
+        gathered, tensors = place_ids(id_parts, self.host, 0)
         if gathered:
             self.block[:gathered].copy_(self.host[:gathered], non_blocking=True)
-        for at, part in tensors:
-            self.block[at:at + part.shape[0]].copy_(part, non_blocking=True)
+        copy_tensors(tensors, self.block)
         self.block[total:c].fill_(self.pad_id)
         self.block[c:].copy_(self.host[c:], non_blocking=True)
         if self.graph is None:

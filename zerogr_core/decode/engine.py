@@ -424,15 +424,20 @@ class GpuEngine:
         ids the first kernel reads in place from pinned memory and wider ones, copied first
         (:data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH`), each
         grown to the widest call so far and serving every narrower one, so GPU memory stays
-        bounded whatever the list sizes."""
+        bounded whatever the list sizes. Allow ids (:class:`~zerogr_core.decode.id_lists.AllowIds`)
+        have one shape per normalisation, its id buffer grown by powers of two, whose first kernel
+        turns them into bitmaps of alive successors."""
         width = getattr(lists, "width", 0)
-        key = self.key(batch) + ("lists", lists.normalise) + ((("ids", width > IN_PLACE_WIDTH),) if width else ())
+        bitmaps = getattr(lists, "nodes", None) is not None
+        kind = (("ids", width > IN_PLACE_WIDTH),) if width else (("allow-ids",) if bitmaps else ())
+        key = self.key(batch) + ("lists", lists.normalise) + kind
         shape = self._shapes.get(key)
-        if shape is None or shape.capacity < lists.total_rows or (width and shape.lists.table is not lists.table):
+        by_ids = bool(width) or bitmaps
+        if shape is None or shape.capacity < lists.total_rows or (by_ids and shape.lists.table is not lists.table):
             plan = self.plan(model, batch)
             capacity = lists.total_rows if width else capacity_for(lists.total_rows)
             shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity, lists.normalise,
-                               lists if width else None)
+                               lists if by_ids else None)
             self._shapes[key] = shape
         load_lists(shape.lists, lists)
         return shape

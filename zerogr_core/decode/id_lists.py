@@ -9,36 +9,47 @@ into their pinned block, and the captured graph's first kernel
 catalog rows, reading them in place up to :data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH` per request
 (wider lists cross in one copy first). What the host still does per call is that write into
 pinned memory; what the decode returns is the same as with :class:`RequestLists` of the same ids.
+
+A call that only allows (per-call integer ids, no deny list, no registered name) crosses as
+:class:`AllowIds`: the ids go to the device as they came, and the graph's first kernel
+(:func:`zerogr_kernels.allow_nodes.allow_nodes`) sets, for each allowed row, the bit of the
+successor state that holds it at every step, in its request's bitmap of that step. A slot of
+such a request is then tested with one load, and nothing is sorted or searched. The bitmaps
+take a bit per successor state of every step (:func:`node_tables`: 6.4 MB per request for a
+catalog of 2·10^7 rows in 5 steps), so a batch whose bitmaps would pass
+:data:`MAX_NODE_BYTES` keeps the row lists.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from zerogr_kernels.constraints import CATALOG_NORMALISED
+from zerogr_kernels.allow_nodes import node_layout, rank_tables
+from zerogr_kernels.constraints import ALLOW, CATALOG_NORMALISED
 from zerogr_kernels.deny_ids import MAX_IDS
 
-from .device_lists import device_id_table
+from .constraints import row_starts
+from .device_lists import _crosses_as_is, device_id_table
 
 MIN_WIDTH = 16
 """Narrowest padded id row: shapes differ only past it, by powers of two."""
 
 
 @dataclass
-class DenyIds:
-    """Each request's deny ids as given, for the engine (:class:`ListBuffers` width mode).
+class IdLists:
+    """Each request's ids as given, which the engine resolves on the device: what
+    :class:`DenyIds` and :class:`AllowIds` share.
 
     Attributes
     ----------
-    parts : list of np.ndarray
-        The requests' non-empty id arrays, in request order (any integer dtype; ids not in
-        the catalog are skipped); the engine's pinned block takes them back to back.
+    parts : list of np.ndarray or torch.Tensor
+        The requests' non-empty 1-D integer id arrays, in request order (ids not in the catalog
+        are skipped); the engine's buffers take them back to back.
     counts : np.ndarray, shape (batch,), int64
         Ids per request.
-    width : int
-        A power of two, at least every count: the rows each request's list holds on the device.
     table : torch.Tensor, shape (T,), int32 or int64, on the device
         The catalog's id → row table (:func:`~zerogr_core.decode.device_lists.device_id_table`).
     base : int
@@ -50,20 +61,14 @@ class DenyIds:
 
     parts: list
     counts: np.ndarray
-    width: int
     table: torch.Tensor
     base: int
     n_rows: int
-    normalise: str = "request"
+    normalise: str
 
     @property
     def batch(self) -> int:
         return int(self.counts.shape[0])
-
-    @property
-    def empty(self) -> bool:
-        """Whether nothing is listed (ids that all miss the catalog still count as listed)."""
-        return not self.parts
 
     @property
     def n_ids(self) -> int:
@@ -72,6 +77,24 @@ class DenyIds:
     @property
     def catalog_normalised(self) -> bool:
         return self.normalise == "catalog"
+
+
+@dataclass
+class DenyIds(IdLists):
+    """Deny ids (:class:`ListBuffers` width mode): numpy ``parts``, and
+
+    Attributes
+    ----------
+    width : int
+        A power of two, at least every count: the rows each request's list holds on the device.
+    """
+
+    width: int = MIN_WIDTH
+
+    @property
+    def empty(self) -> bool:
+        """Whether nothing is listed (ids that all miss the catalog still count as listed)."""
+        return not self.parts
 
     @property
     def total_rows(self) -> int:
@@ -82,6 +105,16 @@ class DenyIds:
         """The kernels' mode bits (deny, and the catalog bit when so normalised) into ``out``."""
         out[:] = CATALOG_NORMALISED if self.catalog_normalised else 0
         return out
+
+
+def _as_ids(entry) -> np.ndarray | None:
+    """One request's entry as a 1-D integer array, or ``None`` when it is of another kind (a name,
+    a bare id, text or floats, arrays of other shapes: the host path decides, or refuses)."""
+    try:
+        p = entry if type(entry) is np.ndarray else np.asarray(entry)
+    except (TypeError, ValueError):
+        return None
+    return p if p.ndim == 1 and (not p.size or p.dtype.kind in "iu") else None
 
 
 def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds | None:
@@ -97,12 +130,8 @@ def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds
         if e is None:
             lengths.append(0)
             continue
-        try:
-            p = e if type(e) is np.ndarray else np.asarray(e)
-        except (TypeError, ValueError):
-            return None
-        # a name, a bare id, text or floats, arrays of other shapes: the host path decides (or refuses)
-        if p.ndim != 1 or (p.size and p.dtype.kind not in "iu"):
+        p = _as_ids(e)
+        if p is None:
             return None
         lengths.append(p.size)
         if p.size:
@@ -117,4 +146,117 @@ def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds
     width = MIN_WIDTH
     while width < longest:
         width *= 2
-    return DenyIds(parts, counts, width, lookup[1], lookup[0], catalog.n_items, normalise)
+    return DenyIds(parts, counts, lookup[1], lookup[0], catalog.n_items, normalise, width)
+
+
+MAX_NODE_BYTES = 1 << 30
+"""Most bytes the per-request bitmaps of one :class:`AllowIds` batch may take (batch 32 over a
+catalog of 2·10^7 rows in 5 steps takes 205 MB)."""
+
+
+@dataclass(frozen=True)
+class NodeTables:
+    """What :func:`~zerogr_kernels.allow_nodes.allow_nodes` reads of one index, on its device.
+
+    Attributes
+    ----------
+    rank_bits, rank_before : torch.Tensor
+        ``(max(L - 1, 1), cdiv(n_rows, 32))`` int32: the start rows of every step's successor
+        states, and the start bits before each word (:func:`~zerogr_kernels.allow_nodes.rank_tables`).
+    level_words : torch.Tensor
+        ``(L,)`` int64: where each step's bitmap starts in a request's row of words.
+    words : tuple of int
+        The same offsets on the host (each step's ``SlotLists.node_off``).
+    stride : int
+        int32 words of one request's bitmaps.
+    """
+
+    rank_bits: torch.Tensor
+    rank_before: torch.Tensor
+    level_words: torch.Tensor
+    words: tuple
+    stride: int
+
+
+_NODE_TABLES: "weakref.WeakKeyDictionary[object, NodeTables]" = weakref.WeakKeyDictionary()
+
+
+def node_tables(index) -> NodeTables:
+    """:class:`NodeTables` of ``index`` (built once per index, on its device)."""
+    cached = _NODE_TABLES.get(index)
+    if cached is None:
+        starts = row_starts(index)[:-1]
+        bits, before = rank_tables(starts, index.n_items)
+        words, stride = node_layout([s.numel() - 1 for s in starts] + [index.n_items])
+        cached = NodeTables(bits, before, torch.tensor(words, dtype=torch.int64, device=index.device), tuple(words),
+                            stride)
+        _NODE_TABLES[index] = cached
+    return cached
+
+
+@dataclass
+class AllowIds(IdLists):
+    """Allow ids (:class:`ListBuffers` bitmap mode): ``parts`` may also be tensors, pinned or on the
+    index's device (they cross without a gather), and
+
+    Attributes
+    ----------
+    allowing : np.ndarray, shape (batch,), bool
+        Requests that give an allow list (an empty one allows nothing).
+    nodes : NodeTables
+        The index's rank structure and the bitmaps' layout.
+    """
+
+    allowing: np.ndarray = None
+    nodes: NodeTables = None
+
+    @property
+    def empty(self) -> bool:
+        """Whether no request allows (an empty allow list still allows nothing)."""
+        return not self.allowing.any()
+
+    @property
+    def total_rows(self) -> int:
+        """Ids the device buffer must hold."""
+        return self.n_ids
+
+    def device_mode(self, out: np.ndarray) -> np.ndarray:
+        """The kernels' mode bits (allow where a request allows, the catalog bit when so normalised) into ``out``."""
+        out[:] = np.where(self.allowing, ALLOW, 0) | (CATALOG_NORMALISED if self.catalog_normalised else 0)
+        return out
+
+
+def allow_ids(catalog, index, batch: int, allow_items, normalise: str) -> AllowIds | None:
+    """:class:`AllowIds` of a call that only allows, or ``None`` when it does not qualify (the
+    caller then builds row lists): a catalog with a dense integer id table, ``allow_items`` a
+    sequence of ``batch`` entries that are each ``None`` or 1-D integer ids (numpy arrays or
+    lists, or tensors: pinned or on the index's device cross as they are, others are read on the
+    host), and bitmaps within :data:`MAX_NODE_BYTES`."""
+    if isinstance(allow_items, (str, bytes)) or not hasattr(allow_items, "__len__") or len(allow_items) != batch:
+        return None
+    device = index.device
+    parts, counts, allowing = [], [], []
+    for e in allow_items:
+        allowing.append(e is not None)
+        if e is None:
+            counts.append(0)
+            continue
+        if isinstance(e, torch.Tensor):
+            if e.ndim != 1 or e.is_floating_point() or e.dtype in (torch.bool, torch.complex64, torch.complex128):
+                return None
+            p = e if _crosses_as_is(e, device) else e.cpu().numpy()
+        else:
+            p = _as_ids(e)
+            if p is None:
+                return None
+        counts.append(int(p.shape[0]))
+        if p.shape[0]:
+            parts.append(p)
+    lookup = device_id_table(catalog, device)
+    if lookup is None or not any(allowing):
+        return None
+    nodes = node_tables(index)
+    if batch * nodes.stride * 4 > MAX_NODE_BYTES:
+        return None
+    return AllowIds(parts, np.array(counts, dtype=np.int64), lookup[1], lookup[0], catalog.n_items, normalise,
+                    np.array(allowing), nodes)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from zerogr_kernels.allow_nodes import allow_nodes
 from zerogr_kernels.constraints import SlotLists, search_iterations
 from zerogr_kernels.deny_ids import IN_PLACE_WIDTH, deny_rows
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
 from .constraints import RequestLists, RowMarks, row_starts
+from .device_lists import copy_tensors, place_ids
 
 MIN_CAPACITY = 1024
 """Smallest list buffer of a captured shape; capacities grow by powers of two."""
@@ -52,22 +54,32 @@ class ListBuffers:
     write into host memory and the replay, with no copy to launch; the offsets and modes,
     the same for every call of the shape, cross once.
 
-    A decode resolves its lists first (:meth:`begin`: ``deny_rows`` in width mode, else the row
-    bitmap), on a side stream that forks from the decode's stream, so this work overlaps the
+    With ``nodes`` (a :class:`~zerogr_core.decode.id_lists.NodeTables`; allow ids,
+    :class:`~zerogr_core.decode.id_lists.AllowIds`) the header holds the id offsets, ``capacity``
+    ids follow it, every request's row segment stays empty, and the replay's first kernel
+    (:func:`zerogr_kernels.allow_nodes.allow_nodes`) fills :attr:`nodes`, each request's bitmaps of
+    the successors that hold an allowed row, which the filters read instead of searching rows.
+
+    A decode resolves its lists first (:meth:`begin`: ``deny_rows`` in width mode, ``allow_nodes``
+    in bitmap mode, else the row bitmap), on a side stream that forks from the decode's stream, so this work overlaps the
     model's first step and projection, and the first filter waits for it (:meth:`join`). Read in
     place, the pinned block is guarded by an event recorded right after ``deny_rows``, inside the
     captured graph (an external event node), so the next call stages its ids as soon as they are
     read, with no event recorded on the host per call.
     """
 
-    def __init__(self, batch: int, capacity: int, device, n_rows: int = 1, width: int = 0):
+    def __init__(self, batch: int, capacity: int, device, n_rows: int = 1, width: int = 0, nodes=None):
         device = torch.device(device)
         self.batch, self.capacity, self.width = batch, capacity, width
-        self.marks = RowMarks(n_rows, device)
-        # width mode (deny ids, :mod:`.id_lists`): the ids' offsets in the header too, then the ids
-        self.header = 3 * batch + 3 if width else 2 * batch + 2
-        rows_at = self.header + batch * width
-        size = rows_at + capacity
+        # bitmap mode (allow ids): ``capacity`` ids, each request's bitmaps of alive successors, no rows
+        self.node_tables = nodes
+        self.nodes = None if nodes is None else torch.zeros(batch, nodes.stride, dtype=torch.int32, device=device)
+        self.marks = RowMarks(1 if nodes is not None else n_rows, device)
+        # width and bitmap modes (deny and allow ids, :mod:`.id_lists`): the ids' offsets in the header
+        # too, then the ids
+        self.header = 3 * batch + 3 if width or nodes is not None else 2 * batch + 2
+        rows_at = self.header + (capacity if nodes is not None else batch * width)
+        size = rows_at + (1 if nodes is not None else capacity)
         self.block = torch.zeros(size, dtype=torch.int64, device=device)
         self.offsets = self.block[:batch + 2]
         self.mode = self.block[batch + 2:2 * batch + 2].view(torch.int32)[:batch]
@@ -103,6 +115,8 @@ class ListBuffers:
             self.copied.synchronize()
         if self.width:
             return self._load_ids(lists)
+        if self.nodes is not None:
+            return self._load_allow(lists)
         if isinstance(lists.rows, torch.Tensor):
             return self._load_device(lists)
         b, h, g, r = self.batch, self.header, int(lists.glob.size), int(lists.rows.size)
@@ -141,6 +155,18 @@ class ListBuffers:
             self.block[:2 * b + 2].copy_(self.host[:2 * b + 2], non_blocking=True)
             self.header_loaded = self._host_mode.copy()
             self._guard()
+
+    def _load_allow(self, lists) -> None:
+        """Allow ids (:class:`~zerogr_core.decode.id_lists.AllowIds`): the header and the numpy ids
+        back to back in the pinned block, one copy of both, then the tensors' copies (every
+        request's row segment stays empty: the bitmaps hold the lists)."""
+        host, b, h = self._host, self.batch, self.header
+        lists.device_mode(out=self._host_mode)
+        np.cumsum(lists.counts, out=host[2 * b + 3:h])
+        gathered, tensors = place_ids(lists.parts, self.host, h)
+        self.block[:gathered].copy_(self.host[:gathered], non_blocking=True)
+        copy_tensors(tensors, self.block)
+        self._guard()
 
     def begin(self) -> None:
         """At the start of a decode: resolve its lists on the side stream (inline on a CPU),
@@ -208,26 +234,34 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     """
     catalog = normalise == "catalog"
     dev = index.device
-    width = ids.width if ids is not None else 0
-    buffers = ListBuffers(batch, capacity, dev, index.n_items, width)
+    width = getattr(ids, "width", 0)
+    tables = getattr(ids, "nodes", None)
+    buffers = ListBuffers(batch, capacity, dev, index.n_items, width, tables)
     if ids is not None:
         buffers.table, base = ids.table, ids.base
     starts = row_starts(index)
     n_iter = search_iterations(capacity)
     marks = buffers.marks
 
-    def resolve() -> None:  # this call's ids into rows, and the rows into the bitmap
+    def resolve() -> None:  # this call's ids into rows or bitmaps, and the rows into the row bitmap
         if width:  # marking the rows it writes (no global list here)
             deny_rows(buffers.ids, buffers.id_offsets, width, buffers.table, base, buffers.rows, buffers.offsets,
                       index.n_items, **marks.args)
+        elif tables is not None:
+            allow_nodes(buffers.ids, buffers.id_offsets, buffers.table, base, tables.rank_bits, tables.rank_before,
+                        tables.level_words, buffers.nodes)
         else:
             marks.mark(buffers.offsets, buffers.rows)
 
     buffers.resolve = resolve
 
     def make(level: int, beams: int):
+        if tables is not None:  # one load per slot in its request's bitmap of the step
+            extra = {"nodes": buffers.nodes, "node_off": tables.words[level], "node_stride": tables.stride}
+        else:
+            extra = marks.args
         lists = SlotLists(starts[level], buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, catalog,
-                          **marks.args)
+                          **extra)
         return lists, buffers.join if level == 0 else None
 
     for level, runner in enumerate(runners):
@@ -245,4 +279,6 @@ def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
     width = getattr(lists, "width", 0)
     if bool(width) != bool(buffers.width) or width > buffers.width:
         raise ZeroGRError(f"lists of {width} ids per request, the shape takes {buffers.width}")
+    if (getattr(lists, "nodes", None) is None) != (buffers.nodes is None):
+        raise ZeroGRError("allow ids need a shape with bitmaps, and only such a shape takes them")
     buffers.load(lists)
