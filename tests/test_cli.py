@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from zerogr_core.catalog.io import load_catalog
 from zerogr_core.cli import REGISTRARS, build_parser, main
@@ -160,11 +161,29 @@ def test_next_edge_cases(capsys):
     (["plan", "tiny", "--dtype", "fp8"], "dtype must be one of"),
     (["plan", "tiny", "--override", "full,full"], "plan override lists 2 steps, the index has 3"),
     (["plan", "tiny", "--override", "full,sparse+full/fast,full"], "step option must look like"),
+    (["index", "tiny", "--device", "nonsense"], "--device: 'nonsense' is not a device"),
+    (["plan", "tiny", "--device", "meta"], "--device: 'meta': choose cpu, cuda"),
+    (["bench", "--quick", "--device", "bogus"], "--device: 'bogus' is not a device"),
+    (["quality", "--device", "meta"], "--device: 'meta'"),
 ])
 def test_argument_errors(capsys, args, fragment):
     code, out, err = run_main(capsys, *args)
     assert code != 0 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and fragment in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_device_cuda_without_cuda_is_one_line(capsys):
+    code, out, err = run_main(capsys, "index", "tiny", "--device", "cuda")
+    assert code == 2 and out == "" and err == "error: argument --device: cuda: no CUDA device here\n"
+
+
+def test_huge_tokens_are_refused_by_row_and_column(capsys, tmp_path):
+    path = tmp_path / "wide.csv"
+    path.write_text("item_id,s1,s2\n1,0,4294967296\n2,0,0\n")
+    code, out, err = run_main(capsys, "stats", str(path))
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "column 's2'" in err and "token 4294967296 exceeds the largest supported token" in err, err
 
 
 def test_synth_to_unwritable_place_is_one_line(capsys, tmp_path):
@@ -231,3 +250,12 @@ def test_a_missing_optional_package_is_one_line():
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
     assert "'polars'" in result.stderr
+
+
+def test_plan_store_that_cannot_be_written_is_said_in_one_line(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, out, err = run_main(capsys, "plan", "tiny", "--plan-dir", str(blocker / "plans"), "--batch", "1",
+                              "--beam", "2", "--hidden", "4")
+    assert code == 0 and "plan timed now, not saved" in out and "saved to" not in out
+    assert err.startswith("warning: plan store: cannot write") and err.count("\n") == 1, err

@@ -175,3 +175,11 @@ def test_bad_arguments():
         Decoder(index, [torch.randn(2, 4), torch.randn(3, 4)], 2)
     with pytest.raises(ZeroGRError, match="hidden_fn"):
         Decoder(index, heads, 2).decode(lambda s, p: torch.zeros(1, 1, 5), 1)
+    with pytest.raises(ZeroGRError, match="beam_width must be a positive integer, got True"):
+        Decoder(index, heads, True)
+    model = PrefixModel([2, 2], 4, 2, 0)
+    dec = Decoder(index, heads, np.int64(2))  # numpy's integers are integers
+    for bad in (1.5, "2", None, True, 0, -1, torch.tensor(2.0)):
+        with pytest.raises(ZeroGRError, match="batch_size must be a positive integer"):
+            dec.decode(model, bad)
+    assert dec.decode(model, np.int64(2)).item_rows.shape == dec.decode(model, torch.tensor(2)).item_rows.shape == (2, 2)

@@ -92,3 +92,31 @@ def test_parquet_string_ids_stay_strings(tmp_path):
     cat = Catalog.from_sids([[0], [1]], item_ids=["1", "2"])
     save_catalog(cat, path)
     assert load_catalog(path).string_ids
+
+
+def test_integers_past_int64_name_no_item():
+    import torch
+
+    from zerogr_core import Decoder, build_index
+
+    # ids -1 and 2**63 - 1: what 2**64 - 1 and 2**63 would wrap onto in int64
+    ids = np.array([-1, 11, 12, 13, 14, 2**63 - 1])
+    cat = Catalog.from_sids(np.array([[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [3, 3]]), [4, 4], item_ids=ids)
+    for past in ([2**64 - 1], np.array([2**64 - 1], dtype=np.uint64), [2**70], ["18446744073709551615"]):
+        assert cat.rows_of(past, missing="mark").tolist() == [-1], past
+    assert cat.rows_of(np.array([2**64 - 1, 12], dtype=np.uint64), missing="drop").tolist() == [2]
+    with pytest.raises(CatalogError, match="item id 1180591620717411303424 .* is not in catalog"):
+        cat.rows_of([2**70])
+    heads = [torch.randn(4, 8) for _ in range(2)]
+    dec = Decoder(build_index(cat), heads, 4, catalog=cat)
+    h = torch.randn(8)
+
+    def model(step, prefixes):
+        return h.expand(prefixes.shape[0], prefixes.shape[1], 8)
+
+    nothing = dec.decode(model, 2, allow_items=[[2**64 - 1], np.array([2**70], dtype=object)])
+    assert (nothing.item_rows == -1).all()
+    kept = dec.decode(model, 1, allow_items=[np.array([2**64 - 1, 11], dtype=np.uint64)])
+    assert kept.item_rows[0].tolist() == [1, -1, -1, -1]
+    wide = Decoder(build_index(cat), heads, 6, catalog=cat)  # every item fits: a denied one would show
+    assert torch.equal(wide.decode(model, 1, deny_items=[[2**64 - 1]]).item_rows, wide.decode(model, 1).item_rows)

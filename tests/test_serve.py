@@ -39,6 +39,10 @@ def test_a_good_body_parses_with_defaults():
     (b'{"history": [1], "exclude": [null]}', 400, "exclude[0]"),
     (b'{"history": [1], "keep_history": 1}', 400, "keep_history"),
     (json.dumps({"history": list(range(10_001))}).encode(), 413, "at most"),
+    (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
+    (b'{"history": [' + b"9" * 5000 + b"]}", 400, "cannot be read"),
+    (b'{"history": [99999999999999999999999]}', 400, "history[0]: item id 99999999999999999999999 is outside"),
+    (b'{"history": [1], "exclude": [9223372036854775808]}', 400, "exclude[0]"),
 ])
 def test_bad_bodies_get_a_4xx_naming_the_field(body, status, words):
     with pytest.raises(RequestError) as err:

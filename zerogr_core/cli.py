@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from .bench.e2e_command import register as register_bench_e2e
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLE_NAMES, open_catalog, parse_count
 from .catalog.synth import SYNTH_PRESETS, generate
+from .devices import device_arg
 from .errors import UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
@@ -124,7 +126,7 @@ def register_index(subparsers) -> None:
     p.add_argument("--builders", metavar="NAMES", default=",".join(BUILDERS),
                    help=f"builders to run and time (default: {','.join(BUILDERS)}); the first one's "
                         "index is reported")
-    p.add_argument("--device", default=None, help="torch device of the index (default: cpu)")
+    p.add_argument("--device", type=device_arg, default=None, help="torch device of the index (default: cpu)")
     p.set_defaults(handler=_run_index)
 
 
@@ -285,7 +287,8 @@ def register_plan(subparsers) -> None:
     p.add_argument("--beam", default="128", help="beam width M (default 128)")
     p.add_argument("--hidden", default="1024", help="hidden size H (default 1024)")
     p.add_argument("--dtype", default="float16", help="head and hidden dtype: float16, bfloat16 or float32")
-    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--device", type=device_arg, default=None,
+                   help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--override", default=None, metavar="OPT,…",
                    help="one entry per step: full, selective or MODE/TOPK (e.g. sparse+full/prune)")
     p.add_argument("--seed", default="0", help="seed of the random head and requests (default 0)")
@@ -336,7 +339,8 @@ def _describe_source(engine, plan) -> str:
         return "plan fixed by the override (nothing timed)"
     if engine.plan_store is None:
         return "plan timed now (plan store off)"
-    return f"plan timed now, saved to {engine.plan_store.path(engine.plan_key(plan.key[0]))}"
+    path = engine.plan_store.path(engine.plan_key(plan.key[0]))
+    return f"plan timed now, saved to {path}" if path.exists() else f"plan timed now, not saved ({path} not writable)"
 
 
 def _run_plan(args: argparse.Namespace) -> None:
@@ -401,7 +405,8 @@ def register_warmup(subparsers) -> None:
     p.add_argument("--dtype", default="fp16", help="head/hidden dtypes, a list of fp16, bf16, fp32 (default fp16)")
     p.add_argument("--hidden", default="1024",
                    help="hidden size per dtype, a list as long as --dtype, or one size for all (default 1024)")
-    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--device", type=device_arg, default=None,
+                   help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--seed", default="0", help="seed of the random head and requests (default 0)")
     add_planner_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON record per shape")
@@ -494,7 +499,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    """Run the CLI on ``argv`` (default ``sys.argv[1:]``) and return the exit status. Warnings
+    print as one line each, as errors do."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn_one_line
+        return _main(argv)
+
+
+def _warn_one_line(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {_one_line(message)}", file=sys.stderr)
+
+
+def _main(argv) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args) or 0

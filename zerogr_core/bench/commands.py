@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..devices import device_arg
 from ..errors import UsageError
 from .registry import SUITE_NAMES
 from .rerun import run_command
@@ -69,7 +70,8 @@ def register(subparsers) -> None:
     p.add_argument("--check", choices=("ends", "all", "none"), default="ends",
                    help="check outputs before timing at the smallest and largest batch (ends), every batch, "
                         "or never (default ends)")
-    p.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
+    p.add_argument("--device", type=device_arg, default=None,
+                   help="torch device (default cuda when available, else cpu)")
     p.add_argument("--build-repeats", default=None, help="runs per builder in the build suite (default 2)")
     p.add_argument("--interference-s", default=None, metavar="S",
                    help="seconds of decoding per condition in the interference suite (default 3)")

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..devices import device_arg
 from .e2e import (CATALOGS, DTYPE_FIELDS, DTYPES, METHODS, MODELS, T5_ONLY, E2EConfig, Workbench, build_catalog,
                   catalog_label)
 
@@ -51,7 +52,8 @@ def register(subparsers) -> None:
     p.add_argument("--budget-s", default=None, metavar="S",
                    help="start no new measurement after S seconds (shared out between models and catalogs)")
     p.add_argument("--seed", default="0")
-    p.add_argument("--device", default=None, help="torch device (default cuda when available, else cpu)")
+    p.add_argument("--device", type=device_arg, default=None,
+                   help="torch device (default cuda when available, else cpu)")
     p.add_argument("--out", default="runs/results/e2e", metavar="DIR",
                    help="result folder (default runs/results/e2e)")
     p.set_defaults(handler=run_e2e)

@@ -158,6 +158,11 @@ class Catalog:
         if neg.any():
             r, c = np.argwhere(neg)[0]
             raise CatalogError(f"negative token {shown(int(arr[r, c]))}", row=int(r), column=names[c])
+        big = arr > MAX_TOKEN
+        if big.any():  # tokens are stored as int32 at most
+            r, c = np.argwhere(big)[0]
+            raise CatalogError(f"token {shown(int(arr[r, c]))} exceeds the largest supported token {MAX_TOKEN}",
+                               row=int(r), column=names[c])
         observed = arr.max(axis=0).astype(np.int64) + 1
         if codebook_sizes is None:
             sizes = tuple(int(v) for v in observed)
@@ -167,8 +172,9 @@ class Catalog:
                 raise CatalogError(f"{len(sizes)} codebook sizes given for {n_levels} levels",
                                    column="codebook_sizes")
             for level, size in enumerate(sizes):
-                if size < 1:
-                    raise CatalogError(f"codebook size must be ≥ 1, got {size}", column=names[level])
+                if size < 1 or size > MAX_TOKEN + 1:
+                    raise CatalogError(f"codebook size must be in [1, {MAX_TOKEN + 1}], got {size}",
+                                       column=names[level])
                 if observed[level] > size:
                     r = int(np.argmax(arr[:, level] >= size))
                     raise CatalogError(
@@ -265,8 +271,11 @@ class Catalog:
         -------
         np.ndarray, shape (k,) (fewer with ``missing="drop"``), int64 (or int32, ``compact``)
         """
-        ids = _lookup_keys(item_ids, self.string_ids, what)
+        ids, outside = _lookup_keys(item_ids, self.string_ids, what)
         rows = self._id_lookup.rows(ids)
+        if outside is not None:  # integers past int64 name no item (their keys are stand-ins)
+            rows = np.where(outside, -1, rows).astype(rows.dtype, copy=False)
+            ids = np.asarray(item_ids, dtype=object).reshape(-1)
         if not compact:
             rows = rows.astype(np.int64, copy=False)
         if missing == "mark":  # nothing to check: -1 is the answer for an unknown id
@@ -498,24 +507,45 @@ def normalize_item_ids(values, n: int | None = None, *, column: str = "item_id")
     return ids
 
 
-def _lookup_keys(values, string_ids: bool, what: str) -> np.ndarray:
-    """Ids to look up, converted to the catalog's id kind (one-line error otherwise)."""
+INT64_MAX = 2**63 - 1
+
+
+def fits_int64(arr: np.ndarray) -> bool:
+    """Whether the integer array ``arr`` holds only values of int64 (a uint64 one may not)."""
+    return arr.dtype != np.uint64 or not arr.size or int(arr.max()) <= INT64_MAX
+
+
+def _lookup_keys(values, string_ids: bool, what: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(keys, outside)``: ids to look up, converted to the catalog's id kind (one-line error
+    otherwise), and for an integer catalog the mask of integers past int64 (no item has such an
+    id; their keys are stand-ins), or ``None`` when there are none."""
     arr = np.asarray(values)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.size == 0:
-        return np.zeros(0, dtype=StringDType() if string_ids else np.int64)
+        return np.zeros(0, dtype=StringDType() if string_ids else np.int64), None
     if string_ids:
         if arr.dtype.kind in "iu":
-            return arr.astype(str).astype(StringDType())
-        return arr.astype(str).astype(StringDType()) if arr.dtype.kind != "T" else arr
+            return arr.astype(str).astype(StringDType()), None
+        return (arr.astype(str).astype(StringDType()) if arr.dtype.kind != "T" else arr), None
     if arr.dtype.kind in "iu":
-        return arr.astype(np.int64, copy=False)
+        if fits_int64(arr):
+            return arr.astype(np.int64, copy=False), None
+        outside = arr > INT64_MAX
+        return np.where(outside, 0, arr).astype(np.int64), outside
     try:
-        return np.array([int(str(v).strip()) for v in arr.ravel()], dtype=np.int64)
+        parsed = [int(str(v).strip()) for v in arr.ravel()]
     except ValueError:
         bad = next(str(v) for v in arr.ravel() if not str(v).strip().lstrip("-").isdigit())
         raise CatalogError(f"{what}: {shown(bad)} is not an integer, and this catalog's ids are integers") from None
+    outside = np.array([not -INT64_MAX - 1 <= v <= INT64_MAX for v in parsed], dtype=bool)
+    if not outside.any():
+        return np.array(parsed, dtype=np.int64), None
+    return np.array([0 if o else v for v, o in zip(parsed, outside)], dtype=np.int64), outside
+
+
+MAX_TOKEN = 2**31 - 1
+"""Largest SID token a catalog holds (tokens are stored in at most int32)."""
 
 
 def token_dtype(max_codebook: int) -> np.dtype:

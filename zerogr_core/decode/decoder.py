@@ -6,6 +6,7 @@ import functools
 import threading
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from zerogr_kernels._common import interpreting
@@ -96,8 +97,7 @@ class Decoder:
             raise ZeroGRError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if engine not in ENGINES:
             raise ZeroGRError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        if not isinstance(beam_width, int) or beam_width < 1:
-            raise ZeroGRError(f"beam_width must be a positive integer, got {beam_width!r}")
+        beam_width = _positive_int(beam_width, "beam_width")
         self.index = index
         self.heads = Heads.build(heads, index.codebook_sizes, band_offsets)
         if self.heads.device != index.device:
@@ -332,6 +332,7 @@ class Decoder:
         """
         from .constraints import NORMALISE
 
+        batch_size = _positive_int(batch_size, "batch_size")
         if normalise not in NORMALISE:
             raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {normalise!r}")
         if lists is None and not _nothing_listed(batch_size, allow_items, deny_items):
@@ -428,6 +429,17 @@ class _Observed:
     def __call__(self, step, states, hidden, scores, timer=no_timer):
         self.on_step(step, states)
         return self.step_fn(step, states, hidden, scores, timer)
+
+
+def _positive_int(value, name: str) -> int:
+    """``value`` as an int when it is a positive integer (numpy's and 0-d integer tensors too, not a
+    bool), else a one-line :class:`ZeroGRError` naming the argument."""
+    if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        value = int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ZeroGRError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def _nothing_listed(batch_size: int, allow_items, deny_items) -> bool:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..catalog.catalog import fits_int64
 from ..errors import ZeroGRError
 from ..timing import capture
 from .constraints import NORMALISE, RequestLists, _id_array, _merge_standing, _per_request, _unregistered
@@ -275,7 +276,7 @@ def _integer_ids(items, what: str):
             raise ZeroGRError(f"{what} must be a list of item ids (or None), got a tensor of {items.ndim} dimensions")
         return items if not items.is_floating_point() and items.dtype != torch.bool else None
     arr = _id_array(items, what)
-    return arr if arr.dtype.kind in "iu" or not arr.size else None
+    return arr if not arr.size or (arr.dtype.kind in "iu" and fits_int64(arr)) else None
 
 
 def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=None,

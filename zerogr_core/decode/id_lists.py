@@ -31,6 +31,7 @@ from zerogr_kernels.allow_nodes import node_layout, rank_tables
 from zerogr_kernels.constraints import ALLOW, CATALOG_NORMALISED
 from zerogr_kernels.deny_ids import MAX_IDS
 
+from ..catalog.catalog import fits_int64
 from .constraints import row_starts
 from .device_lists import _crosses_as_is, device_id_table
 
@@ -114,7 +115,8 @@ def _as_ids(entry) -> np.ndarray | None:
         p = entry if type(entry) is np.ndarray else np.asarray(entry)
     except (TypeError, ValueError):
         return None
-    return p if p.ndim == 1 and (not p.size or p.dtype.kind in "iu") else None
+    # integers past int64 (a uint64 array) name no item: the host path skips them
+    return p if p.ndim == 1 and (not p.size or (p.dtype.kind in "iu" and fits_int64(p))) else None
 
 
 def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds | None:

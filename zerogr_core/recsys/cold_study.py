@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..devices import device_arg
 from ..errors import ZeroGRError
 
 #: Methods of the report, in table order.
@@ -316,7 +317,8 @@ def register(subparsers) -> None:
                    help="share of the catalog's items drawn as cold-start items (default 0.02)")
     p.add_argument("--preset", choices=("cpu", "tiger", "tiny"), default="cpu",
                    help="model and baseline recipe: cpu (minutes on 2 cores), tiger (GPU), tiny (tests)")
-    p.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--device", type=device_arg, default="auto",
+                   help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--seed", type=int, default=0, help="seeds the cold-start item draw and both trainings (default 0)")
     p.add_argument("--users", type=int, metavar="N", help="evaluate N evenly spread cold test sequences (default: all)")
     p.add_argument("--max-minutes", type=float, metavar="M", help="training budget of the generative model "

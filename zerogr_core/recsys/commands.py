@@ -10,6 +10,8 @@ import json
 import time
 from pathlib import Path
 
+from ..devices import device_arg
+
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "runs" / "results"
 
 
@@ -23,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--catalog", metavar="FILE", help="SID catalog to write (default: sid_catalog.csv beside --out)")
     p.add_argument("--preset", choices=("shipped", "tiny"), default="shipped",
                    help="model, SID and training preset (default: shipped)")
-    p.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--device", type=device_arg, default="auto",
+                   help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--json", action="store_true", help="print the checkpoint's metadata as JSON at the end")
     p.set_defaults(handler=run_train)
 
@@ -46,7 +49,8 @@ def register(subparsers) -> None:
                    "decodes without a better NDCG@10 before training stops")
     t.add_argument("--validity-weight", type=float, metavar="W", help="add the catalog-validity term with weight W "
                    "per token (the ablation; default 0, plain cross-entropy; 0.625 matches the MovieLens recipe)")
-    t.add_argument("--device", default="auto", help="torch device (default: cuda when available, else cpu)")
+    t.add_argument("--device", type=device_arg, default="auto",
+                   help="torch device (default: cuda when available, else cpu)")
     t.add_argument("--amp", choices=("bf16",), help="autocast the training forward passes in bfloat16 (CUDA only; "
                    "weights, loss and AdamW stay FP32; recorded in the checkpoint)")
     t.add_argument("--compile", action="store_true", help="run each training batch through torch.compile at one "
@@ -81,7 +85,8 @@ def register(subparsers) -> None:
                    help="with --seen skip, what filtering first normalises over: the catalog's valid tokens, "
                    "the history items dropped afterwards so the other items score as with the history kept "
                    "(the default), or the request's remaining tokens")
-    q.add_argument("--device", default="cpu", help="torch device (default cpu; 'auto' picks cuda if present)")
+    q.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device (default cpu; 'auto' picks cuda if present)")
     q.add_argument("--results", metavar="DIR", default=str(RESULTS_DIR),
                    help="where the report goes (default runs/results): quality.json and quality.html for "
                    "MovieLens, quality-<data>-<preset>[-validity<W>].json for a sequence checkpoint")

@@ -17,22 +17,11 @@ first. Everything wrong with a body is a one-line :class:`RequestError` naming t
 """
 from __future__ import annotations
 
-import json
-
 from .llm import BeamAnswer, LLMQuery
-from .schema import MAX_LIST, RequestError, parse_query
+from .schema import MAX_LIST, RequestError, parse_json, parse_query
 
 FIELDS = ("input_ids", "sampling_params", "rid", "stream", "text")
 SAMPLING_FIELDS = ("max_new_tokens", "n", "beam_width", "num_beams", "temperature")
-
-
-def _json(body) -> object:
-    try:
-        return json.loads(body.decode("utf-8") if isinstance(body, bytes) else body)
-    except UnicodeDecodeError:
-        raise RequestError("body is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise RequestError(f"body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
 
 
 def _int(value, field: str, low: int, high: int) -> int:
@@ -100,7 +89,7 @@ def parse_generate(body, *, beam: int, levels: int, vocab: int, max_context: int
         400 for a malformed body (the message names the field), 413 for a context over
         ``max_context`` tokens or more inputs than :data:`~.schema.MAX_LIST`.
     """
-    doc = _json(body)
+    doc = parse_json(body)
     if not isinstance(doc, dict):
         raise RequestError(f"body must be a JSON object with input_ids, got {type(doc).__name__}")
     unknown = sorted(set(doc) - set(FIELDS))

@@ -60,7 +60,24 @@ def _id_list(value, field: str, *, string_ids: bool, allow_empty: bool) -> tuple
             kind = "a string" if string_ids else "an integer"
             raise RequestError(f"{field}[{i}]: item id {item!r} is not {kind} (this catalog has "
                                f"{'string' if string_ids else 'integer'} ids)")
+        if not string_ids and not -2**63 <= item < 2**63:
+            raise RequestError(f"{field}[{i}]: item id {item} is outside the 64-bit range of item ids")
     return tuple(value)
+
+
+def parse_json(body: bytes | str) -> object:
+    """The JSON document of a request body; :class:`RequestError` (400) when it is not UTF-8, not
+    JSON, nested too deeply to read, or holds a number too long to read."""
+    try:
+        return json.loads(body.decode("utf-8") if isinstance(body, bytes) else body)
+    except UnicodeDecodeError:
+        raise RequestError("body is not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise RequestError(f"body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise RequestError("body is nested too deeply to read") from None
+    except ValueError as err:  # an integer of more digits than Python converts
+        raise RequestError(f"body holds a value that cannot be read: {' '.join(str(err).split())}") from None
 
 
 def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Query:
@@ -82,12 +99,7 @@ def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Q
         range (all 400), or a list longer than :data:`MAX_LIST` (413). Whether the ids are
         in the catalog is checked against the version that decodes (422).
     """
-    try:
-        doc = json.loads(body.decode("utf-8") if isinstance(body, bytes) else body)
-    except UnicodeDecodeError:
-        raise RequestError("body is not UTF-8 text") from None
-    except json.JSONDecodeError as err:
-        raise RequestError(f"body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    doc = parse_json(body)
     if not isinstance(doc, dict):
         raise RequestError(f"body must be a JSON object with fields {', '.join(FIELDS)}, got {type(doc).__name__}")
     unknown = sorted(set(doc) - set(FIELDS))
