@@ -108,6 +108,13 @@ def test_parquet_errors(tmp_path):
     expect_error(path, "row 2", "column 'sid'", "missing value", "token 2")
     pl.DataFrame({"item_id": [1, 2], "s1": [True, False]}).write_parquet(path)
     expect_error(path, "column 's1'", "expected integers")
+    u64 = pl.Series([0, 2**63 + 5], dtype=pl.UInt64)
+    pl.DataFrame({"item_id": [1, 2], "s1": u64}).write_parquet(path)
+    expect_error(path, "row 2", "column 's1'", "9223372036854775813 is past the 64-bit signed range")
+    pl.DataFrame({"item_id": [1, 2], "s1": [0, 2**31]}).write_parquet(path)
+    expect_error(path, "row 2", "column 's1'", "token 2147483648 exceeds the largest supported token")
+    pl.DataFrame({"item_id": pl.Series([1, 2], dtype=pl.UInt64), "s1": [0, 1]}).write_parquet(path)
+    assert load_catalog(path).item_ids.tolist() == [1, 2]  # unsigned values within int64 load
     garbage = write(tmp_path, "garbage.parquet", "not a parquet file at all")
     expect_error(garbage, "cannot read as PARQUET")
 

@@ -162,9 +162,12 @@ def test_next_edge_cases(capsys):
     (["plan", "tiny", "--override", "full,full"], "plan override lists 2 steps, the index has 3"),
     (["plan", "tiny", "--override", "full,sparse+full/fast,full"], "step option must look like"),
     (["index", "tiny", "--device", "nonsense"], "--device: 'nonsense' is not a device"),
+    (["synth", "search-like", "--n", "10", "--out", "x.csv", "--codebook", "3e9"], "codebook must be in [1, 2147483648]"),
+    (["next", "synth:synthetic-7:100:0:1e12", "--prefix", ""], "codebook must be in [1, 2147483648]"),
     (["plan", "tiny", "--device", "meta"], "--device: 'meta': choose cpu, cuda"),
     (["bench", "--quick", "--device", "bogus"], "--device: 'bogus' is not a device"),
     (["quality", "--device", "meta"], "--device: 'meta'"),
+    (["quality", "--users", "3", "--beam", "100000"], "--batch-size × --beam: 3 × 100000 beams is over the 65,536"),
 ])
 def test_argument_errors(capsys, args, fragment):
     code, out, err = run_main(capsys, *args)
@@ -259,3 +262,17 @@ def test_plan_store_that_cannot_be_written_is_said_in_one_line(capsys, tmp_path)
                               "--beam", "2", "--hidden", "4")
     assert code == 0 and "plan timed now, not saved" in out and "saved to" not in out
     assert err.startswith("warning: plan store: cannot write") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried "
+                                                             "to allocate 120000000000 bytes"),
+                                 RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")])
+def test_running_out_of_memory_is_one_line(capsys, monkeypatch, exc):
+    import zerogr_core.cli as cli
+
+    def fail(args):
+        raise exc
+
+    monkeypatch.setattr(cli, "_run_index", fail)
+    code, out, err = run_main(capsys, "index", "tiny")
+    assert code == 1 and out == "" and err.startswith("error: out of memory") and err.count("\n") == 1, err

@@ -148,6 +148,11 @@ def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys,
     (files / "gpt2" / "zerogr.json").unlink()
     assert one_line_error(capsys, *base, "--model", files / "gpt2").startswith("error: --offsets:")
     assert one_line_error(capsys, "compare-orders", "--model", files / "t5").startswith("error: --catalog:")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in (files / "t5").iterdir():
+        (broken / f.name).write_bytes(f.read_bytes()[:8] if f.suffix == ".safetensors" else f.read_bytes())
+    assert one_line_error(capsys, *base, "--model", broken).startswith("error: --model: transformers cannot load it")
     assert one_line_error(capsys, "compare-orders", "--catalog", tmp_path / "none.csv", "--model",
                           files / "t5").startswith("error: --catalog:")
     assert one_line_error(capsys, *base, "--model", files / "t5", "--beam", "0") == \

@@ -525,6 +525,14 @@ def _main(argv) -> int:
         print(f"error: this command needs the Python package {err.name!r}, which is not installed "
               f"(pip install -r requirements.txt)", file=sys.stderr)
         return 1
+    except MemoryError:
+        print("error: out of memory (a smaller --batch, --beam or catalog needs less)", file=sys.stderr)
+        return 1
+    except RuntimeError as err:  # torch's allocators (CPU and CUDA) say so in a RuntimeError
+        if "out of memory" not in str(err) and "can't allocate memory" not in str(err):
+            raise
+        print(f"error: out of memory: {_one_line(err)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -28,9 +28,6 @@ from .order_latency import ORDERS, VALID_TOKENS
 
 #: History items per seeded request of a project checkpoint.
 HISTORY_LENGTH = 8
-#: Most beams (batch × beam) one comparison decodes: the batch 32 × beam 128 shape of the
-#: benchmarks, 16 times over, so a typo cannot start hours of work or exhaust memory.
-MAX_BEAMS = 65_536
 #: Most timed decodes per order.
 MAX_REPEATS = 1_000
 
@@ -102,6 +99,8 @@ def _settings(args: argparse.Namespace) -> CompareSettings:
         raise UsageError("--device cuda: CUDA is not available here")
     if device.type not in ("cpu", "cuda"):
         raise UsageError(f"--device: {args.device!r}; choose cpu or cuda")
+    from ..decode.work_limits import MAX_BEAMS
+
     batch, beam = _whole(args.batch, "--batch", 1), _whole(args.beam, "--beam", 1)
     if batch * beam > MAX_BEAMS:
         raise UsageError(f"--batch × --beam: {batch} × {beam} beams is over the {MAX_BEAMS:,} one comparison decodes")

@@ -280,7 +280,13 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
         return CatalogError(reason + token, row=index // width, column=column, source=source)
 
     dtype = series.dtype
-    if dtype.is_integer():
+    if dtype == pl.UInt64:  # past int64 no value is a token or an id this library stores
+        past = series > 2**63 - 1
+        if past.any():
+            index = int(past.arg_true()[0])
+            raise fail(index, f"{series[index]} is past the 64-bit signed range")
+        values = series
+    elif dtype.is_integer():
         values = series
     elif dtype.is_float():
         bad = series.is_null() | series.is_nan()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import ZeroGRError
-from .catalog import Catalog, token_dtype
+from .catalog import MAX_TOKEN, Catalog, token_dtype
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,9 @@ class SynthConfig:
 
     def __post_init__(self):
         n_levels = len(self.codebook_sizes)
-        if n_levels < 1 or min(self.codebook_sizes) < 1:
-            raise ZeroGRError(f"synthetic config {self.name!r}: codebook_sizes must be ≥ 1 per level")
+        if n_levels < 1 or min(self.codebook_sizes) < 1 or max(self.codebook_sizes) > MAX_TOKEN + 1:
+            raise ZeroGRError(f"synthetic config {self.name!r}: codebook_sizes must be in [1, {MAX_TOKEN + 1}] "
+                              f"per level")
         if len(self.fanouts) != n_levels - 1 or len(self.dispersion) != n_levels - 1:
             raise ZeroGRError(f"synthetic config {self.name!r}: fanouts and dispersion need "
                               f"{n_levels - 1} values (steps 2…{n_levels})")
@@ -136,8 +137,8 @@ def resolve_config(kind_or_config: str | SynthConfig, codebook: int | None = Non
                           f"{', '.join(SYNTH_PRESETS)}")
     if codebook is None:
         return config
-    if codebook < 1:
-        raise ZeroGRError(f"codebook must be ≥ 1, got {codebook}")
+    if not 1 <= codebook <= MAX_TOKEN + 1:
+        raise ZeroGRError(f"codebook must be in [1, {MAX_TOKEN + 1}], got {codebook}")
     n_levels = len(config.codebook_sizes)
     return replace(config, codebook_sizes=(int(codebook),) * n_levels,
                    fanouts=tuple(min(float(codebook), m) for m in config.fanouts))

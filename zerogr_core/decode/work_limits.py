@@ -16,6 +16,11 @@ from typing import Sequence
 
 from ..errors import ZeroGRError
 
+#: Most beams (batch × beam) one decode of a command may hold: the batch 32 × beam 128 shape of
+#: the benchmarks, 16 times over, so a typo cannot start hours of work or exhaust memory (a
+#: model's cache grows with the beams, whatever the catalog).
+MAX_BEAMS = 65_536
+
 #: Environment override of :attr:`WorkLimits.max_logits` (a number, e.g. ``2e9``).
 ENV_MAX_LOGITS = "ZEROGR_MAX_DECODE_LOGITS"
 #: Environment override of :attr:`WorkLimits.max_model_params`.

@@ -143,7 +143,7 @@ def load_model(folder: ModelFolder, device, what: str = "model folder"):
         auto = transformers.AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) \
             else transformers.AutoModelForCausalLM
         model = auto.from_pretrained(folder.path, local_files_only=True)
-    except (OSError, ValueError, KeyError) as err:
+    except Exception as err:  # noqa: BLE001 - whatever the loader (or safetensors) raises on the user's files
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ZeroGRError(f"{what}: transformers cannot load it ({first[:200]})") from None
     finally:

@@ -109,6 +109,7 @@ def run_train(args: argparse.Namespace) -> None:
 
 
 def run_quality(args: argparse.Namespace) -> None:
+    from ..decode.work_limits import MAX_BEAMS
     from ..errors import ZeroGRError
     from .quality import KS, study_report, write_plot
     from .train import fixed_users, load_checkpoint
@@ -116,6 +117,10 @@ def run_quality(args: argparse.Namespace) -> None:
     for name in ("beam", "batch_size"):
         if getattr(args, name) < 1:
             raise ZeroGRError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    batch = min(args.batch_size, args.users) if args.users else args.batch_size  # what one decode holds
+    if batch * args.beam > MAX_BEAMS:
+        raise ZeroGRError(f"--batch-size × --beam: {batch} × {args.beam} beams is over the {MAX_BEAMS:,} one "
+                          f"decode may hold")
     if args.users is not None and args.users < 1:
         raise ZeroGRError(f"--users must be ≥ 1, got {args.users}")
     from .data import leave_one_out, load_movielens
