@@ -23,6 +23,11 @@ def test_a_good_body_parses_with_defaults():
     assert q == Query(("a",), 32, ("b",), True)
 
 
+def test_default_k_is_at_most_the_beam_width():
+    assert parse_query(b'{"history": [1]}', max_k=4).k == 4
+    assert parse_query(b'{"history": [1]}', max_k=32).k == 10
+
+
 @pytest.mark.parametrize("body, status, words", [
     (b'{"history": [1, 2', 400, "not valid JSON"),
     (b"\xff\xfe", 400, "UTF-8"),

@@ -61,6 +61,10 @@ def test_bad_additions_keep_the_current_version():
         store.apply(adds=dup)
     with pytest.raises(CatalogError, match="string ids"):
         store.apply(adds=Catalog.from_sids([[7, 5, 4]], SIZES))
+    with pytest.raises(CatalogError, match="adds must be a Catalog of the new items"):
+        store.apply(adds=[[7, 5, 4]])
+    with pytest.raises(CatalogError, match="replace takes a Catalog, got NoneType"):
+        store.replace(None)
     assert store.current is cur
 
 

@@ -57,8 +57,10 @@ def listed_ids(allow_items, deny_items, batch: int) -> int:
         if items is None or isinstance(items, str):
             continue
         for entry in _per_request(items, batch, name):
-            if type(entry) is np.ndarray or (entry is not None and not isinstance(entry, str)
-                                             and hasattr(entry, "__len__")):
+            if isinstance(entry, torch.Tensor):  # a 0-d one (a bare id) is refused later, in one line
+                total += entry.numel()
+            elif type(entry) is np.ndarray or (entry is not None and not isinstance(entry, str)
+                                               and hasattr(entry, "__len__")):
                 total += len(entry)
     return total
 

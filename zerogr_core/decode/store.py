@@ -179,6 +179,8 @@ class CatalogStore:
             Bad additions (duplicate id or SID, token outside a codebook); the current
             version stays as it was.
         """
+        if adds is not None and not isinstance(adds, Catalog):
+            raise CatalogError(f"adds must be a Catalog of the new items (Catalog.from_sids), got {type(adds).__name__}")
         with self._write:
             v = self._current
             rows = np.zeros(0, dtype=np.int64)
@@ -199,6 +201,8 @@ class CatalogStore:
 
     def replace(self, catalog: Catalog) -> int:
         """Swap in a whole new catalog (rebuilt off to the side); returns the published version."""
+        if not isinstance(catalog, Catalog):
+            raise CatalogError(f"replace takes a Catalog, got {type(catalog).__name__}")
         with self._write:
             self._publish(self._build(catalog, self._current.version + 1, None), "replaced")
             return self._current.version

@@ -109,7 +109,7 @@ def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Q
         raise RequestError("history: required (a list of item ids, oldest first)")
     history = _id_list(doc["history"], "history", string_ids=string_ids, allow_empty=False)
     exclude = _id_list(doc.get("exclude", []), "exclude", string_ids=string_ids, allow_empty=True)
-    k = doc.get("k", DEFAULT_K)
+    k = doc.get("k", min(DEFAULT_K, max_k))  # a server of fewer beams returns them all by default
     if not isinstance(k, int) or isinstance(k, bool):
         raise RequestError(f"k: expected an integer, got {k!r}")
     if not 1 <= k <= max_k:
