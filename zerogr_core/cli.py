@@ -24,7 +24,7 @@ from .bench.e2e_command import register as register_bench_e2e
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLE_NAMES, open_catalog, parse_count
 from .catalog.synth import SYNTH_PRESETS, generate
-from .devices import device_arg
+from .devices import device_arg, resolved
 from .errors import UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
@@ -153,7 +153,7 @@ def _run_index(args: argparse.Namespace) -> None:
     for builder in builders:
         start = time.perf_counter()
         try:
-            index = build_index(catalog, device=args.device, builder=builder, config=config)
+            index = build_index(catalog, device=resolved(args.device), builder=builder, config=config)
         except ZeroGRError as err:
             if builder == builders[0]:
                 raise
@@ -326,7 +326,7 @@ def _dtype_name(text: str) -> str:
 def _plan_device(name):
     import torch
 
-    device = torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(resolved(name) or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name}: no CUDA device here")
     return device

@@ -5,14 +5,14 @@ import argparse
 
 
 def device_arg(value: str) -> str:
-    """The argparse ``type`` of every ``--device``: ``cpu``, ``cuda`` or ``cuda:N`` (CUDA only where
-    it is available), returned unchanged, or ``auto``, returned as ``cuda`` where CUDA is available
-    and ``cpu`` elsewhere; anything else is a one-line usage error. torch is imported when a value
-    is checked, not when the command line's parser is built."""
+    """The argparse ``type`` of every ``--device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (CUDA
+    only where it is available), returned unchanged (commands resolve ``auto`` with
+    :func:`resolved`, and echo it as given in the commands they print); anything else is a one-line
+    usage error. torch is imported when a value is checked, not when the parser is built."""
+    if value == "auto":
+        return value
     import torch
 
-    if value == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError):
@@ -22,3 +22,13 @@ def device_arg(value: str) -> str:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError(f"{value}: no CUDA device here")
     return value
+
+
+def resolved(value: str | None) -> str | None:
+    """A ``--device`` value with ``auto`` resolved: ``cuda`` where CUDA is available, else ``cpu``
+    (``None``, a command's own default, stays ``None``)."""
+    if value != "auto":
+        return value
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

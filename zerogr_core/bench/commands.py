@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..devices import device_arg
+from ..devices import device_arg, resolved
 from ..errors import UsageError
 from .registry import SUITE_NAMES
 from .rerun import run_command
@@ -162,7 +162,7 @@ def parse_options(args):
     except ValueError:
         raise UsageError(f"--seed: {args.seed!r} is not an integer") from None
     if args.device is not None:
-        device = torch.device(args.device)
+        device = torch.device(resolved(args.device))
         if device.type == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: CUDA is not available here")
     else:

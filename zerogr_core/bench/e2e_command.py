@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..devices import device_arg
+from ..devices import device_arg, resolved
 from .e2e import (CATALOGS, DTYPE_FIELDS, DTYPES, METHODS, MODELS, T5_ONLY, E2EConfig, Workbench, build_catalog,
                   catalog_label)
 
@@ -124,7 +124,7 @@ def run_e2e(args: argparse.Namespace) -> int:
     warmup = int(args.warmup) if args.warmup is not None else (1 if quick else 2)
     seed = int(args.seed)
     budget = float(args.budget_s) if args.budget_s is not None else None
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(resolved(args.device) or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and quick:
         torch.set_num_threads(1)
 

@@ -464,9 +464,9 @@ class GpuEngine:
     def _decode(self, model: DecodeModel, batch_size: int, lists=None) -> DecodeResult:
         if batch_size < 1:
             raise ZeroGRError(f"batch_size must be ≥ 1, got {batch_size}")
-        shape = self.shape_state(model, batch_size)
-        if lists is not None:
-            shape = self.constrained_shape(model, batch_size, lists)
+        # a constrained call never builds (or holds the memory of) the list-free shape
+        shape = self.shape_state(model, batch_size) if lists is None else \
+            self.constrained_shape(model, batch_size, lists)
         if self.use_graph and shape.graph_error is None:
             key = getattr(model, "_static_key", None)
             if shape.graph is None or shape.graph_fn is not model or shape.graph_key != key:
