@@ -84,8 +84,12 @@ def _popcount32(x):
 
 @triton.jit
 def _set_bit(words_ptr, b, on):
-    bit = (tl.zeros_like(b) + 1) << (b & 31)
-    tl.atomic_or(words_ptr + (b >> 5), bit.to(tl.uint32).to(tl.int32, bitcast=True), mask=on)
+    # a plain load first: the early steps' few words take most ids' bits, which are set after the
+    # first few, so most lanes skip their atomic (a stale read only costs an atomic it could skip)
+    word = words_ptr + (b >> 5)
+    bit = ((tl.zeros_like(b) + 1) << (b & 31)).to(tl.uint32).to(tl.int32, bitcast=True)
+    seen = tl.load(word, mask=on, other=0)
+    tl.atomic_or(word, bit, mask=on & ((seen & bit) == 0))
 
 
 @triton.jit

@@ -130,7 +130,7 @@ group_tests() {
   # GPU-marked tests of the modules that import without polars/streamlit (absent on the
   # lent machine's image; tests/test_app_gpu.py needs streamlit wheels carried in)
   local marked=(tests/test_kernels_gpu.py tests/test_bench.py tests/test_plan_store.py tests/test_constraints.py
-                tests/test_models_gpu.py)
+                tests/test_models_gpu.py tests/test_allow_nodes.py tests/test_deny_ids.py)
   [[ "${BENCH_QUICK:-0}" == 1 ]] && suite=(tests/test_bench.py) && marked=(tests/test_bench.py)
   # Triton compiles every specialisation on first use (CPU-bound): spread the tests over
   # pytest-xdist workers when it is installed (they share the Triton cache)
@@ -232,7 +232,8 @@ group_serve_llm() {  # the Qwen3 server in-process: context 5,000, beam 256, 64 
   module_group serve-llm 150 tests/test_serve_llm.py -- $PY -m zerogr_core.serve.llm_load_test
 }
 group_quality() {  # the Beauty quality study's clock (filtering first against scoring first, history denied)
-  OUTFLAG=--results module_group quality 200 -m gpu tests/test_device_lists.py tests/test_constraint_api.py tests/test_constraints.py -- \
+  OUTFLAG=--results module_group quality 200 -m gpu tests/test_device_lists.py tests/test_constraint_api.py tests/test_constraints.py \
+    tests/test_allow_nodes.py tests/test_deny_ids.py -- \
     $PY -m zerogr_core quality --dataset amazon-beauty --device cuda --batch-size 256
 }
 

@@ -166,6 +166,9 @@ def test_next_edge_cases(capsys):
     (["next", "synth:synthetic-7:100:0:1e12", "--prefix", ""], "codebook must be in [1, 2147483648]"),
     (["plan", "tiny", "--device", "meta"], "--device: 'meta': choose cpu, cuda"),
     (["bench", "--quick", "--device", "bogus"], "--device: 'bogus' is not a device"),
+    (["bench", "--quick", "--budget-s", "nan"], "--budget-s: must be a positive number of seconds, got nan"),
+    (["bench", "--quick", "--budget-s", "-5"], "--budget-s: must be a positive number of seconds, got -5"),
+    (["bench", "--quick", "--suite-budgets", "headline=x"], "--suite-budgets headline: 'x' is not a number"),
     (["quality", "--device", "meta"], "--device: 'meta'"),
     (["quality", "--users", "3", "--beam", "100000"], "--batch-size × --beam: 3 × 100000 beams is over the 65,536"),
 ])

@@ -96,8 +96,10 @@ def test_errors_are_one_line_zerogr_errors():
         generate("watch-like", 0)
     with pytest.raises(ZeroGRError, match="do not fit"):
         generate("synthetic-7", 200, codebook=2)
-    with pytest.raises(ZeroGRError, match="codebook must be ≥ 1"):
+    with pytest.raises(ZeroGRError, match=r"codebook must be in \[1, 2147483648\], got 0"):
         generate("synthetic-7", 10, codebook=0)
+    with pytest.raises(ZeroGRError, match=r"codebook must be in \[1, 2147483648\], got 3000000000"):
+        generate("synthetic-7", 10, codebook=3 * 10**9)
     with pytest.raises(ZeroGRError, match="fan-out 9.0 of step 2"):
         SynthConfig("bad", (4, 4), (9.0,), (None,))
     with pytest.raises(ZeroGRError, match="need 1 values"):

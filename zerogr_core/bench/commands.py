@@ -14,6 +14,7 @@ the handler.
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import time
@@ -80,6 +81,17 @@ def register(subparsers) -> None:
     p.add_argument("--summarize", default=None, metavar="PATH",
                    help="print the summary tables of saved results (file or folder) and exit")
     p.set_defaults(handler=run_bench)
+
+
+def _seconds(text: str, flag: str) -> float:
+    """A positive, finite number of seconds from ``text``, or a one-line usage error naming ``flag``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"{flag}: {text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{flag}: must be a positive number of seconds, got {text}")
+    return value
 
 
 def _ints(text, option: str) -> list[int] | None:
@@ -167,18 +179,8 @@ def parse_options(args):
             raise UsageError("--device cuda: CUDA is not available here")
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    budget = None
-    if args.budget_s is not None:
-        try:
-            budget = float(args.budget_s)
-        except ValueError:
-            raise UsageError(f"--budget-s: {args.budget_s!r} is not a number") from None
-    inter = None
-    if args.interference_s is not None:
-        try:
-            inter = float(args.interference_s)
-        except ValueError:
-            raise UsageError(f"--interference-s: {args.interference_s!r} is not a number") from None
+    budget = None if args.budget_s is None else _seconds(args.budget_s, "--budget-s")
+    inter = None if args.interference_s is None else _seconds(args.interference_s, "--interference-s")
     budgets = {}
     for item in (args.suite_budgets or "").split(","):
         if not item.strip():
@@ -187,10 +189,7 @@ def parse_options(args):
         name = name.strip()
         if name not in SUITE_NAMES:
             raise UsageError(f"--suite-budgets: unknown suite {name!r}")
-        try:
-            budgets[name] = float(value)
-        except ValueError:
-            raise UsageError(f"--suite-budgets: {item!r} is not SUITE=SECONDS") from None
+        budgets[name] = _seconds(value, f"--suite-budgets {name}")
     from ..decode.options import PLANNED_TOPK
     from zerogr_kernels import TOPK_PATHS
 
