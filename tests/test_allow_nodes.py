@@ -70,7 +70,8 @@ def test_rank_tables_find_each_rows_state(n, seed, levels):
         upto = (2 << (rows & 31)) - 1
         got = before[level, w].long() + torch.tensor([bin(int(x)).count("1") for x in word & upto]) - 1
         bad = (got != want).nonzero().flatten()
-        assert not bad.numel(), f"level {level}: rows {bad[:5].tolist()} -> {got[bad[:5]].tolist()} != {want[bad[:5]].tolist()}"
+        assert not bad.numel(), \
+            f"level {level}: rows {bad[:5].tolist()} -> {got[bad[:5]].tolist()} != {want[bad[:5]].tolist()}"
 
 
 @pytest.mark.parametrize("seed,batch,n_ids", [(0, 1, 0), (1, 1, 30), (2, 3, 40), (3, 5, 200), (4, 2, 1500)])

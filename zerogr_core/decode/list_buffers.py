@@ -61,8 +61,9 @@ class ListBuffers:
     the successors that hold an allowed row, which the filters read instead of searching rows.
 
     A decode resolves its lists first (:meth:`begin`: ``deny_rows`` in width mode, ``allow_nodes``
-    in bitmap mode, else the row bitmap), on a side stream that forks from the decode's stream, so this work overlaps the
-    model's first step and projection, and the first filter waits for it (:meth:`join`). Read in
+    in bitmap mode, else the row bitmap), on a side stream that forks from the decode's stream, so
+    this work overlaps the model's first step and projection, and the first filter waits for it
+    (:meth:`join`). Read in
     place, the pinned block is guarded by an event recorded right after ``deny_rows``, inside the
     captured graph (an external event node), so the next call stages its ids as soon as they are
     read, with no event recorded on the host per call.
@@ -72,7 +73,6 @@ class ListBuffers:
         device = torch.device(device)
         self.batch, self.capacity, self.width = batch, capacity, width
         # bitmap mode (allow ids): ``capacity`` ids, each request's bitmaps of alive successors, no rows
-        self.node_tables = nodes
         self.nodes = None if nodes is None else torch.zeros(batch, nodes.stride, dtype=torch.int32, device=device)
         self.marks = RowMarks(1 if nodes is not None else n_rows, device)
         # width and bitmap modes (deny and allow ids, :mod:`.id_lists`): the ids' offsets in the header

@@ -180,7 +180,8 @@ class CatalogStore:
             version stays as it was.
         """
         if adds is not None and not isinstance(adds, Catalog):
-            raise CatalogError(f"adds must be a Catalog of the new items (Catalog.from_sids), got {type(adds).__name__}")
+            raise CatalogError(f"adds must be a Catalog of the new items (Catalog.from_sids), "
+                               f"got {type(adds).__name__}")
         with self._write:
             v = self._current
             rows = np.zeros(0, dtype=np.int64)
