@@ -400,10 +400,9 @@ class Decoder:
         if self.gpu_engine is None or timer is not None or on_step is not None or self.catalog is None \
                 or self.list_path == "host" or allow_items is None or isinstance(allow_items, (str, bytes)):
             return None
-        constraints, device_lists, id_lists = _list_modules()
-        if not hasattr(allow_items, "__len__") or len(allow_items) != batch_size or (deny_items is not None and (
-                isinstance(deny_items, (str, bytes)) or not hasattr(deny_items, "__len__")
-                or len(deny_items) != batch_size or not all(constraints.is_empty_request(d) for d in deny_items))):
+        _, device_lists, id_lists = _list_modules()
+        if not hasattr(allow_items, "__len__") or len(allow_items) != batch_size \
+                or not _nothing_listed(batch_size, None, deny_items):
             return None
         if self.list_path == "auto" and (self.index.device.type != "cuda" or device_lists.listed_ids(
                 allow_items, None, batch_size) < device_lists.DEVICE_MIN_IDS):

@@ -38,6 +38,7 @@ from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
 from ..timing import capture, warm_up
 from .heads import Heads
+from .id_lists import AllowIds
 from .list_buffers import attach_lists, capacity_for, load_lists
 from .options import MODES, PLANNED_TOPK, SHARED_GROUP, StepOption, step_options
 from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
@@ -428,7 +429,7 @@ class GpuEngine:
         have one shape per normalisation, its id buffer grown by powers of two, whose first kernel
         turns them into bitmaps of alive successors."""
         width = getattr(lists, "width", 0)
-        bitmaps = getattr(lists, "nodes", None) is not None
+        bitmaps = isinstance(lists, AllowIds)
         kind = (("ids", width > IN_PLACE_WIDTH),) if width else (("allow-ids",) if bitmaps else ())
         key = self.key(batch) + ("lists", lists.normalise) + kind
         shape = self._shapes.get(key)

@@ -183,13 +183,19 @@ class NodeTables:
 _NODE_TABLES: "weakref.WeakKeyDictionary[object, NodeTables]" = weakref.WeakKeyDictionary()
 
 
+def node_words(index) -> tuple[list[int], int]:
+    """:func:`~zerogr_kernels.allow_nodes.node_layout` of ``index``'s steps, from the host's counts
+    alone (step ``l``'s successors are its entries; the last step's are the rows)."""
+    return node_layout([s.n_entries for s in index.steps[:-1]] + [index.n_items])
+
+
 def node_tables(index) -> NodeTables:
-    """:class:`NodeTables` of ``index`` (built once per index, on its device)."""
+    """:class:`NodeTables` of ``index``, built once per index on its device: GPU work, so the
+    engine builds them under its lock (never while one of its graphs is captured)."""
     cached = _NODE_TABLES.get(index)
     if cached is None:
-        starts = row_starts(index)[:-1]
-        bits, before = rank_tables(starts, index.n_items)
-        words, stride = node_layout([s.numel() - 1 for s in starts] + [index.n_items])
+        bits, before = rank_tables(row_starts(index)[:-1], index.n_items)
+        words, stride = node_words(index)
         cached = NodeTables(bits, before, torch.tensor(words, dtype=torch.int64, device=index.device), tuple(words),
                             stride)
         _NODE_TABLES[index] = cached
@@ -205,12 +211,12 @@ class AllowIds(IdLists):
     ----------
     allowing : np.ndarray, shape (batch,), bool
         Requests that give an allow list (an empty one allows nothing).
-    nodes : NodeTables
-        The index's rank structure and the bitmaps' layout.
+    stride : int
+        int32 words of one request's bitmaps (:func:`node_words`).
     """
 
     allowing: np.ndarray = None
-    nodes: NodeTables = None
+    stride: int = 0
 
     @property
     def empty(self) -> bool:
@@ -257,8 +263,8 @@ def allow_ids(catalog, index, batch: int, allow_items, normalise: str) -> AllowI
     lookup = device_id_table(catalog, device)
     if lookup is None or not any(allowing):
         return None
-    nodes = node_tables(index)
-    if batch * nodes.stride * 4 > MAX_NODE_BYTES:
+    stride = node_words(index)[1]  # the host's counts: no GPU work outside the engine's lock
+    if batch * stride * 4 > MAX_NODE_BYTES:
         return None
     return AllowIds(parts, np.array(counts, dtype=np.int64), lookup[1], lookup[0], catalog.n_items, normalise,
-                    np.array(allowing), nodes)
+                    np.array(allowing), stride)

@@ -17,6 +17,7 @@ from ..errors import ZeroGRError
 from ..index.layout import StepIndex
 from .constraints import RequestLists, RowMarks, row_starts
 from .device_lists import copy_tensors, place_ids
+from .id_lists import AllowIds, node_tables
 
 MIN_CAPACITY = 1024
 """Smallest list buffer of a captured shape; capacities grow by powers of two."""
@@ -235,7 +236,7 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     catalog = normalise == "catalog"
     dev = index.device
     width = getattr(ids, "width", 0)
-    tables = getattr(ids, "nodes", None)
+    tables = node_tables(index) if isinstance(ids, AllowIds) else None
     buffers = ListBuffers(batch, capacity, dev, index.n_items, width, tables)
     if ids is not None:
         buffers.table, base = ids.table, ids.base
@@ -279,6 +280,6 @@ def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
     width = getattr(lists, "width", 0)
     if bool(width) != bool(buffers.width) or width > buffers.width:
         raise ZeroGRError(f"lists of {width} ids per request, the shape takes {buffers.width}")
-    if (getattr(lists, "nodes", None) is None) != (buffers.nodes is None):
+    if isinstance(lists, AllowIds) != (buffers.nodes is not None):
         raise ZeroGRError("allow ids need a shape with bitmaps, and only such a shape takes them")
     buffers.load(lists)
