@@ -122,17 +122,31 @@ def test_kernel_rejects_bad_arguments():
 def test_calls_that_do_not_qualify_keep_the_host_lists():
     catalog = catalog_of(100, 1)
     ids = catalog.item_ids
-    assert deny_ids(catalog, "cpu", 2, [ids[:3], None], "request").width == MIN_WIDTH
-    assert deny_ids(catalog, "cpu", 2, [ids[:40], list(ids[:3])], "request").width == 64
-    assert deny_ids(catalog, "cpu", 2, "reg", "request") is None  # a registered name
-    assert deny_ids(catalog, "cpu", 2, [ids[:3], "reg"], "request") is None
-    assert deny_ids(catalog, "cpu", 2, [ids[:3]], "request") is None  # the wrong length: refused elsewhere
-    assert deny_ids(catalog, "cpu", 1, [ids.astype(str)[:3]], "request") is None  # ids given as strings
-    assert deny_ids(catalog, "cpu", 1, [np.arange(MAX_WIDTH + 1)], "request").width == 2 * MAX_WIDTH
-    assert deny_ids(catalog, "cpu", 1, [np.arange(MAX_IDS + 1)], "request") is None
-    assert deny_ids(catalog, "cpu", 2, [ids[:3], 7], "request") is None  # a bare id: refused elsewhere
-    assert deny_ids(catalog, "cpu", 1, [np.ones((2, 2), dtype=np.int64)], "request") is None
-    assert deny_ids(catalog, "cpu", 1, [[0.5, 2.0]], "request") is None
+    assert deny_ids(catalog, 2, [ids[:3], None], "request").width == MIN_WIDTH
+    assert deny_ids(catalog, 2, [ids[:40], list(ids[:3])], "request").width == 64
+    assert deny_ids(catalog, 2, "reg", "request") is None  # a registered name
+    assert deny_ids(catalog, 2, [ids[:3], "reg"], "request") is None
+    assert deny_ids(catalog, 2, [ids[:3]], "request") is None  # the wrong length: refused elsewhere
+    assert deny_ids(catalog, 1, [ids.astype(str)[:3]], "request") is None  # ids given as strings
+    assert deny_ids(catalog, 1, [np.arange(MAX_WIDTH + 1)], "request").width == 2 * MAX_WIDTH
+    assert deny_ids(catalog, 1, [np.arange(MAX_IDS + 1)], "request") is None
+    assert deny_ids(catalog, 2, [ids[:3], 7], "request") is None  # a bare id: refused elsewhere
+    assert deny_ids(catalog, 1, [np.ones((2, 2), dtype=np.int64)], "request") is None
+    assert deny_ids(catalog, 1, [[0.5, 2.0]], "request") is None
+
+
+def test_id_lists_leave_the_device_table_to_the_engine():
+    """Building a call's id lists does no device work: the engine copies the catalog's id table
+    under its lock, so a first call never copies while another thread captures a graph."""
+    from zerogr_core.decode.device_lists import _TABLES
+    from zerogr_core.decode.id_lists import AllowIds, allow_ids
+
+    catalog = catalog_of(100, 2)
+    index = build_index(catalog)
+    ids = catalog.item_ids
+    assert isinstance(deny_ids(catalog, 2, [ids[:3], None], "request"), DenyIds)
+    assert isinstance(allow_ids(catalog, index, 2, [ids[:3], None], "request"), AllowIds)
+    assert catalog._id_lookup not in _TABLES
 
 
 def engine_case(plan):
@@ -186,7 +200,7 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
              [np.tile(ids[::2], 20), None, ids[:5]],  # 3,000 ids: copied first on a GPU
              [ids[3:6], None, None]]  # narrower again: the 2,048-wide shape serves it
     for deny in calls:
-        fast = deny_ids(catalog, "cpu", 3, deny, normalise)
+        fast = deny_ids(catalog, 3, deny, normalise)
         assert isinstance(fast, DenyIds)
         assert_decodes_as(engine, ref, model, fast, ref.request_lists(3, None, deny, normalise=normalise, path="host"))
     # one shape per width class, each as wide as its widest call
@@ -221,7 +235,7 @@ def test_cuda_public_api_deny_ids_equal_host_lists(engine):
     for batch, normalise in ((1, "request"), (4, "request"), (4, "catalog"), (3, "request")):
         for widths in ((5, 0, 100, 2000), (2048, 17, 1, 0), (10_000, 3, 0, 5000)):
             deny = [ids[g.choice(n, widths[r % 4], replace=True)] if widths[r % 4] else None for r in range(batch)]
-            assert isinstance(deny_ids(catalog, "cuda", batch, deny, normalise), DenyIds)
+            assert isinstance(deny_ids(catalog, batch, deny, normalise), DenyIds)
             got = dec.decode(hidden_fn, batch, deny_items=deny, normalise=normalise)
             assert dec.gpu_engine.graph_error is None
             host = dec.request_lists(batch, None, deny, normalise=normalise, path="host")

@@ -389,7 +389,7 @@ class Decoder:
         if allow_items is not None and (isinstance(allow_items, (str, bytes)) or not hasattr(allow_items, "__len__")
                                         or len(allow_items) != batch_size or any(a is not None for a in allow_items)):
             return None
-        return _list_modules()[2].deny_ids(self.catalog, self.index.device, batch_size, deny_items, normalise)
+        return _list_modules()[2].deny_ids(self.catalog, batch_size, deny_items, normalise)
 
     def _allow_ids(self, batch_size: int, allow_items, deny_items, normalise: str, timer, on_step):
         """Allow ids the engine turns into bitmaps inside its graph (:class:`~zerogr_core.decode.id_lists.AllowIds`),

@@ -72,7 +72,11 @@ def device_id_table(catalog, device) -> tuple[int, torch.Tensor] | None:
     """``(base, table)``: the catalog's dense id → row table on ``device`` (row of id ``v``
     at ``table[v - base]``, -1 where absent), built once per catalog and device; ``None``
     when the ids are strings or too sparse for a table (those keep the host path)."""
-    lookup = catalog._id_lookup
+    return lookup_table(catalog._id_lookup, device)
+
+
+def lookup_table(lookup, device) -> tuple[int, torch.Tensor] | None:
+    """:func:`device_id_table` of a catalog's id lookup (``catalog._id_lookup``)."""
     if lookup.table is None:
         return None
     per_device = _TABLES.setdefault(lookup, {})

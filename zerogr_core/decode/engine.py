@@ -434,7 +434,7 @@ class GpuEngine:
         key = self.key(batch) + ("lists", lists.normalise) + kind
         shape = self._shapes.get(key)
         by_ids = bool(width) or bitmaps
-        if shape is None or shape.capacity < lists.total_rows or (by_ids and shape.lists.table is not lists.table):
+        if shape is None or shape.capacity < lists.total_rows or (by_ids and shape.lists.lookup is not lists.lookup):
             plan = self.plan(model, batch)
             capacity = lists.total_rows if width else capacity_for(lists.total_rows)
             shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity, lists.normalise,

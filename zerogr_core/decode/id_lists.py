@@ -33,7 +33,7 @@ from zerogr_kernels.deny_ids import MAX_IDS
 
 from ..catalog.catalog import fits_int64
 from .constraints import row_starts
-from .device_lists import _crosses_as_is, device_id_table
+from .device_lists import _crosses_as_is
 
 MIN_WIDTH = 16
 """Narrowest padded id row: shapes differ only past it, by powers of two."""
@@ -51,10 +51,10 @@ class IdLists:
         are skipped); the engine's buffers take them back to back.
     counts : np.ndarray, shape (batch,), int64
         Ids per request.
-    table : torch.Tensor, shape (T,), int32 or int64, on the device
-        The catalog's id → row table (:func:`~zerogr_core.decode.device_lists.device_id_table`).
-    base : int
-        The table's smallest id.
+    lookup : object
+        The catalog's host id → row lookup, with a dense table: the engine fetches its device copy
+        (:func:`~zerogr_core.decode.device_lists.lookup_table`) under its lock, so a first call
+        never copies while another thread captures a graph.
     n_rows : int
         Catalog rows.
     normalise : {"request", "catalog"}
@@ -62,8 +62,7 @@ class IdLists:
 
     parts: list
     counts: np.ndarray
-    table: torch.Tensor
-    base: int
+    lookup: object
     n_rows: int
     normalise: str
 
@@ -119,7 +118,7 @@ def _as_ids(entry) -> np.ndarray | None:
     return p if p.ndim == 1 and (not p.size or (p.dtype.kind in "iu" and fits_int64(p))) else None
 
 
-def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds | None:
+def deny_ids(catalog, batch: int, deny_items, normalise: str) -> DenyIds | None:
     """:class:`DenyIds` of a call, or ``None`` when the call does not qualify (the caller then
     builds :class:`~zerogr_core.decode.constraints.RequestLists`): a catalog with a dense
     integer id table, and ``deny_items`` a sequence of ``batch`` entries that are each ``None``
@@ -142,13 +141,13 @@ def deny_ids(catalog, device, batch: int, deny_items, normalise: str) -> DenyIds
     if longest > MAX_IDS:
         return None
     counts = np.array(lengths, dtype=np.int64)
-    lookup = device_id_table(catalog, device)
-    if lookup is None:
+    lookup = catalog._id_lookup
+    if lookup.table is None:
         return None
     width = MIN_WIDTH
     while width < longest:
         width *= 2
-    return DenyIds(parts, counts, lookup[1], lookup[0], catalog.n_items, normalise, width)
+    return DenyIds(parts, counts, lookup, catalog.n_items, normalise, width)
 
 
 MAX_NODE_BYTES = 1 << 30
@@ -260,11 +259,11 @@ def allow_ids(catalog, index, batch: int, allow_items, normalise: str) -> AllowI
         counts.append(int(p.shape[0]))
         if p.shape[0]:
             parts.append(p)
-    lookup = device_id_table(catalog, device)
-    if lookup is None or not any(allowing):
+    lookup = catalog._id_lookup
+    if lookup.table is None or not any(allowing):
         return None
     stride = node_words(index)[1]  # the host's counts: no GPU work outside the engine's lock
     if batch * stride * 4 > MAX_NODE_BYTES:
         return None
-    return AllowIds(parts, np.array(counts, dtype=np.int64), lookup[1], lookup[0], catalog.n_items, normalise,
+    return AllowIds(parts, np.array(counts, dtype=np.int64), lookup, catalog.n_items, normalise,
                     np.array(allowing), stride)

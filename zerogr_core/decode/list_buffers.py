@@ -16,7 +16,7 @@ from zerogr_kernels.deny_ids import IN_PLACE_WIDTH, deny_rows
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
 from .constraints import RequestLists, RowMarks, row_starts
-from .device_lists import copy_tensors, place_ids
+from .device_lists import copy_tensors, lookup_table, place_ids
 from .id_lists import AllowIds, node_tables
 
 MIN_CAPACITY = 1024
@@ -102,7 +102,8 @@ class ListBuffers:
         self.side = torch.cuda.Stream(device) if cuda else None
         self.resolved = torch.cuda.Event() if cuda else None
         self.loaded_glob = None
-        self.table = None  # width mode: the id table the captured graph reads
+        self.table = None  # id modes: the id table the captured graph reads, of the catalog lookup below
+        self.lookup = None
         self.in_place = bool(cuda and width and width <= IN_PLACE_WIDTH)
         self.header_loaded = None  # in place: the modes last copied in
         if self.in_place:  # the kernel's views of the pinned block
@@ -230,16 +231,19 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     ``normalise="catalog"`` the filter defers the slots only a request's own list removes and
     the runners' selection counts them in its normaliser, then drops them
     (:func:`zerogr_kernels.topk_gather`'s ``deferred``); the shape then serves
-    catalog-normalised lists only. With ``ids`` (a :class:`~zerogr_core.decode.id_lists.DenyIds`)
-    the buffers take deny ids of its width, looked up in its id table, which the shape keeps.
+    catalog-normalised lists only. With ``ids`` (a :class:`~zerogr_core.decode.id_lists.DenyIds`
+    or :class:`~zerogr_core.decode.id_lists.AllowIds`) the buffers take such ids, looked up in
+    the device copy of its catalog's id table, which the shape keeps (fetched here, under the
+    engine's lock, so a first copy never meets another thread's capture).
     """
     catalog = normalise == "catalog"
     dev = index.device
     width = getattr(ids, "width", 0)
     tables = node_tables(index) if isinstance(ids, AllowIds) else None
     buffers = ListBuffers(batch, capacity, dev, index.n_items, width, tables)
-    if ids is not None:
-        buffers.table, base = ids.table, ids.base
+    if ids is not None:  # under the engine's lock: a first copy of the table never meets a capture
+        buffers.lookup = ids.lookup
+        base, buffers.table = lookup_table(ids.lookup, dev)
     starts = row_starts(index)
     n_iter = search_iterations(capacity)
     marks = buffers.marks
