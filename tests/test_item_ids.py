@@ -40,6 +40,24 @@ def test_integer_ids_stay_int64(tmp_path):
     assert not catalog.string_ids and catalog.rows_of(["12", 12]).tolist() == [1, 1]
 
 
+@pytest.mark.parametrize("ids,kind", [
+    (["1234567890123456789", "-9223372036854775808", "9223372036854775807"], "i"),  # 19 digits within int64
+    (["9223372036854775808", "5"], "T"),  # one id past int64: every id stays as written
+    (["12345678901234567890", "5"], "T"),
+])
+def test_ids_of_19_digits_are_integers_while_they_fit_int64(tmp_path, ids, kind):
+    path = tmp_path / "long.csv"
+    path.write_text("item_id,s1\n" + "".join(f"{v},{r}\n" for r, v in enumerate(ids)))
+    catalog = load_catalog(path)
+    assert catalog.item_ids.dtype.kind == kind
+    assert [str(v) for v in catalog.item_ids.tolist()] == ids
+    want = int(ids[0]) if kind == "i" else ids[0]
+    assert catalog.rows_of([want]).tolist() == [0]
+    out = tmp_path / "again.csv"
+    save_catalog(catalog, out)
+    assert load_catalog(out).item_ids.tolist() == catalog.item_ids.tolist()
+
+
 @pytest.mark.parametrize("text,fragments", [
     ("item_id,s1\nB00A,1\nB00B,2\nB00A,3\n", ["row 3", "column 'item_id'", "duplicate item id 'B00A'", "row 1"]),
     ("item_id,s1\nB00A,1\n  ,2\n", ["row 2", "column 'item_id'", "missing value"]),

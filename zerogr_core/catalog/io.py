@@ -315,11 +315,13 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
     return values.cast(pl.Int64).to_numpy()
 
 
-_CANONICAL_INT = r"^-?(0|[1-9][0-9]{0,17})$"
+_CANONICAL_INT = r"^-?(0|[1-9][0-9]{0,18})$"
+"""An integer written as Python writes it, of at most 19 digits (int64 holds every 18-digit one and
+the 19-digit ones up to 9,223,372,036,854,775,807; the cast below finds those past it)."""
 
 
 def _id_column(series: pl.Series, column: str, source: str, typed: bool = False) -> np.ndarray:
-    """Parse the ``item_id`` column: int64 when every id is a canonical integer, else strings.
+    """Parse the ``item_id`` column: int64 when every id is a canonical integer within int64, else strings.
 
     A text column that is not all integers (``B00ABC1234``, ``007``) keeps every id as
     the string in the file (surrounding blanks removed), so ids round-trip exactly; with
@@ -343,7 +345,9 @@ def _id_column(series: pl.Series, column: str, source: str, typed: bool = False)
         raise CatalogError("missing value (empty item id)", row=int(empty.arg_true()[0]), column=column,
                            source=source)
     if not typed and text.str.contains(_CANONICAL_INT).all():
-        return text.cast(pl.Int64).to_numpy()
+        ints = text.cast(pl.Int64, strict=False)  # null where a 19-digit id is past int64
+        if not ints.is_null().any():
+            return ints.to_numpy()
     return text.to_numpy().astype(StringDType())
 
 
