@@ -117,7 +117,7 @@ BAD_UPLOADS = [
     ("out-of-codebook", "big.csv", b"item_id,s1,s2\n1,0,0\n2,0,2\n", "2, 2",
      ["big.csv", "row 2", "column 's2'", "token 2 ≥ codebook size 2"]),
     ("codebook-count", "levels.csv", b"item_id,s1,s2\n1,0,0\n", "4",
-     ["levels.csv", "column 'codebook_sizes'", "1 codebook sizes given for 2 levels"]),
+     ["levels.csv", "column 'codebook_sizes'", "the SIDs have 2 levels, the codebook sizes 4 have 1"]),
     ("ragged-sid", "ragged.csv", b"item_id,sid\n1,0 1\n2,0 1 2\n", "",
      ["ragged.csv", "row 2", "column 'sid'", "3 tokens, but row 1 has 2"]),
     ("empty-string-item-id", "ids.csv", b"item_id,s1\nB00ABC1234,0\n ,1\n", "",

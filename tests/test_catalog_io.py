@@ -83,7 +83,8 @@ def test_max_bytes(tmp_path):
 def test_token_beyond_declared_codebook(tmp_path):
     path = write(tmp_path, "sizes.csv", "item_id,s1,s2\n1,3,4\n2,1,9\n")
     expect_error(path, "row 2", "column 's2'", "token 9 ≥ codebook size 8", codebook_sizes=(4, 8))
-    expect_error(path, "column 'codebook_sizes'", "3 codebook sizes given for 2 levels", codebook_sizes=(4, 8, 8))
+    expect_error(path, "column 'codebook_sizes'", "the SIDs have 2 levels, the codebook sizes 4/8/8 have 3",
+                 codebook_sizes=(4, 8, 8))
     sid_path = write(tmp_path, "sizes_sid.csv", "item_id,sid\n1,3 4\n2,1 9\n")
     expect_error(sid_path, "row 2", "column 'sid'", "token 9 ≥ codebook size 8", "token 2", codebook_sizes=(4, 8))
 

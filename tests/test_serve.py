@@ -233,3 +233,20 @@ def test_users_come_from_json_lines_or_one_interactions_object(tmp_path):
         read_users(whole)
     assert [list(shard(5, r, 2)) for r in range(2)] == [[0, 1, 2], [3, 4]]
     assert [len(shard(7, r, 3)) for r in range(3)] == [3, 2, 2]
+
+
+@pytest.mark.parametrize("text,words", [
+    (None, ["catalog tiny does not fit the model", "column 'codebook_sizes'", "the SIDs have 3 levels"]),
+    ("item_id,s1,s2,s3,s4\n1,200,0,0,0\n", ["does not fit the model", "row 1", "column 's1'",
+                                            "token 200 ≥ codebook size 128"]),
+])
+def test_serve_names_a_catalog_that_does_not_fit_the_model(tmp_path, capsys, text, words):
+    spec = "tiny"
+    if text is not None:
+        spec = str(tmp_path / "wide.csv")
+        (tmp_path / "wide.csv").write_text(text)
+    code = main(["serve", "--catalog", spec, "--port", "8765"])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, (word, err)

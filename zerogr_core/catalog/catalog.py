@@ -169,8 +169,8 @@ class Catalog:
         else:
             sizes = tuple(int(v) for v in codebook_sizes)
             if len(sizes) != n_levels:
-                raise CatalogError(f"{len(sizes)} codebook sizes given for {n_levels} levels",
-                                   column="codebook_sizes")
+                raise CatalogError(f"the SIDs have {n_levels} levels, the codebook sizes {'/'.join(map(str, sizes))} "
+                                   f"have {len(sizes)}", column="codebook_sizes")
             for level, size in enumerate(sizes):
                 if size < 1 or size > MAX_TOKEN + 1:
                     raise CatalogError(f"codebook size must be in [1, {MAX_TOKEN + 1}], got {size}",

@@ -92,9 +92,15 @@ def catalog_for_model(spec: str, study):
         A catalog that does not open, or whose SIDs do not fit the model's codebooks.
     """
     from ..catalog.samples import open_catalog
+    from ..errors import CatalogError
 
     sizes = tuple(study.catalog.codebook_sizes)
-    catalog = open_catalog(spec, codebook_sizes=sizes)
+    try:
+        catalog = open_catalog(spec, codebook_sizes=sizes)
+    except CatalogError as err:  # the sizes are the model's, not the user's: say so
+        if err.column != "codebook_sizes" and not (err.row is not None and "codebook size" in err.reason):
+            raise
+        raise ZeroGRError(f"catalog {spec} does not fit the model: {err}") from None
     if tuple(catalog.codebook_sizes) != sizes:
         raise ZeroGRError(f"catalog {spec}: codebooks {'/'.join(map(str, catalog.codebook_sizes))} differ "
                           f"from the model's {'/'.join(map(str, sizes))}")
