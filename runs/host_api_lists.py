@@ -3,7 +3,10 @@ lists does not (search-like catalog of 2·10^7 SIDs, FP16, H 1,024, beam 128, 10
 request, batch 1 / 8 / 32).
 
     python runs/host_api_lists.py [BATCHES] [--no-cprofile] [--ids=100,10000] [--calls=200] [--kernels] [--profile]
-                                                                  (on a GPU, from runs/)
+                                  [--pdl-max-batch=N]             (on a GPU, from runs/)
+
+``--pdl-max-batch`` sets the largest batch whose constrained graphs launch with PDL
+(``zerogr_core.decode.engine.CONSTRAINED_PDL_MAX_BATCH``), for an A/B of that choice in one tree.
 
 ``--ids`` also times deny lists of other lengths through the public API, in both normalisations
 (the split calls and the profile are then skipped; ``--kernels`` prints each call's kernel table, ``--profile`` a ``cProfile`` of 100 request-normalised calls).
@@ -34,6 +37,10 @@ def main() -> None:
     batches = [int(b) for b in args[0].split(",")] if args else [1, 8, 32]
     lengths = [int(k) for k in opts.get("ids", "100").split(",")]
     calls = int(opts.get("calls", 200))
+    if "pdl-max-batch" in opts:
+        from zerogr_core.decode import engine
+
+        engine.CONSTRAINED_PDL_MAX_BATCH = int(opts["pdl-max-batch"])
     wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), torch.device("cuda"))
     for batch in batches:
         if lengths != [100]:
