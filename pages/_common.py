@@ -16,7 +16,9 @@ from zerogr_core.recsys import beauty, movielens
 from zerogr_core.decode.work_limits import work_limits
 from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
 from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
-from zerogr_core.app_support.sources import CatalogSource, default_source, load_source, sample_source
+from zerogr_core.app_support.messages import one_line
+from zerogr_core.app_support.sources import (CatalogSource, default_source, load_source, restage_upload,
+                                             sample_source)
 from zerogr_core.errors import ZeroGRError, first_line
 from zerogr_core.index import IndexConfig, build_index
 
@@ -28,6 +30,8 @@ SOURCE_KEY = "active_source"
 OVERRIDES_KEY = "index_overrides"
 #: Session-state key of the session's :class:`ResourceSlots`.
 SLOTS_KEY = "resource_slots"
+#: Session-state key of the active upload's bytes (to stage it again, see :func:`get_catalog`).
+UPLOAD_BYTES_KEY = "active_upload_bytes"
 #: Widget keys with these prefixes keep their values across page switches (see app.py).
 PERSISTENT_PREFIXES = ("cat_", "den_", "idx_", "dec_", "reb_", "bench_", "gpu_")
 
@@ -129,7 +133,12 @@ def active_source() -> CatalogSource:
     return st.session_state[SOURCE_KEY]
 
 
-def set_active_source(source: CatalogSource) -> None:
+def set_active_source(source: CatalogSource, upload_bytes: bytes | None = None) -> None:
+    """Make ``source`` the session's catalog (an upload with its bytes); forget the old one's state."""
+    if source.kind == "upload":
+        st.session_state[UPLOAD_BYTES_KEY] = upload_bytes
+    else:
+        st.session_state.pop(UPLOAD_BYTES_KEY, None)
     if st.session_state.get(SOURCE_KEY) != source:
         st.session_state[SOURCE_KEY] = source
         st.session_state[OVERRIDES_KEY] = {}
@@ -142,14 +151,19 @@ def set_active_source(source: CatalogSource) -> None:
 def get_catalog():
     """(catalog, source) of the active catalog; falls back to a synthetic sample if it fails."""
     source = active_source()
+    staged = restage_upload(source, st.session_state.get(UPLOAD_BYTES_KEY))
+    if staged != source:  # a new staging folder: the same bytes under another path
+        st.session_state[SOURCE_KEY] = source = staged
     try:
         return cached_catalog(source), source
     except ZeroGRError as err:
         fallback = sample_source("search-like-small")
         if source == fallback:
             raise
-        st.warning(f"The active catalog could not be loaded ({err}); showing the search-like sample instead.")
-        st.session_state[SOURCE_KEY] = fallback
+        st.warning(f"The active catalog could not be loaded ({one_line(str(err))}); showing the search-like sample "
+                   "instead.")
+        # The old catalog's overrides, runs and index must not be applied to the sample.
+        set_active_source(fallback)
         return cached_catalog(fallback), fallback
 
 
@@ -178,12 +192,23 @@ def get_index(catalog, source: CatalogSource, over: dict | None = None, dev: tor
 
 
 # ---------------------------------------------------------------------------- guard
+def keep_choice(key: str, options) -> None:
+    """Drop a selectbox's remembered value that is no longer one of its ``options``.
+
+    Widget values outlive their options (app.py keeps them across pages): a test user of
+    another data set, or a request of a larger batch, would make Streamlit refuse to draw
+    the box on every run. The box then shows its first option.
+    """
+    if key in st.session_state and st.session_state[key] not in list(options):
+        del st.session_state[key]
+
+
 def guarded(body: Callable[[], None]) -> None:
     """Run a page body; errors become one-line boxes, never a stack trace."""
     try:
         body()
     except ZeroGRError as err:
-        st.error(str(err), icon=":material/error:")
+        st.error(one_line(str(err)), icon=":material/error:")
     except Exception as err:  # noqa: BLE001 — the app must keep running
         if is_out_of_memory(err):
             released = slots().drop_all()
@@ -194,7 +219,7 @@ def guarded(body: Callable[[], None]) -> None:
         else:
             log.error("unexpected error in a page:\n%s", traceback.format_exc())
             slots().drop_all()  # a half-built index or engine must not outlive the failed run
-            first = first_line(err, limit=300)
+            first = one_line(first_line(err), limit=300).rstrip(".")
             st.error(f"Something went wrong: {type(err).__name__}{': ' + first if first else ''}. "
                      "The app keeps running; change the settings and try again.", icon=":material/warning:")
 

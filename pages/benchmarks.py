@@ -10,15 +10,11 @@ import streamlit as st
 
 from pages._common import device, guarded, slots
 from zerogr_core.app_support import benchview
-from zerogr_core.app_support.benchrun import LiveSweep, app_suites
+from zerogr_core.app_support.benchrun import LiveSweep, app_suites, live_catalog, live_scale
+from zerogr_core.app_support.messages import one_line
+from zerogr_core.app_support.sources import app_settings
 
 LIVE_KEY = "bench_live_records"
-
-
-def unmeasured_as_dash(table: list[dict]) -> pd.DataFrame:
-    """The table with "—" in every cell that was not measured (instead of None or NaN)."""
-    frame = pd.DataFrame(table)
-    return frame.astype(object).where(frame.notna(), "—")
 
 
 def show_records(records: list[dict], prefix: str) -> None:
@@ -26,7 +22,7 @@ def show_records(records: list[dict], prefix: str) -> None:
     table = benchview.headline_table(records)
     if table:
         st.markdown("**Whole-decode latency (ms, median) and speedup**")
-        st.dataframe(unmeasured_as_dash(table), hide_index=True)
+        st.dataframe(benchview.unmeasured_as_dash(table), hide_index=True)
         st.caption("— : not measured at that shape.")
     figures = benchview.figures_of(records)
     drawable = [(title, fig) for title, fig in figures if not isinstance(fig, Exception)]
@@ -79,7 +75,8 @@ def live_section() -> None:
     c = st.columns(5)
     suite = c[0].selectbox("Suite", app_suites(), key="bench_suite")
     catalog = c[1].text_input("Catalog", key="bench_catalog", help="search-like, watch-like, synthetic-7, a sample "
-                                                                   "name, synth:KIND:N or a file")
+                                                                   "name, synth:KIND:N, or a catalog file below a "
+                                                                   "data folder (as on the Catalog page)")
     scale = c[2].text_input("Scale (SIDs)", key="bench_scale")
     batches = c[3].text_input("Batches", key="bench_batches")
     beams = c[4].text_input("Beam widths", key="bench_beams")
@@ -94,10 +91,16 @@ def live_section() -> None:
             st.caption(f"Last live run: `{saved['command']}` ({len(saved['records'])} records).")
             show_records(saved["records"], "bench_fig_live")
         return
-    argv = ["--suite", suite, "--catalog", catalog, "--batch", batches, "--beam", beams, "--dtype", dtype,
+    settings = app_settings()
+    with st.spinner("Checking the catalog…"):
+        catalog = live_catalog(catalog, settings)
+    size = live_scale(scale, settings.limits.max_rows)
+    argv = ["--suite", suite, "--batch", batches, "--beam", beams, "--dtype", dtype,
             "--hidden", hidden, "--methods", methods, "--budget-s", str(budget)]
-    if scale.strip():
-        argv += ["--scale", scale.strip()]
+    if catalog is not None:
+        argv += ["--catalog", catalog]
+    if size is not None:
+        argv += ["--scale", str(size)]
     out = Path(tempfile.mkdtemp(prefix="zerogr-live-bench-"))
     sweep = LiveSweep(argv, out)
     slots().drop_all()
@@ -119,7 +122,7 @@ def live_section() -> None:
     bar.progress(1.0, text=f"done in {sweep.elapsed_s:,.0f} s · {len(sweep.records)} records")
     chart.empty()
     if sweep.error:
-        st.error(f"The sweep stopped: {sweep.error}")
+        st.error(one_line(f"The sweep stopped: {sweep.error}"))
     st.session_state[LIVE_KEY] = dict(command=sweep.command, records=sweep.records)
     show_records(sweep.records, "bench_fig_live")
 

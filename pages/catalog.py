@@ -10,6 +10,7 @@ import streamlit as st
 from pages._common import (active_source, cached_catalog, cached_step_stats, cpu_banner, fmt_bytes, fmt_codebooks,
                            get_catalog, get_index, guarded, set_active_source)
 from zerogr_core.recsys import movielens
+from zerogr_core.app_support.messages import one_line
 from zerogr_core.app_support.sources import (HOW_TO_ADD_ROOT, SAMPLE_CHOICES, SAMPLE_CREDITS, UPLOAD_TYPES,
                                              app_settings, catalog_summary, parse_codebook_sizes, roots_line, sample_source,
                                              server_file_source, stage_upload)
@@ -165,11 +166,12 @@ def main() -> None:
         source = chosen_source(options)
         if source is not None and source != active_source():
             catalog, _ = load_with_progress(source)
-            set_active_source(source)
+            payload = st.session_state.get(PAYLOAD_KEY) or {}
+            set_active_source(source, payload.get("data") if source.kind == "upload" else None)
             st.success(f"Loaded {source.label}: {catalog.n_items:,} items, {catalog.n_levels} levels.",
                        icon=":material/check_circle:")
     except ZeroGRError as err:
-        st.error(str(err), icon=":material/error:")
+        st.error(one_line(str(err)), icon=":material/error:")
         st.caption(f"The catalog in use stays **{active_source().label}**.")
     catalog, source = get_catalog()
     show_summary(catalog, cached_step_stats(source, catalog), source)

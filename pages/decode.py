@@ -8,7 +8,7 @@ import torch
 
 from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, check_model, check_work,
                            cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded,
-                           index_key, overrides, slots)
+                           index_key, keep_choice, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.recsys import movielens
 from zerogr_core.app_support import gpu as gpu_info
@@ -101,6 +101,7 @@ def settings(catalog, source) -> dict:
     user = None
     if one:
         users = cached_test_users(str(device()), dataset)
+        keep_choice("dec_user", users.user_ids.tolist())  # a user of the other bundled data set
         st.session_state.setdefault("dec_user", int(users.user_ids[0]))
         user = int(c[2].selectbox("Test user", users.user_ids.tolist(), key="dec_user"))
         batch = 1
@@ -400,6 +401,7 @@ def show_results(catalog, source, res: dict) -> None:
     n = cfg["batch"]
     labels = [f"request {i + 1}" + (f" (user {res['user_ids'][i]})" if res["user_ids"] is not None else "")
               for i in range(n)]
+    keep_choice("dec_show", range(n))  # a request of an earlier, larger batch
     pick = st.selectbox("Show the top-K lists of", range(n), format_func=lambda i: labels[i], key="dec_show") \
         if n > 1 else 0
     pick = min(int(pick or 0), n - 1)

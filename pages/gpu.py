@@ -9,6 +9,8 @@ import streamlit as st
 
 from pages._common import fmt_bytes, guarded, slots
 from zerogr_core.app_support import gpu as gpu_info
+from zerogr_core.app_support.messages import one_line
+from zerogr_core.errors import first_line
 
 HISTORY_KEY = "gpu_history"
 
@@ -68,7 +70,7 @@ def live_panel() -> None:
         fig.update_layout(title="Memory over time (GB)", height=300, margin=dict(t=50, b=30))
         st.plotly_chart(fig, key="gpu_fig_history")
     except Exception as err:  # noqa: BLE001 — a reading must never break the timer
-        st.warning(f"GPU readings failed: {type(err).__name__}: {err}")
+        st.warning(one_line(f"GPU readings failed: {type(err).__name__}: {first_line(err)}"))
 
 
 def main() -> None:

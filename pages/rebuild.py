@@ -8,6 +8,7 @@ import streamlit as st
 from pages._common import (check_work, cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index,
                            guarded, overrides)
 from zerogr_core import Decoder
+from zerogr_core.app_support.messages import one_line
 from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
 from zerogr_core.index import IndexConfig, build_phases
@@ -64,7 +65,7 @@ def live_section(catalog, source) -> None:
                 delta=f"{r['churn']['p99_ms'] - r['idle']['p99_ms']:+.2f} ms vs idle", delta_color="inverse")
     st.dataframe(pd.DataFrame(r["change_log"]).rename(columns={"live": "live items"}), hide_index=True)
     if r["errors"]:
-        st.error("First errors: " + "; ".join(r["errors"]))
+        st.error(one_line("First errors: " + "; ".join(r["errors"])))
 
 
 def main() -> None:

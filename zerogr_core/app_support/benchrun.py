@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import ZeroGRError, first_line
+from ..errors import CatalogError, ZeroGRError, first_line
 
 
 def app_suites() -> tuple[str, ...]:
@@ -21,6 +21,74 @@ def app_suites() -> tuple[str, ...]:
     from ..bench.registry import APP_SUITES
 
     return APP_SUITES
+
+
+def live_scale(text: str, max_rows: int, what: str = "Scale (SIDs)") -> int | None:
+    """The number of SIDs typed for a live sweep's synthetic catalog, at most ``max_rows``.
+
+    Raises
+    ------
+    ZeroGRError
+        Naming ``what``: not a whole number, or more SIDs than the app loads from a file
+        (a synthetic catalog lives in the same host memory).
+    """
+    if not text.strip():
+        return None
+    from ..catalog.samples import parse_count
+
+    count = parse_count(text, what)
+    if count > max_rows:
+        raise ZeroGRError(f"{what}: {count:,} SIDs, over this app's limit of {max_rows:,} rows (the [limits] "
+                          "of .streamlit/zerogr.toml or ZEROGR_MAX_ROWS); run larger sweeps with the bench command")
+    return count
+
+
+def live_catalog(text: str, settings) -> str | None:
+    """The ``--catalog`` of a live sweep, from the page's *Catalog* field.
+
+    A synthetic preset, a bundled sample or a ``synth:KIND:N`` spec is passed on (its size
+    bounded by the load limits); anything else is a file, which is read under the same
+    rules as the Catalog page's *File on the server*: below a data root, within the load
+    limits, its values never quoted. The bench command itself reads any path with its
+    user's rights, which the app, open to a team, must not offer.
+
+    Parameters
+    ----------
+    text : str
+        As typed; empty: the suite's default catalog (``None``).
+    settings : AppSettings
+        The app's data roots and load limits (:func:`~.sources.app_settings`).
+
+    Returns
+    -------
+    str or None
+        The argument to pass: the name or spec as typed, or the file's resolved path.
+
+    Raises
+    ------
+    ZeroGRError
+        One line naming the *Catalog* field (or the file, row and column).
+    """
+    from ..catalog.samples import FILE_SAMPLES, SAMPLES
+    from ..catalog.synth import SYNTH_PRESETS
+    from .sources import load_source, server_file_source
+
+    name = text.strip()
+    if not name:
+        return None
+    if name in SYNTH_PRESETS or name in SAMPLES or name in FILE_SAMPLES:
+        return name
+    if name.startswith("synth:"):
+        parts = name.split(":")
+        if len(parts) >= 3:  # a malformed spec gets the bench command's own answer
+            live_scale(parts[2], settings.limits.max_rows, f"Catalog {name!r}")
+        return name
+    try:
+        source = server_file_source(name, settings.roots)
+        load_source(source, settings.limits)  # refused here, in one line, before the sweep starts
+    except CatalogError as err:
+        raise ZeroGRError(f"Catalog: {err}") from None
+    return source.path
 
 
 class LiveSweep:

@@ -123,6 +123,32 @@ def headline_table(records: list[dict]) -> list[dict]:
         return []
 
 
+def unmeasured_as_dash(table: list[dict]):
+    """The headline table as a DataFrame with "—" in every cell that was not measured.
+
+    A column with a dash is turned into text here, whole: left mixed (numbers and "—"), it
+    cannot become an Arrow column, and Streamlit would log a traceback on every view
+    before converting it the same way.
+
+    Parameters
+    ----------
+    table : list of dict
+        Rows of :func:`headline_table`.
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
+    import pandas as pd
+
+    frame = pd.DataFrame(table)
+    for column in frame.columns:
+        missing = frame[column].isna()
+        if missing.any():
+            frame[column] = frame[column].astype(str).where(~missing, "—")
+    return frame
+
+
 def provenance(files: list[dict]) -> dict:
     """Where and when the recorded results of :func:`result_files` were measured.
 

@@ -326,8 +326,38 @@ def stage_upload(name: str, data: bytes, max_bytes: int, folder: str | Path | No
     return CatalogSource("upload", base, str(target), digest, **options)
 
 
+def restage_upload(source: CatalogSource, data: bytes | None, folder: str | Path | None = None) -> CatalogSource:
+    """``source`` with its staged copy on disk: written again from ``data`` if it was pruned.
+
+    Other sessions' uploads prune the staging folder (:data:`MAX_STAGED_UPLOADS`) and other
+    catalogs evict the shared catalog cache; a session keeps its active upload's bytes so
+    that neither can take its catalog away.
+
+    Parameters
+    ----------
+    source : CatalogSource
+        Any source; only an upload whose copy is gone is staged again.
+    data : bytes or None
+        The upload's bytes (checked against ``source.fingerprint``); ``None``: not kept.
+    folder : path, optional
+        As for :func:`stage_upload`.
+
+    Returns
+    -------
+    CatalogSource
+        ``source`` itself, or the same upload staged again (the same path while this
+        process's staging folder lives).
+    """
+    if source.kind != "upload" or (source.path and Path(source.path).is_file()) or data is None:
+        return source
+    if hashlib.sha256(data).hexdigest()[:16] != source.fingerprint:
+        return source
+    return stage_upload(source.name, data, len(data), folder, on_duplicate=source.on_duplicate,
+                        codebook_sizes=source.codebook_sizes)
+
+
 #: Staged uploads kept per process; older ones are deleted (a session that needs one again
-#: stages it again from the uploader's bytes).
+#: stages it again from the uploader's bytes, see :func:`restage_upload`).
 MAX_STAGED_UPLOADS = 16
 _staging: Path | None = None
 

@@ -70,7 +70,10 @@ def model_folder(path_text: str, roots: Sequence[Path] | None = None, what: str 
     text = path_text.strip().strip('"').strip("'")
     if not text:
         raise ZeroGRError(f"{what}: give the path of a transformers checkpoint folder")
-    typed = Path(text).expanduser()
+    try:
+        typed = Path(text).expanduser()
+    except RuntimeError:  # ``~name`` of no user: a path like any other that names nothing
+        typed = Path(text)
     if roots is None:
         candidates, allowed = [typed], None
     else:
@@ -79,7 +82,7 @@ def model_folder(path_text: str, roots: Sequence[Path] | None = None, what: str 
     for candidate in candidates:
         try:
             real = candidate.resolve(strict=True)
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError):  # ValueError: a NUL byte, which no file name holds
             continue
         inside = allowed is None or any(real.is_relative_to(root) for root in allowed)
         if inside and (real / "config.json").is_file():
