@@ -44,6 +44,7 @@ MALFORMED = {
                                                           "also on row 1"]),
     "duplicate-sid": ("item_id,s1,s2\n1,3,4\n2,0,1\n3,3,4\n", ["column 's1–s2'", "SID 3 4", "items 1 and 3",
                                                               "collision"]),
+    "duplicate-sid-one-level": ("item_id,s1\n1,0\n2,0\n", ["row 2", "column 's1'", "items 1 and 2"]),
     "no-item-id-column": ("id,s1\n1,2\n", ["no 'item_id' column", "id, s1"]),
     "no-level-columns": ("item_id,title\n1,a\n", ["no SID columns"]),
     "level-gap": ("item_id,s1,s3\n1,2,3\n", ["column 's2'", "without gaps"]),

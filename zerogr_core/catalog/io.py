@@ -143,7 +143,8 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
                                source=source) from None
         if err.column == "sid" and layout_columns != ["sid"]:  # the SID is spread over the level columns
             names = [columns[name] for name in layout_columns]
-            raise CatalogError(err.reason, row=err.row, column=f"{names[0]}–{names[-1]}", source=source) from None
+            spread = names[0] if len(names) == 1 else f"{names[0]}–{names[-1]}"
+            raise CatalogError(err.reason, row=err.row, column=spread, source=source) from None
         raise err.with_source(source) from None
 
 
