@@ -394,3 +394,16 @@ def test_cpu_decode_orders_script_writes_its_record(tmp_path):
     assert {r["batch"] for r in data["records"]} == {1}
     assert {r.get("method") for r in data["records"] if r["kind"] == "cpu-decode"} == \
         {"filter-first (CPU plan)", "filter-first (default projection)", "score-first"}
+
+
+def test_the_apps_live_sweep_refuses_a_bad_count_in_one_line(tmp_path, capsys):
+    # the app parses bench's arguments with its own parser: the bad value still comes back as one line
+    from zerogr_core.app_support.benchrun import LiveSweep
+    from zerogr_core.errors import ZeroGRError
+
+    for argv, message in ((["--batch", "1,0"], "argument --batch: must be ≥ 1, got 0"),
+                          (["--scale", "lots"], "argument --scale: 'lots' is not a whole number")):
+        with pytest.raises(ZeroGRError) as caught:
+            LiveSweep(argv, tmp_path)
+        assert str(caught.value) == f"benchmark arguments: {message}"
+    assert capsys.readouterr().err == ""

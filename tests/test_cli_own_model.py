@@ -156,13 +156,13 @@ def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys,
     assert one_line_error(capsys, "compare-orders", "--catalog", tmp_path / "none.csv", "--model",
                           files / "t5").startswith("error: --catalog:")
     assert one_line_error(capsys, *base, "--model", files / "t5", "--beam", "0") == \
-        "error: --beam: must be ≥ 1, got 0"
+        "error: argument --beam: must be ≥ 1, got 0"
     assert one_line_error(capsys, *base, "--checkpoint", files / "items.csv").startswith("error: --checkpoint:")
     # bounded work: the beams one comparison decodes, and its timed repeats
     assert one_line_error(capsys, *base, "--model", files / "t5", "--batch", "1024", "--beam", "128").startswith(
         "error: --batch × --beam: 1024 × 128 beams is over the 65,536")
     assert one_line_error(capsys, *base, "--model", files / "t5", "--repeats", "5000") == \
-        "error: --repeats: at most 1,000, got 5000"
+        "error: argument --repeats: must be in 2…1000, got 5000"
     # and the app's limit on the logits of one decode (here lowered through its variable)
     monkeypatch.setenv("ZEROGR_MAX_DECODE_LOGITS", "100")
     assert one_line_error(capsys, *base, "--model", files / "t5", "--batch", "4", "--beam", "16").startswith(

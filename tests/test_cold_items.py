@@ -217,7 +217,7 @@ def test_a_kept_checkpoint_is_evaluated_again_only_on_its_own_split(study, tmp_p
     (["--data", "missing.txt"], "missing.txt: interactions file not found"),
     (["--results", "r.txt"], "the report is written as .json"),
     (["--out", "a.pt", "--checkpoint", "b.pt"], "--out and --checkpoint exclude each other"),
-    (["--users", "0"], "--users must be ≥ 1"),
+    (["--users", "0"], "argument --users: must be ≥ 1, got 0"),
     (["--preset", "tiny", "--device", "cuda:0"], "cuda"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, extra, message):

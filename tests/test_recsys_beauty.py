@@ -321,10 +321,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["quality", "--data", str(tmp_path / "bad.txt")]) == 1
     assert "--checkpoint FILE is required" in capsys.readouterr().err
     write_sequences(tmp_path / "seq.txt", n_users=10, n_items=8)
-    for flag, value, message in (("--lr", "-0.1", "--lr must be > 0, got -0.1"), ("--lr", "nan", "--lr must be > 0"),
-                                 ("--patience", "0", "--patience must be ≥ 1, got 0")):
+    # a count is checked as the command line is parsed (status 2); the learning rate by train_sequences (1)
+    for flag, value, message, status in (("--lr", "-0.1", "--lr must be > 0, got -0.1", 1),
+                                         ("--lr", "nan", "--lr must be > 0", 1),
+                                         ("--patience", "0", "argument --patience: must be ≥ 1, got 0", 2)):
         assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--out", str(tmp_path / "m.pt"),
-                     flag, value]) == 1
+                     flag, value]) == status
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "m.pt").exists()

@@ -181,14 +181,15 @@ def test_pushes_delete_at_once_undelete_by_rebuild_and_carry_their_label(rec):
 
 # ---------------------------------------------------------------------------- CLI errors
 @pytest.mark.parametrize("argv, words", [
-    (["decode-dataset", "--out", "x.jsonl", "--k", "0"], "--k: 0 is out of range"),
-    (["decode-dataset", "--out", "x.jsonl", "--beam", "many"], "--beam: 'many' is not an integer"),
+    (["decode-dataset", "--out", "x.jsonl", "--k", "0"], "argument --k: must be ≥ 1, got 0"),
+    (["decode-dataset", "--out", "x.jsonl", "--beam", "4", "--k", "5"], "--k: 5 is over the beam width 4"),
+    (["decode-dataset", "--out", "x.jsonl", "--beam", "many"], "argument --beam: 'many' is not a whole number"),
     (["decode-dataset", "--out", "x.jsonl", "--batch-sizes", "2,4"], "plans one batch size"),
     (["decode-dataset", "--out", "x.jsonl", "--checkpoint", "m.pt"], "--input FILE is required"),
-    (["serve", "--port", "70000"], "--port: 70000 is out of range"),
+    (["serve", "--port", "70000"], "argument --port: must be in 1…65535, got 70000"),
     pytest.param(["decode-dataset", "--out", "x.jsonl", "--engine", "eager"], "needs a CUDA GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here")),
-    (["serve", "--replicas", "0"], "--replicas: 0 is out of range"),
+    (["serve", "--replicas", "0"], "argument --replicas: must be ≥ 1, got 0"),
     (["serve", "--checkpoint", "no/such.pt"], "no/such.pt: no such file"),
 ])
 def test_cli_errors_are_one_line(argv, words, capsys):

@@ -18,11 +18,12 @@ import warnings
 
 import numpy as np
 
+from .arg_types import Parser, whole, wholes
 from .bench.commands import register as register_bench
 from .bench.compare_orders import register as register_compare_orders
 from .bench.e2e_command import register as register_bench_e2e
 from .catalog.catalog import Catalog
-from .catalog.samples import SAMPLE_NAMES, open_catalog, parse_count
+from .catalog.samples import SAMPLE_NAMES, open_catalog
 from .catalog.synth import SYNTH_PRESETS, generate
 from .devices import device_arg, resolved
 from .errors import UsageError, ZeroGRError
@@ -35,18 +36,11 @@ CATALOG_HELP = ("catalog file (.csv/.tsv/.txt/.parquet), a sample name (" + ", "
                 "), or synth:KIND:N[:SEED[:V]]")
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are raised, so :func:`main` prints them on one line."""
-
-    def error(self, message: str):
-        raise UsageError(message)
-
-
 # ---------------------------------------------------------------------------- shared helpers
 def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``CATALOG``, ``--codebook-sizes`` and ``--collision`` to ``parser``."""
     parser.add_argument("catalog", metavar="CATALOG", help=CATALOG_HELP)
-    parser.add_argument("--codebook-sizes", metavar="V1,V2,…",
+    parser.add_argument("--codebook-sizes", metavar="V1,V2,…", type=wholes(1),
                         help="declared codebook size per level (default: from the file or max + 1)")
     parser.add_argument("--collision", action="store_true",
                         help="append a collision level to items sharing a SID instead of failing")
@@ -54,29 +48,8 @@ def add_catalog_arguments(parser: argparse.ArgumentParser) -> None:
 
 def catalog_from_args(args: argparse.Namespace) -> Catalog:
     """The catalog named by the arguments of :func:`add_catalog_arguments`."""
-    sizes = None
-    if args.codebook_sizes is not None:
-        sizes = parse_int_list(args.codebook_sizes, "--codebook-sizes")
-    return open_catalog(args.catalog, codebook_sizes=sizes,
+    return open_catalog(args.catalog, codebook_sizes=args.codebook_sizes,
                         on_duplicate="collision" if args.collision else "error")
-
-
-def parse_int_list(text: str, option: str) -> list[int]:
-    """Parse ``"3,5"`` or ``"3 5"`` (``""`` gives ``[]``) into ints, naming ``option`` on error."""
-    items = text.replace(",", " ").split()
-    try:
-        return [int(item) for item in items]
-    except ValueError:
-        bad = next(item for item in items if not _is_int(item))
-        raise UsageError(f"{option}: {bad!r} is not an integer") from None
-
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
 
 
 def print_json(payload) -> None:
@@ -121,8 +94,10 @@ def register_index(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--preset", choices=sorted(INDEX_PRESETS), default="default",
                    help="representation rule (default: default)")
-    p.add_argument("--dense-steps", metavar="STEPS", default="", help="force these 1-based steps dense")
-    p.add_argument("--sparse-steps", metavar="STEPS", default="", help="force these 1-based steps sparse")
+    p.add_argument("--dense-steps", metavar="STEPS", type=wholes(1, empty=True), default=[],
+                   help="force these 1-based steps dense")
+    p.add_argument("--sparse-steps", metavar="STEPS", type=wholes(1, empty=True), default=[],
+                   help="force these 1-based steps sparse")
     p.add_argument("--builders", metavar="NAMES", default=",".join(BUILDERS),
                    help=f"builders to run and time (default: {','.join(BUILDERS)}); the first one's "
                         "index is reported")
@@ -135,7 +110,7 @@ def _run_index(args: argparse.Namespace) -> None:
     config = INDEX_PRESETS[args.preset]
     overrides = {}
     for option, kind in (("--dense-steps", "dense"), ("--sparse-steps", "sparse")):
-        for step in parse_int_list(getattr(args, option[2:].replace("-", "_")), option):
+        for step in getattr(args, option[2:].replace("-", "_")):
             if not 1 <= step <= catalog.n_levels:
                 raise UsageError(f"{option}: step {step} is outside 1…{catalog.n_levels}")
             if overrides.get(step, kind) != kind:
@@ -187,14 +162,14 @@ def register_next(subparsers) -> None:
     """``next CATALOG --prefix 3,5``: valid next tokens after a prefix."""
     p = subparsers.add_parser("next", help="list the valid next tokens after a prefix")
     add_catalog_arguments(p)
-    p.add_argument("--prefix", required=True, metavar="T1,T2,…",
+    p.add_argument("--prefix", required=True, metavar="T1,T2,…", type=wholes(0, empty=True),
                    help='tokens so far, comma or space separated ("" for the first step)')
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     p.set_defaults(handler=_run_next)
 
 
 def _run_next(args: argparse.Namespace) -> None:
-    prefix = parse_int_list(args.prefix, "--prefix")
+    prefix = args.prefix
     catalog = catalog_from_args(args)
     if len(prefix) >= catalog.n_levels:
         raise UsageError(f"--prefix has {len(prefix)} tokens; a prefix of this catalog has at most "
@@ -226,10 +201,10 @@ def register_synth(subparsers) -> None:
     """``synth KIND --n N --out FILE``: write a synthetic catalog."""
     p = subparsers.add_parser("synth", help="generate a synthetic catalog file")
     p.add_argument("kind", metavar="KIND", help=f"preset: {', '.join(SYNTH_PRESETS)}")
-    p.add_argument("--n", required=True, metavar="N", help="number of items (e.g. 50000 or 2e7)")
+    p.add_argument("--n", required=True, metavar="N", type=whole(1), help="number of items (e.g. 50000 or 2e7)")
     p.add_argument("--out", required=True, metavar="FILE", help="output .csv/.tsv/.txt/.parquet")
-    p.add_argument("--seed", default="0", help="random seed (default 0)")
-    p.add_argument("--codebook", default=None, metavar="V", help="codebook size of every level")
+    p.add_argument("--seed", type=whole(0), default=0, help="random seed (default 0)")
+    p.add_argument("--codebook", type=whole(1), default=None, metavar="V", help="codebook size of every level")
     p.set_defaults(handler=_run_synth)
 
 
@@ -237,11 +212,8 @@ def _run_synth(args: argparse.Namespace) -> None:
     from .catalog.io import catalog_format, save_catalog
 
     catalog_format(args.out)  # fail on a bad extension before generating
-    n_items = parse_count(args.n, "--n")
-    seed = parse_count(args.seed, "--seed")
-    codebook = None if args.codebook is None else parse_count(args.codebook, "--codebook")
     start = time.perf_counter()
-    catalog = generate(args.kind, n_items, seed=seed, codebook=codebook)
+    catalog = generate(args.kind, args.n, seed=args.seed, codebook=args.codebook)
     generated = time.perf_counter() - start
     save_catalog(catalog, args.out)
     print(f"wrote {args.out}: {_describe(catalog)} (generated in {generated:.2f} s)")
@@ -283,15 +255,15 @@ def register_plan(subparsers) -> None:
     p = subparsers.add_parser("plan", help="time every option of every step for a serving shape and show "
                                            "the plan the engine fixes")
     add_catalog_arguments(p)
-    p.add_argument("--batch", default="8", help="requests per decode (default 8)")
-    p.add_argument("--beam", default="128", help="beam width M (default 128)")
-    p.add_argument("--hidden", default="1024", help="hidden size H (default 1024)")
+    p.add_argument("--batch", type=whole(1), default=8, help="requests per decode (default 8)")
+    p.add_argument("--beam", type=whole(1), default=128, help="beam width M (default 128)")
+    p.add_argument("--hidden", type=whole(1), default=1024, help="hidden size H (default 1024)")
     p.add_argument("--dtype", default="float16", help="head and hidden dtype: float16, bfloat16 or float32")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--override", default=None, metavar="OPT,…",
                    help="one entry per step: full, selective or MODE/TOPK (e.g. sparse+full/prune)")
-    p.add_argument("--seed", default="0", help="seed of the random head and requests (default 0)")
+    p.add_argument("--seed", type=whole(0), default=0, help="seed of the random head and requests (default 0)")
     add_planner_arguments(p)
     p.add_argument("--json", action="store_true", help="print the plan table as JSON")
     p.set_defaults(handler=_run_plan)
@@ -350,12 +322,9 @@ def _run_plan(args: argparse.Namespace) -> None:
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
 
-    batch, beam, hidden = (parse_count(getattr(args, k), f"--{k}") for k in ("batch", "beam", "hidden"))
-    if min(batch, beam, hidden) < 1:
-        raise UsageError("--batch, --beam and --hidden must be ≥ 1")
+    batch, beam, hidden, seed = args.batch, args.beam, args.hidden, args.seed
     dtype = _dtype_name(args.dtype)
     resolve_dtype(dtype)
-    seed = parse_count(args.seed, "--seed")
     device = _plan_device(args.device)
     override = None if args.override is None else [o.strip() for o in args.override.split(",")]
     catalog = catalog_from_args(args)
@@ -400,14 +369,14 @@ def register_warmup(subparsers) -> None:
                                           "shape times nothing and compiles nothing. Plans depend on the catalog's "
                                           "statistics and the head layout, not on the head's values.")
     add_catalog_arguments(p)
-    p.add_argument("--batch", default="1,8,32", help="requests per decode, a list (default 1,8,32)")
-    p.add_argument("--beam", default="128", help="beam widths, a list (default 128)")
+    p.add_argument("--batch", type=wholes(1), default=[1, 8, 32], help="requests per decode, a list (default 1,8,32)")
+    p.add_argument("--beam", type=wholes(1), default=[128], help="beam widths, a list (default 128)")
     p.add_argument("--dtype", default="fp16", help="head/hidden dtypes, a list of fp16, bf16, fp32 (default fp16)")
-    p.add_argument("--hidden", default="1024",
+    p.add_argument("--hidden", type=wholes(1), default=[1024],
                    help="hidden size per dtype, a list as long as --dtype, or one size for all (default 1024)")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default: cuda when present, else cpu)")
-    p.add_argument("--seed", default="0", help="seed of the random head and requests (default 0)")
+    p.add_argument("--seed", type=whole(0), default=0, help="seed of the random head and requests (default 0)")
     add_planner_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON record per shape")
     p.set_defaults(handler=_run_warmup)
@@ -419,8 +388,7 @@ def _run_warmup(args: argparse.Namespace) -> None:
     from .decode.heads import Heads
     from .timing import Stopwatch
 
-    batches = _count_list(args.batch, "--batch")
-    beams = _count_list(args.beam, "--beam")
+    batches, beams, hiddens, seed = args.batch, args.beam, args.hidden, args.seed
     dtypes = [_dtype_name(d) for d in args.dtype.replace(",", " ").split()]
     if not dtypes:
         raise UsageError("--dtype: give at least one dtype")
@@ -429,14 +397,12 @@ def _run_warmup(args: argparse.Namespace) -> None:
             resolve_dtype(d)
         except ZeroGRError as err:
             raise UsageError(f"--dtype: {err} (or fp32, bf16, fp16)") from None
-    hiddens = _count_list(args.hidden, "--hidden")
     if len(hiddens) == 1:
         hiddens = hiddens * len(dtypes)
     if len(hiddens) != len(dtypes):
         raise UsageError(f"--hidden: give one size, or one per dtype ({len(dtypes)}), got {len(hiddens)}")
     if args.no_plan_store:
         raise UsageError("warmup writes the plan store: drop --no-plan-store")
-    seed = parse_count(args.seed, "--seed")
     device = _plan_device(args.device)
     catalog = catalog_from_args(args)
     index = build_index(catalog, device=device)
@@ -467,16 +433,6 @@ def _run_warmup(args: argparse.Namespace) -> None:
             engine.release()
 
 
-def _count_list(text: str, option: str) -> list[int]:
-    try:
-        values = [parse_count(t, option) for t in text.replace(",", " ").split()]
-    except ZeroGRError as err:
-        raise UsageError(str(err)) from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{option}: give one or more values ≥ 1")
-    return values
-
-
 # ---------------------------------------------------------------------------- entry point
 #: Functions ``register(subparsers)`` that contribute subcommands, in help order.
 REGISTRARS = (register_index, register_next, register_synth, register_stats, register_plan, register_warmup,
@@ -489,9 +445,9 @@ REGISTRARS += (register_compare_orders,)
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    parser = _Parser(prog="python -m zerogr_core",
-                     description="ZeroGR: filtering-first constrained decoding for generative "
-                                 "recommendation.")
+    parser = Parser(prog="python -m zerogr_core",
+                    description="ZeroGR: filtering-first constrained decoding for generative "
+                                "recommendation.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in REGISTRARS:
         register(subparsers)

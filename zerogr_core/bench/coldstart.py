@@ -21,6 +21,9 @@ import sys
 import tempfile
 import time
 
+from ..arg_types import whole
+from ..devices import device_arg, resolved
+
 COLD_TARGET_S, WARM_TARGET_S = 30.0, 10.0
 PHASES = ("cold", "warm")
 
@@ -121,16 +124,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m zerogr_core.bench.coldstart",
                                 description="time the first decode of one shape in this process (one JSON line)")
     p.add_argument("--catalog", required=True)
-    p.add_argument("--scale", type=int, default=None)
-    p.add_argument("--codebook", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=whole(1), default=None)
+    p.add_argument("--codebook", type=whole(1), default=None)
+    p.add_argument("--seed", type=whole(0), default=0)
     p.add_argument("--dtype", required=True)
-    p.add_argument("--hidden", type=int, required=True)
-    p.add_argument("--beam", type=int, required=True)
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--hidden", type=whole(1), required=True)
+    p.add_argument("--beam", type=whole(1), required=True)
+    p.add_argument("--batch", type=whole(1), required=True)
+    p.add_argument("--device", type=device_arg, default="cuda")
     a = p.parse_args(argv)
-    rec = first_decode(a.catalog, a.scale, a.seed, a.codebook, a.dtype, a.hidden, a.beam, a.batch, a.device)
+    rec = first_decode(a.catalog, a.scale, a.seed, a.codebook, a.dtype, a.hidden, a.beam, a.batch,
+                       resolved(a.device))
     print(json.dumps(rec))
     return 0
 

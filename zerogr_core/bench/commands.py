@@ -14,12 +14,12 @@ the handler.
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 import time
 from pathlib import Path
 
+from ..arg_types import seconds, to_seconds, whole, wholes
 from ..devices import device_arg, resolved
 from ..errors import UsageError
 from .registry import SUITE_NAMES
@@ -31,8 +31,11 @@ DEFAULT_HIDDEN = {"fp16": 1024, "bf16": 1024, "fp32": 4096}
 
 def register(subparsers) -> None:
     """Add the ``bench`` subcommand."""
+    # exit_on_error=False: a bad value reaches the caller's parser as an ArgumentError, so the app's
+    # live sweep (its own parser) reports the one line too instead of argparse's exit
     p = subparsers.add_parser(
-        "bench", help="benchmark zerogr against the baselines (latency, steps, stages, memory, build)",
+        "bench", exit_on_error=False,
+        help="benchmark zerogr against the baselines (latency, steps, stages, memory, build)",
         description="Time the filtering-first GPU engine against STATIC-style scoring first (as published and "
                     "adapted), unconstrained decoding, a host trie and the naive selective projection, on one "
                     "catalog with the same heads and hidden states. Results go to JSON and CSV as the run goes.")
@@ -41,18 +44,20 @@ def register(subparsers) -> None:
     p.add_argument("--catalog", default=None,
                    help="search-like, watch-like, synthetic-7, a sample name, synth:KIND:N[:SEED[:V]] or a catalog "
                         "file (default: search-like; synthetic-7 for the sweeps)")
-    p.add_argument("--scale", default=None, metavar="N",
-                   help="SIDs of a synthetic catalog, e.g. 2e7 (default: search-like 19269255, the docs/design.md §8 anchor; "
-                        "watch-like 2e7; synthetic-7 1e7)")
+    p.add_argument("--scale", type=whole(1), default=None, metavar="N",
+                   help="SIDs of a synthetic catalog, e.g. 2e7 (default: search-like 19269255, the docs/design.md §8 "
+                        "anchor; watch-like 2e7; synthetic-7 1e7)")
     p.add_argument("--methods", default=None,
                    help=f"comma list of {', '.join(METHOD_NAMES)} (default: all; the sweeps skip cpu-trie and "
                         "naive-selective)")
-    p.add_argument("--batch", default=None, help="batch sizes (default 1,2,4,8,16,32; 1,8,32 for sweeps/steps)")
-    p.add_argument("--beam", default=None, help="beam widths (default 128; beam-sweep 64,128,256)")
+    p.add_argument("--batch", type=wholes(1), default=None,
+                   help="batch sizes (default 1,2,4,8,16,32; 1,8,32 for sweeps/steps)")
+    p.add_argument("--beam", type=wholes(1), default=None, help="beam widths (default 128; beam-sweep 64,128,256)")
     p.add_argument("--dtype", default=None, help="head/hidden dtypes fp16, bf16, fp32, paired with --hidden "
                                                  "(default fp16,fp32)")
-    p.add_argument("--hidden", default=None, help="hidden sizes, paired with --dtype (default 1024,4096)")
-    p.add_argument("--codebook", default=None,
+    p.add_argument("--hidden", type=wholes(1), default=None,
+                   help="hidden sizes, paired with --dtype (default 1024,4096)")
+    p.add_argument("--codebook", type=wholes(1), default=None,
                    help="codebook size V of every level of a synthetic catalog; the codebook-sweep sweeps a list "
                         "(default 2048,4096,8192,16384)")
     p.add_argument("--json", default=None, metavar="FILE", help="JSON result file (default OUT/<name>.json)")
@@ -61,10 +66,10 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true",
                    help="CPU/CI mode: tiny catalogs (codebook 32), small hidden sizes, batches 1,2, beam 4, "
                         "3 repeats; every code path still runs")
-    p.add_argument("--seed", default="0", help="seed of catalogs, heads and hidden states (default 0)")
-    p.add_argument("--repeats", default=None, help="timed runs per measurement (default 30; quick 3)")
-    p.add_argument("--warmup", default=None, help="untimed runs before timing (default 5; quick 1)")
-    p.add_argument("--budget-s", default=None, metavar="S",
+    p.add_argument("--seed", type=whole(0), default=0, help="seed of catalogs, heads and hidden states (default 0)")
+    p.add_argument("--repeats", type=whole(1), default=None, help="timed runs per measurement (default 30; quick 3)")
+    p.add_argument("--warmup", type=whole(0), default=None, help="untimed runs before timing (default 5; quick 1)")
+    p.add_argument("--budget-s", type=seconds(), default=None, metavar="S",
                    help="stop starting new measurements after S seconds (what finished is kept)")
     p.add_argument("--suite-budgets", default=None, metavar="SUITE=S,…",
                    help="per-suite time budgets in seconds, e.g. headline=200,build=60")
@@ -73,43 +78,15 @@ def register(subparsers) -> None:
                         "or never (default ends)")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default cuda when available, else cpu)")
-    p.add_argument("--build-repeats", default=None, help="runs per builder in the build suite (default 2)")
-    p.add_argument("--interference-s", default=None, metavar="S",
+    p.add_argument("--build-repeats", type=whole(1), default=None,
+                   help="runs per builder in the build suite (default 2)")
+    p.add_argument("--interference-s", type=seconds(), default=None, metavar="S",
                    help="seconds of decoding per condition in the interference suite (default 3)")
     p.add_argument("--topk-paths", default=None, metavar="PATHS",
                    help="top-k paths zerogr's planner times, from small,wide,split,prune (default small,wide,split)")
     p.add_argument("--summarize", default=None, metavar="PATH",
                    help="print the summary tables of saved results (file or folder) and exit")
     p.set_defaults(handler=run_bench)
-
-
-def _seconds(text: str, flag: str) -> float:
-    """A positive, finite number of seconds from ``text``, or a one-line usage error naming ``flag``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"{flag}: {text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{flag}: must be a positive number of seconds, got {text}")
-    return value
-
-
-def _ints(text, option: str) -> list[int] | None:
-    if text is None:
-        return None
-    from ..catalog.samples import parse_count
-    from ..errors import ZeroGRError
-
-    items = [t for t in text.replace(",", " ").split() if t]
-    if not items:
-        raise UsageError(f"{option}: give at least one value")
-    try:
-        values = [parse_count(t, option) for t in items]
-    except ZeroGRError as err:
-        raise UsageError(str(err)) from None
-    if any(v < 1 for v in values):
-        raise UsageError(f"{option}: values must be ≥ 1")
-    return values
 
 
 def _list(text, option: str, allowed) -> list[str] | None:
@@ -167,20 +144,12 @@ def parse_options(args):
     suites = _list(args.suite, "--suite", SUITE_NAMES)
     methods = _list(args.methods, "--methods", METHOD_NAMES)
     dtypes = _list(args.dtype, "--dtype", ("fp16", "bf16", "fp32"))
-    hiddens = _ints(args.hidden, "--hidden")
-    scale = None if args.scale is None else _ints(args.scale, "--scale")[0]
-    try:
-        seed = int(args.seed)
-    except ValueError:
-        raise UsageError(f"--seed: {args.seed!r} is not an integer") from None
     if args.device is not None:
         device = torch.device(resolved(args.device))
         if device.type == "cuda" and not torch.cuda.is_available():
             raise UsageError("--device cuda: CUDA is not available here")
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    budget = None if args.budget_s is None else _seconds(args.budget_s, "--budget-s")
-    inter = None if args.interference_s is None else _seconds(args.interference_s, "--interference-s")
     budgets = {}
     for item in (args.suite_budgets or "").split(","):
         if not item.strip():
@@ -189,21 +158,21 @@ def parse_options(args):
         name = name.strip()
         if name not in SUITE_NAMES:
             raise UsageError(f"--suite-budgets: unknown suite {name!r}")
-        budgets[name] = _seconds(value, f"--suite-budgets {name}")
+        try:
+            budgets[name] = to_seconds(value)
+        except ValueError as err:
+            raise UsageError(f"--suite-budgets {name}: {err}") from None
     from ..decode.options import PLANNED_TOPK
     from zerogr_kernels import TOPK_PATHS
 
     topk_paths = PLANNED_TOPK if args.topk_paths is None else tuple(_list(args.topk_paths, "--topk-paths",
                                                                           TOPK_PATHS))
-    return Options(suites=suites, suite_budgets=budgets, topk_paths=topk_paths, catalog=args.catalog, scale=scale, methods=methods,
-                   batches=_ints(args.batch, "--batch"), beams=_ints(args.beam, "--beam"),
-                   configs=_configs(dtypes, hiddens, args.quick), codebooks=_ints(args.codebook, "--codebook"),
-                   seed=seed, repeats=None if args.repeats is None else _ints(args.repeats, "--repeats")[0],
-                   warmup=None if args.warmup is None else int(args.warmup), quick=args.quick, budget_s=budget,
-                   check=args.check,
-                   build_repeats=None if args.build_repeats is None else _ints(args.build_repeats,
-                                                                                "--build-repeats")[0],
-                   interference_s=inter, device=device)
+    return Options(suites=suites, suite_budgets=budgets, topk_paths=topk_paths, catalog=args.catalog,
+                   scale=args.scale, methods=methods, batches=args.batch, beams=args.beam,
+                   configs=_configs(dtypes, args.hidden, args.quick), codebooks=args.codebook, seed=args.seed,
+                   repeats=args.repeats, warmup=args.warmup, quick=args.quick, budget_s=args.budget_s,
+                   check=args.check, build_repeats=args.build_repeats, interference_s=args.interference_s,
+                   device=device)
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arg_types import whole
+from ..devices import device_arg, resolved
 from ..errors import UsageError, ZeroGRError
 from .order_latency import ORDERS, VALID_TOKENS
 
@@ -50,12 +52,15 @@ def register(subparsers) -> None:
     p.add_argument("--offsets", metavar="O1,O2,…",
                    help="with --model: vocabulary id of token 0 of each SID level (default: zerogr.json "
                         "beside the weights)")
-    p.add_argument("--batch", default="4", help="requests per decode (default 4)")
-    p.add_argument("--beam", default="16", help="beam width M (default 16)")
-    p.add_argument("--k", default="10", help="top-K of the overlap (default 10, at most the beam and the catalog)")
-    p.add_argument("--repeats", default="10", help="timed decodes per order, in turns (default 10, at least 2)")
-    p.add_argument("--seed", default="0", help="seed of the requests (default 0)")
-    p.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    p.add_argument("--batch", type=whole(1), default=4, help="requests per decode (default 4)")
+    p.add_argument("--beam", type=whole(1), default=16, help="beam width M (default 16)")
+    p.add_argument("--k", type=whole(1), default=10,
+                   help="top-K of the overlap (default 10, at most the beam and the catalog)")
+    p.add_argument("--repeats", type=whole(2, MAX_REPEATS), default=10,
+                   help=f"timed decodes per order, in turns (default 10, at least 2, at most {MAX_REPEATS:,})")
+    p.add_argument("--seed", type=whole(0), default=0, help="seed of the requests (default 0)")
+    p.add_argument("--device", type=device_arg, default="cpu",
+                   help="torch device: cpu (default), cuda, cuda:N or auto")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run_compare_orders)
 
@@ -78,36 +83,16 @@ class CompareSettings:
     device: object
 
 
-def _whole(text: str, option: str, least: int) -> int:
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise UsageError(f"{option}: {text!r} is not a whole number") from None
-    if value < least:
-        raise UsageError(f"{option}: must be ≥ {least}, got {value}")
-    return value
-
-
 def _settings(args: argparse.Namespace) -> CompareSettings:
     import torch
 
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise UsageError(f"--device: {args.device!r} is not a torch device (cpu or cuda)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: CUDA is not available here")
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device: {args.device!r}; choose cpu or cuda")
     from ..decode.work_limits import MAX_BEAMS
 
-    batch, beam = _whole(args.batch, "--batch", 1), _whole(args.beam, "--beam", 1)
-    if batch * beam > MAX_BEAMS:
-        raise UsageError(f"--batch × --beam: {batch} × {beam} beams is over the {MAX_BEAMS:,} one comparison decodes")
-    repeats = _whole(args.repeats, "--repeats", 2)
-    if repeats > MAX_REPEATS:
-        raise UsageError(f"--repeats: at most {MAX_REPEATS:,}, got {repeats}")
-    return CompareSettings(batch, beam, _whole(args.k, "--k", 1), repeats, _whole(args.seed, "--seed", 0), device)
+    if args.batch * args.beam > MAX_BEAMS:
+        raise UsageError(f"--batch × --beam: {args.batch} × {args.beam} beams is over the {MAX_BEAMS:,} one "
+                         "comparison decodes")
+    return CompareSettings(args.batch, args.beam, args.k, args.repeats, args.seed,
+                           torch.device(resolved(args.device)))
 
 
 def _check_work(settings: CompareSettings, catalog) -> None:

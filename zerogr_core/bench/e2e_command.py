@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..arg_types import seconds, whole, wholes
 from ..devices import device_arg, resolved
 from .e2e import (CATALOGS, DTYPE_FIELDS, DTYPES, METHODS, MODELS, T5_ONLY, E2EConfig, Workbench, build_catalog,
                   catalog_label)
@@ -43,32 +44,22 @@ def register(subparsers) -> None:
                         "before it")
     p.add_argument("--quick", action="store_true", help="CPU/CI mode: the quick preset, batches 1,2, beam 4, 2 repeats")
     p.add_argument("--methods", default=None, help=f"comma list of {', '.join(METHODS)} (default: all)")
-    p.add_argument("--batch", default=None, help="batch sizes (default 1,8,32)")
-    p.add_argument("--beam", default=None, help="beam widths (default 32,128,256)")
-    p.add_argument("--items", default=None, metavar="N", help="SIDs of every catalog (default: 1e6 tiger, 2e7 search)")
-    p.add_argument("--repeats", default=None, help="timed runs per measurement (default 20; quick 2)")
-    p.add_argument("--hf-repeats", default=None, help="timed runs of the HF methods (default 3; quick 1)")
-    p.add_argument("--warmup", default=None, help="untimed runs first (default 2; quick 1)")
-    p.add_argument("--budget-s", default=None, metavar="S",
+    p.add_argument("--batch", type=wholes(1), default=None, help="batch sizes (default 1,8,32)")
+    p.add_argument("--beam", type=wholes(1), default=None, help="beam widths (default 32,128,256)")
+    p.add_argument("--items", type=whole(1), default=None, metavar="N",
+                   help="SIDs of every catalog (default: 1e6 tiger, 2e7 search)")
+    p.add_argument("--repeats", type=whole(1), default=None, help="timed runs per measurement (default 20; quick 2)")
+    p.add_argument("--hf-repeats", type=whole(1), default=None,
+                   help="timed runs of the HF methods (default 3; quick 1)")
+    p.add_argument("--warmup", type=whole(0), default=None, help="untimed runs first (default 2; quick 1)")
+    p.add_argument("--budget-s", type=seconds(), default=None, metavar="S",
                    help="start no new measurement after S seconds (shared out between models and catalogs)")
-    p.add_argument("--seed", default="0")
+    p.add_argument("--seed", type=whole(0), default=0, help="seed of the catalogs, models and requests (default 0)")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default cuda when available, else cpu)")
     p.add_argument("--out", default="runs/results/e2e", metavar="DIR",
                    help="result folder (default runs/results/e2e)")
     p.set_defaults(handler=run_e2e)
-
-
-def _ints(text, option: str, default):
-    from ..catalog.samples import parse_count
-    from ..errors import ZeroGRError
-
-    if text is None:
-        return default
-    values = [parse_count(t, option) for t in text.replace(",", " ").split()]
-    if not values or min(values) < 1:
-        raise ZeroGRError(f"{option}: give positive integers, got {text!r}")
-    return values
 
 
 def _names(text, option: str, allowed, default) -> list[str]:
@@ -109,7 +100,7 @@ def run_e2e(args: argparse.Namespace) -> int:
     cfg = E2EConfig.preset(preset)
     models = _names(args.model, "--model", MODELS, ["t5"] if quick else MODELS)
     catalogs = _names(args.catalog, "--catalog", CATALOGS, ["tiger"] if quick else CATALOGS)
-    items = None if args.items is None else _ints(args.items, "--items", None)[0]
+    items = args.items
     wanted = list(METHODS) if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in wanted:
         if m not in METHODS:
@@ -117,13 +108,12 @@ def run_e2e(args: argparse.Namespace) -> int:
         if m in T5_ONLY and "t5" not in models and args.methods is not None:
             raise ZeroGRError(f"--methods: {m} needs --model t5 (it decodes through the T5's Hugging Face cache)")
     dtype = getattr(torch, DTYPES[args.dtype])
-    batches = _ints(args.batch, "--batch", [1, 2] if quick else [1, 8, 32])
-    beams = _ints(args.beam, "--beam", [4] if quick else [32, 128, 256])
-    repeats = _ints(args.repeats, "--repeats", [2 if quick else 20])[0]
-    hf_repeats = _ints(args.hf_repeats, "--hf-repeats", [1 if quick else 3])[0]
-    warmup = int(args.warmup) if args.warmup is not None else (1 if quick else 2)
-    seed = int(args.seed)
-    budget = float(args.budget_s) if args.budget_s is not None else None
+    batches = args.batch or ([1, 2] if quick else [1, 8, 32])
+    beams = args.beam or ([4] if quick else [32, 128, 256])
+    repeats = args.repeats or (2 if quick else 20)
+    hf_repeats = args.hf_repeats or (1 if quick else 3)
+    warmup = args.warmup if args.warmup is not None else (1 if quick else 2)
+    seed, budget = args.seed, args.budget_s
     device = torch.device(resolved(args.device) or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type != "cuda" and quick:
         torch.set_num_threads(1)

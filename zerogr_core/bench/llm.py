@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ZeroGRError
+from ..arg_types import Parser, seconds, to_int, whole
+from ..errors import UsageError, ZeroGRError
 from .llm_agreement import agreement
 
 #: Ceilings measured on the lent H200 (device notes): bf16 GEMM and device copy bandwidth.
@@ -507,30 +508,38 @@ def run(cfg: LLMBenchConfig, out: Path, command: str, log=print) -> list[dict]:
     return writer.records
 
 
+def _shapes(text: str) -> tuple:
+    """The argparse ``type`` of ``--shapes``: ``"1000x1,5000x8"`` -> ``((1000, 1), (5000, 8))``."""
+    try:
+        shapes = tuple(tuple(to_int(v, least=1) for v in s.split("x")) for s in text.split(","))
+    except ValueError:
+        shapes = ()
+    if not shapes or any(len(s) != 2 for s in shapes):
+        raise argparse.ArgumentTypeError(f"expected CONTEXTxBATCH[,…] with positive integers, got {text!r}")
+    return shapes
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zerogr_core.bench.llm",
-                                description="Qwen3-1.7B-shaped recommender: SID-GR's matrix on this GPU")
+    p = Parser(prog="python -m zerogr_core.bench.llm",
+               description="Qwen3-1.7B-shaped recommender: SID-GR's matrix on this GPU")
     p.add_argument("--out", required=True, help="folder for llm.json, llm.csv, llm.md")
     p.add_argument("--quick", action="store_true", help="the tiny shape on the CPU (seconds)")
-    p.add_argument("--budget-s", type=float, default=None, help="skip the shapes not started after this many s")
-    p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--shapes", default=None, help="only these shapes, e.g. 1000x1,5000x8 (context x batch)")
+    p.add_argument("--budget-s", type=seconds(), default=None, help="skip the shapes not started after this many s")
+    p.add_argument("--repeats", type=whole(1), default=None)
+    p.add_argument("--shapes", type=_shapes, default=None,
+                   help="only these shapes, e.g. 1000x1,5000x8 (context x batch)")
     p.add_argument("--profile", action="store_true", help="kernel tables at every shape")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
-    p.add_argument("--agreement-requests", type=int, default=None,
+    p.add_argument("--agreement-requests", type=whole(0), default=None,
                    help="requests of the agreement check against Hugging Face (0 skips it)")
-    a = p.parse_args(argv)
+    try:
+        a = p.parse_args(argv)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     cfg = LLM_PRESETS["quick" if a.quick else "h200"]
     if a.shapes is not None:
-        try:
-            shapes = tuple(tuple(int(v) for v in s.split("x")) for s in a.shapes.split(","))
-            if any(len(s) != 2 or min(s) < 1 for s in shapes):
-                raise ValueError
-        except ValueError:
-            print(f"error: --shapes: expected CONTEXTxBATCH[,…] with positive integers, got {a.shapes!r}",
-                  file=sys.stderr)
-            return 2
-        cfg = replace(cfg, shapes=shapes)
+        cfg = replace(cfg, shapes=a.shapes)
     if a.profile:
         cfg = replace(cfg, profile_all=True)
     if a.no_hf:
@@ -538,14 +547,8 @@ def main(argv=None) -> int:
     if a.budget_s is not None:
         cfg = replace(cfg, budget_s=a.budget_s)
     if a.agreement_requests is not None:
-        if a.agreement_requests < 0:
-            print("error: --agreement-requests must be ≥ 0", file=sys.stderr)
-            return 2
         cfg = replace(cfg, agreement_requests=a.agreement_requests)
     if a.repeats is not None:
-        if a.repeats < 1:
-            print("error: --repeats must be ≥ 1", file=sys.stderr)
-            return 2
         cfg = replace(cfg, repeats=a.repeats)
     command = "python -m zerogr_core.bench.llm " + " ".join(sys.argv[1:] if argv is None else argv)
     try:

@@ -14,10 +14,10 @@ A ``CATALOG`` argument (CLI, app, benchmarks) is one of
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..arg_types import to_int
 from ..errors import ZeroGRError
 from .catalog import Catalog
 from .synth import generate
@@ -220,21 +220,19 @@ def open_catalog(spec: str, *, codebook_sizes=None, on_duplicate: str = "error",
 
 
 def parse_count(text: str, what: str) -> int:
-    """Parse a non-negative integer written plainly, with ``_`` separators, or as ``2e7``.
+    """Parse a number field of a ``synth:KIND:N[:SEED[:V]]`` spec: a non-negative integer
+    written plainly, with ``_`` separators, or as ``2e7`` (the grammar of the CLI's counts,
+    :func:`zerogr_core.arg_types.to_int`).
 
     Raises
     ------
     ZeroGRError
-        Naming ``what`` when ``text`` is not such a number.
+        Naming ``what``: ``'x' is not a whole number`` or ``must be ≥ 0, got -1``.
     """
-    cleaned = text.strip().replace("_", "")
     try:
-        value = float(cleaned) if any(c in cleaned for c in ".eE") else int(cleaned)
-    except ValueError:
-        value = -1
-    if not math.isfinite(value) or value < 0 or value != int(value):
-        raise ZeroGRError(f"{what}: {text!r} is not a whole number")
-    return int(value)
+        return to_int(text, least=0)
+    except ValueError as err:
+        raise ZeroGRError(f"{what}: {err}") from None
 
 
 def _spec(name: str) -> SampleSpec:

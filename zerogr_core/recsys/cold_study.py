@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arg_types import whole
 from ..devices import device_arg
 from ..errors import ZeroGRError
 
@@ -319,8 +320,10 @@ def register(subparsers) -> None:
                    help="model and baseline recipe: cpu (minutes on 2 cores), tiger (GPU), tiny (tests)")
     p.add_argument("--device", type=device_arg, default="auto",
                    help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the cold-start item draw and both trainings (default 0)")
-    p.add_argument("--users", type=int, metavar="N", help="evaluate N evenly spread cold test sequences (default: all)")
+    p.add_argument("--seed", type=whole(0), default=0,
+                   help="seeds the cold-start item draw and both trainings (default 0)")
+    p.add_argument("--users", type=whole(1), metavar="N",
+                   help="evaluate N evenly spread cold test sequences (default: all)")
     p.add_argument("--max-minutes", type=float, metavar="M", help="training budget of the generative model "
                    "(overrides the preset's)")
     p.add_argument("--cuda-graph", action="store_true", help="train from one CUDA graph per step (as train "

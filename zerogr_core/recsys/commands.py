@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+from ..arg_types import whole
 from ..devices import device_arg
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "runs" / "results"
@@ -43,9 +44,9 @@ def register(subparsers) -> None:
     t.add_argument("--out", metavar="FILE", required=True, help="checkpoint file to write")
     t.add_argument("--max-minutes", type=float, metavar="M", help="wall-clock budget of the training loop "
                    "(overrides the preset's; the best validation weights so far are kept)")
-    t.add_argument("--seed", type=int, help="override the preset's seed")
+    t.add_argument("--seed", type=whole(0), help="override the preset's seed")
     t.add_argument("--lr", type=float, metavar="LR", help="override the preset's peak learning rate")
-    t.add_argument("--patience", type=int, metavar="N", help="override the preset's early stopping: validation "
+    t.add_argument("--patience", type=whole(1), metavar="N", help="override the preset's early stopping: validation "
                    "decodes without a better NDCG@10 before training stops")
     t.add_argument("--validity-weight", type=float, metavar="W", help="add the catalog-validity term with weight W "
                    "per token (the ablation; default 0, plain cross-entropy; 0.625 matches the MovieLens recipe)")
@@ -74,9 +75,9 @@ def register(subparsers) -> None:
     q.add_argument("--dataset", choices=("amazon-beauty",), help="a bundled sequence data set (its default "
                    "checkpoint: sample_catalogs/<dataset>/model.pt)")
     q.add_argument("--checkpoint", metavar="FILE", help="checkpoint (default: the bundled model)")
-    q.add_argument("--beam", type=int, default=128, help="beam width M (default 128)")
-    q.add_argument("--users", type=int, metavar="N", help="evaluate N evenly spread users (default: all)")
-    q.add_argument("--batch-size", type=int, default=64, help="requests per decode call (default 64)")
+    q.add_argument("--beam", type=whole(1), default=128, help="beam width M (default 128)")
+    q.add_argument("--users", type=whole(1), metavar="N", help="evaluate N evenly spread users (default: all)")
+    q.add_argument("--batch-size", type=whole(1), default=64, help="requests per decode call (default 64)")
     q.add_argument("--seen", choices=("skip", "keep"), help="whether decoding may return an item of the user's "
                    "own history: skip (the default for a sequence data set, the full-ranking protocol of "
                    "sequential recommendation: each history is the request's deny list) or keep (the default "
@@ -110,19 +111,14 @@ def run_train(args: argparse.Namespace) -> None:
 
 def run_quality(args: argparse.Namespace) -> None:
     from ..decode.work_limits import MAX_BEAMS
-    from ..errors import ZeroGRError
+    from ..errors import UsageError
     from .quality import KS, study_report, write_plot
     from .train import fixed_users, load_checkpoint
 
-    for name in ("beam", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ZeroGRError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
     batch = min(args.batch_size, args.users) if args.users else args.batch_size  # what one decode holds
     if batch * args.beam > MAX_BEAMS:
-        raise ZeroGRError(f"--batch-size × --beam: {batch} × {args.beam} beams is over the {MAX_BEAMS:,} one "
-                          f"decode may hold")
-    if args.users is not None and args.users < 1:
-        raise ZeroGRError(f"--users must be ≥ 1, got {args.users}")
+        raise UsageError(f"--batch-size × --beam: {batch} × {args.beam} beams is over the {MAX_BEAMS:,} one "
+                         f"decode may hold")
     from .data import leave_one_out, load_movielens
 
     if args.dataset is not None or (args.data is not None and Path(args.data).is_file()):

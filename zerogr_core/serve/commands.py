@@ -9,6 +9,7 @@ import argparse
 import signal
 import time
 
+from ..arg_types import whole, wholes
 from ..errors import UsageError, ZeroGRError, first_line
 
 RAY_MISSING = ("the serve command needs Ray Serve: pip install 'ray[serve]==2.60.0' (pinned in requirements.txt; "
@@ -21,10 +22,11 @@ def register(subparsers) -> None:
                               description="Start (or join, --address) a Ray cluster and serve POST /recommend, "
                                           "GET /health and GET /metrics until interrupted.")
     _model_arguments(p)
-    p.add_argument("--replicas", default=None, help="replicas (default: one per GPU of the cluster, else 1)")
+    p.add_argument("--replicas", type=whole(1), default=None,
+                   help="replicas (default: one per GPU of the cluster, else 1)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1; 0.0.0.0 opens it to "
                                                        "the network)")
-    p.add_argument("--port", default="8000", help="HTTP port (default 8000)")
+    p.add_argument("--port", type=whole(1, 65535), default=8000, help="HTTP port (default 8000)")
     p.add_argument("--batch-wait-ms", default=None, help="how long a batch waits to fill (default 5)")
     p.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto, or ray://HOST:10001); "
                                                    "default: start a local one")
@@ -32,7 +34,7 @@ def register(subparsers) -> None:
                    help="serve the Qwen3 recommender instead (tiny: CPU; qwen3-1.7b: GPU, bf16; random weights "
                         "unless --checkpoint names a transformers Qwen3 folder): POST /generate (SGLang-style), "
                         "POST /recommend, GET /ready, GET /health, GET /metrics (Prometheus)")
-    p.add_argument("--token-offsets", default=None, metavar="O1,O2,…",
+    p.add_argument("--token-offsets", type=wholes(0), default=None, metavar="O1,O2,…",
                    help="with --llm and --checkpoint: vocabulary id of token 0 of each SID level")
     p.set_defaults(handler=run_serve)
 
@@ -46,8 +48,8 @@ def register(subparsers) -> None:
     d.add_argument("--input", metavar="FILE", help='JSON lines {"user": ..., "history": [item ids]}, or one JSON object '
                                                    '{user: [item ids]} (default: the bundled MovieLens test users; '
                                                    "needs the bundled model)")
-    d.add_argument("--users", default=None, help="only the first N users")
-    d.add_argument("--k", default="10", help="items per user (default 10)")
+    d.add_argument("--users", type=whole(1), default=None, help="only the first N users")
+    d.add_argument("--k", type=whole(1), default=10, help="items per user (default 10, at most the beam width)")
     d.add_argument("--keep-history", action="store_true", help="allow the history's items in the results")
     d.add_argument("--out", required=True, metavar="FILE", help="results, JSON lines (.jsonl); a summary goes "
                                                                 "to FILE.summary.json")
@@ -62,22 +64,12 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("cpu", "gpu"), default=None,
                    help="beam and batch sizes: gpu (beam 128, batches 1…64) or cpu (beam 32, batches 1…16); "
                         "default: gpu when CUDA is present")
-    p.add_argument("--beam", default=None, help="beam width M, the largest k (default: the preset's)")
-    p.add_argument("--batch-sizes", default=None, metavar="B1,B2,…",
+    p.add_argument("--beam", type=whole(1), default=None, help="beam width M, the largest k (default: the preset's)")
+    p.add_argument("--batch-sizes", type=wholes(1), default=None, metavar="B1,B2,…",
                    help="planned batch sizes (default: the preset's); decode-dataset uses the largest")
     p.add_argument("--engine", choices=("auto", "reference", "graph", "eager"), default=None,
                    help="decoder engine (default auto: on CUDA the GPU engine, CUDA graphs when the model has "
                         "a KV-cache step model; the reference path on CPU)")
-
-
-def _int(text, option: str, low: int = 1, high: int | None = None) -> int:
-    try:
-        value = int(str(text))
-    except ValueError:
-        raise UsageError(f"{option}: {text!r} is not an integer") from None
-    if value < low or (high is not None and value > high):
-        raise UsageError(f"{option}: {value} is out of range {low}…{high if high is not None else ''}".rstrip("…"))
-    return value
 
 
 def config_from_args(args: argparse.Namespace, check_device: bool = True, **changes):
@@ -89,12 +81,9 @@ def config_from_args(args: argparse.Namespace, check_device: bool = True, **chan
 
     preset = args.preset or ("gpu" if torch.cuda.is_available() else "cpu")
     if args.beam is not None:
-        changes["beam"] = _int(args.beam, "--beam")
+        changes["beam"] = args.beam
     if args.batch_sizes is not None:
-        sizes = [t for t in args.batch_sizes.replace(",", " ").split()]
-        if not sizes:
-            raise UsageError("--batch-sizes: give one or more sizes")
-        changes["batch_sizes"] = tuple(_int(s, "--batch-sizes") for s in sizes)
+        changes["batch_sizes"] = tuple(args.batch_sizes)
     for option in ("checkpoint", "catalog", "engine"):
         value = getattr(args, option)
         if value is not None:
@@ -117,15 +106,15 @@ def llm_config_from_args(args: argparse.Namespace, **changes):
         raise UsageError(f"--{'preset' if args.preset is not None else 'engine'}: not used with --llm (the "
                          "LLM preset sets beam and batch sizes; filtering first in the GPU engine)")
     if args.beam is not None:
-        changes["beam"] = _int(args.beam, "--beam")
+        changes["beam"] = args.beam
     if args.batch_sizes is not None:
-        changes["batch_sizes"] = tuple(_int(s, "--batch-sizes") for s in args.batch_sizes.replace(",", " ").split())
+        changes["batch_sizes"] = tuple(args.batch_sizes)
     if args.catalog is not None:
         changes["catalog"] = args.catalog
     if args.checkpoint is not None:
         changes["checkpoint"] = args.checkpoint
     if args.token_offsets is not None:
-        changes["token_offsets"] = tuple(_int(s, "--token-offsets", 0) for s in args.token_offsets.split(","))
+        changes["token_offsets"] = tuple(args.token_offsets)
     try:
         config = LLMServeConfig.preset(args.llm, **changes)
     except ZeroGRError as err:
@@ -138,8 +127,7 @@ def llm_config_from_args(args: argparse.Namespace, **changes):
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    port = _int(args.port, "--port", 1, 65535)
-    replicas = None if args.replicas is None else _int(args.replicas, "--replicas")
+    port, replicas = args.port, args.replicas
     changes = {}
     if args.batch_wait_ms is not None:
         try:
@@ -216,9 +204,10 @@ def run_decode_dataset(args: argparse.Namespace) -> int:
     if args.batch_sizes is not None and len(config.batch_sizes) > 1:
         raise UsageError("--batch-sizes: decode-dataset plans one batch size; give one")
     config = config.__class__.from_dict(dict(config.to_dict(), batch_sizes=[config.max_batch]))
-    count = None if args.users is None else _int(args.users, "--users")
-    k = _int(args.k, "--k", 1, config.beam)
+    if args.k > config.beam:
+        raise UsageError(f"--k: {args.k} is over the beam width {config.beam} (a decode returns at most --beam items)")
     if args.input is None and args.checkpoint is not None:
         raise UsageError("--input FILE is required with --checkpoint (the default users belong to the bundled model)")
-    decode_dataset(config, args.out, users_file=args.input, count=count, k=k, keep_history=args.keep_history)
+    decode_dataset(config, args.out, users_file=args.input, count=args.users, k=args.k,
+                   keep_history=args.keep_history)
     return 0

@@ -20,7 +20,6 @@ failures, invalid items, batch sizes) and ``serve_llm.md`` into ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -30,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ZeroGRError
+from ..arg_types import Parser, whole
+from ..errors import UsageError, ZeroGRError
 
 FORMAT = "zerogr-serve-llm-load-1"
 #: SID-GR's online figures on the same setup (H100, unconstrained), req/s.
@@ -205,22 +205,22 @@ def markdown(doc: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m zerogr_core.serve.llm_load_test",
-                                description="Online load test of the Qwen3 recommender, in-process")
+    p = Parser(prog="python -m zerogr_core.serve.llm_load_test",
+               description="Online load test of the Qwen3 recommender, in-process")
     p.add_argument("--out", required=True, help="folder for serve_llm.json and serve_llm.md")
     p.add_argument("--quick", action="store_true", help="the tiny shape on the CPU (seconds)")
-    p.add_argument("--requests", type=int, default=None)
-    p.add_argument("--concurrency", type=int, default=None)
-    p.add_argument("--context", type=int, default=None)
-    a = p.parse_args(argv)
+    p.add_argument("--requests", type=whole(1), default=None)
+    p.add_argument("--concurrency", type=whole(1), default=None)
+    p.add_argument("--context", type=whole(1), default=None)
+    try:
+        a = p.parse_args(argv)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     cfg = LOAD_PRESETS["quick" if a.quick else "h200"]
     for name in ("requests", "concurrency", "context"):
-        value = getattr(a, name)
-        if value is not None:
-            if value < 1:
-                print(f"error: --{name} must be ≥ 1", file=sys.stderr)
-                return 2
-            cfg = replace(cfg, **{name: value})
+        if getattr(a, name) is not None:
+            cfg = replace(cfg, **{name: getattr(a, name)})
     command = "python -m zerogr_core.serve.llm_load_test " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         doc = run(cfg, Path(a.out), command)

@@ -1,0 +1,158 @@
+"""Numeric command-line arguments, checked when the command line is parsed.
+
+Every count a command takes (``--batch``, ``--beam``, ``--seed``, ``--port`` …) is an argparse
+``type`` made here, so the same mistake reads the same in every command: argparse prefixes
+the argument's name, the CLI prints one line and exits with status 2::
+
+    error: argument --batch: must be ≥ 1, got 0
+    error: argument --batch: 'x' is not a whole number
+    error: argument --prefix: 'x' is not an integer
+
+An integer is written plainly (``12``, ``-3``), with ``_`` separators (``1_000``) or in
+exponent form when it is whole (``2e7``, ``4.0``); ``1.5`` is not one. Counts are whole
+numbers (a lower bound of 0 or more); the word "integer" is kept for values that may be
+negative.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from decimal import Decimal, InvalidOperation
+from typing import Callable
+
+from .errors import UsageError
+
+#: Digits beyond which an integer is refused as too large: no count here comes near, and
+#: ``int()`` of ``1e999999999`` would take minutes.
+MAX_DIGITS = 30
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are raised as :class:`~zerogr_core.errors.UsageError`,
+    so the caller prints them on one line (argparse itself prints the usage text too)."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def to_int(text: str, least: int | None = None, most: int | None = None) -> int:
+    """Parse one integer and check its bounds.
+
+    Parameters
+    ----------
+    text : str
+        ``12``, ``-3``, ``1_000``, ``2e7`` or ``4.0``: any whole value.
+    least, most : int, optional
+        Inclusive bounds (``None``: unbounded on that side).
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        One line without the argument's name: ``'x' is not a whole number`` (``integer``
+        when ``least`` is ``None`` or negative), ``must be ≥ 1, got 0``, ``must be in 1…65535,
+        got 0``.
+    """
+    try:
+        number = Decimal(str(text).strip())
+    except InvalidOperation:
+        number = None
+    if number is None or not number.is_finite() or number != number.to_integral_value():
+        noun = "a whole number" if least is not None and least >= 0 else "an integer"
+        raise ValueError(f"{text!r} is not {noun}")
+    if number.adjusted() >= MAX_DIGITS:
+        raise ValueError(f"{text!r} is too large")
+    value = int(number)
+    if (least is not None and value < least) or (most is not None and value > most):
+        raise ValueError(f"must be {_range(least, most)}, got {value}")
+    return value
+
+
+def to_seconds(text: str) -> float:
+    """Parse a positive, finite number of seconds.
+
+    Raises
+    ------
+    ValueError
+        ``'x' is not a number of seconds`` or ``must be a positive number of seconds, got -5``.
+    """
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def whole(least: int | None = 1, most: int | None = None) -> Callable[[str], int]:
+    """The argparse ``type`` of one integer in ``least … most``.
+
+    Parameters
+    ----------
+    least : int or None
+        Smallest value accepted (default 1: a count of something; 0 for seeds; ``None``: any).
+    most : int, optional
+        Largest value accepted.
+
+    Returns
+    -------
+    callable
+        ``str -> int``, raising ``argparse.ArgumentTypeError`` (see :func:`to_int`).
+    """
+    def parse(text: str) -> int:
+        return _typed(to_int, text, least, most)
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def wholes(least: int | None = 1, most: int | None = None, *, empty: bool = False) -> Callable[[str], list[int]]:
+    """The argparse ``type`` of a list of integers, comma or space separated (``1,8,32``).
+
+    Parameters
+    ----------
+    least, most : int or None
+        Bounds of every value, as for :func:`whole`.
+    empty : bool
+        Accept ``""`` as the empty list (otherwise at least one value is required).
+
+    Returns
+    -------
+    callable
+        ``str -> list[int]``, raising ``argparse.ArgumentTypeError``.
+    """
+    def parse(text: str) -> list[int]:
+        items = str(text).replace(",", " ").split()
+        if not items and not empty:
+            raise argparse.ArgumentTypeError("give at least one value")
+        return [_typed(to_int, item, least, most) for item in items]
+
+    parse.__name__ = "integer list"
+    return parse
+
+
+def seconds() -> Callable[[str], float]:
+    """The argparse ``type`` of a time budget: a positive, finite number of seconds
+    (see :func:`to_seconds`)."""
+    def parse(text: str) -> float:
+        return _typed(to_seconds, text)
+
+    parse.__name__ = "seconds"
+    return parse
+
+
+def _typed(convert, text, *bounds):
+    try:
+        return convert(text, *bounds)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _range(least: int | None, most: int | None) -> str:
+    if least is not None and most is not None:
+        return f"in {least}…{most}"
+    return f"≥ {least}" if least is not None else f"≤ {most}"
