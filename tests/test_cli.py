@@ -353,8 +353,8 @@ def test_count_arguments_have_typed_defaults():
 def test_arg_types_parse_and_bound_integers():
     import argparse
 
-    from zerogr_core.arg_types import Parser, seconds, to_int, whole, wholes
-    from zerogr_core.errors import UsageError
+    from zerogr_core.arg_types import seconds, to_int, whole, wholes
+    from zerogr_core.errors import Parser, UsageError
 
     assert [to_int(t) for t in ("12", "-3", "+4", " 7 ", "1_000", "2e3", "4.0", "1.5e1")] == \
         [12, -3, 4, 7, 1000, 2000, 4, 15]

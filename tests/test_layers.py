@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: 0-5: the library (what a serving team imports); 6-11: its clients.
 LAYERS = {
     "zerogr_core.errors": 0, "zerogr_core.timing": 0, "zerogr_core.environment": 0,
+    "zerogr_core.arg_types": 0,  # text -> numbers: the commands' arguments and the catalog's synth: specs
     "zerogr_kernels": 1, "zerogr_core.catalog": 1,
     "zerogr_core.index": 2,
     "zerogr_core.decode": 3,

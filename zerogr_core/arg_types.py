@@ -12,6 +12,9 @@ An integer is written plainly (``12``, ``-3``), with ``_`` separators (``1_000``
 exponent form when it is whole (``2e7``, ``4.0``); ``1.5`` is not one. Counts are whole
 numbers (a lower bound of 0 or more); the word "integer" is kept for values that may be
 negative.
+
+It imports nothing of the project, so the library (``synth:`` catalog specs) uses it too; the
+parser that turns these errors into a one-line usage error is :class:`zerogr_core.errors.Parser`.
 """
 from __future__ import annotations
 
@@ -20,19 +23,9 @@ import math
 from decimal import Decimal, InvalidOperation
 from typing import Callable
 
-from .errors import UsageError
-
 #: Digits beyond which an integer is refused as too large: no count here comes near, and
 #: ``int()`` of ``1e999999999`` would take minutes.
 MAX_DIGITS = 30
-
-
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are raised as :class:`~zerogr_core.errors.UsageError`,
-    so the caller prints them on one line (argparse itself prints the usage text too)."""
-
-    def error(self, message: str):
-        raise UsageError(message)
 
 
 def to_int(text: str, least: int | None = None, most: int | None = None) -> int:

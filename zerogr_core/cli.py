@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from .arg_types import Parser, whole, wholes
+from .arg_types import whole, wholes
 from .bench.commands import register as register_bench
 from .bench.compare_orders import register as register_compare_orders
 from .bench.e2e_command import register as register_bench_e2e
@@ -26,7 +26,7 @@ from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLE_NAMES, open_catalog
 from .catalog.synth import SYNTH_PRESETS, generate
 from .devices import device_arg, resolved
-from .errors import UsageError, ZeroGRError
+from .errors import Parser, UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
 from .recsys.cold_study import register as register_cold_items

@@ -6,6 +6,7 @@ without a traceback and the app can put it in an error box.
 """
 from __future__ import annotations
 
+import argparse
 import contextvars
 from contextlib import contextmanager
 from typing import Iterator
@@ -49,6 +50,14 @@ class ZeroGRError(ValueError):
 
 class UsageError(ZeroGRError):
     """Bad command-line usage (the CLI exits with status 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are raised as :class:`UsageError`, so the caller prints
+    them on one line (argparse itself prints the usage text too)."""
+
+    def error(self, message: str):
+        raise UsageError(message)
 
 
 class CatalogError(ZeroGRError):

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..arg_types import Parser, seconds, to_int, whole
-from ..errors import UsageError, ZeroGRError
+from ..arg_types import seconds, to_int, whole
+from ..errors import Parser, UsageError, ZeroGRError
 from .llm_agreement import agreement
 
 #: Ceilings measured on the lent H200 (device notes): bf16 GEMM and device copy bandwidth.

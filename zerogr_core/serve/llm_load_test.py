@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arg_types import Parser, whole
-from ..errors import UsageError, ZeroGRError
+from ..arg_types import whole
+from ..errors import Parser, UsageError, ZeroGRError
 
 FORMAT = "zerogr-serve-llm-load-1"
 #: SID-GR's online figures on the same setup (H100, unconstrained), req/s.
