@@ -94,7 +94,9 @@ def live_section() -> None:
     settings = app_settings()
     with st.spinner("Checking the catalog…"):
         catalog = live_catalog(catalog, settings)
-    size = live_scale(scale, settings.limits.max_rows)
+    size = live_scale(scale, settings.limits.max_rows, catalog=catalog)
+    if size is not None and not scale.strip():
+        st.caption(f"Scale: {size:,} SIDs, this app's limit on rows (the bench command's default is larger).")
     argv = ["--suite", suite, "--batch", batches, "--beam", beams, "--dtype", dtype,
             "--hidden", hidden, "--methods", methods, "--budget-s", str(budget)]
     if catalog is not None:

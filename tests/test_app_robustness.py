@@ -196,7 +196,12 @@ def test_live_sweep_catalogs_are_read_as_server_files_are(settings, tmp_path):
 
 
 def test_live_sweep_scale():
-    assert live_scale(" ", 10) is None and live_scale("1e3", 1000) == 1000
+    assert live_scale("1e3", 1000) == 1000
+    # left empty: the bench default where it fits the limit, else the limit (search-like's is 19,269,255)
+    assert live_scale(" ", 10**8) is None and live_scale(" ", 10) == 10
+    assert live_scale("", 10**7, catalog="search-like") == 10**7
+    assert live_scale("", 10**7, catalog="synthetic-7") is None  # its default, 10^7, fits
+    assert live_scale("", 10, catalog="tiny") is None  # a sample: no scale at all
     over = r"^Scale \(SIDs\): 30,000,000 SIDs, over this app's limit of 20,000,000 rows"
     with pytest.raises(ZeroGRError, match=over):
         live_scale("3e7", 2 * 10**7)

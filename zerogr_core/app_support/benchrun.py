@@ -23,8 +23,18 @@ def app_suites() -> tuple[str, ...]:
     return APP_SUITES
 
 
-def live_scale(text: str, max_rows: int, what: str = "Scale (SIDs)") -> int | None:
-    """The number of SIDs typed for a live sweep's synthetic catalog, at most ``max_rows``.
+def live_scale(text: str, max_rows: int, what: str = "Scale (SIDs)", catalog: str | None = None) -> int | None:
+    """The number of SIDs of a live sweep's synthetic catalog, at most ``max_rows``.
+
+    Left empty, the bench command would take its preset's default (19,269,255 SIDs for
+    search-like): for the suite's default catalog or a synthetic preset (``catalog``) whose
+    default is over ``max_rows``, the sweep takes ``max_rows`` instead.
+
+    Returns
+    -------
+    int or None
+        The ``--scale`` to pass; ``None``: the bench command's default, within the limit (or a
+        catalog that is no synthetic preset).
 
     Raises
     ------
@@ -33,7 +43,10 @@ def live_scale(text: str, max_rows: int, what: str = "Scale (SIDs)") -> int | No
         (a synthetic catalog lives in the same host memory).
     """
     if not text.strip():
-        return None
+        from ..bench.workload import DEFAULT_SCALE
+
+        defaults = DEFAULT_SCALE.values() if catalog is None else [DEFAULT_SCALE.get(catalog, 0)]
+        return max_rows if max(defaults) > max_rows else None
     from ..catalog.samples import parse_count
 
     count = parse_count(text, what)
