@@ -15,6 +15,9 @@ from typing import Sequence
 
 from ..errors import ZeroGRError
 
+MAX_BATCH_WAIT_S = 10.0
+"""Longest a batch may wait to fill (every server's ``batch_wait_s``, and ``serve --batch-wait-ms``)."""
+
 
 def padded_size(n: int, sizes: Sequence[int]) -> int:
     """The smallest of the ascending ``sizes`` that holds ``n`` requests.

@@ -27,7 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1; 0.0.0.0 opens it to "
                                                        "the network)")
     p.add_argument("--port", type=whole(1, 65535), default=8000, help="HTTP port (default 8000)")
-    p.add_argument("--batch-wait-ms", default=None, help="how long a batch waits to fill (default 5)")
+    p.add_argument("--batch-wait-ms", type=_batch_wait_ms, default=None,
+                   help="how long a batch waits to fill, 0…10000 ms (default 5)")
     p.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto, or ray://HOST:10001); "
                                                    "default: start a local one")
     p.add_argument("--llm", default=None, metavar="PRESET",
@@ -54,6 +55,22 @@ def register(subparsers) -> None:
     d.add_argument("--out", required=True, metavar="FILE", help="results, JSON lines (.jsonl); a summary goes "
                                                                 "to FILE.summary.json")
     d.set_defaults(handler=run_decode_dataset)
+
+
+def _batch_wait_ms(text: str) -> float:
+    """The argparse type of ``--batch-wait-ms``: milliseconds within the servers' bound
+    (:data:`~.batching.MAX_BATCH_WAIT_S`), so a bad value reads ``error: argument --batch-wait-ms: …``
+    (the configs' own check names their field, in seconds)."""
+    from .batching import MAX_BATCH_WAIT_S
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
+    most = MAX_BATCH_WAIT_S * 1e3
+    if not 0 <= value <= most:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be in 0…{most:g} ms, got {text}")
+    return value
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,10 +147,7 @@ def run_serve(args: argparse.Namespace) -> int:
     port, replicas = args.port, args.replicas
     changes = {}
     if args.batch_wait_ms is not None:
-        try:
-            changes["batch_wait_s"] = float(args.batch_wait_ms) / 1e3
-        except ValueError:
-            raise UsageError(f"--batch-wait-ms: {args.batch_wait_ms!r} is not a number") from None
+        changes["batch_wait_s"] = args.batch_wait_ms / 1e3
     if args.llm is not None:
         config = llm_config_from_args(args, **changes)
     else:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import ZeroGRError
 from ..decode.decoder import ENGINES
+from .batching import MAX_BATCH_WAIT_S
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class ServeConfig:
         if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
             raise ZeroGRError(f"batch sizes must be positive integers, got {list(sizes)}")
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
-        if not 0 <= self.batch_wait_s <= 10:
-            raise ZeroGRError(f"batch wait must be within 0…10 s, got {self.batch_wait_s}")
+        if not 0 <= self.batch_wait_s <= MAX_BATCH_WAIT_S:
+            raise ZeroGRError(f"batch wait must be within 0…{MAX_BATCH_WAIT_S:g} s, got {self.batch_wait_s}")
         if self.engine not in ENGINES:
             raise ZeroGRError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
-from .batching import chunks, pad, padded_size
+from .batching import MAX_BATCH_WAIT_S, chunks, pad, padded_size
 from .schema import RequestError
 
 
@@ -92,8 +92,8 @@ class LLMServeConfig:
         if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
             raise ZeroGRError(f"batch_sizes: expected positive integers, got {list(sizes)}")
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
-        if not 0 <= self.batch_wait_s <= 10:
-            raise ZeroGRError(f"batch_wait_s: must be within 0…10 s, got {self.batch_wait_s}")
+        if not 0 <= self.batch_wait_s <= MAX_BATCH_WAIT_S:
+            raise ZeroGRError(f"batch_wait_s: must be within 0…{MAX_BATCH_WAIT_S:g} s, got {self.batch_wait_s}")
         if not 0 <= self.warmup_context <= self.max_context:
             raise ZeroGRError(f"warmup_context: must be within 0…{self.max_context}, got {self.warmup_context}")
         if self.device not in ("auto", "cuda", "cpu"):
