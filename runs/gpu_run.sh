@@ -29,6 +29,9 @@
 #             search-like 2e7 catalogs, batches E2E_BATCHES (1,8,32), beams E2E_BEAMS (32,128,256),
 #             models E2E_MODELS (t5,decoder-only), catalogs E2E_CATALOGS (tiger,search)
 #
+# Exit status: 1 when a test run or a benchmark command exited non-zero (or was stopped by its hard time
+# limit), after every group has had its turn and the results are packed; the log's last line names them.
+#
 # Environment:
 #   OUT             folder whose files come back (default ./gpu_out). At most 4 files land there:
 #                   gpu_run.log, gpu_tests.log, summary.txt, bench_results.tar.gz (re-packed after every
@@ -66,6 +69,10 @@ source "$ROOT/runs/checkout_env.sh"   # zerogr_kernels from this checkout, Trito
 START=$(date +%s)
 
 log() { echo "[gpu_run $(date +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+FAILED=()
+outcome() {  # outcome WHAT STATUS: a step that exited non-zero fails the run (after every group has had its turn)
+  if (( $2 != 0 )); then FAILED+=("$1 (exit $2)"); log "$1 exited with status $2"; fi
+}
 left() { echo $(( TOTAL - ($(date +%s) - START) )); }
 budget() {  # budget GROUP DEFAULT -> min(BUDGET_GROUP or DEFAULT, time left - 15 s for packing)
   local var="BUDGET_$(echo "$1" | tr 'a-z-' 'A-Z_')"
@@ -96,7 +103,8 @@ bench() {  # bench GROUP BUDGET ARGS...
   # --budget-s stops new measurements; timeout is the hard stop for a hung process
   timeout --signal=INT --kill-after=20 $(( b + 45 )) \
     $PY -m zerogr_core bench --out "$WORK/results/$dir" --budget-s "$b" "$@" $EXTRA 2>&1 \
-    | tee "$WORK/results/logs/$dir.log" | tee -a "$LOG" | grep -E "^\[|^===|^bench:|error" || true
+    | tee "$WORK/results/logs/$dir.log" | tee -a "$LOG" | grep -E "^\[|^===|^bench:|error"
+  outcome "$group" "${PIPESTATUS[0]}"
   pack
   log "group $group done"
 }
@@ -138,11 +146,15 @@ group_tests() {
   $PY -c "import xdist" 2>/dev/null && par=(-n "${TEST_WORKERS:-8}")
   timeout --kill-after=15 $(( b * 3 / 5 )) $PY -m pytest -rs -p no:cacheprovider "${par[@]}" "${suite[@]}" \
     >> "$tl" 2>&1
-  echo "kernel/engine suite exit status: $?" >> "$tl"
+  local rc=$?
+  echo "kernel/engine suite exit status: $rc" >> "$tl"
+  outcome "tests: kernel/engine suite" "$rc"
   echo >> "$tl"
   timeout --kill-after=15 $(( b * 2 / 5 )) $PY -m pytest -rs -p no:cacheprovider "${par[@]}" \
     --continue-on-collection-errors -m gpu "${marked[@]}" >> "$tl" 2>&1
-  echo "gpu-marked tests exit status: $?" >> "$tl"
+  rc=$?
+  echo "gpu-marked tests exit status: $rc" >> "$tl"
+  outcome "tests: gpu-marked" "$rc"
   tail -n 25 "$tl" | tee -a "$LOG"
   cp "$tl" "$WORK/results/logs/gpu_tests.log"
   pack
@@ -194,7 +206,8 @@ group_e2e() {
     $PY -m zerogr_core bench-e2e --out "$WORK/results/$dir" --budget-s "$b" "${q[@]}" \
       --model "${E2E_MODELS:-t5,decoder-only}" --catalog "${E2E_CATALOGS:-tiger,search}" \
       --batch "${E2E_BATCHES:-1,8,32}" --beam "${E2E_BEAMS:-32,128,256}" 2>&1 \
-    | tee "$WORK/results/logs/$dir.log" | tee -a "$LOG" | tail -n 40 || true
+    | tee "$WORK/results/logs/$dir.log" | tee -a "$LOG" | tail -n 40
+  outcome e2e "${PIPESTATUS[0]}"
   pack
   log "group e2e done"
 }
@@ -214,12 +227,15 @@ module_group() {  # module_group GROUP DEFAULT_BUDGET TESTS -- COMMAND...: CUDA 
     { header; echo; } > "$WORK/results/$dir/tests.log"
     timeout --kill-after=15 "$tb" $PY -m pytest -q -rs -p no:cacheprovider "${tests[@]}" \
       >> "$WORK/results/$dir/tests.log" 2>&1
-    echo "tests exit status: $?" >> "$WORK/results/$dir/tests.log"
+    local rc=$?
+    echo "tests exit status: $rc" >> "$WORK/results/$dir/tests.log"
+    outcome "$group: tests" "$rc"
     tail -n 4 "$WORK/results/$dir/tests.log" | tee -a "$LOG"
   fi
   local rest; rest=$(budget "$group" $(( b - tb )))
   timeout --signal=INT --kill-after=20 $(( rest + 30 )) "$@" "${OUTFLAG:---out}" "$WORK/results/$dir" 2>&1 \
-    | tee "$WORK/results/$dir/run.log" | tail -n 40 | tee -a "$LOG" || true
+    | tee "$WORK/results/$dir/run.log" | tail -n 40 | tee -a "$LOG"
+  outcome "$group" "${PIPESTATUS[0]}"
   pack
   log "group $group done"
 }
@@ -250,3 +266,7 @@ pack
 log "finished; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 echo
 cat "$OUT/summary.txt"
+if (( ${#FAILED[@]} )); then
+  log "failed: ${FAILED[*]}"
+  exit 1
+fi

@@ -267,6 +267,16 @@ def test_gpu_run_script_dry_run_packs_results(tmp_path):
     assert "[beam-sweep]" in (out / "summary.txt").read_text()
 
 
+def test_gpu_run_script_fails_when_a_group_fails(tmp_path):
+    # an interpreter that cannot run anything: every group's command fails, and the script must say so
+    env = dict(os.environ, BENCH_QUICK="1", PYTHON="false", OUT=str(tmp_path / "out"),
+               BENCH_WORK=str(tmp_path / "work"), BENCH_BUDGET_S="120")
+    result = subprocess.run(["bash", "runs/gpu_run.sh", "beams", "codebooks"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "failed: beams (exit 1) codebooks (exit 1)" in result.stdout
+
+
 def test_projection_sweep_dry_run_checks_every_tuning_against_the_first(tmp_path):
     # zerogr_core.bench.projection_sweep wrote runs/results/projection-sweep/ on the H200; its CPU dry
     # run (tiny shapes, interpreter) must produce the same record layout, every tuning agreeing
