@@ -68,3 +68,12 @@ def test_readme_python_example_runs():
     assert done.returncode == 0, done.stderr
     printed = done.stdout.strip()
     assert printed.startswith("[[") and printed.count("[") == 3, printed
+
+
+def test_api_guide_python_examples_run_in_order():
+    """docs/api.md's examples build on each other: run them in one interpreter, in order."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "api.md").read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) >= 4
+    program = "\n".join(f"exec(compile({b!r}, 'docs/api.md example {i + 1}', 'exec'))" for i, b in enumerate(blocks))
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
