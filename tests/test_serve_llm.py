@@ -275,6 +275,20 @@ def test_serve_llm_cli_errors_are_one_line(argv, words, capsys):
     assert words in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_serve_llm_refuses_a_bad_catalog_before_it_starts(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port free now, so the catalog is what is refused
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    (tmp_path / "bad.csv").write_text("item_id,s1\n1,x\n")
+    for spec, words in ((str(tmp_path / "none.csv"), "no such file"),
+                        (str(tmp_path / "bad.csv"), "row 1, column 's1'")):
+        assert main(["serve", "--llm", "tiny", "--catalog", spec, "--port", port]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: --catalog: ") and words in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_load_test_quick(tmp_path):
     from zerogr_core.serve.llm_load_test import LOAD_PRESETS, run
 

@@ -157,6 +157,8 @@ def run_serve(args: argparse.Namespace) -> int:
     _check_port(args.host, port)
     if args.llm is None:
         _check_model(config)
+    elif args.catalog is not None and not args.catalog.startswith("synth:"):
+        _check_catalog(config.catalog)
     try:
         from . import app
     except ImportError as err:
@@ -209,6 +211,18 @@ def _check_model(config) -> None:
     study = load_model(config.checkpoint, "cpu")
     if config.catalog is not None:
         catalog_for_model(config.catalog, study)
+
+
+def _check_catalog(spec: str) -> None:
+    """Open a catalog file or sample given to ``--llm`` once here, so that a bad one is one line on
+    the terminal rather than a replica that fails to start (whether its codebooks fit the model's
+    SID bands needs the model, which only the replica loads)."""
+    from ..catalog.samples import open_catalog
+
+    try:
+        open_catalog(spec)
+    except ZeroGRError as err:
+        raise ZeroGRError(f"--catalog: {err}") from None
 
 
 def run_decode_dataset(args: argparse.Namespace) -> int:
