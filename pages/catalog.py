@@ -54,9 +54,9 @@ def chosen_source(options: dict):
         upload = st.file_uploader(f"Catalog file ({', '.join('.' + t for t in UPLOAD_TYPES)}), up to "
                                   f"{limit / 2**20:,.0f} MB", type=list(UPLOAD_TYPES), key="up_catalog",
                                   on_change=_upload_changed)
-        st.caption("Layouts: `item_id, s1, s2, …, sL` (one integer column per level) or `item_id, sid` with the "
-                   "tokens in one column (`\"3 5 1\"`); an optional `title` column. Larger catalogs: use "
-                   "*File on the server*.")
+        st.caption("Layouts: `item_id, s1, s2, …, sL` (one integer column per level, or `s0 …` from zero) "
+                   "or `item_id, sid` with the tokens in one column (`\"3 5 1\"`); an optional `title` "
+                   "column. Larger catalogs: use *File on the server*.")
         if upload is not None:
             payload = st.session_state.get(PAYLOAD_KEY)
             if payload is None or payload.get("id") != upload.file_id:

@@ -48,6 +48,10 @@ MALFORMED = {
     "no-item-id-column": ("id,s1\n1,2\n", ["no 'item_id' column", "id, s1"]),
     "no-level-columns": ("item_id,title\n1,a\n", ["no SID columns"]),
     "level-gap": ("item_id,s1,s3\n1,2,3\n", ["column 's2'", "without gaps"]),
+    "level-gap-from-zero": ("item_id,s0,s2\n1,2,3\n", ["column 's1'", "s0…s2 without gaps"]),
+    "levels-not-from-one": ("item_id,s2,s3\n1,2,3\n", ["column 's1'", "s1…s3 without gaps"]),
+    "zero-based-bad-token": ("item_id,s0,s1\n1,2,3\n2,2,-1\n", ["row 2", "column 's1'", "negative token"]),
+    "own-case-bad-token": ("item_id,S1,S2\n1,2,3\n2,2,-1\n", ["row 2", "column 'S2'", "negative token"]),
     "both-layouts": ("item_id,s1,sid\n1,2,3\n", ["column 'sid'", "both"]),
     "header-only": ("item_id,s1,s2\n", ["no data rows"]),
     "blank-lines-only": ("\n\n\n", ["file is empty"]),
@@ -135,6 +139,15 @@ def test_layouts_agree_and_sort(tmp_path):
         assert catalog.titles.tolist() == ["y, z", "x"]
         assert catalog.codebook_sizes == (4, 6, 3)
         assert catalog.name == path.stem
+
+
+def test_levels_numbered_from_zero_keep_every_level(tmp_path):
+    # s0 is the first level, not an extra column to ignore: dropping it would merge items
+    zero = load_catalog(write(tmp_path, "zero.csv", "item_id,s0,s1,s2\n1,4,2,3\n2,5,2,3\n"))
+    one = load_catalog(write(tmp_path, "one.csv", "item_id,s1,s2,s3\n1,4,2,3\n2,5,2,3\n"))
+    assert zero.n_levels == 3
+    np.testing.assert_array_equal(zero.sids, one.sids)
+    np.testing.assert_array_equal(zero.item_ids, one.item_ids)
 
 
 def test_array_column_and_float_columns(tmp_path):

@@ -37,7 +37,7 @@ _SEPARATORS = {"csv": ",", "tsv": "\t"}
 #: Parquet key-value metadata written by :func:`save_catalog`.
 META_CODEBOOK_SIZES = "zerogr.codebook_sizes"
 META_BAND_OFFSETS = "zerogr.band_offsets"
-_LEVEL_COLUMN = re.compile(r"^s([1-9]\d*)$")
+_LEVEL_COLUMN = re.compile(r"^s(0|[1-9]\d*)$")
 _TOKEN = r"[^\s,]+"
 
 
@@ -141,10 +141,14 @@ def load_catalog(path: str | Path, *, codebook_sizes=None, on_duplicate: str = "
             level = level_names(sids.shape[1]).index(err.column) + 1
             raise CatalogError(f"{err.reason} (token {level})", row=err.row, column=columns["sid"],
                                source=source) from None
-        if err.column == "sid" and layout_columns != ["sid"]:  # the SID is spread over the level columns
+        if layout_columns != ["sid"]:  # the file's own names for the catalog's s1 … sL
             names = [columns[name] for name in layout_columns]
-            spread = names[0] if len(names) == 1 else f"{names[0]}–{names[-1]}"
-            raise CatalogError(err.reason, row=err.row, column=spread, source=source) from None
+            if err.column == "sid":  # the SID is spread over the level columns
+                spread = names[0] if len(names) == 1 else f"{names[0]}–{names[-1]}"
+                raise CatalogError(err.reason, row=err.row, column=spread, source=source) from None
+            if err.column in level_names(len(names)):
+                raise CatalogError(err.reason, row=err.row, column=names[level_names(len(names)).index(err.column)],
+                                   source=source) from None
         raise err.with_source(source) from None
 
 
@@ -238,7 +242,8 @@ def _column_map(frame: pl.DataFrame, source: str) -> dict[str, str]:
 
 
 def _layout(columns: dict[str, str], source: str) -> list[str]:
-    """Normalised SID column names: ``["sid"]``, or the level columns in order s1 … sL."""
+    """Normalised SID column names: ``["sid"]``, or the level columns in order, s1 … sL or
+    (numbered from zero, as many SID exports are) s0 … s(L-1)."""
     levels: dict[int, str] = {}
     for key in columns:
         match = _LEVEL_COLUMN.match(key)
@@ -252,12 +257,12 @@ def _layout(columns: dict[str, str], source: str) -> list[str]:
     if not levels:
         raise CatalogError("no SID columns: expected 's1', 's2', … (one per level) or 'sid'",
                            source=source)
-    top = max(levels)
-    for number, name in enumerate(level_names(top), start=1):
+    first, top = (0 if 0 in levels else 1), max(levels)
+    for number in range(first, top + 1):
         if number not in levels:
-            raise CatalogError(f"level columns must run s1…s{top} without gaps", column=name,
+            raise CatalogError(f"level columns must run s{first}…s{top} without gaps", column=f"s{number}",
                                source=source)
-    return [levels[number] for number in range(1, top + 1)]
+    return [levels[number] for number in range(first, top + 1)]
 
 
 def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> np.ndarray:
