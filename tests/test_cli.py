@@ -171,6 +171,12 @@ def test_next_edge_cases(capsys):
     (["bench", "--quick", "--budget-s", "-5"], "--budget-s: must be a positive number of seconds, got -5"),
     (["bench", "--quick", "--suite-budgets", "headline=x"], "--suite-budgets headline: 'x' is not a number"),
     (["quality", "--device", "meta"], "--device: 'meta'"),
+    (["train", "--out", "x.pt", "--lr", "-1"], "argument --lr: must be a positive number, got -1"),
+    (["train", "--out", "x.pt", "--lr", "inf"], "argument --lr: must be a positive number, got inf"),
+    (["train", "--out", "x.pt", "--validity-weight", "nan"], "argument --validity-weight: must be ≥ 0, got nan"),
+    (["train", "--out", "x.pt", "--max-minutes", "0"],
+     "argument --max-minutes: must be a positive number of minutes, got 0"),
+    (["coldstart", "--max-minutes", "x"], "argument --max-minutes: 'x' is not a number of minutes"),
     (["quality", "--users", "3", "--beam", "100000"], "--batch-size × --beam: 3 × 100000 beams is over the 65,536"),
 ])
 def test_argument_errors(capsys, args, fragment):
@@ -353,7 +359,7 @@ def test_count_arguments_have_typed_defaults():
 def test_arg_types_parse_and_bound_integers():
     import argparse
 
-    from zerogr_core.arg_types import seconds, to_int, whole, wholes
+    from zerogr_core.arg_types import number, seconds, to_int, whole, wholes
     from zerogr_core.errors import Parser, UsageError
 
     assert [to_int(t) for t in ("12", "-3", "+4", " 7 ", "1_000", "2e3", "4.0", "1.5e1")] == \
@@ -385,6 +391,15 @@ def test_arg_types_parse_and_bound_integers():
                           ("nan", "must be a positive number of seconds")):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             seconds()(text)
+    assert number()("-2.5") == -2.5 and number(0, 1)("1") == 1.0 and number(positive=True)("1e-9") == 1e-9
+    for parse, text, message in ((number(), "x", "^'x' is not a number$"),
+                                 (number(), "inf", "^must be a finite number, got inf$"),
+                                 (number(0), "-0.5", "^must be ≥ 0, got -0.5$"),
+                                 (number(0, 10_000.0, unit="milliseconds"), "nan",
+                                  "^must be in 0…10000 milliseconds, got nan$"),
+                                 (number(positive=True, unit="minutes"), "0", "^must be a positive number of minutes")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            parse(text)
     parser = Parser(prog="p")
     parser.add_argument("--n", type=whole(1))
     with pytest.raises(UsageError, match="^argument --n: must be ≥ 1, got 0$"):
@@ -401,6 +416,10 @@ def test_arg_types_parse_and_bound_integers():
     ("zerogr_core.serve.llm_load_test", ["--requests", "x"], "argument --requests: 'x' is not a whole number"),
     ("zerogr_core.serve.llm_load_test", ["--concurrency", "0"], "argument --concurrency: must be ≥ 1, got 0"),
     ("zerogr_core.serve.llm_load_test", ["--context", "1.5"], "argument --context: '1.5' is not a whole number"),
+    ("zerogr_core.serve.load_test", ["--clients", "0"], "argument --clients: must be ≥ 1, got 0"),
+    ("zerogr_core.serve.load_test", ["--seconds", "nan"],
+     "argument --seconds: must be a positive number of seconds, got nan"),
+    ("zerogr_core.serve.load_test", ["--replicas", "1,x"], "argument --replicas: 'x' is not a whole number"),
 ])
 def test_standalone_benchmarks_check_counts_on_parsing(capsys, tmp_path, module, argv, message):
     import importlib

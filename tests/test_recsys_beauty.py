@@ -321,9 +321,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["quality", "--data", str(tmp_path / "bad.txt")]) == 1
     assert "--checkpoint FILE is required" in capsys.readouterr().err
     write_sequences(tmp_path / "seq.txt", n_users=10, n_items=8)
-    # a count is checked as the command line is parsed (status 2); the learning rate by train_sequences (1)
-    for flag, value, message, status in (("--lr", "-0.1", "--lr must be > 0, got -0.1", 1),
-                                         ("--lr", "nan", "--lr must be > 0", 1),
+    # every number is checked as the command line is parsed (status 2)
+    for flag, value, message, status in (("--lr", "-0.1", "argument --lr: must be a positive number, got -0.1", 2),
+                                         ("--lr", "nan", "argument --lr: must be a positive number, got nan", 2),
                                          ("--patience", "0", "argument --patience: must be ≥ 1, got 0", 2)):
         assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--out", str(tmp_path / "m.pt"),
                      flag, value]) == status
@@ -427,8 +427,8 @@ def test_validity_term_ablation_trains_and_is_recorded(tmp_path, capsys):
                  "--out", str(out)]) == 0
     assert torch.load(out, weights_only=True)["study"]["train"]["validity_weight"] == 0.625
     assert main(["train", "--data", str(tmp_path / "seq.txt"), "--preset", "tiny", "--validity-weight", "-1",
-                 "--out", str(out)]) == 1
-    assert "--validity-weight must be ≥ 0, got -1.0" in capsys.readouterr().err
+                 "--out", str(out)]) == 2
+    assert "argument --validity-weight: must be ≥ 0, got -1" in capsys.readouterr().err
     # Quality reports of the plain and the validity checkpoint of one preset live side by side,
     # and the ablation document compares them.
     plain = tmp_path / "p.pt"

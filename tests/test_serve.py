@@ -192,8 +192,8 @@ def test_pushes_delete_at_once_undelete_by_rebuild_and_carry_their_label(rec):
     (["serve", "--replicas", "0"], "argument --replicas: must be ≥ 1, got 0"),
     (["serve", "--checkpoint", "no/such.pt"], "no/such.pt: no such file"),
     # the wait is checked with the command line and named as given, in ms, for both servers
-    (["serve", "--batch-wait-ms", "-5"], "argument --batch-wait-ms: must be in 0…10000 ms, got -5"),
-    (["serve", "--batch-wait-ms", "nan"], "argument --batch-wait-ms: must be in 0…10000 ms, got nan"),
+    (["serve", "--batch-wait-ms", "-5"], "argument --batch-wait-ms: must be in 0…10000 milliseconds, got -5"),
+    (["serve", "--batch-wait-ms", "nan"], "argument --batch-wait-ms: must be in 0…10000 milliseconds, got nan"),
     (["serve", "--llm", "tiny", "--batch-wait-ms", "x"], "argument --batch-wait-ms: 'x' is not a number of millisec"),
 ])
 def test_cli_errors_are_one_line(argv, words, capsys):

@@ -13,6 +13,11 @@ exponent form when it is whole (``2e7``, ``4.0``); ``1.5`` is not one. Counts ar
 numbers (a lower bound of 0 or more); the word "integer" is kept for values that may be
 negative.
 
+Other numbers (a learning rate, a wait in milliseconds, a budget in seconds) are finite
+floats checked the same way (:func:`number`, :func:`seconds`)::
+
+    error: argument --lr: must be a positive number, got -1
+
 It imports nothing of the project, so the library (``synth:`` catalog specs) uses it too; the
 parser that turns these errors into a one-line usage error is :class:`zerogr_core.errors.Parser`.
 """
@@ -64,21 +69,49 @@ def to_int(text: str, least: int | None = None, most: int | None = None) -> int:
     return value
 
 
-def to_seconds(text: str) -> float:
-    """Parse a positive, finite number of seconds.
+def to_number(text: str, least: float | None = None, most: float | None = None, *, positive: bool = False,
+              unit: str | None = None) -> float:
+    """Parse one finite number and check its bounds.
+
+    Parameters
+    ----------
+    text : str
+        ``0.5``, ``1e-3``, ``-2``.
+    least, most : float, optional
+        Inclusive bounds (``None``: unbounded on that side).
+    positive : bool
+        Refuse 0 and below.
+    unit : str, optional
+        Named in the messages (``seconds``, ``milliseconds``).
+
+    Returns
+    -------
+    float
 
     Raises
     ------
     ValueError
-        ``'x' is not a number of seconds`` or ``must be a positive number of seconds, got -5``.
+        One line without the argument's name: ``'x' is not a number of seconds``, ``must be a
+        positive number of seconds, got -5``, ``must be in 0…10000 milliseconds, got nan``.
     """
+    noun = f"number of {unit}" if unit else "number"
     try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise ValueError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"must be a positive number of seconds, got {text}")
+        value = float(str(text).strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a {noun}") from None
+    if positive and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"must be a positive {noun}, got {text}")
+    outside = (least is not None and value < least) or (most is not None and value > most)
+    if outside or not math.isfinite(value):
+        bound = _range(least, most) + (f" {unit}" if unit else "") if least is not None or most is not None \
+            else f"a finite {noun}"
+        raise ValueError(f"must be {bound}, got {text}")
     return value
+
+
+def to_seconds(text: str) -> float:
+    """Parse a positive, finite number of seconds (:func:`to_number`)."""
+    return to_number(text, positive=True, unit="seconds")
 
 
 def whole(least: int | None = 1, most: int | None = None) -> Callable[[str], int]:
@@ -128,24 +161,38 @@ def wholes(least: int | None = 1, most: int | None = None, *, empty: bool = Fals
     return parse
 
 
-def seconds() -> Callable[[str], float]:
-    """The argparse ``type`` of a time budget: a positive, finite number of seconds
-    (see :func:`to_seconds`)."""
+def number(least: float | None = None, most: float | None = None, *, positive: bool = False,
+           unit: str | None = None) -> Callable[[str], float]:
+    """The argparse ``type`` of one finite number (see :func:`to_number` for the arguments)."""
     def parse(text: str) -> float:
-        return _typed(to_seconds, text)
+        return _typed(to_number, text, least, most, positive=positive, unit=unit)
 
-    parse.__name__ = "seconds"
+    parse.__name__ = "number"
     return parse
 
 
-def _typed(convert, text, *bounds):
+def seconds() -> Callable[[str], float]:
+    """The argparse ``type`` of a time budget: a positive, finite number of seconds
+    (see :func:`to_seconds`)."""
+    return number(positive=True, unit="seconds")
+
+
+def minutes() -> Callable[[str], float]:
+    """The argparse ``type`` of a training budget: a positive, finite number of minutes."""
+    return number(positive=True, unit="minutes")
+
+
+def _typed(convert, text, *args, **kwargs):
     try:
-        return convert(text, *bounds)
+        return convert(text, *args, **kwargs)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _range(least: int | None, most: int | None) -> str:
+def _range(least: float | None, most: float | None) -> str:
+    def shown(bound):
+        return str(bound) if isinstance(bound, int) else f"{bound:g}"
+
     if least is not None and most is not None:
-        return f"in {least}…{most}"
-    return f"≥ {least}" if least is not None else f"≤ {most}"
+        return f"in {shown(least)}…{shown(most)}"
+    return f"≥ {shown(least)}" if least is not None else f"≤ {shown(most)}"

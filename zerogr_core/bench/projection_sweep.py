@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from zerogr_core.arg_types import seconds
 from zerogr_core.environment import environment
 from zerogr_core.timing import median_us, synchronize
 from zerogr_kernels import (BeamGroups, full_proj, group_beams, selective_proj_triton,
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="fp32,fp16")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="selective shapes")
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--budget-s", type=float, default=400.0)
+    ap.add_argument("--budget-s", type=seconds(), default=400.0)
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU check of this script: tiny shapes under TRITON_INTERPRET=1, three tunings")
     args = ap.parse_args(argv)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arg_types import whole
+from ..arg_types import minutes, whole
 from ..devices import device_arg
 from ..errors import ZeroGRError
 
@@ -324,7 +324,7 @@ def register(subparsers) -> None:
                    help="seeds the cold-start item draw and both trainings (default 0)")
     p.add_argument("--users", type=whole(1), metavar="N",
                    help="evaluate N evenly spread cold test sequences (default: all)")
-    p.add_argument("--max-minutes", type=float, metavar="M", help="training budget of the generative model "
+    p.add_argument("--max-minutes", type=minutes(), metavar="M", help="training budget of the generative model "
                    "(overrides the preset's)")
     p.add_argument("--cuda-graph", action="store_true", help="train from one CUDA graph per step (as train "
                    "--cuda-graph; CUDA only)")

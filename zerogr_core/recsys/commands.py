@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from ..arg_types import whole
+from ..arg_types import minutes, number, whole
 from ..devices import device_arg
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "runs" / "results"
@@ -42,13 +42,13 @@ def register(subparsers) -> None:
                    "paper's schedule: batch 256, 390 epochs, inverse-sqrt learning rate from 0.01), cpu (<= 15 min "
                    "on 2 cores), tiny (tests)")
     t.add_argument("--out", metavar="FILE", required=True, help="checkpoint file to write")
-    t.add_argument("--max-minutes", type=float, metavar="M", help="wall-clock budget of the training loop "
+    t.add_argument("--max-minutes", type=minutes(), metavar="M", help="wall-clock budget of the training loop "
                    "(overrides the preset's; the best validation weights so far are kept)")
     t.add_argument("--seed", type=whole(0), help="override the preset's seed")
-    t.add_argument("--lr", type=float, metavar="LR", help="override the preset's peak learning rate")
+    t.add_argument("--lr", type=number(positive=True), metavar="LR", help="override the preset's peak learning rate")
     t.add_argument("--patience", type=whole(1), metavar="N", help="override the preset's early stopping: validation "
                    "decodes without a better NDCG@10 before training stops")
-    t.add_argument("--validity-weight", type=float, metavar="W", help="add the catalog-validity term with weight W "
+    t.add_argument("--validity-weight", type=number(0), metavar="W", help="add the catalog-validity term with weight W "
                    "per token (the ablation; default 0, plain cross-entropy; 0.625 matches the MovieLens recipe)")
     t.add_argument("--device", type=device_arg, default="auto",
                    help="torch device (default: cuda when available, else cpu)")
@@ -63,7 +63,7 @@ def register(subparsers) -> None:
                    "(default with --resume or --stop-after-minutes: <out>.state.pt)")
     t.add_argument("--resume", action="store_true", help="continue the run saved in --state (same data, preset "
                    "and options)")
-    t.add_argument("--stop-after-minutes", type=float, metavar="M", help="stop this call between epochs after at "
+    t.add_argument("--stop-after-minutes", type=minutes(), metavar="M", help="stop this call between epochs after at "
                    "most M minutes of wall clock, state saved, without ending the schedule (continue with --resume)")
     t.set_defaults(handler=run_train_sequences)
 

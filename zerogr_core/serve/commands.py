@@ -9,8 +9,9 @@ import argparse
 import signal
 import time
 
-from ..arg_types import whole, wholes
+from ..arg_types import number, whole, wholes
 from ..errors import UsageError, ZeroGRError, first_line
+from .batching import MAX_BATCH_WAIT_S
 
 RAY_MISSING = ("the serve command needs Ray Serve: pip install 'ray[serve]==2.60.0' (pinned in requirements.txt; "
                "`make install` installs it)")
@@ -27,7 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1; 0.0.0.0 opens it to "
                                                        "the network)")
     p.add_argument("--port", type=whole(1, 65535), default=8000, help="HTTP port (default 8000)")
-    p.add_argument("--batch-wait-ms", type=_batch_wait_ms, default=None,
+    p.add_argument("--batch-wait-ms", type=number(0, MAX_BATCH_WAIT_S * 1e3, unit="milliseconds"), default=None,
                    help="how long a batch waits to fill, 0…10000 ms (default 5)")
     p.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto, or ray://HOST:10001); "
                                                    "default: start a local one")
@@ -55,22 +56,6 @@ def register(subparsers) -> None:
     d.add_argument("--out", required=True, metavar="FILE", help="results, JSON lines (.jsonl); a summary goes "
                                                                 "to FILE.summary.json")
     d.set_defaults(handler=run_decode_dataset)
-
-
-def _batch_wait_ms(text: str) -> float:
-    """The argparse type of ``--batch-wait-ms``: milliseconds within the servers' bound
-    (:data:`~.batching.MAX_BATCH_WAIT_S`), so a bad value reads ``error: argument --batch-wait-ms: …``
-    (the configs' own check names their field, in seconds)."""
-    from .batching import MAX_BATCH_WAIT_S
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds") from None
-    most = MAX_BATCH_WAIT_S * 1e3
-    if not 0 <= value <= most:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be in 0…{most:g} ms, got {text}")
-    return value
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,17 +21,20 @@ replicas compete with the clients and the proxy for the same cores.
 """
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
 import platform
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+from ..arg_types import seconds, whole, wholes
+from ..errors import Parser, UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,19 +114,23 @@ def summarise(name: str, records: list, seconds: float, clients: int, replicas: 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=20.0, help="per phase")
-    p.add_argument("--replicas", default="1,2", help="replica counts of the steady phases; the push phase "
-                                                     "runs on the last")
-    p.add_argument("--pushes", type=int, default=3, help="catalog versions pushed during the push phase")
-    p.add_argument("--delete", type=int, default=20, help="items each push deletes")
-    p.add_argument("--k", type=int, default=10)
+    p = Parser(prog="python -m zerogr_core.serve.load_test", description=__doc__.splitlines()[0])
+    p.add_argument("--clients", type=whole(1), default=8)
+    p.add_argument("--seconds", type=seconds(), default=20.0, help="per phase")
+    p.add_argument("--replicas", type=wholes(1), default=[1, 2],
+                   help="replica counts of the steady phases; the push phase runs on the last")
+    p.add_argument("--pushes", type=whole(1), default=3, help="catalog versions pushed during the push phase")
+    p.add_argument("--delete", type=whole(1), default=20, help="items each push deletes")
+    p.add_argument("--k", type=whole(1), default=10)
     p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--gpu", action="store_true", help="one GPU per replica (default: one CPU each)")
     p.add_argument("--out", default=None, help="result file (default runs/results/serve/load-<host>.json)")
-    args = p.parse_args(argv)
-    replica_counts = [int(r) for r in args.replicas.split(",")]
+    try:
+        args = p.parse_args(argv)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    replica_counts = args.replicas
 
     import ray
     import torch
