@@ -48,6 +48,9 @@ MALFORMED = {
     "no-item-id-column": ("id,s1\n1,2\n", ["no 'item_id' column", "id, s1"]),
     "no-level-columns": ("item_id,title\n1,a\n", ["no SID columns"]),
     "level-gap": ("item_id,s1,s3\n1,2,3\n", ["column 's2'", "without gaps"]),
+    "duplicate-long-string-id": ("item_id,s1\nhttps://example.com/item/1,1\nhttps://example.com/item/2,2\n"
+                                 "https://example.com/item/1,3\n",
+                                 ["row 3", "duplicate item id 'https://example.com/item/1' (also on row 1)"]),
     "level-gap-from-zero": ("item_id,s0,s2\n1,2,3\n", ["column 's1'", "s0…s2 without gaps"]),
     "levels-not-from-one": ("item_id,s2,s3\n1,2,3\n", ["column 's1'", "s1…s3 without gaps"]),
     "zero-based-bad-token": ("item_id,s0,s1\n1,2,3\n2,2,-1\n", ["row 2", "column 's1'", "negative token"]),
@@ -63,6 +66,15 @@ MALFORMED = {
 def test_malformed_csv_names_file_row_column(tmp_path, case):
     text, fragments = MALFORMED[case]
     expect_error(write(tmp_path, f"{case}.csv", text), *fragments)
+
+
+def test_long_values_are_cut_in_messages(tmp_path):
+    long_id = "x" * 5000
+    path = write(tmp_path, "long.csv", f"item_id,s1\n{long_id},1\n{long_id},2\n")
+    with pytest.raises(CatalogError) as caught:
+        load_catalog(path)
+    message = str(caught.value)
+    assert "row 2" in message and "(also on row 1)" in message and "x…" in message and len(message) < 300, message
 
 
 def test_rows_refer_to_file_order_not_sorted_order(tmp_path):

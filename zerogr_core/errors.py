@@ -36,12 +36,19 @@ def values_redacted() -> bool:
     return _REDACT.get()
 
 
+#: Characters of a quoted value beyond which a message cuts it (with "…"): a 5,000-character
+#: cell would bury the file, row and column the message is for.
+SHOWN_MAX = 100
+
+
 def shown(value, quote: bool = True) -> str:
     """A value from a file, as an error message quotes it: ``repr`` (or ``str`` with
-    ``quote=False``), or :data:`WITHHELD` inside :func:`redacted_values`."""
+    ``quote=False``, its line breaks escaped), cut at :data:`SHOWN_MAX` characters, or
+    :data:`WITHHELD` inside :func:`redacted_values`."""
     if _REDACT.get():
         return WITHHELD
-    return repr(value) if quote else str(value)
+    text = repr(value) if quote else str(value).replace("\r", "\\r").replace("\n", "\\n")
+    return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 1] + "…"
 
 
 class ZeroGRError(ValueError):

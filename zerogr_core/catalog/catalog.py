@@ -501,7 +501,9 @@ def normalize_item_ids(values, n: int | None = None, *, column: str = "item_id")
             # The first duplicate in file order: the smallest second occurrence.
             second = order[1:][same]
             r = int(second.min())
-            first = int(order[np.searchsorted(ranked, ids[r])])
+            # a comparison, not a search: numpy 2.4's searchsorted misplaces StringDType
+            # strings of 16 bytes or more
+            first = int(np.flatnonzero(ids == ids[r:r + 1])[0])
             raise CatalogError(f"duplicate item id {format_item_id(ids[r])} (also on row {first + 1})",
                                row=r, column=column)
     return ids
