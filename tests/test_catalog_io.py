@@ -51,6 +51,7 @@ MALFORMED = {
     "duplicate-long-string-id": ("item_id,s1\nhttps://example.com/item/1,1\nhttps://example.com/item/2,2\n"
                                  "https://example.com/item/1,3\n",
                                  ["row 3", "duplicate item id 'https://example.com/item/1' (also on row 1)"]),
+    "bare-carriage-returns": ("item_id,s1\r1,2\r3,4\r", ["bare carriage return (\\r)"]),
     "level-gap-from-zero": ("item_id,s0,s2\n1,2,3\n", ["column 's1'", "s0…s2 without gaps"]),
     "levels-not-from-one": ("item_id,s2,s3\n1,2,3\n", ["column 's1'", "s1…s3 without gaps"]),
     "zero-based-bad-token": ("item_id,s0,s1\n1,2,3\n2,2,-1\n", ["row 2", "column 's1'", "negative token"]),
@@ -138,6 +139,12 @@ def test_parquet_errors(tmp_path):
 
 
 # ---------------------------------------------------------------------------- reading and round trips
+def test_carriage_returns_inside_lines_and_crlf_files_load(tmp_path):
+    crlf = load_catalog(write(tmp_path, "crlf.csv", "item_id,s1,title\r\n1,0,x\r\n2,1,y\r\n"))
+    quoted = load_catalog(write(tmp_path, "quoted.csv", 'item_id,s1,title\n1,0,"a\rb"\n2,1,y\n'))
+    assert crlf.titles.tolist() == ["x", "y"] and quoted.titles.tolist() == ["a\rb", "y"]
+
+
 def test_layouts_agree_and_sort(tmp_path):
     per_level = write(tmp_path, "a.csv", "Item_ID, s1 ,s2,s3,Title,genre\n10,3,5,1,x,g\n11,0,2,2,\"y, z\",g\n")
     sid_tsv = write(tmp_path, "b.tsv", "item_id\tsid\ttitle\n10\t3 5 1\tx\n11\t 0, 2 ,2 \ty, z\n")

@@ -204,6 +204,8 @@ def _check_file(path: Path, max_bytes: int | None) -> None:
 
 def _read_frame(path: Path, fmt: str) -> tuple[pl.DataFrame, dict[str, str]]:
     """The file as a DataFrame (CSV/TSV: every column a string) and its Parquet metadata."""
+    if fmt != "parquet":
+        _check_line_ends(path)
     try:
         if fmt == "parquet":
             return pl.read_parquet(path), pl.read_parquet_metadata(path)
@@ -215,6 +217,17 @@ def _read_frame(path: Path, fmt: str) -> tuple[pl.DataFrame, dict[str, str]]:
         if fmt != "parquet" and "more fields" in reason:
             _raise_extra_fields(path, _SEPARATORS[fmt])
         raise CatalogError(f"cannot read as {fmt.upper()}: {shown(reason, quote=False)}", source=str(path)) from None
+
+
+def _check_line_ends(path: Path) -> None:
+    """Refuse a text file whose lines end in a bare carriage return (classic Mac OS): Polars would
+    read it as a header alone and report no data rows."""
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    first = head.find(b"\r")
+    if first >= 0 and head[first + 1:first + 2] != b"\n" and b"\n" not in head[:first]:
+        raise CatalogError("lines end in a bare carriage return (\\r); save the file with \\n or \\r\\n line ends",
+                           source=str(path))
 
 
 def _raise_extra_fields(path: Path, separator: str) -> NoReturn:
