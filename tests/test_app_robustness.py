@@ -3,7 +3,8 @@
 Each test is a failure the robustness sweep found: a remembered widget value that no longer
 fits its options, another session's uploads taking a session's catalog away, a path the OS
 cannot look up, a message that was not one line, and the Benchmarks page's live sweep
-reading files outside the data roots. Uploads are simulated as in tests/test_app_pages.py.
+reading files outside the data roots. Uploads are simulated as in tests/test_app_catalog.py;
+the shared helpers are in tests/app_harness.py.
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from streamlit.testing.v1 import AppTest
 
+from app_harness import ROOT, assert_clean, errors, new_app, open_page
 from zerogr_core.app_support import sources
 from zerogr_core.app_support.benchrun import live_catalog, live_scale
 from zerogr_core.app_support.messages import one_line
@@ -22,32 +23,7 @@ from zerogr_core.catalog.limits import LoadLimits
 from zerogr_core.errors import ZeroGRError
 from zerogr_core.recsys import movielens
 
-ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 180
 OWN = "Your model (a transformers checkpoint folder on the server)"
-
-
-def new_app(**state) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
-    for key, value in state.items():
-        at.session_state[key] = value
-    return at
-
-
-def open_page(at, name: str, **state) -> AppTest:
-    at.switch_page(f"pages/{name}.py")
-    for key, value in state.items():
-        at.session_state[key] = value
-    return at.run()
-
-
-def errors(at) -> list[str]:
-    return [e.value for e in at.error]
-
-
-def assert_clean(at) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not any("Something went wrong" in e for e in errors(at)), errors(at)
 
 
 def catalog_csv(rows: int) -> bytes:

@@ -1,6 +1,6 @@
 """The app's server files: data roots, path resolution, bounded loads and redacted errors.
 
-The page-level behaviour is driven in tests/test_app_pages.py (AppTest) and in the browser
+The page-level behaviour is driven in tests/test_app_catalog.py (AppTest) and in the browser
 (tests/e2e); this module checks the mechanisms themselves.
 """
 from __future__ import annotations
