@@ -178,6 +178,10 @@ def test_next_edge_cases(capsys):
      "argument --max-minutes: must be a positive number of minutes, got 0"),
     (["coldstart", "--max-minutes", "x"], "argument --max-minutes: 'x' is not a number of minutes"),
     (["quality", "--users", "3", "--beam", "100000"], "--batch-size × --beam: 3 × 100000 beams is over the 65,536"),
+    (["plan", "tiny", "--batch", "100000"], "--batch × --beam: 100000 × 128 beams is over the 65,536 one decode"),
+    (["warmup", "tiny", "--batch", "1,1000", "--beam", "8,128"], "--batch × --beam: 1000 × 128 beams is over"),
+    (["bench", "--quick", "--batch", "1024", "--beam", "128"], "--batch × --beam: 1024 × 128 beams is over"),
+    (["bench-e2e", "--quick", "--batch", "1024", "--beam", "128"], "--batch × --beam: 1024 × 128 beams"),
 ])
 def test_argument_errors(capsys, args, fragment):
     code, out, err = run_main(capsys, *args)

@@ -322,7 +322,10 @@ def _run_plan(args: argparse.Namespace) -> None:
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
 
+    from .decode.work_limits import check_beams
+
     batch, beam, hidden, seed = args.batch, args.beam, args.hidden, args.seed
+    check_beams(batch, beam)
     dtype = _dtype_name(args.dtype)
     resolve_dtype(dtype)
     device = _plan_device(args.device)
@@ -388,7 +391,10 @@ def _run_warmup(args: argparse.Namespace) -> None:
     from .decode.heads import Heads
     from .timing import Stopwatch
 
+    from .decode.work_limits import check_beams
+
     batches, beams, hiddens, seed = args.batch, args.beam, args.hidden, args.seed
+    check_beams(batches, beams)
     dtypes = [_dtype_name(d) for d in args.dtype.replace(",", " ").split()]
     if not dtypes:
         raise UsageError("--dtype: give at least one dtype")

@@ -141,6 +141,9 @@ def parse_options(args):
 
     from .options import Options
 
+    from ..decode.work_limits import check_beams
+
+    check_beams(args.batch or [32], args.beam or [256])  # the suites' largest defaults where none is given
     suites = _list(args.suite, "--suite", SUITE_NAMES)
     methods = _list(args.methods, "--methods", METHOD_NAMES)
     dtypes = _list(args.dtype, "--dtype", ("fp16", "bf16", "fp32"))

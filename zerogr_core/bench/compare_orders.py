@@ -86,11 +86,9 @@ class CompareSettings:
 def _settings(args: argparse.Namespace) -> CompareSettings:
     import torch
 
-    from ..decode.work_limits import MAX_BEAMS
+    from ..decode.work_limits import check_beams
 
-    if args.batch * args.beam > MAX_BEAMS:
-        raise UsageError(f"--batch × --beam: {args.batch} × {args.beam} beams is over the {MAX_BEAMS:,} one "
-                         "comparison decodes")
+    check_beams(args.batch, args.beam)
     return CompareSettings(args.batch, args.beam, args.k, args.repeats, args.seed,
                            torch.device(resolved(args.device)))
 

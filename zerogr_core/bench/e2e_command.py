@@ -110,6 +110,9 @@ def run_e2e(args: argparse.Namespace) -> int:
     dtype = getattr(torch, DTYPES[args.dtype])
     batches = args.batch or ([1, 2] if quick else [1, 8, 32])
     beams = args.beam or ([4] if quick else [32, 128, 256])
+    from ..decode.work_limits import check_beams
+
+    check_beams(batches, beams)
     repeats = args.repeats or (2 if quick else 20)
     hf_repeats = args.hf_repeats or (1 if quick else 3)
     warmup = args.warmup if args.warmup is not None else (1 if quick else 2)

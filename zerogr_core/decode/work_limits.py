@@ -14,12 +14,35 @@ import os
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from ..errors import ZeroGRError
+from ..errors import UsageError, ZeroGRError
 
 #: Most beams (batch × beam) one decode of a command may hold: the batch 32 × beam 128 shape of
 #: the benchmarks, 16 times over, so a typo cannot start hours of work or exhaust memory (a
 #: model's cache grows with the beams, whatever the catalog).
 MAX_BEAMS = 65_536
+
+
+
+def check_beams(batches, beams, flags: str = "--batch × --beam") -> None:
+    """Refuse a command whose largest decode would hold more than :data:`MAX_BEAMS` beams.
+
+    Parameters
+    ----------
+    batches, beams : int or sequence of int
+        Requests per decode and beam widths (a command's lists: every pair runs).
+    flags : str
+        The arguments, as the message names them.
+
+    Raises
+    ------
+    UsageError
+        ``--batch × --beam: 1024 × 128 beams is over the 65,536 one decode may hold``.
+    """
+    batch = max(batches) if isinstance(batches, (list, tuple)) else batches
+    beam = max(beams) if isinstance(beams, (list, tuple)) else beams
+    if batch * beam > MAX_BEAMS:
+        raise UsageError(f"{flags}: {batch} × {beam} beams is over the {MAX_BEAMS:,} one decode may hold")
+
 
 #: Environment override of :attr:`WorkLimits.max_logits` (a number, e.g. ``2e9``).
 ENV_MAX_LOGITS = "ZEROGR_MAX_DECODE_LOGITS"

@@ -110,15 +110,12 @@ def run_train(args: argparse.Namespace) -> None:
 
 
 def run_quality(args: argparse.Namespace) -> None:
-    from ..decode.work_limits import MAX_BEAMS
-    from ..errors import UsageError
+    from ..decode.work_limits import check_beams
     from .quality import KS, study_report, write_plot
     from .train import fixed_users, load_checkpoint
 
     batch = min(args.batch_size, args.users) if args.users else args.batch_size  # what one decode holds
-    if batch * args.beam > MAX_BEAMS:
-        raise UsageError(f"--batch-size × --beam: {batch} × {args.beam} beams is over the {MAX_BEAMS:,} one "
-                         f"decode may hold")
+    check_beams(batch, args.beam, "--batch-size × --beam")
     from .data import leave_one_out, load_movielens
 
     if args.dataset is not None or (args.data is not None and Path(args.data).is_file()):
