@@ -22,6 +22,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    # `python -m zerogr_core stats tiny | head -0`: the pipe is closed before the command writes
+    proc = subprocess.Popen([sys.executable, "-m", "zerogr_core", "stats", "tiny"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and err == "", err
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
@@ -178,6 +187,8 @@ def test_next_edge_cases(capsys):
      "argument --max-minutes: must be a positive number of minutes, got 0"),
     (["coldstart", "--max-minutes", "x"], "argument --max-minutes: 'x' is not a number of minutes"),
     (["quality", "--users", "3", "--beam", "100000"], "--batch-size × --beam: 3 × 100000 beams is over the 65,536"),
+    (["plan", "tiny", "--hidden", "1e7"], "argument --hidden: must be in 1…65536, got 10000000"),
+    (["stats", "synth:search-like:3e10"], "SIDs need about"),
     (["plan", "tiny", "--batch", "100000"], "--batch × --beam: 100000 × 128 beams is over the 65,536 one decode"),
     (["warmup", "tiny", "--batch", "1,1000", "--beam", "8,128"], "--batch × --beam: 1000 × 128 beams is over"),
     (["bench", "--quick", "--batch", "1024", "--beam", "128"], "--batch × --beam: 1024 × 128 beams is over"),
@@ -301,13 +312,14 @@ COUNT_ARGUMENTS = [
     (["index", "tiny"], "--dense-steps", 1, None),
     (["next", "tiny"], "--prefix", 0, None),
     (["stats", "tiny"], "--codebook-sizes", 1, None),
-    *[(["plan", "tiny"], flag, least, None) for flag, least in (("--batch", 1), ("--beam", 1), ("--hidden", 1),
-                                                                ("--seed", 0))],
-    *[(["warmup", "tiny"], flag, least, None) for flag, least in (("--batch", 1), ("--beam", 1), ("--hidden", 1),
-                                                                  ("--seed", 0))],
-    *[(["bench", "--quick"], flag, least, None)
-      for flag, least in (("--batch", 1), ("--beam", 1), ("--hidden", 1), ("--codebook", 1), ("--scale", 1),
-                          ("--seed", 0), ("--repeats", 1), ("--warmup", 0), ("--build-repeats", 1))],
+    *[(["plan", "tiny"], flag, least, most) for flag, least, most in (("--batch", 1, None), ("--beam", 1, None),
+                                                                      ("--hidden", 1, 65_536), ("--seed", 0, None))],
+    *[(["warmup", "tiny"], flag, least, most) for flag, least, most in (("--batch", 1, None), ("--beam", 1, None),
+                                                                        ("--hidden", 1, 65_536), ("--seed", 0, None))],
+    *[(["bench", "--quick"], flag, least, most)
+      for flag, least, most in (("--batch", 1, None), ("--beam", 1, None), ("--hidden", 1, 65_536),
+                                ("--codebook", 1, None), ("--scale", 1, None), ("--seed", 0, None),
+                                ("--repeats", 1, None), ("--warmup", 0, None), ("--build-repeats", 1, None))],
     *[(["bench-e2e", "--quick"], flag, least, None)
       for flag, least in (("--batch", 1), ("--beam", 1), ("--items", 1), ("--repeats", 1), ("--hf-repeats", 1),
                           ("--warmup", 0), ("--seed", 0))],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -25,6 +26,7 @@ from .bench.e2e_command import register as register_bench_e2e
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLE_NAMES, open_catalog
 from .catalog.synth import SYNTH_PRESETS, generate
+from .decode.work_limits import MAX_HIDDEN
 from .devices import device_arg, resolved
 from .errors import Parser, UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
@@ -257,7 +259,7 @@ def register_plan(subparsers) -> None:
     add_catalog_arguments(p)
     p.add_argument("--batch", type=whole(1), default=8, help="requests per decode (default 8)")
     p.add_argument("--beam", type=whole(1), default=128, help="beam width M (default 128)")
-    p.add_argument("--hidden", type=whole(1), default=1024, help="hidden size H (default 1024)")
+    p.add_argument("--hidden", type=whole(1, MAX_HIDDEN), default=1024, help="hidden size H (default 1024)")
     p.add_argument("--dtype", default="float16", help="head and hidden dtype: float16, bfloat16 or float32")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default: cuda when present, else cpu)")
@@ -375,7 +377,7 @@ def register_warmup(subparsers) -> None:
     p.add_argument("--batch", type=wholes(1), default=[1, 8, 32], help="requests per decode, a list (default 1,8,32)")
     p.add_argument("--beam", type=wholes(1), default=[128], help="beam widths, a list (default 128)")
     p.add_argument("--dtype", default="fp16", help="head/hidden dtypes, a list of fp16, bf16, fp32 (default fp16)")
-    p.add_argument("--hidden", type=wholes(1), default=[1024],
+    p.add_argument("--hidden", type=wholes(1, MAX_HIDDEN), default=[1024],
                    help="hidden size per dtype, a list as long as --dtype, or one size for all (default 1024)")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default: cuda when present, else cpu)")
@@ -475,10 +477,17 @@ def _warn_one_line(message, category, filename, lineno, file=None, line=None) ->
 def _main(argv) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return args.handler(args) or 0
+        status = args.handler(args) or 0
+        sys.stdout.flush()  # a closed pipe is raised here, inside this handling, not at the interpreter's exit
+        return status
     except UsageError as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader stopped reading (`| head`): end quietly, as other command-line tools do, with
+        # stdout pointed at /dev/null so that the interpreter's last flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (ZeroGRError, OSError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 1

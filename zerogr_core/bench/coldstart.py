@@ -22,6 +22,7 @@ import tempfile
 import time
 
 from ..arg_types import whole
+from ..decode.work_limits import MAX_HIDDEN
 from ..devices import device_arg, resolved
 
 COLD_TARGET_S, WARM_TARGET_S = 30.0, 10.0
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--codebook", type=whole(1), default=None)
     p.add_argument("--seed", type=whole(0), default=0)
     p.add_argument("--dtype", required=True)
-    p.add_argument("--hidden", type=whole(1), required=True)
+    p.add_argument("--hidden", type=whole(1, MAX_HIDDEN), required=True)
     p.add_argument("--beam", type=whole(1), required=True)
     p.add_argument("--batch", type=whole(1), required=True)
     p.add_argument("--device", type=device_arg, default="cuda")

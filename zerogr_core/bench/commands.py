@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from ..arg_types import seconds, to_seconds, whole, wholes
+from ..decode.work_limits import MAX_HIDDEN
 from ..devices import device_arg, resolved
 from ..errors import UsageError
 from .registry import SUITE_NAMES
@@ -55,7 +56,7 @@ def register(subparsers) -> None:
     p.add_argument("--beam", type=wholes(1), default=None, help="beam widths (default 128; beam-sweep 64,128,256)")
     p.add_argument("--dtype", default=None, help="head/hidden dtypes fp16, bf16, fp32, paired with --hidden "
                                                  "(default fp16,fp32)")
-    p.add_argument("--hidden", type=wholes(1), default=None,
+    p.add_argument("--hidden", type=wholes(1, MAX_HIDDEN), default=None,
                    help="hidden sizes, paired with --dtype (default 1024,4096)")
     p.add_argument("--codebook", type=wholes(1), default=None,
                    help="codebook size V of every level of a synthetic catalog; the codebook-sweep sweeps a list "

@@ -21,6 +21,10 @@ from ..errors import UsageError, ZeroGRError
 #: model's cache grows with the beams, whatever the catalog).
 MAX_BEAMS = 65_536
 
+#: Largest hidden size a command's random requests take: four times the widest published LLM's
+#: (16,384), so a typo cannot ask for heads of gigabytes.
+MAX_HIDDEN = 65_536
+
 
 
 def check_beams(batches, beams, flags: str = "--batch × --beam") -> None:
