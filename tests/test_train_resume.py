@@ -136,7 +136,8 @@ def test_missing_or_corrupt_state_is_one_line(tmp_path, seq, capsys):
     assert main(base + ["--resume", "--state", str(bad)]) == 1
     assert capsys.readouterr().err == f"error: {bad}: not a zerogr-seqrec-state-1 training state\n"
     assert main(base + ["--stop-after-minutes", "0"]) == 2  # refused as the command line is parsed
-    assert capsys.readouterr().err == "error: argument --stop-after-minutes: must be a positive number of minutes, got 0\n"
+    assert capsys.readouterr().err == ("error: argument --stop-after-minutes: must be a positive number of minutes, "
+                                       "got 0\n")
 
 
 def test_amp_is_refused_on_the_cpu(tmp_path, seq, capsys):
