@@ -145,3 +145,7 @@ def test_bad_builder_and_device():
     if not torch.cuda.is_available():
         with pytest.raises(ZeroGRError, match="CUDA"):
             build_index(catalog, device="cuda")
+    with pytest.raises(ZeroGRError, match="^device: 'gpu0' is not a device"):
+        build_index(catalog, device="gpu0")
+    with pytest.raises(ZeroGRError, match="^device: 'meta': choose cpu, cuda"):
+        build_index(catalog, device="meta")

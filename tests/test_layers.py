@@ -20,6 +20,7 @@ LAYERS = {
     "zerogr_core.errors": 0, "zerogr_core.timing": 0, "zerogr_core.environment": 0,
     "zerogr_core.arg_types": 0,  # text -> numbers: the commands' arguments and the catalog's synth: specs
     "zerogr_kernels": 1, "zerogr_core.catalog": 1,
+    "zerogr_core.devices": 1,  # where a call runs: a device= argument or --device, read one way
     "zerogr_core.index": 2,
     "zerogr_core.decode": 3,
     "zerogr_core.models": 4,

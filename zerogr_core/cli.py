@@ -27,7 +27,7 @@ from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLE_NAMES, open_catalog
 from .catalog.synth import SYNTH_PRESETS, generate
 from .decode.work_limits import MAX_HIDDEN
-from .devices import device_arg, resolved
+from .devices import as_device, device_arg, resolved
 from .errors import Parser, UsageError, ZeroGRError
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
@@ -298,12 +298,7 @@ def _dtype_name(text: str) -> str:
 
 
 def _plan_device(name):
-    import torch
-
-    device = torch.device(resolved(name) or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: no CUDA device here")
-    return device
+    return as_device(name, "--device")
 
 
 def _describe_source(engine, plan) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..catalog.catalog import Catalog, token_dtype
+from ..devices import as_device
 from ..errors import ZeroGRError
 from .layout import IndexConfig, StepIndex, StepMapping, offset_dtype, torch_dtype
 
@@ -295,9 +296,7 @@ def build_index(catalog: Catalog, device=None, builder: str = "layout",
     if builder not in BUILDERS:
         raise ZeroGRError(f"builder must be one of {', '.join(BUILDERS)}, got {builder!r}")
     config = config or IndexConfig()
-    device = torch.device(device or "cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ZeroGRError(f"device {device} requested but CUDA is not available")
+    device = as_device(device, default="cpu")
     sids = catalog.sids
     sizes = catalog.codebook_sizes
     build: dict = {"builder": builder, "device": str(device), "rows": catalog.n_items}

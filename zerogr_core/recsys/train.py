@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..catalog import Catalog, lcp_with_previous
+from ..devices import as_device
 from ..errors import ZeroGRError
 from .data import LeaveOneOut, MovieLens, leave_one_out, load_movielens
 from .model import ModelConfig, SIDRecommender, pack_histories
@@ -374,16 +375,9 @@ def fixed_users(n_users: int, count: int) -> np.ndarray:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None``/``"auto"`` → CUDA when available, else CPU; otherwise ``torch.device(device)``."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ZeroGRError(f"--device: {device!r} is not a torch device") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ZeroGRError(f"--device {device}: CUDA is not available here")
-    return dev
+    """``None``/``"auto"`` → CUDA when available, else CPU; otherwise ``device`` checked
+    (:func:`zerogr_core.devices.as_device`)."""
+    return as_device(device, "--device")
 
 
 def train_movielens(data_dir: str | Path | None, out: str | Path, *, catalog_path: str | Path | None = None,
