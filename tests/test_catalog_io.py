@@ -78,6 +78,13 @@ def test_long_values_are_cut_in_messages(tmp_path):
     assert "row 2" in message and "(also on row 1)" in message and "x…" in message and len(message) < 300, message
 
 
+def test_from_sids_names_ragged_rows_and_quotes_numpy_values_plainly():
+    with pytest.raises(CatalogError, match="rows have different lengths"):
+        Catalog.from_sids([[0, 1], [1]], [2, 2])
+    with pytest.raises(CatalogError, match=r"row 1, column 's1': token 0\.5 is not an integer$"):
+        Catalog.from_sids(np.array([[0.5, 1.0]]), [2, 2])
+
+
 def test_rows_refer_to_file_order_not_sorted_order(tmp_path):
     # The bad row is the 4th data row of the file even though sorting would move it.
     path = write(tmp_path, "unsorted.csv", "item_id,s1,s2\n1,9,1\n2,5,0\n3,7,7\n4,0,-2\n")

@@ -47,6 +47,8 @@ def shown(value, quote: bool = True) -> str:
     :data:`WITHHELD` inside :func:`redacted_values`."""
     if _REDACT.get():
         return WITHHELD
+    if getattr(value, "shape", None) == () and hasattr(value, "item"):  # a numpy scalar quotes as its value
+        value = value.item()
     text = repr(value) if quote else str(value).replace("\r", "\\r").replace("\n", "\\n")
     return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 1] + "…"
 

@@ -137,7 +137,10 @@ class Catalog:
         if on_duplicate not in ("error", "collision"):
             raise CatalogError(f"on_duplicate must be 'error' or 'collision', got {on_duplicate!r}",
                                column="on_duplicate")
-        arr = np.asarray(sids)
+        try:
+            arr = np.asarray(sids)
+        except ValueError:  # numpy refuses rows of different lengths
+            raise CatalogError("SID table must be 2-D (items × levels): its rows have different lengths") from None
         if arr.ndim != 2:
             raise CatalogError(f"SID table must be 2-D (items × levels), got shape {arr.shape}")
         if arr.shape[0] == 0:
