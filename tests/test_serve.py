@@ -21,6 +21,9 @@ def test_a_good_body_parses_with_defaults():
     assert q == Query((3, 1, 2), 10, (), False)
     q = parse_query('{"history": ["a"], "k": 32, "exclude": ["b"], "keep_history": true}', max_k=32, string_ids=True)
     assert q == Query(("a",), 32, ("b",), True)
+    assert parse_query(b'{"history": [1], "allow": [4, 5]}', max_k=8).allow == (4, 5)
+    assert parse_query(b'{"history": [1], "allow": null}', max_k=8).allow is None
+    assert parse_query(b'{"history": [1], "allow": []}', max_k=8).allow == ()
 
 
 def test_default_k_is_at_most_the_beam_width():
@@ -42,6 +45,8 @@ def test_default_k_is_at_most_the_beam_width():
     (b'{"history": [1], "k": 17}', 400, "out of range"),
     (b'{"history": [1], "k": 2.5}', 400, "k: expected an integer"),
     (b'{"history": [1], "exclude": [null]}', 400, "exclude[0]"),
+    (b'{"history": [1], "allow": 3}', 400, "allow: expected a list"),
+    (b'{"history": [1], "allow": [1, "x"]}', 400, "allow[1]"),
     (b'{"history": [1], "keep_history": 1}', 400, "keep_history"),
     (json.dumps({"history": list(range(10_001))}).encode(), 413, "at most"),
     (b"[" * 100_000 + b"]" * 100_000, 400, "nested too deeply"),
@@ -149,6 +154,23 @@ def test_a_batch_answers_each_request_and_refuses_unknown_ids_alone(rec):
     plain = v.decoder.decode(fn, 1)
     order = plain.scores[0].argsort(descending=True, stable=True)
     assert kept.rows.tolist() == plain.item_rows[0][order].tolist()
+
+
+def test_allow_lists_restrict_each_request_alone(rec):
+    ids = rec.catalog.item_ids
+    history = (int(ids[10]), int(ids[20]), int(ids[30]))
+    free = rec.recommend([Query(history, 8)])[0]
+    allowed = tuple(int(i) for i in ids[100:400:3])  # 100 items, none of the free answer's, nor the history
+    allowed = tuple(i for i in allowed if i not in set(free.items) | set(history))
+    out = rec.recommend([Query(history, 8, allow=allowed), Query(history, 8),
+                         Query(history, 8, allow=allowed, exclude=allowed[:50]), Query(history, 8, allow=()),
+                         Query(history, 8, allow=(987654321,))])
+    only, plain, both, none, unknown = out
+    assert len(only.items) == 8 and set(only.items) <= set(allowed)
+    assert plain.items == free.items  # a neighbour's allow list changes nothing of this request's
+    assert len(both.items) == 8 and set(both.items) <= set(allowed[50:])
+    assert none.items == []
+    assert isinstance(unknown, RequestError) and unknown.status == 422 and "allow" in str(unknown)
 
 
 def test_more_requests_than_the_largest_size_run_in_several_padded_batches(rec):

@@ -105,6 +105,11 @@ def test_recommend_takes_token_history_and_excludes_items(service):
     assert reply.status == 200
     got = reply.json()["items"]
     assert not set(got) & set(items[:2]) and got[:2] == items[2:4]
+    reply = call(service, "POST", "/recommend", {"history": context, "k": 4, "allow": items[1:3]})
+    assert reply.status == 200 and reply.json()["items"] == items[1:3]  # the two allowed, in their order
+    reply = call(service, "POST", "/recommend", {"history": context, "k": 4, "allow": items[1:3],
+                                                 "exclude": items[1:2]})
+    assert reply.status == 200 and reply.json()["items"] == items[2:3]
 
 
 def test_concurrent_clients_get_their_own_answers(service):
@@ -172,6 +177,7 @@ def test_malformed_generate_gets_a_one_line_4xx_and_serving_goes_on(service, bod
 
 @pytest.mark.parametrize("method, path, body, status, words", [
     ("POST", "/recommend", {"history": [1], "exclude": [10**9]}, 422, "exclude"),
+    ("POST", "/recommend", {"history": [1], "allow": [10**9]}, 422, "allow"),
     ("POST", "/recommend", {"history": [1], "k": 17}, 400, "k: 17 is out of range 1…16"),
     ("POST", "/recommend", {"history": [999]}, 400, "history[0]: 999 is not a token id"),
     ("POST", "/recommend", {"history": [1], "keep_history": True}, 400, "keep_history"),

@@ -124,13 +124,13 @@ def parse_generate(body, *, beam: int, levels: int, vocab: int, max_context: int
 
 def parse_recommend(body, *, beam: int, vocab: int, max_context: int) -> LLMQuery:
     """``POST /recommend`` on the LLM server: ``history`` is the context's token ids,
-    ``exclude`` item ids never to return, ``k`` the items returned (the fields of
+    ``exclude`` item ids never to return, ``allow`` the only ones to return, ``k`` the items returned (the fields of
     :func:`~.schema.parse_query`; ``keep_history`` has no meaning here and is refused when true)."""
     query = parse_query(body, max_k=beam, string_ids=False)
     if query.keep_history:
         raise RequestError("keep_history: the history is token ids here, not items")
     context = _context(list(query.history), "history", vocab=vocab, max_context=max_context)
-    return LLMQuery(context, query.k, query.exclude)
+    return LLMQuery(context, query.k, query.exclude, query.allow)
 
 
 def beam_results(answer: BeamAnswer, query: LLMQuery, levels: int, rid=None) -> dict:

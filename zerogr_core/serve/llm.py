@@ -153,11 +153,14 @@ class LLMQuery:
         Beam results to return, 1 … M.
     exclude : tuple of int or str
         Item ids never to return.
+    allow : tuple of int or str, or None
+        The only item ids to return (``None``: every item).
     """
 
     input_ids: tuple
     n: int
     exclude: tuple = ()
+    allow: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -309,20 +312,25 @@ class LLMRecommender:
         for i, q in enumerate(queries):
             try:
                 deny = self.catalog.rows_of(list(q.exclude), what="exclude") if q.exclude else None
+                allow = self.catalog.rows_of(list(q.allow), what="allow") if q.allow is not None else None
             except ZeroGRError as err:
                 out[i] = RequestError(str(err), status=422)
                 continue
-            ready.append((i, q, deny))
+            if allow is not None:  # one list per request: the allowed rows less the excluded ones
+                ready.append((i, q, None, allow if deny is None else np.setdiff1d(allow, deny)))
+            else:
+                ready.append((i, q, deny, None))
         for run in chunks(len(ready), self.config.max_batch):
             part = [ready[j] for j in run]
             size = padded_size(len(part), self.config.batch_sizes)
             rows = pad(part, size)
-            result = self._decode_rows(size, [r[1].input_ids for r in rows], [r[2] for r in rows])
-            for b, (i, q, _) in enumerate(part):
+            result = self._decode_rows(size, [r[1].input_ids for r in rows], [r[2] for r in rows],
+                                       [r[3] for r in rows])
+            for b, (i, q, *_) in enumerate(part):
                 out[i] = self._answer(result, b, q.n)
         return out
 
-    def _decode_rows(self, size: int, contexts: list, denies: list):
+    def _decode_rows(self, size: int, contexts: list, denies: list, allows: list | None = None):
         from ..decode.constraints import RequestLists
 
         longest = max(len(c) for c in contexts)
@@ -332,9 +340,10 @@ class LLMRecommender:
             ids[b, :len(c)] = torch.as_tensor(c, dtype=torch.int64)
             mask[b, :len(c)] = 1
         lists = None
-        if any(d is not None for d in denies):
+        allows = allows if allows is not None and any(a is not None for a in allows) else None
+        if allows is not None or any(d is not None for d in denies):
             lists = RequestLists.from_rows(deny=[np.zeros(0, np.int64) if d is None else d for d in denies],
-                                           normalise="catalog")
+                                           allow=allows, normalise="catalog")
         from ..timing import Stopwatch
 
         with self._lock, Stopwatch(self.device) as sw:

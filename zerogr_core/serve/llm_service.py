@@ -3,7 +3,7 @@
 :class:`LLMService` answers ``(method, path, query string, body)`` with a :class:`Reply`:
 
 * ``POST /generate`` - SGLang-compatible (:mod:`.generate`), ``beam_results`` per input;
-* ``POST /recommend`` - ``{"history": [token ids], "k": 10, "exclude": [item ids]}``;
+* ``POST /recommend`` - ``{"history": [token ids], "k": 10, "exclude": [item ids], "allow": [item ids]}``;
 * ``GET /ready`` - 200 once the model is loaded and every planned batch size warmed, 503 before
   (and 503 with the error if loading failed);
 * ``GET /health`` - the model, weights (``random`` for a preset shape), catalog and device;

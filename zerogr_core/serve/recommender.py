@@ -230,25 +230,29 @@ class Recommender:
             try:
                 history = v.catalog.rows_of(list(q.history), what="history")
                 deny = v.catalog.rows_of(list(q.exclude), what="exclude") if q.exclude else np.zeros(0, np.int64)
+                allow = v.catalog.rows_of(list(q.allow), what="allow") if q.allow is not None else None
             except CatalogError as err:
                 out[i] = RequestError(str(err), status=422)
                 continue
             if not q.keep_history:
                 deny = np.union1d(deny, history)
-            ready.append((i, history, deny))
+            ready.append((i, history, deny, allow))
         sids = self._sids_of(v.catalog)
         for run in chunks(len(ready), self.config.max_batch):
             part = [ready[j] for j in run]
             size = padded_size(len(part), self.config.batch_sizes)
             rows = pad(part, size)
+            allow = None  # no request with an allow list: the deny lists' path alone
+            if any(r[3] is not None for r in rows):
+                allow = [None if r[3] is None else v.catalog.item_ids[r[3]] for r in rows]
             with store.device_lock:  # a step model holds one batch: prefill and decode together
-                done = store.decode(self._model_input([r[1] for r in rows], sids), size,
+                done = store.decode(self._model_input([r[1] for r in rows], sids), size, allow_items=allow,
                                     deny_items=[v.catalog.item_ids[r[2]] for r in rows], snapshot=v,
                                     normalise="catalog")
             label = self.live.label(done.version)
             scores = done.result.scores.float().cpu()
             item_rows = done.result.item_rows.cpu()
-            for b, (i, _, _) in enumerate(part):
+            for b, (i, *_) in enumerate(part):
                 order = torch.argsort(scores[b], descending=True, stable=True)
                 order = order[torch.isfinite(scores[b][order])][:queries[i].k].numpy()
                 out[i] = Answer(done.item_ids[b][order].tolist(), scores[b][order].tolist(), label,

@@ -1,6 +1,6 @@
 """The HTTP request of ``POST /recommend``, validated into a :class:`Query`.
 
-Body: ``{"history": [item ids], "k": 10, "exclude": [item ids], "keep_history": false}``.
+Body: ``{"history": [item ids], "k": 10, "exclude": [item ids], "allow": [item ids], "keep_history": false}``.
 Everything wrong with a body is a :class:`RequestError` whose message names the field
 (and entry) at fault, in one line; the server answers it with its ``status``.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import ZeroGRError
 
-FIELDS = ("history", "k", "exclude", "keep_history")
+FIELDS = ("history", "k", "exclude", "allow", "keep_history")
 DEFAULT_K = 10
 #: Longest id list a request may carry (the model reads only the newest ``max_history``).
 MAX_LIST = 10_000
@@ -39,12 +39,16 @@ class Query:
         Item ids never to return.
     keep_history : bool
         Allow the history's items in the answer (excluded by default).
+    allow : tuple of int or str, or None
+        The only item ids the answer may hold (in stock, in the user's region); ``None``: every
+        item. An empty list allows none. Enforced during decoding, like ``exclude``.
     """
 
     history: tuple
     k: int = DEFAULT_K
     exclude: tuple = ()
     keep_history: bool = False
+    allow: tuple | None = None
 
 
 def _id_list(value, field: str, *, string_ids: bool, allow_empty: bool) -> tuple:
@@ -109,6 +113,9 @@ def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Q
         raise RequestError("history: required (a list of item ids, oldest first)")
     history = _id_list(doc["history"], "history", string_ids=string_ids, allow_empty=False)
     exclude = _id_list(doc.get("exclude", []), "exclude", string_ids=string_ids, allow_empty=True)
+    allow = doc.get("allow")
+    if allow is not None:
+        allow = _id_list(allow, "allow", string_ids=string_ids, allow_empty=True)
     k = doc.get("k", min(DEFAULT_K, max_k))  # a server of fewer beams returns them all by default
     if not isinstance(k, int) or isinstance(k, bool):
         raise RequestError(f"k: expected an integer, got {k!r}")
@@ -117,4 +124,4 @@ def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Q
     keep = doc.get("keep_history", False)
     if not isinstance(keep, bool):
         raise RequestError(f"keep_history: expected true or false, got {keep!r}")
-    return Query(history, k, exclude, keep)
+    return Query(history, k, exclude, keep, allow)
