@@ -34,3 +34,25 @@ def test_two_gloo_ranks_gather_what_one_process_decodes(tmp_path):
     summary = json.loads((tmp_path / "two.jsonl.summary.json").read_text())
     assert summary["world_size"] == 2 and summary["backend"] == "gloo" and len(summary["rank_decode_s"]) == 2
     assert summary["users"] == 16 and summary["errors"] == 0
+
+
+def test_per_user_allow_and_exclude_lists_are_obeyed(tmp_path):
+    from zerogr_core.catalog.samples import open_catalog
+
+    ids = [int(i) for i in open_catalog("movielens").item_ids]
+    history = ids[10:13]
+    allowed = ids[200:260]
+    users = tmp_path / "users.jsonl"
+    users.write_text("\n".join(json.dumps(u) for u in (
+        {"user": "free", "history": history},
+        {"user": "allowed", "history": history, "allow": allowed},
+        {"user": "both", "history": history, "allow": allowed, "exclude": allowed[:30]},
+        {"user": "bad", "history": history, "allow": [10**12]})) + "\n")
+    out = tmp_path / "o.jsonl"
+    run([sys.executable, "-m", "zerogr_core", "decode-dataset", "--input", str(users), "--beam", "8", "--k", "5",
+         "--batch-sizes", "4", "--engine", "reference", "--out", str(out)], tmp_path)
+    got = {r["user"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert len(got["free"]["items"]) == 5 and not set(got["free"]["items"]) <= set(allowed)
+    assert len(got["allowed"]["items"]) == 5 and set(got["allowed"]["items"]) <= set(allowed)
+    assert len(got["both"]["items"]) == 5 and set(got["both"]["items"]) <= set(allowed[30:])
+    assert "allow" in got["bad"]["error"]

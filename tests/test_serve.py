@@ -258,6 +258,13 @@ def test_users_come_from_json_lines_or_one_interactions_object(tmp_path):
     whole.write_text(json.dumps({"7": []}))
     with pytest.raises(ZeroGRError, match="user '7'"):
         read_users(whole)
+    lines.write_text('{"user": "a", "history": [1], "allow": [5, 6], "exclude": [6]}\n'
+                     '{"history": [3], "allow": null}\n')
+    users = read_users(lines)
+    assert users.query(0, 4, False) == Query((1,), 4, (6,), False, (5, 6)) and users.query(1, 4, True).allow is None
+    lines.write_text('{"history": [1]}\n{"history": [3], "allow": 5}\n')
+    with pytest.raises(ZeroGRError, match="line 2: allow must be a list of item ids, got int"):
+        read_users(lines)
     assert [list(shard(5, r, 2)) for r in range(2)] == [[0, 1, 2], [3, 4]]
     assert [len(shard(7, r, 3)) for r in range(3)] == [3, 2, 2]
 

@@ -25,21 +25,34 @@ from .schema import Query, RequestError
 
 @dataclass(frozen=True)
 class Users:
-    """Who to decode for: a label and an item-id history per user."""
+    """Who to decode for: a label and an item-id history per user, and optionally per user the
+    item ids never to return (``excludes``) and the only ones to return (``allows``; ``None``:
+    every item), as ``POST /recommend``'s ``exclude`` and ``allow``."""
 
     labels: list
     histories: list
+    excludes: list | None = None
+    allows: list | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def head(self, n: int | None) -> "Users":
-        return self if n is None else Users(self.labels[:n], self.histories[:n])
+        if n is None:
+            return self
+        return Users(self.labels[:n], self.histories[:n], None if self.excludes is None else self.excludes[:n],
+                     None if self.allows is None else self.allows[:n])
+
+    def query(self, i: int, k: int, keep_history: bool) -> Query:
+        """The request of user ``i``."""
+        exclude = () if self.excludes is None else self.excludes[i]
+        return Query(self.histories[i], k, exclude, keep_history, None if self.allows is None else self.allows[i])
 
 
 def read_users(path: str | Path) -> Users:
-    """Users of a JSON-lines file, one ``{"user": ..., "history": [item ids]}`` per line, or
-    of one JSON object ``{user: [item ids], ...}`` (the interactions file ``train`` reads).
+    """Users of a JSON-lines file, one ``{"user": ..., "history": [item ids]}`` per line (with
+    optional ``"exclude": [item ids]`` and ``"allow": [item ids]``, as ``POST /recommend`` takes
+    them), or of one JSON object ``{user: [item ids], ...}`` (the interactions file ``train`` reads).
 
     Raises
     ------
@@ -69,7 +82,7 @@ def read_users(path: str | Path) -> Users:
         if not labels:
             raise ZeroGRError(f"--input {path}: no users")
         return Users(labels, histories)
-    labels, histories = [], []
+    labels, histories, excludes, allows = [], [], [], []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -81,11 +94,17 @@ def read_users(path: str | Path) -> Users:
                 or not doc["history"]:
             raise ZeroGRError(f"--input {path}, line {number}: expected {{\"user\": ..., \"history\": [item ids]}} "
                               "with a non-empty history")
+        for field in ("exclude", "allow"):
+            if doc.get(field) is not None and not isinstance(doc[field], list):
+                raise ZeroGRError(f"--input {path}, line {number}: {field} must be a list of item ids, "
+                                  f"got {type(doc[field]).__name__}")
         labels.append(doc.get("user", number))
         histories.append(tuple(doc["history"]))
+        excludes.append(tuple(doc.get("exclude") or ()))
+        allows.append(None if doc.get("allow") is None else tuple(doc["allow"]))
     if not labels:
         raise ZeroGRError(f"--input {path}: no users")
-    return Users(labels, histories)
+    return Users(labels, histories, excludes, allows)
 
 
 def movielens_users(study) -> Users:
@@ -174,7 +193,7 @@ def decode_dataset(config: ServeConfig, out: str | Path, *, users_file: str | No
         users = users if users is not None else movielens_users(rec.study)
         users = users.head(count)
         mine = shard(len(users), ranks.rank, ranks.world)
-        queries = [Query(users.histories[i], k, (), keep_history) for i in mine]
+        queries = [users.query(i, k, keep_history) for i in mine]
         ready_s = time.perf_counter() - start
         t0 = time.perf_counter()
         answers = rec.recommend(queries) if queries else []
