@@ -26,7 +26,6 @@ MAX_BEAMS = 65_536
 MAX_HIDDEN = 65_536
 
 
-
 def check_beams(batches, beams, flags: str = "--batch × --beam") -> None:
     """Refuse a command whose largest decode would hold more than :data:`MAX_BEAMS` beams.
 

@@ -330,7 +330,7 @@ class LLMRecommender:
                 out[i] = self._answer(result, b, q.n)
         return out
 
-    def _decode_rows(self, size: int, contexts: list, denies: list, allows: list | None = None):
+    def _decode_rows(self, size: int, contexts: list, denies: list, allows: list):
         from ..decode.constraints import RequestLists
 
         longest = max(len(c) for c in contexts)
@@ -340,7 +340,7 @@ class LLMRecommender:
             ids[b, :len(c)] = torch.as_tensor(c, dtype=torch.int64)
             mask[b, :len(c)] = 1
         lists = None
-        allows = allows if allows is not None and any(a is not None for a in allows) else None
+        allows = allows if any(a is not None for a in allows) else None
         if allows is not None or any(d is not None for d in denies):
             lists = RequestLists.from_rows(deny=[np.zeros(0, np.int64) if d is None else d for d in denies],
                                            allow=allows, normalise="catalog")
