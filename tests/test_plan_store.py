@@ -313,6 +313,17 @@ def test_warmup_command_writes_the_store_and_plan_reads_it(tmp_path, capsys, tim
     assert "--dtype" in capsys.readouterr().err
 
 
+def test_plan_and_warmup_default_to_the_dtype_the_device_serves(tmp_path, capsys, timed_calls):
+    # float32 on a CPU: its float16 matmuls are far slower, and no CPU server runs them
+    common = ["tiny", "--beam", "3", "--hidden", "8", "--device", "cpu", "--plan-dir", str(tmp_path), "--batch", "2"]
+    assert main(["warmup", *common, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
+    timed_calls.clear()
+    assert main(["plan", *common, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["dtype"], plan["source"]) == ("float32", "store") and not timed_calls
+
+
 def test_cost_model_presets_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         planner.DEFAULT_COST_MODEL.ratio = 2.0

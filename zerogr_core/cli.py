@@ -260,7 +260,8 @@ def register_plan(subparsers) -> None:
     p.add_argument("--batch", type=whole(1), default=8, help="requests per decode (default 8)")
     p.add_argument("--beam", type=whole(1), default=128, help="beam width M (default 128)")
     p.add_argument("--hidden", type=whole(1, MAX_HIDDEN), default=1024, help="hidden size H (default 1024)")
-    p.add_argument("--dtype", default="float16", help="head and hidden dtype: float16, bfloat16 or float32")
+    p.add_argument("--dtype", default=None, help="head and hidden dtype: float16, bfloat16 or float32 (default: "
+                                                 "float16 on a GPU, float32 on a CPU)")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--override", default=None, metavar="OPT,…",
@@ -297,6 +298,12 @@ def _dtype_name(text: str) -> str:
     return DTYPE_ALIASES.get(text.strip().lower(), text.strip().lower())
 
 
+def _serving_dtype(device) -> str:
+    """The dtype a shape is served in when none is named: half precision on a GPU; float32 on a
+    CPU, where float16 matmuls run far slower than float32 ones."""
+    return "float16" if device.type == "cuda" else "float32"
+
+
 def _plan_device(name):
     return as_device(name, "--device")
 
@@ -323,9 +330,9 @@ def _run_plan(args: argparse.Namespace) -> None:
 
     batch, beam, hidden, seed = args.batch, args.beam, args.hidden, args.seed
     check_beams(batch, beam)
-    dtype = _dtype_name(args.dtype)
-    resolve_dtype(dtype)
     device = _plan_device(args.device)
+    dtype = _serving_dtype(device) if args.dtype is None else _dtype_name(args.dtype)
+    resolve_dtype(dtype)
     override = None if args.override is None else [o.strip() for o in args.override.split(",")]
     catalog = catalog_from_args(args)
     index = build_index(catalog, device=device)
@@ -371,7 +378,8 @@ def register_warmup(subparsers) -> None:
     add_catalog_arguments(p)
     p.add_argument("--batch", type=wholes(1), default=[1, 8, 32], help="requests per decode, a list (default 1,8,32)")
     p.add_argument("--beam", type=wholes(1), default=[128], help="beam widths, a list (default 128)")
-    p.add_argument("--dtype", default="fp16", help="head/hidden dtypes, a list of fp16, bf16, fp32 (default fp16)")
+    p.add_argument("--dtype", default=None, help="head/hidden dtypes, a list of fp16, bf16, fp32 (default: fp16 on a "
+                                                 "GPU, fp32 on a CPU)")
     p.add_argument("--hidden", type=wholes(1, MAX_HIDDEN), default=[1024],
                    help="hidden size per dtype, a list as long as --dtype, or one size for all (default 1024)")
     p.add_argument("--device", type=device_arg, default=None,
@@ -392,7 +400,9 @@ def _run_warmup(args: argparse.Namespace) -> None:
 
     batches, beams, hiddens, seed = args.batch, args.beam, args.hidden, args.seed
     check_beams(batches, beams)
-    dtypes = [_dtype_name(d) for d in args.dtype.replace(",", " ").split()]
+    device = _plan_device(args.device)
+    dtypes = ([_serving_dtype(device)] if args.dtype is None
+              else [_dtype_name(d) for d in args.dtype.replace(",", " ").split()])
     if not dtypes:
         raise UsageError("--dtype: give at least one dtype")
     for d in dtypes:
@@ -406,7 +416,6 @@ def _run_warmup(args: argparse.Namespace) -> None:
         raise UsageError(f"--hidden: give one size, or one per dtype ({len(dtypes)}), got {len(hiddens)}")
     if args.no_plan_store:
         raise UsageError("warmup writes the plan store: drop --no-plan-store")
-    device = _plan_device(args.device)
     catalog = catalog_from_args(args)
     index = build_index(catalog, device=device)
     if not args.json:
