@@ -52,7 +52,8 @@ def brute_force(catalog, heads_per_level, model, request, beam, order, normalise
                 wn, off = normalisers[step]
                 full = torch.log_softmax(wn.double() @ h, 0)
                 cands += [(prefix + (int(t),), score + float(full[off + t])) for t in valid]
-        cands.sort(key=lambda c: -c[1])
+        # a NaN candidate (a model output that overflowed) is never kept, as a masked one is not
+        cands = sorted((c for c in cands if not math.isnan(c[1])), key=lambda c: -c[1])
         beams = cands[:beam]
     return beams
 
@@ -94,6 +95,37 @@ def test_filter_first_equals_brute_force(sizes, n, beam, batch, projection, pres
     result = Decoder(index, heads, beam, projection=projection).decode(model, batch)
     assert result.tokens.shape == (batch, beam, len(sizes))
     expected = [brute_force(catalog, heads, model, r, beam, "filter-first") for r in range(batch)]
+    check_against_brute(result, catalog, expected, beam)
+
+
+class NanAfter(PrefixModel):
+    """A :class:`PrefixModel` whose hidden state is NaN after one request's prefix."""
+
+    def __init__(self, *args, request, prefix):
+        super().__init__(*args)
+        self.poisoned = (request, tuple(prefix))
+
+    def hidden(self, request, step, prefix):
+        h = super().hidden(request, step, prefix)
+        return h * float("nan") if (request, tuple(prefix)) == self.poisoned else h
+
+
+@pytest.mark.reference_kernels  # the CPU path; the Triton kernels take no NaN (kernels/selection.py)
+@pytest.mark.parametrize("order", ["filter-first", "score-first"])
+def test_a_beam_with_nan_hidden_states_is_dropped_not_its_requests_others(order):
+    # torch's sort ranks NaN first: the poisoned beam's candidates used to take every place of
+    # its request, which came back empty (score-first) though its other beams were finite
+    rng = np.random.default_rng(5)
+    sizes, hidden, batch, beam = (5, 6, 4), 7, 2, 4
+    catalog = random_catalog(rng, sizes, 80)
+    g = torch.Generator().manual_seed(2)
+    heads = [torch.randn(s, hidden, generator=g) for s in sizes]
+    normalisers = [(w, 0) for w in heads]
+    clean = brute_force(catalog, heads, PrefixModel(sizes, hidden, batch, 6), 0, beam, order, normalisers)
+    model = NanAfter(sizes, hidden, batch, 6, request=0, prefix=clean[0][0][:1])
+    expected = [brute_force(catalog, heads, model, r, beam, order, normalisers) for r in range(batch)]
+    assert len(expected[0]) == beam and expected[0] != clean
+    result = Decoder(build_index(catalog), heads, beam, order=order).decode(model, batch)
     check_against_brute(result, catalog, expected, beam)
 
 
