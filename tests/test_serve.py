@@ -8,7 +8,7 @@ import torch
 
 from zerogr_core.cli import main
 from zerogr_core.errors import ZeroGRError
-from zerogr_core.serve.batching import chunks, pad, padded_size
+from zerogr_core.serve.batching import Batcher, chunks, pad, padded_size
 from zerogr_core.serve.config import ServeConfig
 from zerogr_core.serve.live import CatalogPush
 from zerogr_core.serve.metrics import Histogram, ServeMetrics
@@ -69,6 +69,28 @@ def test_batches_pad_to_the_nearest_planned_size():
         padded_size(17, sizes)
     assert pad(["a", "b"], 4) == ["a", "b", "a", "a"]
     assert [list(r) for r in chunks(5, 2)] == [[0, 1], [2, 3], [4]]
+
+
+def test_a_cancelled_request_is_dropped_and_the_batcher_keeps_serving():
+    import threading
+
+    release, ran, cancelled = threading.Event(), [], []
+
+    def run(items):
+        ran.append(list(items))
+        release.wait(10)
+        return [x * 10 for x in items]
+
+    batcher = Batcher(run, max_batch=4, wait_s=0.0, on_cancel=cancelled.append)
+    first = batcher.submit_future(1)
+    while not ran:  # the worker is decoding 1; 2 and 3 wait behind it
+        threading.Event().wait(0.01)
+    gone, kept = batcher.submit_future(2), batcher.submit_future(3)
+    assert gone.cancel()  # its client went away while it waited
+    release.set()
+    assert first.result(10) == 10 and kept.result(10) == 30
+    assert batcher.submit_future(4).result(10) == 40  # the worker lives on (it died setting 2's result)
+    assert ran == [[1], [3], [4]] and cancelled == [1]
 
 
 def test_config_presets_and_checks():

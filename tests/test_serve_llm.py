@@ -225,6 +225,28 @@ def test_prometheus_metrics_count_requests_latency_errors(service):
     assert snap["responses"]["400"] >= 1 and snap["in_flight"] == 1
 
 
+def test_a_client_that_goes_away_while_waiting_does_not_stop_the_server(service, monkeypatch):
+    gate, decode = threading.Event(), service.rec.decode
+    monkeypatch.setattr(service.rec, "decode", lambda queries: gate.wait(30) and decode(queries))
+    body = json.dumps({"input_ids": [1, 2, 3], "sampling_params": {"n": 2}}).encode()
+
+    async def scenario():
+        first = asyncio.create_task(service.handle("POST", "/generate", "", body))
+        await asyncio.sleep(0.3)  # the first is decoding (held at the gate)
+        gone = asyncio.create_task(service.handle("POST", "/generate", "", body))
+        await asyncio.sleep(0.1)
+        gone.cancel()  # its client disconnected (or timed out) while it waited for a batch
+        gate.set()
+        assert (await first).status == 200
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        # the batcher's worker died setting the cancelled request's result: every later request hung
+        return await asyncio.wait_for(service.handle("POST", "/generate", "", body), 60)
+
+    assert asyncio.run(scenario()).status == 200
+    assert call(service, "GET", "/metrics", query="format=json").json()["queue_length"] == 0
+
+
 def test_ready_is_503_until_loaded_and_warmed(monkeypatch):
     gate = threading.Event()
     warmup = LLMRecommender.warmup

@@ -54,7 +54,8 @@ class Batcher:
     worker thread takes the queued items: when fewer than ``max_batch`` wait, it waits up
     to ``wait_s`` for more, then runs ``run(items)`` (blocking, one result per item) on at
     most ``max_batch`` of them; requests that arrive meanwhile form the next batch. Callers
-    from any thread or event loop may share one batcher.
+    from any thread or event loop may share one batcher. A request cancelled while it waits
+    (its client went away) is dropped from its batch and never decoded.
 
     Parameters
     ----------
@@ -63,10 +64,13 @@ class Batcher:
     wait_s : float
     on_batch : callable(int), optional
         Told the size of each batch as it starts.
+    on_cancel : callable(int), optional
+        Told how many cancelled requests were taken off the queue without being decoded.
     """
 
-    def __init__(self, run, max_batch: int, wait_s: float, on_batch=None):
-        self._run, self.max_batch, self.wait_s, self._on_batch = run, int(max_batch), float(wait_s), on_batch
+    def __init__(self, run, max_batch: int, wait_s: float, on_batch=None, on_cancel=None):
+        self._run, self.max_batch, self.wait_s = run, int(max_batch), float(wait_s)
+        self._on_batch, self._on_cancel = on_batch, on_cancel
         self._pending: list = []
         self._cv = threading.Condition()
         self._worker = None
@@ -103,11 +107,20 @@ class Batcher:
 
     def _loop(self) -> None:
         while True:
-            batch = self._take()
-            if self._on_batch is not None:
-                self._on_batch(len(batch))
+            taken = self._take()
+            # a running future can no longer be cancelled, so setting its result cannot raise (a
+            # cancelled one would raise InvalidStateError and end this thread: every later request would hang)
+            batch = [(item, future) for item, future in taken if future.set_running_or_notify_cancel()]
+            if len(batch) < len(taken) and self._on_cancel is not None:
+                self._on_cancel(len(taken) - len(batch))
+            if not batch:
+                continue
             try:
+                if self._on_batch is not None:
+                    self._on_batch(len(batch))
                 results = self._run([item for item, _ in batch])
+                if len(results) != len(batch):
+                    raise ZeroGRError(f"a batch of {len(batch)} requests got {len(results)} results")
             except Exception as err:  # noqa: BLE001 - every request of the batch gets the error
                 for _, future in batch:
                     future.set_exception(err)

@@ -72,7 +72,8 @@ class LLMService:
         self.load_error: str | None = None
         self.load_s: float | None = None
         self._loaded = threading.Event()
-        self.batcher = Batcher(self._decode, config.max_batch, config.batch_wait_s, on_batch=self._batch)
+        self.batcher = Batcher(self._decode, config.max_batch, config.batch_wait_s, on_batch=self._batch,
+                               on_cancel=self.metrics.cancelled)
         threading.Thread(target=self._load, name="zerogr-llm-load", daemon=True).start()
 
     # ------------------------------------------------------------------ loading

@@ -93,6 +93,13 @@ class ServeMetrics:
         self._export("batch", size, padded)
         self._export("queue", waiting)
 
+    def cancelled(self, count: int) -> None:
+        """``count`` waiting requests left the queue without a batch (their clients went away)."""
+        with self._lock:
+            self.waiting -= count
+            waiting = self.waiting
+        self._export("queue", waiting)
+
     def answered(self, status: int, latency_ms: float | None = None) -> None:
         with self._lock:
             self.statuses[status] += 1
