@@ -93,6 +93,11 @@ def test_generate_equals_a_direct_decoder_call(service):
     assert isinstance(docs, list) and len(docs) == 2 and len(docs[1]["beam_results"]) == CONFIG.beam
     check(docs[0], rec, one, CONFIG.beam)
     check(docs[1], rec, two, CONFIG.beam)
+    # SGLang's batched rid: one per input (a single string labels every input)
+    reply = call(service, "POST", "/generate", {"input_ids": [one, two], "rid": ["a", "b"], "sampling_params": {"n": 1}})
+    assert [d["meta_info"]["id"] for d in reply.json()] == ["a", "b"]
+    reply = call(service, "POST", "/generate", {"input_ids": [one, two], "rid": "c", "sampling_params": {"n": 1}})
+    assert [d["meta_info"]["id"] for d in reply.json()] == ["c", "c"]
 
 
 def test_recommend_takes_token_history_and_excludes_items(service):
@@ -166,6 +171,13 @@ def test_concurrent_clients_get_their_own_answers(service):
     ({"input_ids": [[1], [2]], "sampling_params": [{}]}, 400, "sampling_params: 1 objects for 2 inputs"),
     ({"input_ids": [[1], [2]], "sampling_params": [{}, {"n": 99}]}, 400, "sampling_params[1].n"),
     ({"input_ids": [1], "stream": True}, 400, "stream"),
+    # bounded work: one request's inputs, and its rid (echoed in every answer)
+    ({"input_ids": [[1]] * 65}, 413, "input_ids: 65 inputs, at most 64"),
+    ({"input_ids": [1], "rid": "r" * 257}, 400, "rid: 257 characters, at most 256"),
+    ({"input_ids": [1], "rid": {"nested": [1, 2]}}, 400, "rid: expected a string, got dict"),
+    ({"input_ids": [1], "rid": ["a"]}, 400, "rid: expected a string, got list"),
+    ({"input_ids": [[1], [2]], "rid": ["a"]}, 400, "rid: 1 ids for 2 inputs"),
+    ({"input_ids": [[1], [2]], "rid": ["a", 7]}, 400, "rid[1]: expected a string, got int"),
 ])
 def test_malformed_generate_gets_a_one_line_4xx_and_serving_goes_on(service, body, status, words):
     reply = call(service, "POST", "/generate", body)

@@ -4,7 +4,7 @@ Request (SGLang's native ``/generate``, token ids only)::
 
     {"input_ids": [ids] or [[ids], ...],
      "sampling_params": {"max_new_tokens": L, "n": 10, "beam_width": M},
-     "rid": "optional id"}
+     "rid": "optional id" (or, batched, one per input)}
 
 ``max_new_tokens`` must equal the SID length L (or be absent); ``beam_width`` (also
 ``num_beams``) must equal the server's beam M (or be absent): the decode is planned at M.
@@ -18,10 +18,15 @@ first. Everything wrong with a body is a one-line :class:`RequestError` naming t
 from __future__ import annotations
 
 from .llm import BeamAnswer, LLMQuery
-from .schema import MAX_LIST, RequestError, parse_json, parse_query
+from .schema import RequestError, parse_json, parse_query
 
 FIELDS = ("input_ids", "sampling_params", "rid", "stream", "text")
 SAMPLING_FIELDS = ("max_new_tokens", "n", "beam_width", "num_beams", "temperature")
+#: Most inputs one batched ``/generate`` may carry: its inputs decode in the replica's batches, ahead of
+#: later requests, so the count bounds one request's decode time and how long it holds other clients back.
+MAX_INPUTS = 64
+#: Longest ``rid``: it comes back in the ``meta_info`` of every input's answer.
+MAX_RID = 256
 
 
 def _int(value, field: str, low: int, high: int) -> int:
@@ -64,7 +69,26 @@ def _sampling(params, field: str, *, beam: int, levels: int) -> int:
     return beam if params.get("n") is None else _int(params["n"], f"{field}.n", 1, beam)
 
 
-def parse_generate(body, *, beam: int, levels: int, vocab: int, max_context: int) -> tuple[list, bool, object]:
+def _rid(value, field: str, expected: str) -> str:
+    if not isinstance(value, str):
+        raise RequestError(f"{field}: expected {expected}, got {type(value).__name__}")
+    if len(value) > MAX_RID:
+        raise RequestError(f"{field}: {len(value)} characters, at most {MAX_RID}")
+    return value
+
+
+def _rids(value, batched: bool, count: int) -> list:
+    """One ``rid`` per input (``None`` where none was given)."""
+    if value is None:
+        return [None] * count
+    if not (batched and isinstance(value, list)):
+        return [_rid(value, "rid", "a string, or a list of one per input" if batched else "a string")] * count
+    if len(value) != count:
+        raise RequestError(f"rid: {len(value)} ids for {count} inputs")
+    return [_rid(r, f"rid[{i}]", "a string") for i, r in enumerate(value)]
+
+
+def parse_generate(body, *, beam: int, levels: int, vocab: int, max_context: int) -> tuple[list, bool, list]:
     """Validate a ``/generate`` body.
 
     Parameters
@@ -80,14 +104,16 @@ def parse_generate(body, *, beam: int, levels: int, vocab: int, max_context: int
 
     Returns
     -------
-    (list of LLMQuery, bool, object)
-        The queries, whether the request was batched (``input_ids`` a list of lists), and its ``rid``.
+    (list of LLMQuery, bool, list)
+        The queries, whether the request was batched (``input_ids`` a list of lists), and each
+        input's ``rid`` (a string, or ``None``).
 
     Raises
     ------
     RequestError
-        400 for a malformed body (the message names the field), 413 for a context over
-        ``max_context`` tokens or more inputs than :data:`~.schema.MAX_LIST`.
+        400 for a malformed body (the message names the field; ``rid`` must be a string of at most
+        :data:`MAX_RID` characters or, batched, a list of one per input), 413 for a context over
+        ``max_context`` tokens or more inputs than :data:`MAX_INPUTS`.
     """
     doc = parse_json(body)
     if not isinstance(doc, dict):
@@ -104,8 +130,9 @@ def parse_generate(body, *, beam: int, levels: int, vocab: int, max_context: int
         raise RequestError("input_ids: required (a list of token ids, or a list of such lists)")
     batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
     inputs = ids if batched else [ids]
-    if len(inputs) > MAX_LIST:
-        raise RequestError(f"input_ids: {len(inputs)} inputs, at most {MAX_LIST}", status=413)
+    if len(inputs) > MAX_INPUTS:
+        raise RequestError(f"input_ids: {len(inputs)} inputs, at most {MAX_INPUTS}", status=413)
+    rids = _rids(doc.get("rid"), batched, len(inputs))
     params = doc.get("sampling_params")
     if isinstance(params, list):
         if len(params) != len(inputs):
@@ -119,7 +146,7 @@ def parse_generate(body, *, beam: int, levels: int, vocab: int, max_context: int
         pwhere = f"sampling_params[{i}]" if isinstance(params, list) else "sampling_params"
         queries.append(LLMQuery(_context(context, where, vocab=vocab, max_context=max_context),
                                 _sampling(p, pwhere, beam=beam, levels=levels)))
-    return queries, batched, doc.get("rid")
+    return queries, batched, rids
 
 
 def parse_recommend(body, *, beam: int, vocab: int, max_context: int) -> LLMQuery:

@@ -170,10 +170,10 @@ class LLMService:
 
     async def _generate(self, body: bytes) -> Reply:
         rec = self.rec
-        queries, batched, rid = parse_generate(body, beam=self.config.beam, levels=rec.levels, vocab=rec.vocab,
+        queries, batched, rids = parse_generate(body, beam=self.config.beam, levels=rec.levels, vocab=rec.vocab,
                                                max_context=self.config.max_context)
         answers = await asyncio.gather(*(self._submit(q) for q in queries))
-        docs = [beam_results(a, q, rec.levels, rid) for a, q in zip(answers, queries)]
+        docs = [beam_results(a, q, rec.levels, rid) for a, q, rid in zip(answers, queries, rids)]
         return _reply(docs if batched else docs[0])
 
     async def _recommend(self, body: bytes) -> Reply:
