@@ -267,6 +267,25 @@ def test_decode_dataset_names_the_bad_input_line(tmp_path, capsys):
     assert "line 2" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("entry, words", [
+    ({"history": [[1], 50]}, "line 2: history[0]: item id [1] is not an integer or a string"),
+    ({"history": [1, {"a": 1}]}, "line 2: history[1]: item id {'a': 1} is not an integer or a string"),
+    ({"history": [None]}, "line 2: history[0]: item id None is not an integer or a string"),
+    ({"history": [True]}, "line 2: history[0]: item id True is not an integer or a string"),
+    ({"history": [1], "exclude": [2, [3]]}, "line 2: exclude[1]"),
+    ({"history": [1], "allow": [1.5]}, "line 2: allow[0]: item id 1.5"),
+    ({"history": [2**70]}, "line 2: history[0]: item id 1180591620717411303424 is outside the 64-bit range"),
+])
+def test_decode_dataset_names_a_bad_item_id_before_the_model_loads(tmp_path, capsys, entry, words):
+    users = tmp_path / "users.jsonl"
+    users.write_text(json.dumps({"user": 1, "history": [1, 2]}) + "\n" + json.dumps(entry) + "\n")
+    # a nested id reached the catalog's lookup after the model loaded: numpy's ValueError, a traceback
+    assert main(["decode-dataset", "--input", str(users), "--out", str(tmp_path / "o.jsonl"), "--beam", "4",
+                 "--k", "3"]) == 1
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_users_come_from_json_lines_or_one_interactions_object(tmp_path):
     from zerogr_core.serve.offline import read_users, shard
 
@@ -279,6 +298,9 @@ def test_users_come_from_json_lines_or_one_interactions_object(tmp_path):
     assert read_users(whole).histories == [(4, 5), (6,)] and read_users(whole).head(1).labels == ["7"]
     whole.write_text(json.dumps({"7": []}))
     with pytest.raises(ZeroGRError, match="user '7'"):
+        read_users(whole)
+    whole.write_text(json.dumps({"7": [4, [5]]}))
+    with pytest.raises(ZeroGRError, match=r"user '7': history\[1\]: item id \[5\] is not an integer or a string"):
         read_users(whole)
     lines.write_text('{"user": "a", "history": [1], "allow": [5, 6], "exclude": [6]}\n'
                      '{"history": [3], "allow": null}\n')

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import ZeroGRError
 from .config import ServeConfig
-from .schema import Query, RequestError
+from .schema import Query, RequestError, id_list
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ def read_users(path: str | Path) -> Users:
     Raises
     ------
     ZeroGRError
-        Unreadable file, or an entry that is not such a user (named by its line or user).
+        Unreadable file, an entry that is not such a user, or an item id that is neither an integer
+        (within 64 bits) nor a string (each named by its line or user, field and entry).
     """
     path = Path(path)
     try:
@@ -78,7 +79,7 @@ def read_users(path: str | Path) -> Users:
             if not isinstance(items, list) or not items:
                 raise ZeroGRError(f"--input {path}, user {user!r}: expected a non-empty list of item ids")
             labels.append(user)
-            histories.append(tuple(items))
+            histories.append(_ids(items, f"--input {path}, user {user!r}: history"))
         if not labels:
             raise ZeroGRError(f"--input {path}: no users")
         return Users(labels, histories)
@@ -98,13 +99,23 @@ def read_users(path: str | Path) -> Users:
             if doc.get(field) is not None and not isinstance(doc[field], list):
                 raise ZeroGRError(f"--input {path}, line {number}: {field} must be a list of item ids, "
                                   f"got {type(doc[field]).__name__}")
+        where = f"--input {path}, line {number}: "
         labels.append(doc.get("user", number))
-        histories.append(tuple(doc["history"]))
-        excludes.append(tuple(doc.get("exclude") or ()))
-        allows.append(None if doc.get("allow") is None else tuple(doc["allow"]))
+        histories.append(_ids(doc["history"], where + "history"))
+        excludes.append(_ids(doc.get("exclude") or [], where + "exclude"))
+        allows.append(None if doc.get("allow") is None else _ids(doc["allow"], where + "allow"))
     if not labels:
         raise ZeroGRError(f"--input {path}: no users")
     return Users(labels, histories, excludes, allows)
+
+
+def _ids(items: list, field: str) -> tuple:
+    """``items`` checked as POST /recommend checks an id list (integers or strings: the catalog is not
+    loaded yet), with no length limit: whether each id is in the catalog is the decode's per-user check."""
+    try:
+        return id_list(items, field, string_ids=None, allow_empty=True, limit=None)
+    except RequestError as err:
+        raise ZeroGRError(str(err)) from None
 
 
 def movielens_users(study) -> Users:

@@ -51,20 +51,24 @@ class Query:
     allow: tuple | None = None
 
 
-def _id_list(value, field: str, *, string_ids: bool, allow_empty: bool) -> tuple:
+def id_list(value, field: str, *, string_ids: bool | None, allow_empty: bool, limit: int | None = MAX_LIST) -> tuple:
+    """Check a list of item ids (``string_ids`` None: integers or strings, the catalog not yet known);
+    a :class:`RequestError` naming the field and entry, 413 for more than ``limit`` ids."""
     if not isinstance(value, list):
         raise RequestError(f"{field}: expected a list of item ids, got {type(value).__name__}")
     if not value and not allow_empty:
         raise RequestError(f"{field}: give at least one item id")
-    if len(value) > MAX_LIST:
-        raise RequestError(f"{field}: {len(value)} ids, at most {MAX_LIST}", status=413)
+    if limit is not None and len(value) > limit:
+        raise RequestError(f"{field}: {len(value)} ids, at most {limit}", status=413)
     for i, item in enumerate(value):
-        ok = isinstance(item, str) if string_ids else (isinstance(item, int) and not isinstance(item, bool))
-        if not ok:
+        integer = isinstance(item, int) and not isinstance(item, bool)
+        if string_ids is None and not (integer or isinstance(item, str)):
+            raise RequestError(f"{field}[{i}]: item id {item!r} is not an integer or a string")
+        if string_ids is not None and not (isinstance(item, str) if string_ids else integer):
             kind = "a string" if string_ids else "an integer"
             raise RequestError(f"{field}[{i}]: item id {item!r} is not {kind} (this catalog has "
                                f"{'string' if string_ids else 'integer'} ids)")
-        if not string_ids and not -2**63 <= item < 2**63:
+        if integer and not -2**63 <= item < 2**63:
             raise RequestError(f"{field}[{i}]: item id {item} is outside the 64-bit range of item ids")
     return tuple(value)
 
@@ -111,11 +115,11 @@ def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Q
         raise RequestError(f"unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
     if "history" not in doc:
         raise RequestError("history: required (a list of item ids, oldest first)")
-    history = _id_list(doc["history"], "history", string_ids=string_ids, allow_empty=False)
-    exclude = _id_list(doc.get("exclude", []), "exclude", string_ids=string_ids, allow_empty=True)
+    history = id_list(doc["history"], "history", string_ids=string_ids, allow_empty=False)
+    exclude = id_list(doc.get("exclude", []), "exclude", string_ids=string_ids, allow_empty=True)
     allow = doc.get("allow")
     if allow is not None:
-        allow = _id_list(allow, "allow", string_ids=string_ids, allow_empty=True)
+        allow = id_list(allow, "allow", string_ids=string_ids, allow_empty=True)
     k = doc.get("k", min(DEFAULT_K, max_k))  # a server of fewer beams returns them all by default
     if not isinstance(k, int) or isinstance(k, bool):
         raise RequestError(f"k: expected an integer, got {k!r}")
