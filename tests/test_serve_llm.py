@@ -94,7 +94,8 @@ def test_generate_equals_a_direct_decoder_call(service):
     check(docs[0], rec, one, CONFIG.beam)
     check(docs[1], rec, two, CONFIG.beam)
     # SGLang's batched rid: one per input (a single string labels every input)
-    reply = call(service, "POST", "/generate", {"input_ids": [one, two], "rid": ["a", "b"], "sampling_params": {"n": 1}})
+    reply = call(service, "POST", "/generate", {"input_ids": [one, two], "rid": ["a", "b"],
+                                                "sampling_params": {"n": 1}})
     assert [d["meta_info"]["id"] for d in reply.json()] == ["a", "b"]
     reply = call(service, "POST", "/generate", {"input_ids": [one, two], "rid": "c", "sampling_params": {"n": 1}})
     assert [d["meta_info"]["id"] for d in reply.json()] == ["c", "c"]
@@ -200,6 +201,26 @@ def test_malformed_generate_gets_a_one_line_4xx_and_serving_goes_on(service, bod
 def test_other_bad_requests(service, method, path, body, status, words):
     reply = call(service, method, path, body)
     assert reply.status == status and words in reply.json()["error"], reply.body
+
+
+def test_recommend_takes_string_item_ids_of_a_string_id_catalog(tmp_path):
+    rng = np.random.default_rng(0)
+    codes = rng.choice(64 ** 3, 300, replace=False)
+    path = tmp_path / "items.csv"
+    path.write_text("item_id,s1,s2,s3\n" + "".join(f"sku-{i},{c // 4096},{c // 64 % 64},{c % 64}\n"
+                                                   for i, c in enumerate(codes)))
+    svc = LLMService(LLMServeConfig.preset("tiny", catalog=str(path), warmup_context=0))
+    svc.wait_ready(300)
+    # exclude and allow hold the catalog's (string) item ids; the history stays token ids
+    reply = call(svc, "POST", "/recommend", {"history": [1, 2, 3], "k": 16, "allow": ["sku-1", "sku-2", "sku-3"],
+                                             "exclude": ["sku-2"]})
+    assert reply.status == 200, reply.body
+    assert sorted(reply.json()["items"]) == ["sku-1", "sku-3"]
+    reply = call(svc, "POST", "/recommend", {"history": [1], "exclude": [5]})
+    assert reply.status == 400 and "exclude[0]: item id 5 is not a string (this catalog has string ids)" in \
+        reply.json()["error"]
+    reply = call(svc, "POST", "/recommend", {"history": ["sku-1"]})
+    assert reply.status == 400 and "history[0]" in reply.json()["error"]
 
 
 def _metric(text, name, labels=""):

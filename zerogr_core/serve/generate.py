@@ -149,11 +149,12 @@ def parse_generate(body, *, beam: int, levels: int, vocab: int, max_context: int
     return queries, batched, rids
 
 
-def parse_recommend(body, *, beam: int, vocab: int, max_context: int) -> LLMQuery:
+def parse_recommend(body, *, beam: int, vocab: int, max_context: int, string_ids: bool = False) -> LLMQuery:
     """``POST /recommend`` on the LLM server: ``history`` is the context's token ids,
     ``exclude`` item ids never to return, ``allow`` the only ones to return, ``k`` the items returned (the fields of
-    :func:`~.schema.parse_query`; ``keep_history`` has no meaning here and is refused when true)."""
-    query = parse_query(body, max_k=beam, string_ids=False)
+    :func:`~.schema.parse_query`; ``keep_history`` has no meaning here and is refused when true). ``string_ids``:
+    the catalog's item ids are strings (``exclude`` and ``allow`` then hold strings)."""
+    query = parse_query(body, max_k=beam, string_ids=string_ids, token_history=True)
     if query.keep_history:
         raise RequestError("keep_history: the history is token ids here, not items")
     context = _context(list(query.history), "history", vocab=vocab, max_context=max_context)

@@ -178,6 +178,7 @@ class LLMService:
 
     async def _recommend(self, body: bytes) -> Reply:
         rec = self.rec
-        query = parse_recommend(body, beam=self.config.beam, vocab=rec.vocab, max_context=self.config.max_context)
+        query = parse_recommend(body, beam=self.config.beam, vocab=rec.vocab, max_context=self.config.max_context,
+                                string_ids=rec.catalog.string_ids)
         answer = await self._submit(query)
         return _reply(dict(items=answer.items, scores=answer.scores, sids=answer.codes.tolist()))

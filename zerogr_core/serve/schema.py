@@ -88,7 +88,7 @@ def parse_json(body: bytes | str) -> object:
         raise RequestError(f"body holds a value that cannot be read: {' '.join(str(err).split())}") from None
 
 
-def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Query:
+def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False, token_history: bool = False) -> Query:
     """Validate a request body.
 
     Parameters
@@ -99,6 +99,8 @@ def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Q
         Largest ``k`` served (the beam width).
     string_ids : bool
         Whether the catalog's item ids are strings (else integers).
+    token_history : bool
+        The history is the model's token ids (integers, the Qwen3 server), not item ids.
 
     Raises
     ------
@@ -115,7 +117,7 @@ def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False) -> Q
         raise RequestError(f"unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
     if "history" not in doc:
         raise RequestError("history: required (a list of item ids, oldest first)")
-    history = id_list(doc["history"], "history", string_ids=string_ids, allow_empty=False)
+    history = id_list(doc["history"], "history", string_ids=string_ids and not token_history, allow_empty=False)
     exclude = id_list(doc.get("exclude", []), "exclude", string_ids=string_ids, allow_empty=True)
     allow = doc.get("allow")
     if allow is not None:
