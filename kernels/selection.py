@@ -498,7 +498,7 @@ def topk_gather_reference(scores: torch.Tensor, slot_tokens: torch.Tensor, slot_
             scores = scores.masked_fill(slot_succ < -1, float("-inf"))
     flat = scores.float().view(batch, mb * K)
     # torch's sort ranks NaN above everything: it would take the place of finite candidates
-    flat = flat.masked_fill(flat.isnan(), float("-inf"))
+    flat = torch.nan_to_num(flat, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     val, pos = torch.sort(flat, dim=1, descending=True, stable=True)
     n_top = min(beam_width, mb * K)
     val, pos = val[:, :n_top], pos[:, :n_top]
