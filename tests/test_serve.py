@@ -12,7 +12,7 @@ from zerogr_core.serve.batching import Batcher, chunks, pad, padded_size
 from zerogr_core.serve.config import ServeConfig
 from zerogr_core.serve.live import CatalogPush
 from zerogr_core.serve.metrics import Histogram, ServeMetrics
-from zerogr_core.serve.schema import Query, RequestError, parse_query
+from zerogr_core.serve.schema import MAX_BODY_BYTES, MAX_LIST, Query, RequestError, parse_query, read_limited
 
 
 # ---------------------------------------------------------------------------- schema
@@ -59,6 +59,36 @@ def test_bad_bodies_get_a_4xx_naming_the_field(body, status, words):
         parse_query(body, max_k=16)
     assert err.value.status == status and words in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_body_limit_holds_the_largest_legal_requests():
+    ids = [f"sku-{i:060d}" for i in range(MAX_LIST)]  # 64-character string ids
+    recommend = {"history": list(range(170_000, 178_192)), "k": 10, "exclude": ids, "allow": ids}
+    generate = {"input_ids": [[176_511] * 8192] * 64, "rid": ["r" * 256] * 64}  # 64 inputs of 8,192 tokens
+    for doc in (dict(recommend, history=ids), recommend, generate):
+        assert len(json.dumps(doc).encode()) < MAX_BODY_BYTES / 1.5
+
+
+def test_a_body_over_the_limit_is_refused_without_reading_the_rest():
+    import asyncio
+
+    def stream(chunks, read):
+        async def chunks_of():
+            for chunk in chunks:
+                read.append(chunk)
+                yield chunk
+        return chunks_of()
+
+    read = []
+    with pytest.raises(RequestError) as err:
+        asyncio.run(read_limited(str(MAX_BODY_BYTES + 1), stream([b"{}"], read)))
+    assert err.value.status == 413 and read == []  # the declared length alone refuses it
+    assert str(err.value) == f"body: {MAX_BODY_BYTES + 1} bytes, at most {MAX_BODY_BYTES} bytes (8 MiB) a request"
+    with pytest.raises(RequestError) as err:  # chunked, or longer than declared: refused as the stream passes it
+        asyncio.run(read_limited("10", stream([b"x" * 40] * 10, read), limit=100))
+    assert err.value.status == 413 and len(read) == 3 and "body: 120 bytes so far, at most 100 bytes" in str(err.value)
+    assert asyncio.run(read_limited(None, stream([b'{"a"', b": 1}"], []), limit=9)) == b'{"a": 1}'
+    assert asyncio.run(read_limited("bogus", stream([b"{}"], []))) == b"{}"
 
 
 # ---------------------------------------------------------------------------- batching, config, metrics

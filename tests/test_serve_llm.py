@@ -203,6 +203,48 @@ def test_other_bad_requests(service, method, path, body, status, words):
     assert reply.status == status and words in reply.json()["error"], reply.body
 
 
+def test_a_body_over_the_limit_gets_a_413_and_serving_goes_on(service):
+    from zerogr_core.serve.schema import MAX_BODY_BYTES
+
+    for path in ("/generate", "/recommend"):
+        reply = call(service, "POST", path, b" " * MAX_BODY_BYTES + b'{"input_ids": [1]}')
+        assert reply.status == 413 and reply.json()["error"] == \
+            f"body: {MAX_BODY_BYTES + 18} bytes, at most {MAX_BODY_BYTES} bytes (8 MiB) a request"
+    assert call(service, "POST", "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"n": 2}}).status == 200
+
+
+def test_the_ray_deployment_streams_the_body_and_refuses_it_past_the_limit(service):
+    pytest.importorskip("ray.serve")
+    from starlette.requests import Request
+
+    from zerogr_core.serve import app
+    from zerogr_core.serve.schema import MAX_BODY_BYTES
+
+    cls = app.LLMDeployment.func_or_class
+    dep = cls.__new__(cls)  # __init__ would load a second model
+    dep.service = service
+
+    def request(chunks, content_length, read):
+        left = list(chunks)
+
+        async def receive():
+            read.append(1)
+            return {"type": "http.request", "body": left.pop(0), "more_body": bool(left)}
+
+        headers = [] if content_length is None else [(b"content-length", str(content_length).encode())]
+        return Request({"type": "http", "method": "POST", "path": "/generate", "headers": headers,
+                        "query_string": b""}, receive)
+
+    good = json.dumps({"input_ids": [1, 2, 3], "sampling_params": {"n": 2}}).encode()
+    declared, streamed = [], []
+    for chunks, length, read in (([good], MAX_BODY_BYTES + 1, declared), ([b" " * 2**20] * 20, None, streamed)):
+        response = asyncio.run(dep(request(chunks, length, read)))
+        assert response.status_code == 413 and "at most 8388608 bytes (8 MiB)" in json.loads(response.body)["error"]
+    assert declared == [] and len(streamed) == 9  # never read / read until it passed 8 MiB
+    response = asyncio.run(dep(request([good[:5], good[5:]], len(good), [])))
+    assert response.status_code == 200 and len(json.loads(response.body)["beam_results"]) == 2
+
+
 def test_recommend_takes_string_item_ids_of_a_string_id_catalog(tmp_path):
     rng = np.random.default_rng(0)
     codes = rng.choice(64 ** 3, 300, replace=False)

@@ -32,7 +32,7 @@ from .batching import padded_size
 from .config import ServeConfig
 from .live import CatalogPush
 from .metrics import LATENCY_BUCKETS_MS, ServeMetrics
-from .schema import RequestError, parse_query
+from .schema import MAX_BODY_BYTES, RequestError, parse_query, read_limited
 
 APP_NAME = "zerogr"
 DEPLOYMENT = "Recommender"
@@ -74,6 +74,12 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": " ".join(str(message).split())}, status_code=status)
 
 
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """``request``'s body, streamed and refused (413, :class:`RequestError`) by its ``Content-Length`` or as soon
+    as it passes ``limit`` bytes: ``request.body()`` would hold a body of any size in memory first."""
+    return await read_limited(request.headers.get("content-length"), request.stream(), limit)
+
+
 @serve.deployment(name=DEPLOYMENT)
 class RecommenderDeployment:
     """One replica: a :class:`~.recommender.Recommender` behind HTTP, batching requests."""
@@ -110,7 +116,7 @@ class RecommenderDeployment:
             if method != "POST":
                 return self._answer(_error(405, "use POST /recommend"))
             try:
-                query = parse_query(await request.body(), max_k=self.config.beam,
+                query = parse_query(await read_body(request), max_k=self.config.beam,
                                     string_ids=self.rec.catalog.string_ids)
                 self.metrics.enqueue()
                 answer = await self.recommend_batch(query)
@@ -151,8 +157,9 @@ class LLMDeployment:
         self.service = LLMService(cfg, RayMetrics(cfg.max_batch))
 
     async def __call__(self, request: Request) -> Response:
+        # the body is read (and its size checked) by the service, only for a route that takes one
         reply = await self.service.handle(request.method, request.url.path, request.url.query,
-                                          await request.body())
+                                          lambda: read_body(request))
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
 
 

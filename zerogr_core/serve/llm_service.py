@@ -28,7 +28,7 @@ from .batching import Batcher, padded_size
 from .generate import beam_results, parse_generate, parse_recommend
 from .llm import LLMRecommender, LLMServeConfig
 from .metrics import ServeMetrics
-from .schema import RequestError
+from .schema import RequestError, check_body_size
 
 JSON = "application/json"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
@@ -123,8 +123,17 @@ class LLMService:
         return answer
 
     # ------------------------------------------------------------------ routes
-    async def handle(self, method: str, path: str, query: str = "", body: bytes = b"") -> Reply:
-        """Answer one HTTP request (never raises: a failure is a 4xx/5xx :class:`Reply`)."""
+    async def handle(self, method: str, path: str, query: str = "", body=b"") -> Reply:
+        """Answer one HTTP request (never raises: a failure is a 4xx/5xx :class:`Reply`).
+
+        Parameters
+        ----------
+        method, path, query : str
+        body : bytes or callable
+            The body, or an async function returning it (a web server's reader, called only for a route that
+            takes a body; it may raise a 413 :class:`RequestError`). A body over
+            :data:`~.schema.MAX_BODY_BYTES` gets a 413.
+        """
         start = time.perf_counter()
         self.metrics.begin()
         try:
@@ -140,13 +149,15 @@ class LLMService:
                               if decoded and reply.status == 200 else None)
         return reply
 
-    async def _route(self, method: str, path: str, query: str, body: bytes) -> Reply:
+    async def _route(self, method: str, path: str, query: str, body) -> Reply:
         if path in ("/generate", "/recommend"):
             if method != "POST":
                 return _error(405, f"use POST {path}")
             if self.rec is None:
                 return _error(503, "the model is loading (GET /ready answers 200 when it serves)"
                               if self.load_error is None else f"the model did not load: {self.load_error}")
+            body = await body() if callable(body) else body
+            check_body_size(len(body))
             return await (self._generate(body) if path == "/generate" else self._recommend(body))
         if method != "GET":
             return _error(405 if path in ("/ready", "/health", "/metrics") else 404,

@@ -15,6 +15,13 @@ FIELDS = ("history", "k", "exclude", "allow", "keep_history")
 DEFAULT_K = 10
 #: Longest id list a request may carry (the model reads only the newest ``max_history``).
 MAX_LIST = 10_000
+#: Largest request body either server reads, in bytes (MovieLens and Qwen3 alike): the id-list and context limits
+#: bound what a request holds, not its bytes (a string id can be any length), and the whole body is in memory before
+#: it is parsed. 8 MiB holds the largest legal requests with room to spare: a ``/recommend`` of three lists of 10,000
+#: string ids of up to ~270 characters (or of 64-bit integers: 0.7 MB) beside a context of 8,192 token ids (65 kB),
+#: or a ``/generate`` of 64 inputs of 8,192 token ids each (4 MiB at 8 bytes a token, ``"176511, "``); SID-GR's
+#: online request, one 5,000-token context, is 40 kB.
+MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 class RequestError(ZeroGRError):
@@ -71,6 +78,44 @@ def id_list(value, field: str, *, string_ids: bool | None, allow_empty: bool, li
         if integer and not -2**63 <= item < 2**63:
             raise RequestError(f"{field}[{i}]: item id {item} is outside the 64-bit range of item ids")
     return tuple(value)
+
+
+def body_too_large(size: str, limit: int = MAX_BODY_BYTES) -> RequestError:
+    """The 413 of a body of ``size`` (e.g. ``"9000000 bytes"``) over ``limit`` bytes."""
+    return RequestError(f"body: {size}, at most {limit} bytes ({limit / 2**20:g} MiB) a request", status=413)
+
+
+def check_body_size(size: int, limit: int = MAX_BODY_BYTES) -> None:
+    """:func:`body_too_large` when a body of ``size`` bytes is over ``limit``."""
+    if size > limit:
+        raise body_too_large(f"{size} bytes", limit)
+
+
+async def read_limited(content_length: str | None, chunks, limit: int = MAX_BODY_BYTES) -> bytes:
+    """A request body of at most ``limit`` bytes, read from the async iterator ``chunks``.
+
+    Parameters
+    ----------
+    content_length : str or None
+        The request's ``Content-Length`` header: a body it declares over ``limit`` is refused before a byte of it
+        is read. ``None`` (or not a number: the web server has checked it) leaves the check to the stream.
+    chunks : async iterable of bytes
+    limit : int
+
+    Raises
+    ------
+    RequestError
+        413 (:func:`body_too_large`) as soon as the body is known to be over ``limit``: the rest is never read.
+    """
+    if content_length is not None and content_length.strip().isdigit():
+        check_body_size(int(content_length), limit)
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:  # a chunked body, or one longer than it declared: stop reading here
+            raise body_too_large(f"{size} bytes so far", limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def parse_json(body: bytes | str) -> object:
