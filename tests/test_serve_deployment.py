@@ -96,3 +96,33 @@ def test_a_body_over_the_limit_gets_a_413_before_it_is_read_and_serving_goes_on(
     assert read_declared == [] and len(read_streamed) == 9  # 8 MiB and one more of the stream's 20 chunks
     assert answer(good) == (200, {"items": [7]})
     assert deployment.metrics.snapshot()["responses"] == {"200": 1, "413": 2}
+
+
+def test_a_request_cancelled_while_it_waits_leaves_the_queue_gauge(deployment):
+    queue = []
+    deployment.metrics.exporter = SimpleNamespace(queue=queue.append, batch=lambda *a: None,
+                                                  status=lambda *a: None, latency=lambda *a: None)
+    rec = deployment.rec
+
+    def call(history):
+        text = json.dumps({"history": history})
+        return asyncio.create_task(deployment(request([text], content_length=len(text))))
+
+    async def scenario():
+        first = call([1])
+        while not rec.decoding.is_set():  # the first decodes (held at the gate); the next two wait behind it
+            await asyncio.sleep(0.01)
+        gone, kept = call([2]), call([3])
+        await asyncio.sleep(0.1)
+        assert deployment.metrics.snapshot()["queue_length"] == 2
+        gone.cancel()  # its client went away while it waited: Serve drops it from its batch
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        rec.gate.set()
+        return await first, await kept
+
+    first, kept = asyncio.run(scenario())
+    assert answer(first) == (200, {"items": [1]}) and answer(kept) == (200, {"items": [3]})
+    assert rec.batches == [[(1,)], [(3,)]]  # the cancelled request was never decoded
+    # it was counted into the gauge and never out: the gauge crept up by one per cancelled request
+    assert deployment.metrics.snapshot()["queue_length"] == 0 and queue[-1] == 0

@@ -80,6 +80,15 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return await read_limited(request.headers.get("content-length"), request.stream(), limit)
 
 
+class _Waiting:
+    """A query waiting for a batch; ``taken`` once a batch holds it (else it is still counted as waiting)."""
+
+    __slots__ = ("query", "taken")
+
+    def __init__(self, query):
+        self.query, self.taken = query, False
+
+
 @serve.deployment(name=DEPLOYMENT)
 class RecommenderDeployment:
     """One replica: a :class:`~.recommender.Recommender` behind HTTP, batching requests."""
@@ -105,9 +114,12 @@ class RecommenderDeployment:
         await asyncio.get_running_loop().run_in_executor(self._push_pool, self.rec.push, push)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def recommend_batch(self, queries: list) -> list:
-        self.metrics.batch(len(queries), padded_size(len(queries), self.config.batch_sizes))
-        return await asyncio.get_running_loop().run_in_executor(self._decode_pool, self.rec.recommend, list(queries))
+    async def recommend_batch(self, waiting: list) -> list:
+        for w in waiting:
+            w.taken = True
+        self.metrics.batch(len(waiting), padded_size(len(waiting), self.config.batch_sizes))
+        return await asyncio.get_running_loop().run_in_executor(self._decode_pool, self.rec.recommend,
+                                                                [w.query for w in waiting])
 
     async def __call__(self, request: Request) -> JSONResponse:
         start = time.perf_counter()
@@ -118,8 +130,15 @@ class RecommenderDeployment:
             try:
                 query = parse_query(await read_body(request), max_k=self.config.beam,
                                     string_ids=self.rec.catalog.string_ids)
+                waiting = _Waiting(query)
                 self.metrics.enqueue()
-                answer = await self.recommend_batch(query)
+                try:
+                    answer = await self.recommend_batch(waiting)
+                finally:
+                    # a request cancelled while it waits (its client went away) is dropped by @serve.batch
+                    # without reaching recommend_batch, which counts the others out of the queue gauge
+                    if not waiting.taken:
+                        self.metrics.cancelled(1)
             except RequestError as err:
                 return self._answer(_error(err.status, err))
             except Exception as err:  # noqa: BLE001 - one request fails, the server keeps serving
