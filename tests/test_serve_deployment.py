@@ -126,3 +126,15 @@ def test_a_request_cancelled_while_it_waits_leaves_the_queue_gauge(deployment):
     assert rec.batches == [[(1,)], [(3,)]]  # the cancelled request was never decoded
     # it was counted into the gauge and never out: the gauge crept up by one per cancelled request
     assert deployment.metrics.snapshot()["queue_length"] == 0 and queue[-1] == 0
+    # and the cancelled request is counted, under nginx's 499 (client closed request)
+    assert deployment.metrics.snapshot()["responses"] == {"200": 2, "499": 1}
+
+
+def test_a_client_that_disconnects_while_sending_its_body_is_counted_as_499(deployment):
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/recommend", "headers": [], "query_string": b""}
+    response = asyncio.run(deployment(Request(scope, receive)))
+    assert answer(response) == (499, {"error": "body: the client went away before sending all of it"})
+    assert deployment.metrics.snapshot()["responses"] == {"499": 1}  # was a 500, an internal error

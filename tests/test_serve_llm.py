@@ -318,8 +318,13 @@ def test_a_client_that_goes_away_while_waiting_does_not_stop_the_server(service,
         # the batcher's worker died setting the cancelled request's result: every later request hung
         return await asyncio.wait_for(service.handle("POST", "/generate", "", body), 60)
 
+    closed = _metric(call(service, "GET", "/metrics").body.decode(), "zerogr_requests_total", '{status="499"}')
     assert asyncio.run(scenario()).status == 200
     assert call(service, "GET", "/metrics", query="format=json").json()["queue_length"] == 0
+    # the cancelled request is counted, under nginx's 499 (client closed request)
+    text = call(service, "GET", "/metrics").body.decode()
+    assert _metric(text, "zerogr_requests_total", '{status="499"}') == closed + 1
+    assert "499: the client went away first" in text
 
 
 def test_ready_is_503_until_loaded_and_warmed(monkeypatch):

@@ -11,7 +11,8 @@ later, serves the pushed state.
 
 Metrics: Ray Serve's own (request counts and latency per deployment, queued and ongoing
 requests) plus this deployment's ``zerogr_request_latency_ms``, ``zerogr_batch_size``,
-``zerogr_padded_batch_size``, ``zerogr_queue_length`` and ``zerogr_responses``, recorded through
+``zerogr_padded_batch_size``, ``zerogr_queue_length`` and ``zerogr_responses`` (per status; 499: the
+client went away first), recorded through
 ``ray.serve.metrics`` and exported by Ray with a ``ray_`` prefix on each node's Prometheus
 endpoint (labelled per replica); ``GET /metrics`` returns the same figures of the replica
 that answers, as JSON.
@@ -25,13 +26,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ray import serve
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from .batching import padded_size
 from .config import ServeConfig
 from .live import CatalogPush
-from .metrics import LATENCY_BUCKETS_MS, ServeMetrics
+from .metrics import CLIENT_CLOSED, LATENCY_BUCKETS_MS, ServeMetrics
 from .schema import MAX_BODY_BYTES, RequestError, parse_query, read_limited
 
 APP_NAME = "zerogr"
@@ -76,8 +77,12 @@ def _error(status: int, message: str) -> JSONResponse:
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """``request``'s body, streamed and refused (413, :class:`RequestError`) by its ``Content-Length`` or as soon
-    as it passes ``limit`` bytes: ``request.body()`` would hold a body of any size in memory first."""
-    return await read_limited(request.headers.get("content-length"), request.stream(), limit)
+    as it passes ``limit`` bytes: ``request.body()`` would hold a body of any size in memory first. A client that
+    disconnects before sending it all gets a 499 :class:`RequestError` (counted as such; nobody reads it)."""
+    try:
+        return await read_limited(request.headers.get("content-length"), request.stream(), limit)
+    except ClientDisconnect:
+        raise RequestError("body: the client went away before sending all of it", status=CLIENT_CLOSED) from None
 
 
 class _Waiting:
@@ -143,6 +148,9 @@ class RecommenderDeployment:
                 return self._answer(_error(err.status, err))
             except Exception as err:  # noqa: BLE001 - one request fails, the server keeps serving
                 return self._answer(_error(500, f"internal error: {type(err).__name__}: {err}"))
+            except asyncio.CancelledError:  # its client went away (disconnected, timed out): no answer to send
+                self.metrics.answered(CLIENT_CLOSED)
+                raise
             if isinstance(answer, RequestError):
                 return self._answer(_error(answer.status, answer))
             return self._answer(JSONResponse(answer.to_json()), (time.perf_counter() - start) * 1e3)

@@ -27,7 +27,7 @@ from ..errors import first_line
 from .batching import Batcher, padded_size
 from .generate import beam_results, parse_generate, parse_recommend
 from .llm import LLMRecommender, LLMServeConfig
-from .metrics import ServeMetrics
+from .metrics import CLIENT_CLOSED, ServeMetrics
 from .schema import RequestError, check_body_size
 
 JSON = "application/json"
@@ -124,7 +124,8 @@ class LLMService:
 
     # ------------------------------------------------------------------ routes
     async def handle(self, method: str, path: str, query: str = "", body=b"") -> Reply:
-        """Answer one HTTP request (never raises: a failure is a 4xx/5xx :class:`Reply`).
+        """Answer one HTTP request (never raises: a failure is a 4xx/5xx :class:`Reply`; a request cancelled
+        because its client went away is counted as status 499 and its ``CancelledError`` passed on).
 
         Parameters
         ----------
@@ -142,6 +143,9 @@ class LLMService:
             reply = _error(err.status, err)
         except Exception as err:  # noqa: BLE001 - one request fails, the server keeps serving
             reply = _error(500, f"internal error: {type(err).__name__}: {first_line(err)}")
+        except asyncio.CancelledError:  # its client went away (disconnected, timed out): no answer to send
+            self.metrics.answered(CLIENT_CLOSED)
+            raise
         finally:
             self.metrics.end()
         decoded = path.rstrip("/") in ("/generate", "/recommend")

@@ -11,6 +11,9 @@ import bisect
 import threading
 from collections import Counter
 
+#: The status a request is counted under when its client went away before its answer (disconnected, or timed out
+#: and cancelled it): nginx's "client closed request", so a dashboard of statuses shows them beside the answers.
+CLIENT_CLOSED = 499
 #: Upper bounds (ms) of the latency histogram's buckets; the last bucket is open.
 LATENCY_BUCKETS_MS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
@@ -49,7 +52,8 @@ class Histogram:
 
 class ServeMetrics:
     """A replica's request latency (ms, arrival to answer), batch sizes (gathered and
-    padded), requests waiting for a batch, and answers per HTTP status.
+    padded), requests waiting for a batch, and answers per HTTP status (:data:`CLIENT_CLOSED`,
+    499, for a request whose client went away first).
 
     Parameters
     ----------
@@ -117,19 +121,19 @@ class ServeMetrics:
                         responses={str(k): v for k, v in sorted(self.statuses.items())})
 
     def prometheus(self, prefix: str = "zerogr") -> str:
-        """The figures in Prometheus' text format: ``{prefix}_requests_total`` per status,
-        ``{prefix}_errors_total`` (status ≥ 400), ``{prefix}_request_latency_ms`` (a
-        cumulative histogram of the answered requests), ``{prefix}_in_flight``,
-        ``{prefix}_queue_length`` and ``{prefix}_batches_total`` per gathered size."""
+        """The figures in Prometheus' text format: ``{prefix}_requests_total`` per status (499: the
+        client went away first), ``{prefix}_errors_total`` (status ≥ 400, 499 included),
+        ``{prefix}_request_latency_ms`` (a cumulative histogram of the answered requests),
+        ``{prefix}_in_flight``, ``{prefix}_queue_length`` and ``{prefix}_batches_total`` per gathered size."""
         with self._lock:
             statuses, lat = dict(self.statuses), self.latency
             counts, total, n = list(lat.counts), lat.total, lat.n
             in_flight, waiting, batches = self.in_flight, self.waiting, dict(self.batch_sizes)
-        lines = [f"# HELP {prefix}_requests_total Answered requests per HTTP status.",
+        lines = [f"# HELP {prefix}_requests_total Requests per HTTP status (499: the client went away first).",
                  f"# TYPE {prefix}_requests_total counter"]
         lines += [f'{prefix}_requests_total{{status="{k}"}} {v}' for k, v in sorted(statuses.items())]
         errors = sum(v for k, v in statuses.items() if int(k) >= 400)
-        lines += [f"# HELP {prefix}_errors_total Requests answered with a 4xx or 5xx status.",
+        lines += [f"# HELP {prefix}_errors_total Requests answered with a 4xx or 5xx status, or given up (499).",
                   f"# TYPE {prefix}_errors_total counter", f"{prefix}_errors_total {errors}",
                   f"# HELP {prefix}_request_latency_ms Arrival to answer of the successful requests, ms.",
                   f"# TYPE {prefix}_request_latency_ms histogram"]
