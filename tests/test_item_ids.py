@@ -4,8 +4,9 @@ import json
 import numpy as np
 import polars as pl
 import pytest
+import torch
 
-from zerogr_core import Catalog, CatalogError
+from zerogr_core import Catalog, CatalogError, Decoder, build_index
 from zerogr_core.catalog.io import load_catalog, save_catalog
 from zerogr_core.cli import main
 
@@ -90,6 +91,19 @@ def test_from_sids_takes_strings_and_rejects_mixes():
     with pytest.raises(CatalogError, match="shared by items 'b' and 'a'"):
         Catalog.from_sids([[1], [1]], item_ids=["b", "a"])
     assert Catalog.from_sids([[1], [0]], item_ids=[5, 6]).ids_of_rows([0, -1]).tolist() == [6, -1]
+
+
+def test_padding_id_can_be_told_from_an_item_whose_id_is_minus_one():
+    cat = Catalog.from_sids([[0, 1], [1, 0], [1, 1]], [2, 2], item_ids=[-1, 5, 7])
+    index = build_index(cat)
+    heads = [torch.randn(2, 4), torch.randn(2, 4)]
+    result = Decoder(index, heads, 4).decode(lambda step, p: torch.randn(p.shape[0], p.shape[1], 4), 1)
+    assert sorted(result.item_ids(cat)[0].tolist()) == [-1, -1, 5, 7]      # item -1 and one padded beam
+    assert sorted(result.item_ids(cat, fill=-2**63)[0].tolist()) == [-2**63, -1, 5, 7]
+    assert (result.item_rows < 0).sum() == 1
+    for bad in (None, 1.5, True, 2**63, "x"):
+        with pytest.raises(CatalogError, match="fill: expected a 64-bit integer id"):
+            cat.ids_of_rows([0, -1], fill=bad)
 
 
 def test_cli_next_prints_string_ids(tmp_path, capsys):

@@ -319,20 +319,31 @@ class Catalog:
             out.extend(free[:count - len(out)].tolist())
         return np.array(out, dtype=StringDType())
 
-    def ids_of_rows(self, rows) -> np.ndarray:
+    def ids_of_rows(self, rows, fill=-1) -> np.ndarray:
         """Item ids of catalog ``rows``, padding (-1 rows) included.
+
+        Parameters
+        ----------
+        rows : array_like of int
+            Catalog rows, -1 for padding.
+        fill : int, optional
+            The id written for padding with integer ids (default -1: pass another where -1 is
+            an item's id, or tell padding by ``rows < 0``).
 
         Returns
         -------
         np.ndarray, same shape as ``rows``
-            int64 with -1 for padding (integer ids), or object with ``None`` for padding
+            int64 with ``fill`` for padding (integer ids), or object with ``None`` for padding
             (string ids).
         """
+        if isinstance(fill, (bool, np.bool_)) or not isinstance(fill, (int, np.integer)) \
+                or not -2**63 <= fill < 2**63:
+            raise CatalogError(f"fill: expected a 64-bit integer id, got {shown(fill)}")
         rows = np.asarray(rows, dtype=np.int64)
         ids = self.item_ids[np.clip(rows, 0, max(self.n_items - 1, 0))]
         if self.string_ids:
             return np.where(rows >= 0, ids.astype(object), None)
-        return np.where(rows >= 0, ids, -1)
+        return np.where(rows >= 0, ids, np.int64(fill))
 
     def step_stats(self) -> list[dict]:
         """Per-step statistics of the prefix tree.

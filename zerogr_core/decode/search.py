@@ -68,16 +68,23 @@ class DecodeResult:
     scores: torch.Tensor
     item_rows: torch.Tensor
 
-    def item_ids(self, catalog) -> np.ndarray:
+    def item_ids(self, catalog, fill=-1) -> np.ndarray:
         """Item ids (batch, beam_width) of the beams' rows in ``catalog``.
+
+        Parameters
+        ----------
+        catalog : Catalog
+        fill : int, optional
+            The id written where there is no item, for integer ids (default -1; where -1 is an
+            item's id, pass another, or tell padding by ``item_rows < 0``).
 
         Returns
         -------
         np.ndarray
-            int64 with -1 where there is no item (padding), for integer ids; object
+            int64 with ``fill`` where there is no item (padding), for integer ids; object
             (Python ``str``) with ``None`` for padding, for string ids.
         """
-        return catalog.ids_of_rows(self.item_rows.cpu().numpy())
+        return catalog.ids_of_rows(self.item_rows.cpu().numpy(), fill)
 
 
 class StepFn(Protocol):
