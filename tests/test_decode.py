@@ -216,3 +216,21 @@ def test_bad_arguments():
             dec.decode(model, bad)
     for fine in (np.int64(2), torch.tensor(2)):
         assert dec.decode(model, fine).item_rows.shape == (2, 2)
+
+
+def test_heads_the_projections_cannot_read_are_named():
+    """float64 heads (torch.from_numpy) failed deep in a kernel, naming the hidden states; levels of
+    different dtypes or devices failed later, or only on the GPU engine."""
+    catalog = Catalog.from_sids(np.array([[0, 1], [1, 0]]), [2, 2])
+    index = build_index(catalog)
+    with pytest.raises(ZeroGRError, match=r"^heads\[0\]: dtype float64; heads must be float16, bfloat16 or float32"):
+        Decoder(index, [torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)], 2)
+    with pytest.raises(ZeroGRError, match=r"^heads: dtype int64"):
+        Decoder(index, torch.ones(4, 4, dtype=torch.int64), 2)
+    with pytest.raises(ZeroGRError, match=r"^heads\[1\]: float16 on cpu, but heads\[0\] is float32 on cpu"):
+        Decoder(index, [torch.randn(2, 4), torch.randn(2, 4).half()], 2)
+    with pytest.raises(ZeroGRError, match=r"^heads\[1\]: float32 on meta, but heads\[0\] is float32 on cpu"):
+        Decoder(index, [torch.randn(2, 4), torch.randn(2, 4, device="meta")], 2)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        heads = [torch.randn(2, 4).to(dtype) for _ in range(2)]
+        assert Decoder(index, heads, 2).decode(PrefixModel([2, 2], 4, 1, 0), 1).item_rows.shape == (1, 2)

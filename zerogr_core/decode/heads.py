@@ -7,6 +7,8 @@ from typing import Sequence
 
 import torch
 
+from zerogr_kernels._common import FLOAT_DTYPES
+
 from ..errors import ZeroGRError
 
 
@@ -48,6 +50,7 @@ class Heads:
                                   f"the index has {list(sizes)}")
             return heads
         if isinstance(heads, torch.Tensor):
+            _check_dtype(heads, "heads")
             if heads.dim() != 2:
                 raise ZeroGRError(f"heads: a shared head must be 2-D (rows, H), got shape {tuple(heads.shape)}")
             offsets = tuple(int(o) for o in band_offsets) if band_offsets is not None else \
@@ -70,6 +73,13 @@ class Heads:
             if hidden is not None and w.shape[1] != hidden:
                 raise ZeroGRError(f"heads[{level}]: hidden size {w.shape[1]} differs from {hidden}")
             hidden = w.shape[1]
+            _check_dtype(w, f"heads[{level}]")
+            # the decoder reads one dtype and one device off heads[0] (hidden states are cast to
+            # it, the index must sit beside it): another level's would fail deep in a kernel
+            if w.dtype != heads[0].dtype or w.device != heads[0].device:
+                raise ZeroGRError(f"heads[{level}]: {_dtype_name(w.dtype)} on {w.device}, but heads[0] is "
+                                  f"{_dtype_name(heads[0].dtype)} on {heads[0].device} (one dtype and device "
+                                  f"for every level)")
         return cls(tuple(heads), None, (0,) * len(sizes))
 
     @property
@@ -105,6 +115,18 @@ class Heads:
         if self.shared is not None:
             return self.shared, self.band_offsets[level]
         return self.bands[level], 0
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _check_dtype(weight: torch.Tensor, name: str) -> None:
+    """Refuse a head the projections cannot read (float64 from numpy, integers) in one line
+    naming it, rather than as the kernels' complaint about the hidden states cast to it."""
+    if weight.dtype not in FLOAT_DTYPES:
+        raise ZeroGRError(f"{name}: dtype {_dtype_name(weight.dtype)}; heads must be float16, bfloat16 or "
+                          f"float32 (e.g. .float())")
 
 
 HIDDEN_STD = 2.0
