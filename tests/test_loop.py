@@ -197,6 +197,30 @@ def test_loop_names_a_step_model_with_a_wrong_shape():
         loop.run(Wrong())
 
 
+def test_loop_names_hidden_states_on_another_device():
+    """A CPU tensor from the model of a decode on the GPU failed inside a kernel as
+    'weight is on cuda:0, expected cpu'; here the meta device stands in for the other device."""
+    catalog = Catalog.from_sids(np.array([[0, 1], [1, 0]]), [2, 2])
+    for order in ("filter-first", "score-first", "unconstrained"):
+        decoder = Decoder(build_index(catalog), [torch.randn(2, 4), torch.randn(2, 4)], 2, order=order)
+        with pytest.raises(ZeroGRError, match=r"^hidden_fn\(step=0\) returned a tensor on meta, but the decode runs "
+                                              r"on cpu \(the index's device\)$"):
+            decoder.decode(lambda step, prefixes: torch.zeros(1, 1, 4, device="meta"), 1)
+
+    class Elsewhere:
+        hidden_size, n_levels, batch = 4, 1, 1
+
+        def prefill(self, *a, **k):
+            pass
+
+        def step(self, step, tokens, parents):
+            return torch.zeros(1, 4, device="meta")
+
+    loop = BeamLoop([lambda *a, **k: None], 1, 2, 4, None, torch.device("cpu"))
+    with pytest.raises(ZeroGRError, match=r"^model.step\(step=0\) returned a tensor on meta"):
+        loop.run(Elsewhere())
+
+
 def test_a_new_prefill_shape_changes_the_graph_key():
     """The engine re-captures when a step model's static buffers change (a new history shape)."""
     case = decoder_only_case()

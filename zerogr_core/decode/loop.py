@@ -41,10 +41,18 @@ __all__ = ["BeamLoop", "PrefixStep", "SelectStep", "Step", "is_step_model"]
 
 
 def check_hidden(hidden: torch.Tensor, batch: int, beams: int, hidden_size: int, step: int,
-                 what: str = "hidden_fn") -> None:
+                 what: str = "hidden_fn", device: torch.device | None = None) -> None:
+    """Refuse hidden states of the wrong kind, shape or device in one line naming the model.
+
+    ``device`` (a tensor's, so ``cuda:0`` rather than ``cuda``) is where the decode runs:
+    states elsewhere would fail inside a kernel, as that kernel's complaint about its weights.
+    """
     if not isinstance(hidden, torch.Tensor) or tuple(hidden.shape) != (batch, beams, hidden_size):
         got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
         raise ZeroGRError(f"{what}(step={step}) returned {got}, expected ({batch}, {beams}, {hidden_size})")
+    if device is not None and hidden.device != device:
+        raise ZeroGRError(f"{what}(step={step}) returned a tensor on {hidden.device}, but the decode runs on {device} "
+                          f"(the index's device)")
 
 
 class Step(Protocol):
@@ -149,10 +157,10 @@ class BeamLoop:
             hidden = model.step(level, None if top is None else top.tokens, None if top is None else top.parents)
             if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] == batch * beams:
                 hidden = hidden.view(batch, beams, hidden.shape[1])
-            check_hidden(hidden, batch, beams, self.hidden_size, level, what="model.step")
+            check_hidden(hidden, batch, beams, self.hidden_size, level, what="model.step", device=prev.device)
         else:
             hidden = model(level, prev)
-            check_hidden(hidden, batch, beams, self.hidden_size, level)
+            check_hidden(hidden, batch, beams, self.hidden_size, level, device=prev.device)
         hidden = hidden.reshape(batch * beams, self.hidden_size)
         return hidden if self.dtype is None else hidden.to(self.dtype)
 
