@@ -152,3 +152,19 @@ def test_integers_past_int64_name_no_item():
     assert kept.item_rows[0].tolist() == [1, -1, -1, -1]
     wide = Decoder(build_index(cat), heads, 6, catalog=cat)  # every item fits: a denied one would show
     assert torch.equal(wide.decode(model, 1, deny_items=[[2**64 - 1]]).item_rows, wide.decode(model, 1).item_rows)
+
+
+def test_catalog_ids_past_int64_are_refused_not_wrapped():
+    """numpy reads [1, 2**63] as float64 and 2**64 - 1 fits only uint64: their cast to int64 wrapped them onto
+    other ids (-2**63, -1) silently, so the catalog named items the caller never gave."""
+    sids = [[0], [1]]
+    for ids, shown_id in (([1, 2**63], "9.223372036854776e\\+18"), (np.array([1, 2**64 - 1], dtype=np.uint64),
+                                                                  "18446744073709551615"),
+                          ([1.0, 1e30], "1e\\+30"), ([1.0, 2.0**63], "9.223372036854776e\\+18"),
+                          ([1.0, -1e19], "-1e\\+19")):
+        with pytest.raises(CatalogError, match=rf"^row 2, column 'item_id': item id {shown_id} is past the 64-bit "
+                                               rf"signed range$"):
+            Catalog.from_sids(sids, item_ids=ids)
+    assert Catalog.from_sids(sids, item_ids=[1, 2**63 - 1]).item_ids.tolist() == [1, 2**63 - 1]
+    assert Catalog.from_sids(sids, item_ids=np.array([1, 2**63 - 1], dtype=np.uint64)).item_ids.dtype == np.int64
+    assert Catalog.from_sids(sids, item_ids=[-2.0**63, 5.0]).item_ids.tolist() == [-2**63, 5]

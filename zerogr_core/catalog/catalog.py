@@ -495,7 +495,15 @@ def normalize_item_ids(values, n: int | None = None, *, column: str = "item_id")
         if bad.any():
             r = int(np.argmax(bad))
             raise CatalogError(f"item id {shown(arr[r])} is not an integer or a string", row=r, column=column)
+        # 2.0**63 is the first float past int64: the cast below would wrap it to another id
+        past = (arr >= 2.0**63) | (arr < -2.0**63)
+        if past.any():
+            r = int(np.argmax(past))
+            raise CatalogError(f"item id {shown(arr[r])} is past the 64-bit signed range", row=r, column=column)
         arr = arr.astype(np.int64)
+    if arr.dtype.kind == "u" and not fits_int64(arr):  # numpy makes [1, 2**63] uint64; int64 would wrap it
+        r = int(np.argmax(arr > INT64_MAX))
+        raise CatalogError(f"item id {shown(arr[r])} is past the 64-bit signed range", row=r, column=column)
     if arr.dtype.kind == "S":
         arr = np.char.decode(arr, "utf-8")
     if arr.dtype.kind in "UT":
