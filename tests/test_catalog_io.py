@@ -145,6 +145,19 @@ def test_parquet_errors(tmp_path):
     expect_error(garbage, "cannot read as PARQUET")
 
 
+def test_parquet_float_columns_past_int64(tmp_path):
+    """Infinite or huge floats in a float column raised Polars' InvalidOperationError ('conversion
+    from `f64` to `i64` failed in column ...'), with a traceback and no row."""
+    path = tmp_path / "floats.parquet"
+    for column, other in (("item_id", {"s1": [0, 1]}), ("s1", {"item_id": [1, 2]})):
+        for value, reason in ((float("inf"), "inf is not an integer"), (float("-inf"), "-inf is not an integer"),
+                              (1e30, "1e+30 is past the 64-bit signed range")):
+            pl.DataFrame({column: [1.0, value], **other}).write_parquet(path)
+            expect_error(path, "row 2", f"column '{column}'", reason)
+    pl.DataFrame({"item_id": [1.0, -2.0**63], "s1": [0, 1]}).write_parquet(path)
+    assert load_catalog(path).item_ids.tolist() == [1, -2**63]
+
+
 # ---------------------------------------------------------------------------- reading and round trips
 def test_carriage_returns_inside_lines_and_crlf_files_load(tmp_path):
     crlf = load_catalog(write(tmp_path, "crlf.csv", "item_id,s1,title\r\n1,0,x\r\n2,1,y\r\n"))

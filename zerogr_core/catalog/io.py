@@ -311,10 +311,14 @@ def _int_column(series: pl.Series, column: str, source: str, width: int = 1) -> 
         bad = series.is_null() | series.is_nan()
         if bad.any():
             raise fail(int(bad.arg_true()[0]), "missing value")
-        fractional = series != series.round()
+        fractional = (series != series.round()) | series.is_infinite()
         if fractional.any():
             index = int(fractional.arg_true()[0])
             raise fail(index, f"{shown(series[index])} is not an integer")
+        past = (series >= 2.0**63) | (series < -2.0**63)  # the cast to int64 would refuse them in Polars' words
+        if past.any():
+            index = int(past.arg_true()[0])
+            raise fail(index, f"{shown(series[index])} is past the 64-bit signed range")
         values = series.cast(pl.Int64)
     elif dtype == pl.String:
         text = series.str.strip_chars()
