@@ -85,6 +85,15 @@ def test_from_sids_names_ragged_rows_and_quotes_numpy_values_plainly():
         Catalog.from_sids(np.array([[0.5, 1.0]]), [2, 2])
 
 
+def test_from_sids_refuses_more_levels_than_int8_prefix_lengths_hold():
+    """With 128 levels the int8 common prefix length of two equal SIDs wrapped to -128, so the duplicate
+    passed and the catalog held two items no decode could tell apart."""
+    with pytest.raises(CatalogError, match=r"^128 SID levels, over the 127 a catalog holds"):
+        Catalog.from_sids(np.zeros((2, 128), dtype=np.int64))
+    with pytest.raises(CatalogError, match="is shared by items 0 and 1"):
+        Catalog.from_sids(np.zeros((2, 127), dtype=np.int64))
+
+
 def test_rows_refer_to_file_order_not_sorted_order(tmp_path):
     # The bad row is the 4th data row of the file even though sorting would move it.
     path = write(tmp_path, "unsorted.csv", "item_id,s1,s2\n1,9,1\n2,5,0\n3,7,7\n4,0,-2\n")

@@ -147,6 +147,9 @@ class Catalog:
             raise CatalogError("catalog is empty: no items")
         if arr.shape[1] == 0:
             raise CatalogError("catalog has no SID levels")
+        if arr.shape[1] > MAX_LEVELS:
+            raise CatalogError(f"{arr.shape[1]} SID levels, over the {MAX_LEVELS} a catalog holds (common prefix "
+                               f"lengths are stored in int8)")
         n, n_levels = arr.shape
         names = level_names(n_levels)
         if arr.dtype.kind == "f":
@@ -570,6 +573,10 @@ def _lookup_keys(values, string_ids: bool, what: str) -> tuple[np.ndarray, np.nd
 
 MAX_TOKEN = 2**31 - 1
 """Largest SID token a catalog holds (tokens are stored in at most int32)."""
+
+MAX_LEVELS = 127
+"""Most SID levels a catalog holds: :func:`lcp_with_previous` and the index builders keep each
+row's common prefix length in int8, so from 128 levels on equal SIDs would pass for distinct."""
 
 
 def token_dtype(max_codebook: int) -> np.dtype:
