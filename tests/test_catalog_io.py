@@ -94,6 +94,17 @@ def test_from_sids_refuses_more_levels_than_int8_prefix_lengths_hold():
         Catalog.from_sids(np.zeros((2, 127), dtype=np.int64))
 
 
+def test_from_sids_names_codebook_sizes_that_are_not_whole_numbers():
+    """A scalar or a string raised TypeError/ValueError from int() and 4.7 was truncated to 4."""
+    sids = np.array([[0, 1], [1, 0]])
+    for bad in (4, "44", [4.7, 4], [None, 4], [True, 4]):
+        with pytest.raises(CatalogError, match=r"^column 'codebook_sizes': codebook sizes must be one whole number "
+                                               r"per level, got "):
+            Catalog.from_sids(sids, bad)
+    for fine in ([2, 3], (2.0, 3.0), np.array([2, 3]), [np.int32(2), 3]):
+        assert Catalog.from_sids(sids, fine).codebook_sizes == (2, 3)
+
+
 def test_rows_refer_to_file_order_not_sorted_order(tmp_path):
     # The bad row is the 4th data row of the file even though sorting would move it.
     path = write(tmp_path, "unsorted.csv", "item_id,s1,s2\n1,9,1\n2,5,0\n3,7,7\n4,0,-2\n")

@@ -173,7 +173,7 @@ class Catalog:
         if codebook_sizes is None:
             sizes = tuple(int(v) for v in observed)
         else:
-            sizes = tuple(int(v) for v in codebook_sizes)
+            sizes = _codebook_sizes(codebook_sizes)
             if len(sizes) != n_levels:
                 raise CatalogError(f"the SIDs have {n_levels} levels, the codebook sizes {'/'.join(map(str, sizes))} "
                                    f"have {len(sizes)}", column="codebook_sizes")
@@ -577,6 +577,20 @@ MAX_TOKEN = 2**31 - 1
 MAX_LEVELS = 127
 """Most SID levels a catalog holds: :func:`lcp_with_previous` and the index builders keep each
 row's common prefix length in int8, so from 128 levels on equal SIDs would pass for distinct."""
+
+
+def _codebook_sizes(values) -> tuple[int, ...]:
+    """``codebook_sizes`` as a tuple of ints, or a one-line :class:`CatalogError` (a scalar, a
+    string, a fraction: ``int()`` would fail deep in a comprehension or truncate 4.7 to 4)."""
+    try:
+        sizes = tuple(values)
+        if all(isinstance(v, (int, np.integer, float, np.floating)) and not isinstance(v, (bool, np.bool_))
+               and v == int(v) for v in sizes):
+            return tuple(int(v) for v in sizes)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise CatalogError(f"codebook sizes must be one whole number per level, got {shown(values)}",
+                       column="codebook_sizes")
 
 
 def token_dtype(max_codebook: int) -> np.dtype:
