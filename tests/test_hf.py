@@ -166,6 +166,33 @@ def test_generate_errors():
         generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, order="best-first")
 
 
+@pytest.mark.parametrize("name", ["t5", "gpt2", "t5-step", "t5-staged"])
+def test_request_errors_name_the_argument(name):
+    """Ids outside the vocabulary raised torch's 'index out of range in self' from the embedding (on a
+    GPU: a device-side assert), float ids its 'Expected tensor for argument #1 'indices'...', a list
+    mask 'list' object has no attribute 'to', and an empty batch a reshape error inside T5; staged
+    into the T5 step model's int64 buffers float ids were truncated silently."""
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    model = (gpt2_model if name == "gpt2" else t5_model)()
+    index = build_index(tiny_catalog())
+    step_model = T5StepModel(model, OFFSETS) if name.startswith("t5-") else None
+    generator = HFGenerator(model, index, beam_width=4, token_offsets=OFFSETS, step_model=step_model,
+                            prefill="inside" if name == "t5-staged" else "auto")
+    ids, mask = inputs()
+    for bad_ids, message in ((ids.clone().index_fill_(1, torch.tensor([0]), VOCAB), r"row 0 has ids outside the "
+                              r"model's vocabulary \[0, 20\)$"),
+                             (torch.where(ids == ids[1, 0], -1, ids), r"row 1 has ids outside"),
+                             (ids.float(), r"token ids must be integers, got float32$"),
+                             (ids[:0], r"expected a tensor of shape \(batch ≥ 1, T ≥ 1\), got \(0, \d+\)$")):
+        with pytest.raises(ZeroGRError, match=r"^input_ids: " + message):
+            generator.generate(bad_ids, mask)
+    with pytest.raises(ZeroGRError, match=r"^attention_mask: expected a torch.Tensor, got list$"):
+        generator.generate(ids, mask.tolist())
+    assert generator.generate(ids.to(torch.int32), mask).item_rows.shape == (ids.shape[0], 4)
+
+
 def test_import_without_transformers():
     """``import zerogr_core`` and ``zerogr_core.hf`` load without importing transformers."""
     import subprocess

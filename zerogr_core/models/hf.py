@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import ZeroGRError
-from .protocol import StepDecoder, safe_parents
+from .protocol import StepDecoder, safe_parents, token_inputs
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
 
@@ -145,13 +145,9 @@ class HFStepModel:
             1 on tokens, 0 on padding (default: all ones).
         beam_width : int
         """
-        if history.dim() != 2 or history.shape[1] < 1:
-            raise ZeroGRError(f"input_ids: expected shape (batch, T ≥ 1), got {tuple(history.shape)}")
-        self.input_ids = history.to(self.device)
-        mask = torch.ones_like(self.input_ids) if attention_mask is None else attention_mask.to(self.device).long()
-        if mask.shape != self.input_ids.shape:
-            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids "
-                              f"{tuple(self.input_ids.shape)}")
+        vocab = getattr(self.model.get_input_embeddings(), "num_embeddings", None)
+        self.input_ids, mask = token_inputs(history, attention_mask, vocab, self.device)
+        mask = mask.long()
         if bool((mask.sum(dim=1) < 1).any()):
             raise ZeroGRError("attention_mask: every request needs at least one token")
         self.mask = mask

@@ -39,6 +39,45 @@ from ..decode.search import StepModel  # noqa: F401 (the protocol lives where th
 from ..errors import ZeroGRError
 
 
+def token_inputs(history, attention_mask, vocab: int | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A token-id model's requests, checked and on ``device``: ``(input_ids, attention_mask)``.
+
+    Refused in one line naming the argument: not a tensor, not (batch ≥ 1, T ≥ 1), ids that are
+    not integers (a float tensor would fail in the embedding, or be truncated when staged into
+    the model's int64 buffers), ids outside ``[0, vocab)`` (an IndexError deep in the embedding
+    on a CPU, a device-side assert that ends the process's CUDA context on a GPU) and a mask
+    that is not a tensor of the ids' shape. The id range is read where the ids are given when
+    that is the host: ids already on a GPU are not read back (staging stays free of host
+    synchronisation).
+
+    Parameters
+    ----------
+    history : torch.Tensor, shape (B, T), integer
+    attention_mask : torch.Tensor, shape (B, T), or None
+        1 on tokens, 0 on padding (default: all ones).
+    vocab : int or None
+        The model's input vocabulary size (``None``: not known, the ids' range is not checked).
+    device : torch.device
+    """
+    if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[0] < 1 or history.shape[1] < 1:
+        shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
+        raise ZeroGRError(f"input_ids: expected a tensor of shape (batch ≥ 1, T ≥ 1), got {shape}")
+    if history.is_floating_point() or history.is_complex() or history.dtype == torch.bool:
+        raise ZeroGRError(f"input_ids: token ids must be integers, got {str(history.dtype).replace('torch.', '')}")
+    if vocab is not None and history.device.type == "cpu":
+        outside = ((history < 0) | (history >= vocab)).any(dim=1)
+        if bool(outside.any()):
+            raise ZeroGRError(f"input_ids: row {int(outside.nonzero()[0, 0])} has ids outside the model's vocabulary "
+                              f"[0, {vocab})")
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise ZeroGRError(f"attention_mask: expected a torch.Tensor, got {type(attention_mask).__name__}")
+    history = history.to(device, torch.int64)
+    mask = torch.ones_like(history) if attention_mask is None else attention_mask.to(device)
+    if mask.shape != history.shape:
+        raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids {tuple(history.shape)}")
+    return history, mask
+
+
 def safe_parents(parents: torch.Tensor, beams_prev: int) -> torch.Tensor:
     """Flat parent rows with every unfilled beam (-1) pointed at its request's first row.
 

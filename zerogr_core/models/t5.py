@@ -35,7 +35,7 @@ from zerogr_kernels.memory_attention import request_attention_reference, request
 from zerogr_kernels.rms_norm import MAX_WIDTH, rms_layer_norm_reference, rms_layer_norm_triton
 
 from ..errors import ZeroGRError
-from .protocol import keep_static, safe_parents
+from .protocol import keep_static, safe_parents, token_inputs
 
 
 class T5StepModel:
@@ -105,16 +105,8 @@ class T5StepModel:
         return self.model.decoder.embed_tokens.weight.dtype
 
     def _inputs(self, history: torch.Tensor, attention_mask: torch.Tensor | None):
-        """Checked (ids, mask) on the model's device."""
-        if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[1] < 1:
-            shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
-            raise ZeroGRError(f"input_ids: expected shape (batch, T ≥ 1), got {shape}")
-        history = history.to(self.device)
-        mask = torch.ones_like(history) if attention_mask is None else attention_mask.to(self.device)
-        if mask.shape != history.shape:
-            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids "
-                              f"{tuple(history.shape)}")
-        return history, mask
+        """Checked (ids, mask) on the model's device (:func:`~.protocol.token_inputs`)."""
+        return token_inputs(history, attention_mask, self.model.encoder.embed_tokens.num_embeddings, self.device)
 
     def _cross(self, memory: torch.Tensor, mask: torch.Tensor):
         """Every decoder layer's cross-attention keys and values, one (B, T, layers · 2 · heads · d_kv)
