@@ -155,6 +155,32 @@ def test_score_first_equals_brute_force_over_every_index(shared):
         check_against_brute(result, catalog, expected, beam)
 
 
+def test_score_first_refuses_a_source_of_another_catalog():
+    """A source built from another catalog (a stale version) decoded silently: its final states were
+    read as this catalog's rows, so the beams named items the model never chose."""
+    catalog = Catalog.from_sids(np.array([[0, 1, 2], [0, 1, 3], [0, 2, 0], [1, 0, 0], [3, 3, 1], [3, 3, 2]]), [4, 4, 4])
+    index = build_index(catalog)
+    heads = [torch.randn(4, 8) for _ in range(3)]
+    older = Catalog.from_sids(catalog.sids[:3], [4, 4, 4])
+    for source in (build_index(older), HostTrie.from_catalog(older), build_static_index(older),
+                   build_static_index(older, dense_levels=1)):
+        with pytest.raises(ZeroGRError, match=rf"^source: {type(source).__name__} of 3 items in 3 levels, but the "
+                                              rf"index holds 6 items in 3"):
+            Decoder(index, heads, 4, "score-first", source=source)
+    with pytest.raises(ZeroGRError, match=r"^source: built for codebooks \[4, 4, 5\], the index has \[4, 4, 4\]"):
+        Decoder(index, heads, 4, "score-first", source=build_index(Catalog.from_sids(catalog.sids, [4, 4, 5])))
+    with pytest.raises(ZeroGRError, match=r"^source: score-first needs a StepIndex, StaticIndex or HostTrie, got str"):
+        Decoder(index, heads, 4, "score-first", source="trie")
+    two = Catalog.from_sids(np.array([[0, 1], [1, 0], [1, 1]]), [2, 2])
+    for source in (HostTrie.from_catalog(catalog), build_static_index(catalog),
+                   build_static_index(catalog, dense_levels=1)):
+        assert Decoder(index, heads, 4, "score-first", source=source).decode(PrefixModel([4] * 3, 8, 1, 0), 1) \
+            .item_rows.shape == (1, 4)
+    heads2 = [torch.randn(2, 8) for _ in range(2)]
+    assert Decoder(build_index(two), heads2, 3, "score-first", source=build_static_index(two)) \
+        .decode(lambda s, p: torch.randn(p.shape[0], p.shape[1], 8), 1).item_rows.shape == (1, 3)
+
+
 def test_unconstrained_marks_non_items():
     rng = np.random.default_rng(2)
     sizes = (4, 4, 4)

@@ -110,6 +110,8 @@ class Decoder:
             projection = (projection,) * index.n_levels
         self.projection = tuple(projection) if projection is not None else None
         self.source = source if source is not None else index
+        if source is not None:
+            _check_source(source, index)
         use_gpu = order == "filter-first" and index.device.type == "cuda" and engine != "reference"
         if engine in ("graph", "eager") and not use_gpu:
             raise ZeroGRError(f"engine {engine!r} needs filter-first decoding on a CUDA index")
@@ -428,6 +430,29 @@ class _Observed:
     def __call__(self, step, states, hidden, scores, timer=no_timer):
         self.on_step(step, states)
         return self.step_fn(step, states, hidden, scores, timer)
+
+
+def _check_source(source, index: StepIndex) -> None:
+    """Refuse a score-first ``source`` that is not one of the catalog of ``index``: its final states
+    are read as that catalog's rows, so another catalog's (a stale version's) would name other items."""
+    from ..index.static_style import StaticIndex
+
+    if isinstance(source, StepIndex):
+        levels, items = source.n_levels, source.n_items
+        if source.codebook_sizes != index.codebook_sizes:
+            raise ZeroGRError(f"source: built for codebooks {list(source.codebook_sizes)}, the index has "
+                              f"{list(index.codebook_sizes)}")
+    elif isinstance(source, HostTrie):
+        levels, items = len(source.tokens), int(source.tokens[-1].numel())
+    elif isinstance(source, StaticIndex):
+        levels = source.n_levels
+        items = int(source.pairs[-1].shape[0]) if source.pairs else int((source.dense_states >= 0).sum())
+    else:
+        raise ZeroGRError(f"source: score-first needs a StepIndex, StaticIndex or HostTrie, "
+                          f"got {type(source).__name__}")
+    if (levels, items) != (index.n_levels, index.n_items):
+        raise ZeroGRError(f"source: {type(source).__name__} of {items} items in {levels} levels, but the index holds "
+                          f"{index.n_items} items in {index.n_levels} (build both from one catalog)")
 
 
 def _positive_int(value, name: str) -> int:
