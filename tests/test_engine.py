@@ -151,6 +151,41 @@ def test_topk_paths_choose_what_the_planner_times():
         GpuEngine(index, h, 3, topk_paths=("radix",))
 
 
+def test_a_caller_mistake_during_capture_does_not_make_the_shape_eager_for_good(monkeypatch):
+    """A call whose hidden_fn returned the wrong shape, on a shape captured before, was taken for a
+    model that cannot be captured: the shape replayed eagerly from then on, for every later caller."""
+    catalog, index, heads, hidden_fn = setup(seed=3, sizes=(6, 4), n=20, hidden=8)
+    engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 3, use_graph=False)
+    engine.use_graph = True  # the capture itself is injected: no CUDA needed
+    calls = {"capture": 0, "replay": 0}
+
+    class Replay:  # stands in for the captured graph: replays by running the decode eagerly
+        def __init__(self, shape, fn):
+            self.shape, self.fn, self.outputs = shape, fn, None
+
+        def replay(self):
+            calls["replay"] += 1
+            tokens, scores, rows = self.shape.run(self.fn)
+            for out, new in zip(self.outputs, (tokens, scores, rows)):
+                out.copy_(new)
+
+    def record(self, shape, fn):
+        calls["capture"] += 1
+        graph = Replay(shape, fn)
+        graph.outputs = tuple(t.clone() for t in shape.run(fn))
+        return graph, graph.outputs
+
+    monkeypatch.setattr(GpuEngine, "_warm_up", lambda self, shape, fn: shape.run(fn))
+    monkeypatch.setattr(GpuEngine, "_record_graph", record)
+    ref = Decoder(index, heads, 3, engine="reference").decode(hidden_fn, 2)
+    assert_same_beams(engine.decode(hidden_fn, 2), ref)
+    with pytest.raises(ZeroGRError, match=r"^hidden_fn\(step=0\) returned \(2, 1, 5\), expected \(2, 1, 8\)$"):
+        engine.decode(lambda step, prefixes: torch.zeros(2, 1, 5), 2)
+    assert engine.graph_error is None and engine.plans[engine.key(2)].graph_error is None
+    assert_same_beams(engine.decode(hidden_fn, 2), ref)
+    assert calls == {"capture": 2, "replay": 2}  # captured again, and replayed
+
+
 def test_a_failed_capture_is_remembered_in_the_plan_and_never_retried(monkeypatch, capsys):
     catalog, index, heads, hidden_fn = setup(seed=3, sizes=(6, 4), n=20, hidden=8)
     engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes), 3, use_graph=False)

@@ -496,6 +496,13 @@ class GpuEngine:
             with pdl_disabled(shape.capacity > 0 and batch > CONSTRAINED_PDL_MAX_BATCH):
                 self._warm_up(shape, model)
                 graph, outputs = self._record_graph(shape, model)
+        except ZeroGRError:
+            # the caller's mistake (a hidden_fn of the wrong shape or device), not a model that cannot
+            # be captured: the shape stays capturable, and the next call with a sound model captures it
+            shape.graph, shape.graph_fn = None, None
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            raise
         except Exception as exc:  # a model that syncs with the host cannot be captured
             reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
             self.graph_error = shape.graph_error = reason
