@@ -149,3 +149,15 @@ def test_bad_builder_and_device():
         build_index(catalog, device="gpu0")
     with pytest.raises(ZeroGRError, match="^device: 'meta': choose cpu, cuda"):
         build_index(catalog, device="meta")
+
+
+def test_build_index_names_a_catalog_or_config_of_the_wrong_kind():
+    """A bare SID array raised AttributeError ('numpy.ndarray' object has no attribute 'sids'), and a
+    preset's name as config AttributeError ('str' object has no attribute 'workers')."""
+    catalog = Catalog.from_sids(np.array([[0, 1], [1, 0]]), [2, 2])
+    with pytest.raises(ZeroGRError, match=r"^catalog: expected a Catalog \(Catalog.from_sids\), got ndarray$"):
+        build_index(catalog.sids)
+    with pytest.raises(ZeroGRError, match=r"^config: expected an IndexConfig or one of default, .*, got 'fastest'$"):
+        build_index(catalog, config="fastest")
+    for name, config in INDEX_PRESETS.items():
+        assert build_index(catalog, config=name).config == config

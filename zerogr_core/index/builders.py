@@ -272,6 +272,19 @@ def h2d_gbps(build: dict) -> float | None:
     return nbytes / seconds / 1e9 if nbytes and seconds > 0 else None
 
 
+def _index_config(config) -> IndexConfig:
+    """``config`` as an :class:`IndexConfig`: a preset's name resolves to the preset."""
+    from .layout import INDEX_PRESETS
+
+    if config is None:
+        return IndexConfig()
+    if isinstance(config, str) and config in INDEX_PRESETS:
+        return INDEX_PRESETS[config]
+    if not isinstance(config, IndexConfig):
+        raise ZeroGRError(f"config: expected an IndexConfig or one of {', '.join(INDEX_PRESETS)}, got {config!r}")
+    return config
+
+
 def build_index(catalog: Catalog, device=None, builder: str = "layout",
                 config: IndexConfig | None = None) -> StepIndex:
     """Build the step-sliced index of ``catalog``.
@@ -284,8 +297,9 @@ def build_index(catalog: Catalog, device=None, builder: str = "layout",
         Where the index lives (default CPU). With a CUDA device the ``layout`` builder
         streams its output to the GPU during construction.
     builder : {"layout", "host-copy", "serial"}
-    config : IndexConfig, optional
-        Representation rule and builder settings (default ``INDEX_PRESETS["default"]``).
+    config : IndexConfig or str, optional
+        Representation rule and builder settings, or the name of one of ``INDEX_PRESETS``
+        (default ``INDEX_PRESETS["default"]``).
 
     Returns
     -------
@@ -293,9 +307,11 @@ def build_index(catalog: Catalog, device=None, builder: str = "layout",
         ``build`` holds the timings: ``layout_pass_s``, ``fill_s``, ``h2d_s`` (or
         ``h2d_tail_s`` for streaming, the copy time not hidden behind filling), ``total_s``.
     """
+    if not isinstance(catalog, Catalog):  # a bare SID table has no validation, order or item ids yet
+        raise ZeroGRError(f"catalog: expected a Catalog (Catalog.from_sids), got {type(catalog).__name__}")
     if builder not in BUILDERS:
         raise ZeroGRError(f"builder must be one of {', '.join(BUILDERS)}, got {builder!r}")
-    config = config or IndexConfig()
+    config = _index_config(config)
     device = as_device(device, default="cpu")
     sids = catalog.sids
     sizes = catalog.codebook_sizes
