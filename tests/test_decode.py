@@ -244,6 +244,26 @@ def test_bad_arguments():
         assert dec.decode(model, fine).item_rows.shape == (2, 2)
 
 
+def test_arguments_of_the_wrong_kind_are_named():
+    """A Catalog passed as the index, a SID array as catalog=, heads=None or a model that is not callable
+    raised AttributeError/TypeError from inside the decoder; a StepIndex as catalog= was accepted, and the
+    first list failed on it later."""
+    catalog = Catalog.from_sids(np.array([[0, 1], [1, 0]]), [2, 2])
+    index = build_index(catalog)
+    heads = [torch.randn(2, 4), torch.randn(2, 4)]
+    with pytest.raises(ZeroGRError, match=r"^index: expected a StepIndex \(build_index\(catalog\)\), got Catalog$"):
+        Decoder(catalog, heads, 2)
+    for bad in (index, catalog.sids):
+        with pytest.raises(ZeroGRError, match=r"^catalog: expected the Catalog the index was built from, got "):
+            Decoder(index, heads, 2, catalog=bad)
+    with pytest.raises(ZeroGRError, match=r"^heads: expected one \(\|V_l\|, H\) tensor per level or one shared "
+                                          r"\(rows, H\) tensor, got NoneType$"):
+        Decoder(index, None, 2)
+    with pytest.raises(ZeroGRError, match=r"^model: expected a hidden_fn\(step, prefixes\) or a prefilled step "
+                                          r"model, got int$"):
+        Decoder(index, heads, 2).decode(5, 1)
+
+
 def test_heads_the_projections_cannot_read_are_named():
     """float64 heads (torch.from_numpy) failed deep in a kernel, naming the hidden states; levels of
     different dtypes or devices failed later, or only on the GPU engine."""

@@ -11,6 +11,7 @@ import torch
 
 from zerogr_kernels._common import interpreting
 
+from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
 from ..index.host_trie import HostTrie
 from ..index.layout import StepIndex
@@ -91,6 +92,11 @@ class Decoder:
         # where per-call lists are built: "auto" (on the index's device when it is a GPU),
         # "host" or "device" (tests force either)
         self.list_path = "auto"
+        # the index first: a Catalog in its place (a plausible slip) would fail on a missing attribute
+        if not isinstance(index, StepIndex):
+            raise ZeroGRError(f"index: expected a StepIndex (build_index(catalog)), got {type(index).__name__}")
+        if catalog is not None and not isinstance(catalog, Catalog):
+            raise ZeroGRError(f"catalog: expected the Catalog the index was built from, got {type(catalog).__name__}")
         if catalog is not None and catalog.n_items != index.n_items:
             raise ZeroGRError(f"catalog has {catalog.n_items} items but the index has {index.n_items}")
         if order not in ORDERS:
@@ -352,6 +358,9 @@ class Decoder:
                 lists = None
         from .loop import is_step_model
 
+        if not callable(model) and not is_step_model(model):
+            raise ZeroGRError(f"model: expected a hidden_fn(step, prefixes) or a prefilled step model, "
+                              f"got {type(model).__name__}")
         if is_step_model(model) and getattr(model, "batch", batch_size) != batch_size:
             raise ZeroGRError(f"step model: prefilled with {getattr(model, 'batch')} requests, "
                               f"batch_size is {batch_size}")

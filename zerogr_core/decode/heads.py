@@ -62,6 +62,9 @@ class Heads:
                     raise ZeroGRError(f"band_offsets: level {level + 1} band [{o}, {o + s}) exceeds the "
                                       f"head's {heads.shape[0]} rows")
             return cls(tuple(heads[o:o + s] for o, s in zip(offsets, sizes)), heads, offsets)
+        if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
+            raise ZeroGRError(f"heads: expected one (|V_l|, H) tensor per level or one shared (rows, H) tensor, "
+                              f"got {type(heads).__name__}")
         heads = list(heads)
         if len(heads) != len(sizes):
             raise ZeroGRError(f"heads: {len(heads)} per-level heads for {len(sizes)} levels")
