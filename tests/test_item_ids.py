@@ -168,3 +168,16 @@ def test_catalog_ids_past_int64_are_refused_not_wrapped():
     assert Catalog.from_sids(sids, item_ids=[1, 2**63 - 1]).item_ids.tolist() == [1, 2**63 - 1]
     assert Catalog.from_sids(sids, item_ids=np.array([1, 2**63 - 1], dtype=np.uint64)).item_ids.dtype == np.int64
     assert Catalog.from_sids(sids, item_ids=[-2.0**63, 5.0]).item_ids.tolist() == [-2**63, 5]
+
+
+def test_rows_outside_the_catalog_are_refused_not_clipped():
+    """result.item_ids(catalog) with the rows of a decode over a larger catalog clipped every row past
+    the end onto the last item, so a stale or wrong catalog named real-looking items."""
+    cat = Catalog.from_sids([[0], [1]], item_ids=[10, 11], name="small")
+    with pytest.raises(CatalogError, match=r"^row 5 is not a row of catalog 'small' \(2 items\): were these rows "
+                                           r"decoded over another catalog\?$"):
+        cat.ids_of_rows(np.array([[0, 5], [1, -1]]))
+    with pytest.raises(CatalogError, match="row -2 is not a row"):
+        Catalog.from_sids([[0], [1]], item_ids=["a", "b"]).ids_of_rows([-2])
+    assert cat.ids_of_rows(np.array([[1, -1], [0, 1]])).tolist() == [[11, -1], [10, 11]]
+    assert cat.ids_of_rows(np.zeros((0, 3), dtype=np.int64)).shape == (0, 3)

@@ -323,7 +323,8 @@ class Catalog:
         return np.array(out, dtype=StringDType())
 
     def ids_of_rows(self, rows, fill=-1) -> np.ndarray:
-        """Item ids of catalog ``rows``, padding (-1 rows) included.
+        """Item ids of catalog ``rows``, padding (-1 rows) included; a row outside the catalog
+        (decoded over another one) raises :class:`CatalogError` (clipped, it named the last item).
 
         Parameters
         ----------
@@ -343,6 +344,10 @@ class Catalog:
                 or not -2**63 <= fill < 2**63:
             raise CatalogError(f"fill: expected a 64-bit integer id, got {shown(fill)}")
         rows = np.asarray(rows, dtype=np.int64)
+        outside = (rows >= self.n_items) | (rows < -1)
+        if outside.any():
+            raise CatalogError(f"row {int(rows[outside].flat[0])} is not a row of catalog {self.name!r} "
+                               f"({self.n_items} items): were these rows decoded over another catalog?")
         ids = self.item_ids[np.clip(rows, 0, max(self.n_items - 1, 0))]
         if self.string_ids:
             return np.where(rows >= 0, ids.astype(object), None)
