@@ -68,6 +68,27 @@ def test_batch_lookup_names_the_request_of_a_bad_id():
     assert out.rows.tolist() == [0, 2, 1] or sorted(out.rows.tolist()) == [0, 1, 2]
 
 
+def test_ready_made_lists_and_id_lists_in_one_call_are_refused():
+    """With lists= the call ignored allow_items/deny_items and normalise= silently: a request decoded
+    over items its allow list excluded."""
+    catalog = Catalog.from_sids([[0, 1], [1, 0], [1, 1]], (2, 2), item_ids=[10, 11, 12])
+    decoder = Decoder(build_index(catalog), [torch.randn(2, 4), torch.randn(2, 4)], 3, catalog=catalog)
+    lists = decoder.request_lists(2, deny_items=[[10], None])
+
+    def model(step, prefixes):
+        return torch.ones(prefixes.shape[0], prefixes.shape[1], 4)
+
+    for ids in (dict(allow_items=[[11], None]), dict(deny_items=[None, [12]])):
+        with pytest.raises(ZeroGRError, match=r"^lists: pass either lists= or allow_items/deny_items, not both"):
+            decoder.decode(model, 2, lists=lists, **ids)
+    with pytest.raises(ZeroGRError, match=r"^normalise: the lists were built with normalise='request'; pass "
+                                          r"normalise= to request_lists instead$"):
+        decoder.decode(model, 2, lists=lists, normalise="catalog")
+    catalog_lists = decoder.request_lists(2, deny_items=[[10], None], normalise="catalog")
+    assert decoder.decode(model, 2, lists=catalog_lists, normalise="catalog").item_rows[0].tolist() == \
+        decoder.decode(model, 2, lists=catalog_lists).item_rows[0].tolist()
+
+
 LIST_CATALOGS = {kind: big_catalog(n=40, string_ids=kind == "string", seed=2) for kind in ("dense", "string")}
 LIST_CATALOGS["sparse"] = Catalog.from_sids(LIST_CATALOGS["dense"].sids, LIST_CATALOGS["dense"].codebook_sizes,
                                             item_ids=np.arange(40) * 10**9)  # too sparse for the id table

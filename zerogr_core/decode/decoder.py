@@ -314,7 +314,7 @@ class Decoder:
             :mod:`zerogr_core.decode.constraints` and :mod:`zerogr_core.decode.registry`.
         lists : RequestLists, optional
             Ready-made row lists (:meth:`request_lists`), instead of the two id lists
-            (they carry their own ``normalise``).
+            (they carry their own ``normalise``; passing both, or another ``normalise``, is refused).
         normalise : {"request", "catalog"}
             With the id lists, what filtering first normalises over: each request's
             alive tokens, or the catalog's valid tokens with the listed items dropped
@@ -343,6 +343,13 @@ class Decoder:
         batch_size = _positive_int(batch_size, "batch_size")
         if normalise not in NORMALISE:
             raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {normalise!r}")
+        if lists is not None:  # ready-made lists replace the id lists and carry their own normalisation
+            if allow_items is not None or deny_items is not None:
+                raise ZeroGRError("lists: pass either lists= or allow_items/deny_items, not both (the id lists "
+                                  "would be ignored)")
+            if normalise != "request" and getattr(lists, "normalise", normalise) != normalise:
+                raise ZeroGRError(f"normalise: the lists were built with normalise={lists.normalise!r}; pass "
+                                  f"normalise= to request_lists instead")
         if lists is None and not _nothing_listed(batch_size, allow_items, deny_items):
             if self.order != "unconstrained":
                 standing = self._standing_allow(batch_size, allow_items, normalise)
