@@ -161,3 +161,23 @@ def test_build_index_names_a_catalog_or_config_of_the_wrong_kind():
         build_index(catalog, config="fastest")
     for name, config in INDEX_PRESETS.items():
         assert build_index(catalog, config=name).config == config
+
+
+def test_index_config_values_a_builder_cannot_use_are_named():
+    """chunk_rows=0 raised range()'s ValueError, workers=-1 the thread pool's; an override of step 0 (counted
+    from 0), of a step past the last or keyed "1" did nothing, silently."""
+    catalog = Catalog.from_sids(np.array([[0, 1], [1, 0]]), [2, 2])
+    for fields, message in ((dict(chunk_rows=0), r"chunk_rows: expected a number ≥ 1, got 0"),
+                            (dict(workers=-1), r"workers: expected a number ≥ 0, got -1"),
+                            (dict(dense_ratio="4"), r"dense_ratio: expected a number ≥ 0, got '4'"),
+                            (dict(staging_buffers=3), r"staging_buffers: expected 1 or 2, got 3"),
+                            (dict(overrides=((0, "dense"),)), r"override step 0: steps are numbered from 1")):
+        with pytest.raises(ZeroGRError, match=rf"^(IndexConfig )?{message}$"):
+            IndexConfig(**fields)
+    for bad in ({0: "dense"}, {"1": "sparse"}):
+        with pytest.raises(ZeroGRError, match=r"^override step .*: steps are numbered from 1$"):
+            IndexConfig().with_overrides(bad)
+    with pytest.raises(ZeroGRError, match=r"^override step 3: the catalog has 2 steps \(numbered from 1\)$"):
+        build_index(catalog, config=IndexConfig().with_overrides({3: "sparse"}))
+    index = build_index(catalog, config=IndexConfig().with_overrides({np.int64(1): "sparse"}))
+    assert index.steps[0].kind == "sparse"

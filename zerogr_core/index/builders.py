@@ -312,6 +312,9 @@ def build_index(catalog: Catalog, device=None, builder: str = "layout",
     if builder not in BUILDERS:
         raise ZeroGRError(f"builder must be one of {', '.join(BUILDERS)}, got {builder!r}")
     config = _index_config(config)
+    beyond = [step for step, _ in config.overrides if step > catalog.n_levels]
+    if beyond:
+        raise ZeroGRError(f"override step {beyond[0]}: the catalog has {catalog.n_levels} steps (numbered from 1)")
     device = as_device(device, default="cpu")
     sids = catalog.sids
     sizes = catalog.codebook_sizes

@@ -105,13 +105,25 @@ class IndexConfig:
     workers: int = 0
     staging_buffers: int = 2
 
+    def __post_init__(self):
+        # checked here, where the value is given: a builder would fail on it deep in range() or a
+        # thread pool, and an override of a step that does not exist (0-based, "1") would do nothing
+        for name, low in (("dense_ratio", 0), ("dense_budget_bytes", 0), ("chunk_rows", 1), ("workers", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low \
+                    or (name != "dense_ratio" and value != int(value)):
+                raise ZeroGRError(f"IndexConfig {name}: expected a number ≥ {low}, got {value!r}")
+        if self.staging_buffers not in (1, 2):
+            raise ZeroGRError(f"IndexConfig staging_buffers: expected 1 or 2, got {self.staging_buffers!r}")
+        for step, kind in self.overrides:
+            _check_override(step, kind)
+
     def with_overrides(self, overrides: dict[int, str]) -> "IndexConfig":
         """Return a copy with per-step overrides (1-based step → "dense" or "sparse")."""
         for step, kind in overrides.items():
-            if kind not in ("dense", "sparse"):
-                raise ZeroGRError(f"step {step}: representation must be 'dense' or 'sparse', got {kind!r}")
+            _check_override(step, kind)
         merged = dict(self.overrides)
-        merged.update(overrides)
+        merged.update({int(step): kind for step, kind in overrides.items()})
         return IndexConfig(self.dense_ratio, self.dense_budget_bytes, tuple(sorted(merged.items())),
                            self.chunk_rows, self.workers, self.staging_buffers)
 
@@ -124,6 +136,13 @@ class IndexConfig:
         if dense <= self.dense_budget_bytes and dense <= self.dense_ratio * sparse_bytes(codebook, states, entries):
             return "dense"
         return "sparse"
+
+
+def _check_override(step, kind) -> None:
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 1:
+        raise ZeroGRError(f"override step {step!r}: steps are numbered from 1")
+    if kind not in ("dense", "sparse"):
+        raise ZeroGRError(f"step {step}: representation must be 'dense' or 'sparse', got {kind!r}")
 
 
 INDEX_PRESETS: dict[str, IndexConfig] = {
