@@ -33,8 +33,8 @@ def big_catalog(n=60_000, string_ids=False, seed=0):
 def test_lists_cost_no_catalog_sized_host_work(monkeypatch, string_ids):
     catalog = big_catalog(string_ids=string_ids)
     built = []
-    real = catalog_mod._build_id_lookup
-    monkeypatch.setattr(catalog_mod, "_build_id_lookup", lambda ids: built.append(1) or real(ids))
+    real = catalog_mod.IdLookup
+    monkeypatch.setattr(catalog_mod, "IdLookup", lambda ids: built.append(1) or real(ids))
     g = np.random.default_rng(1)
     batch = 8
     pick = lambda k: [catalog.item_ids[i] for i in g.choice(catalog.n_items, k, replace=False)]  # noqa: E731

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..catalog.catalog import fits_int64
+from ..catalog.item_ids import fits_int64
 from ..errors import ZeroGRError
 from ..timing import capture
 from .constraints import NORMALISE, RequestLists, _id_array, _merge_standing, _per_request, _unregistered

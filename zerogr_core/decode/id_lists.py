@@ -31,7 +31,7 @@ from zerogr_kernels.allow_nodes import node_layout, rank_tables
 from zerogr_kernels.constraints import ALLOW, CATALOG_NORMALISED
 from zerogr_kernels.deny_ids import MAX_IDS
 
-from ..catalog.catalog import fits_int64
+from ..catalog.item_ids import fits_int64
 from .constraints import row_starts
 from .device_lists import _crosses_as_is
 
