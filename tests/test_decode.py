@@ -262,6 +262,10 @@ def test_arguments_of_the_wrong_kind_are_named():
     with pytest.raises(ZeroGRError, match=r"^model: expected a hidden_fn\(step, prefixes\) or a prefilled step "
                                           r"model, got int$"):
         Decoder(index, heads, 2).decode(5, 1)
+    # as many items, other codebooks (another version of the catalog): its ids would name other rows
+    other = Catalog.from_sids(np.array([[0, 2], [1, 0]]), [2, 3])
+    with pytest.raises(ZeroGRError, match=r"^catalog has codebooks 2/3 but the index 2/2: build both from one"):
+        Decoder(index, heads, 2, catalog=other)
 
 
 def test_heads_the_projections_cannot_read_are_named():

@@ -99,6 +99,10 @@ class Decoder:
             raise ZeroGRError(f"catalog: expected the Catalog the index was built from, got {type(catalog).__name__}")
         if catalog is not None and catalog.n_items != index.n_items:
             raise ZeroGRError(f"catalog has {catalog.n_items} items but the index has {index.n_items}")
+        if catalog is not None and tuple(catalog.codebook_sizes) != tuple(index.codebook_sizes):
+            # as many items, other SIDs (another version): ids would map to another catalog's rows
+            raise ZeroGRError(f"catalog has codebooks {'/'.join(map(str, catalog.codebook_sizes))} but the index "
+                              f"{'/'.join(map(str, index.codebook_sizes))}: build both from one catalog")
         if order not in ORDERS:
             raise ZeroGRError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if engine not in ENGINES:

@@ -94,7 +94,7 @@ class ListRegistry:
         """Rows of list ``name`` named by ``argument[request]`` (its kind must match the argument)."""
         entry = self.get(name, f"{argument}[{request}]")
         if f"{entry.kind}_items" != argument:
-            raise ZeroGRError(f"{argument}[{request}]: {name!r} is registered as a {entry.kind} list")
+            raise ZeroGRError(f"{argument}[{request}]: {name!r} is registered as {'an' if entry.kind[0] in 'aeiou' else 'a'} {entry.kind} list")
         return entry.rows
 
     def add(self, entry: RegisteredList) -> None:
