@@ -53,6 +53,9 @@ def test_default_k_is_at_most_the_beam_width():
     (b'{"history": [' + b"9" * 5000 + b"]}", 400, "cannot be read"),
     (b'{"history": [99999999999999999999999]}', 400, "history[0]: item id 99999999999999999999999 is outside"),
     (b'{"history": [1], "exclude": [9223372036854775808]}', 400, "exclude[0]"),
+    (b'{"history": [1], "k": NaN}', 400, "body holds NaN, which is not JSON"),
+    (b'{"history": [-Infinity]}', 400, "body holds -Infinity"),
+    (b'{"history": [1], "k": 3, "k": 5}', 400, "body gives the field 'k' twice"),
 ])
 def test_bad_bodies_get_a_4xx_naming_the_field(body, status, words):
     with pytest.raises(RequestError) as err:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..errors import ZeroGRError
+from ..errors import ZeroGRError, shown
 
 FIELDS = ("history", "k", "exclude", "allow", "keep_history")
 DEFAULT_K = 10
@@ -118,11 +118,30 @@ async def read_limited(content_length: str | None, chunks, limit: int = MAX_BODY
     return b"".join(parts)
 
 
+def _not_json(name: str):
+    # Python's reader takes NaN and Infinity, which JSON (RFC 8259) does not have
+    raise RequestError(f"body holds {name}, which is not JSON (a number must be finite)")
+
+
+def _fields_once(pairs: list) -> dict:
+    # a field given twice would silently keep its last value: the client meant one of them
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise RequestError(f"body gives the field {shown(key)} twice")
+        seen.add(key)
+    return dict(pairs)
+
+
 def parse_json(body: bytes | str) -> object:
     """The JSON document of a request body; :class:`RequestError` (400) when it is not UTF-8, not
-    JSON, nested too deeply to read, or holds a number too long to read."""
+    JSON (NaN and Infinity included), gives a field twice, is nested too deeply to read, or holds a
+    number too long to read."""
     try:
-        return json.loads(body.decode("utf-8") if isinstance(body, bytes) else body)
+        return json.loads(body.decode("utf-8") if isinstance(body, bytes) else body, parse_constant=_not_json,
+                          object_pairs_hook=_fields_once)
+    except RequestError:
+        raise
     except UnicodeDecodeError:
         raise RequestError("body is not UTF-8 text") from None
     except json.JSONDecodeError as err:
