@@ -59,6 +59,15 @@ def test_short_users_are_dropped_and_counted(tmp_path):
     ("i.json", '{\n "a": [1, 2, 3],\n "b": 7\n}', "i.json:3: the items of user 'b' must be a list"),
     ("i.json", '{\n "a": [1, 2.5, 3]\n}', "i.json:2: the items of 'a' must be integer ids"),
     ("i.json", '[1, 2]', "i.json:1: expected a non-empty JSON object"),
+    # ids past int64, and digits that int() refuses or reads differently, were tracebacks or silently read
+    ("s.txt", "1 1 2 3\n2 4 99999999999999999999 6\n",
+     "s.txt:2: field 3 '99999999999999999999' is not a non-negative integer item id"),
+    ("s.txt", "1 1 \u00b2 3\n", "s.txt:1: field 3 '\u00b2' is not a non-negative integer item id"),
+    ("s.txt", "1 1 \u0663 3\n", "s.txt:1: field 3 '\u0663' is not a non-negative integer item id"),
+    ("i.json", '{\n "a": [1, 99999999999999999999, 3]\n}',
+     "i.json:2: the items of 'a': 99999999999999999999 is not an integer id"),
+    ("i.json", '{\n "a": [1, "1_000", 3]\n}', "i.json:2: the items of 'a': '1_000' is not an integer id"),
+    ("i.json", '{\n "a": [1, -4, 3]\n}', "i.json:2: the items of 'a': -4 is not an integer id"),
 ])
 def test_malformed_files_name_file_and_line(tmp_path, name, text, message):
     (tmp_path / name).write_text(text)
@@ -71,6 +80,9 @@ def test_sid_file_errors_and_missing_items(tmp_path):
     (tmp_path / "s.txt").write_text("1 1 2 3\n2 2 3 4\n")
     (tmp_path / "sids.json").write_text('{\n "1": [0, 1],\n "2": [0, 2, 1]\n}')
     with pytest.raises(ZeroGRError, match=r"sids.json:3: the SID of item '2' has 3 tokens"):
+        read_sid_file(tmp_path / "sids.json")
+    (tmp_path / "sids.json").write_text('{\n "1": [0, 1],\n "99999999999999999999": [0, 2]\n}')
+    with pytest.raises(ZeroGRError, match=r"sids.json:3: the id of '99999999999999999999': .* is not an integer id"):
         read_sid_file(tmp_path / "sids.json")
     (tmp_path / "sids.json").write_text('{"1": [0, 1], "2": [0, 2], "3": [1, 0]}')
     with pytest.raises(ZeroGRError, match=r"sids.json: no SID for item 4 of .*s.txt"):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ZeroGRError
+from ..errors import ZeroGRError, shown
 from .data import MIN_INTERACTIONS, REPO_ROOT, LeaveOneOut, leave_one_out
 
 #: The bundled Amazon Beauty copy (tiger-cf files, MIT; see its README for the licences).
@@ -122,17 +122,34 @@ def _line_of(text: str, needle: str) -> int:
     return text.count("\n", 0, pos) + 1 if pos >= 0 else 1
 
 
+#: Largest item id: the loaders hold ids as int64 (a longer one overflowed numpy, a traceback).
+MAX_ID = np.iinfo(np.int64).max
+
+
+def parse_id(value) -> int | None:
+    """An item id from a file: a non-negative int, or a string of ASCII digits, at most
+    :data:`MAX_ID`; ``None`` when ``value`` is neither (the caller names the file and line).
+
+    ``str.isdigit`` and ``int`` alone accept more than ids: ``'²'`` is a digit that ``int``
+    refuses, and ``int`` reads ``' 7'``, ``'1_000'`` and Arabic-Indic digits.
+    """
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit()):
+            return None
+        value = int(value)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_ID else None
+
+
 def _as_id(value, path: Path, text: str, key: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: {what} of {key!r} must be integer ids, "
-                          f"got {value!r}")
-    try:
-        out = int(value)
-    except ValueError:
-        raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: {what} of {key!r}: {value!r} is not an "
-                          f"integer id") from None
-    if out < 0:
-        raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: {what} of {key!r}: negative id {out}")
+                          f"got {shown(value)}")
+    out = parse_id(value)
+    if out is None:
+        raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: {what} of {key!r}: {shown(value)} is not an "
+                          f"integer id in 0…{MAX_ID}")
     return out
 
 
@@ -199,10 +216,11 @@ def read_sequence_file(path: str | Path) -> tuple[list[str], list[list[int]]]:
                 seen[user] = lineno
                 row = []
                 for col, tok in enumerate(fields[1:], start=2):
-                    if not tok.isdigit():
-                        raise ZeroGRError(f"{path}:{lineno}: field {col} {tok!r} is not a non-negative integer "
-                                          f"item id")
-                    row.append(int(tok))
+                    item = parse_id(tok)
+                    if item is None:
+                        raise ZeroGRError(f"{path}:{lineno}: field {col} {shown(tok)} is not a non-negative integer "
+                                          f"item id (at most {MAX_ID})")
+                    row.append(item)
                 users.append(user)
                 seqs.append(row)
     except UnicodeDecodeError:
