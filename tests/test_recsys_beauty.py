@@ -81,6 +81,14 @@ def test_sid_file_errors_and_missing_items(tmp_path):
     (tmp_path / "sids.json").write_text('{\n "1": [0, 1],\n "2": [0, 2, 1]\n}')
     with pytest.raises(ZeroGRError, match=r"sids.json:3: the SID of item '2' has 3 tokens"):
         read_sid_file(tmp_path / "sids.json")
+    # A token sizes the model's vocabulary: 10^9 asked for hundreds of GB (or, past int32, a message without the file)
+    (tmp_path / "sids.json").write_text('{\n "1": [0, 1],\n "2": [0, 1000000000]\n}')
+    with pytest.raises(ZeroGRError, match=r"sids.json:3: the SID of item '2' has token 1,000,000,000 at level 2, "
+                                          r"over the limit of 65,536 tokens per level"):
+        read_sid_file(tmp_path / "sids.json")
+    (tmp_path / "sids.json").write_text(json.dumps({"1": list(range(17))}))
+    with pytest.raises(ZeroGRError, match=r"sids.json:1: the SID of item '1' has 17 tokens, over the limit of 16"):
+        read_sid_file(tmp_path / "sids.json")
     (tmp_path / "sids.json").write_text('{\n "1": [0, 1],\n "99999999999999999999": [0, 2]\n}')
     with pytest.raises(ZeroGRError, match=r"sids.json:3: the id of '99999999999999999999': .* is not an integer id"):
         read_sid_file(tmp_path / "sids.json")

@@ -233,26 +233,44 @@ def read_sequence_file(path: str | Path) -> tuple[list[str], list[list[int]]]:
 def read_sid_file(path: str | Path) -> dict[int, list[int]]:
     """Item id -> SID tokens from a JSON SID file ``{"item": [t1, ..., tL]}``.
 
+    Tokens and SID length are held to the catalog load limits
+    (:func:`~zerogr_core.catalog.limits.limits_from`: 65,536 tokens per level and 16 levels
+    unless ``ZEROGR_MAX_CODEBOOK`` / ``ZEROGR_MAX_LEVELS`` say otherwise): the model gets an
+    embedding row and an output logit for every token up to the largest, so one token id of
+    10^9 would ask for hundreds of GB.
+
     Raises
     ------
     ZeroGRError
         Naming the file and line: invalid JSON, SIDs of different lengths, non-integer or
-        negative tokens.
+        negative tokens, a token or a length over the limits.
     """
+    from ..catalog.limits import limits_from
+
     path = Path(path)
     obj, text = _read_json_object(path, "SID")
+    limits = limits_from()
     out, length = {}, None
     for key, sid in obj.items():
         item = _as_id(key, path, text, key, "the id")
         if not isinstance(sid, list) or not sid or not all(isinstance(t, int) and not isinstance(t, bool)
                                                            and t >= 0 for t in sid):
             raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: the SID of item {key!r} must be a "
-                              f"non-empty list of non-negative integers, got {sid!r}")
+                              f"non-empty list of non-negative integers, got {shown(sid)}")
         if length is None:
             length = len(sid)
+            if length > limits.max_levels:
+                raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: the SID of item {key!r} has "
+                                  f"{length:,} tokens, over the limit of {limits.max_levels} levels "
+                                  f"(ZEROGR_MAX_LEVELS)")
         elif len(sid) != length:
             raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: the SID of item {key!r} has {len(sid)} "
                               f"tokens, the first item's has {length}")
+        if max(sid) >= limits.max_codebook:
+            level = int(np.argmax(sid)) + 1
+            raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: the SID of item {key!r} has token "
+                              f"{max(sid):,} at level {level}, over the limit of {limits.max_codebook:,} tokens "
+                              f"per level (ZEROGR_MAX_CODEBOOK)")
         if item in out:
             raise ZeroGRError(f"{path}:{_line_of(text, json.dumps(key))}: item {item} listed twice")
         out[item] = sid
