@@ -8,7 +8,7 @@ import torch
 from zerogr_core.errors import ZeroGRError
 from zerogr_core.recsys.data import BUNDLED_DIR, detect_layout, leave_one_out, load_movielens
 from zerogr_core.recsys.semantic_ids import (SIDConfig, build_semantic_ids, collaborative_embeddings,
-                                             collision_level, content_tokens, kmeans, rq_kmeans)
+                                             collision_level, content_embeddings, content_tokens, kmeans, rq_kmeans)
 
 # (user, movie, timestamp) in file order; user 3 has two ratings only, movie 99 is unlisted,
 # user 1 rates movies 20 and 10 at the same second (file order must win).
@@ -107,6 +107,20 @@ def test_bundled_copy_is_complete():
 def test_content_tokens():
     assert content_tokens("Beta, The (1972)", ("Drama",)) == ["decade:1970", "genre:drama", "word:beta",
                                                               "word:the"]
+
+
+def test_content_embeddings_skip_tokens_every_movie_has(tmp_path):
+    # Every movie is a 1990s drama: those tokens have IDF 0, and a movie with no other shared token
+    # had a zero norm, NaN rows, and train-movielens ended in the SVD's LinAlgError traceback.
+    movies = [(10, "Alpha One (1995)", ["Drama"]), (20, "Alpha Two (1996)", ["Drama"]),
+              (30, "Beta (1997)", ["Drama"]), (40, "Gamma (1998)", ["Drama"])]
+    data = load_movielens(write_latest(tmp_path, movies=movies))
+    emb = content_embeddings(data, 4, 0)
+    assert torch.isfinite(emb).all()
+    assert emb[2:].abs().sum() == 0 and torch.allclose(emb[0], emb[1])   # only "alpha" is shared
+    sids = build_semantic_ids(data, leave_one_out(data), SIDConfig(levels=2, codebook_size=2, collab_dim=2,
+                                                                   content_dim=2, kmeans_iters=5))
+    assert np.unique(sids.catalog.sids, axis=0).shape[0] == data.n_items
 
 
 def test_kmeans_keeps_every_cluster_and_is_seeded():

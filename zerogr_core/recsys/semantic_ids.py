@@ -158,7 +158,9 @@ def content_tokens(title: str, genres: tuple[str, ...]) -> list[str]:
 def content_embeddings(data: MovieLens, dim: int, seed: int) -> torch.Tensor:
     """Item vectors from a TF-IDF bag of title words, genres and decade.
 
-    Tokens used by a single movie are dropped (they cannot group items).
+    Tokens used by a single movie are dropped (they cannot group items), and so are tokens
+    used by every movie (their IDF is 0, so they cannot tell items apart, and a movie with
+    nothing else had a zero norm: NaN rows that failed the SVD).
 
     Returns
     -------
@@ -174,7 +176,7 @@ def content_embeddings(data: MovieLens, dim: int, seed: int) -> torch.Tensor:
             cols.append(vocab.setdefault(tok, len(vocab)))
     rows_a, cols_a = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
     df = np.bincount(cols_a, minlength=len(vocab))
-    keep = df[cols_a] >= 2
+    keep = (df[cols_a] >= 2) & (df[cols_a] < data.n_items)
     if not keep.any():
         return torch.zeros(data.n_items, 1)
     idf = np.log(data.n_items / df).astype(np.float32)
