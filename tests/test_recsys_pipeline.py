@@ -13,7 +13,7 @@ from zerogr_core import Decoder, build_index
 from zerogr_core.cli import main
 from zerogr_core.errors import ZeroGRError
 from zerogr_core.recsys.data import leave_one_out, load_movielens
-from zerogr_core.recsys.quality import decode_rows, evaluate, overlap_metrics, ranking_metrics
+from zerogr_core.recsys.quality import InvalidMass, decode_rows, evaluate, overlap_metrics, ranking_metrics
 from zerogr_core.recsys.train import BUNDLED_CHECKPOINT, load_checkpoint, train_movielens
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +118,15 @@ def test_metric_helpers():
     overlap, differ, order_differ = overlap_metrics(lists, np.array([[1, 3, 2], [0, 1, 4]]), [1, 2, 3])
     assert overlap == {1: 0.5, 2: 1.0, 3: pytest.approx(5 / 6)}
     assert differ == {1: 0.5, 2: 0.0, 3: 0.5} and order_differ == {1: 0.5, 2: 0.5, 3: 1.0}
+
+
+def test_invalid_mass_skips_a_step_without_live_beams():
+    # Every request denied its whole catalog (a user who has every item): no beam is alive after step 1,
+    # and quality ended in numpy's IndexError from the quantiles of an empty array.
+    mass = InvalidMass(values=[[torch.tensor([0.0, 0.5])], [torch.empty(0)]],
+                       densities=[[torch.tensor([1.0, 1.0])], [torch.empty(0)]])
+    rows = mass.summary()
+    assert [r["step"] for r in rows] == [1] and rows[0]["beams"] == 2 and rows[0]["max"] == 0.5
 
 
 @pytest.mark.reference_kernels

@@ -118,10 +118,16 @@ class InvalidMass:
         return recording
 
     def summary(self) -> list[dict]:
-        """Per step (1-based): beams, mean/p50/p90/p99/max invalid mass, mean valid density."""
+        """Per step (1-based): beams, mean/p50/p90/p99/max invalid mass, mean valid density.
+
+        A step where no beam was alive (every request's deny list held its whole catalog
+        subtree, e.g. a user who has every item) has no row: there is no mass to measure.
+        """
         out = []
         for step, (vals, dens) in enumerate(zip(self.values, self.densities)):
             v = torch.cat(vals).double().numpy()
+            if not v.size:
+                continue
             q50, q90, q99 = np.quantile(v, [0.5, 0.9, 0.99])
             out.append(dict(step=step + 1, beams=int(v.size), mean=float(v.mean()), p50=float(q50),
                             p90=float(q90), p99=float(q99), max=float(v.max()),
