@@ -129,6 +129,24 @@ def test_on_a_gpu_both_orders_run_as_cuda_graphs(capsys):
     assert report["all_in_catalog"] and not report["notes"]
 
 
+@pytest.mark.parametrize("text", ["\u00b2,6,10", "--2,6,10"])
+def test_offsets_int_misread_are_one_line_errors(files, capsys, text):
+    # '²' and '--2' pass str.isdigit() after lstrip('-') but fail int(): the error's own search found no bad
+    # entry and ended in a StopIteration traceback
+    base = ("compare-orders", "--catalog", files / "items.csv", "--model", files / "t5")
+    assert one_line_error(capsys, *base, f"--offsets={text}") == \
+        f"error: --offsets: {text.split(',')[0]!r} is not a whole number"
+
+
+@pytest.mark.parametrize("entry, shown", [("Infinity", "'inf'"), ("2.7", "'2.7'"), ("true", "'True'")])
+def test_offsets_file_entries_are_whole_numbers(files, capsys, entry, shown):
+    # int() raised OverflowError (a traceback) on JSON's Infinity, and read 2.7 as 2 and true as 1
+    (files / "t5" / "zerogr.json").write_text(f'{{"token_offsets": [{entry}, 6, 10]}}')
+    line = one_line_error(capsys, "compare-orders", "--catalog", files / "items.csv", "--model", files / "t5")
+    assert line.startswith("error: --model: ") and line.endswith(f"zerogr.json: token_offsets: {shown} is not a "
+                                                                 f"whole number")
+
+
 def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys, tmp_path, monkeypatch):
     base = ("compare-orders", "--catalog", files / "items.csv")
     assert one_line_error(capsys, *base, "--model", tmp_path / "nowhere").startswith(

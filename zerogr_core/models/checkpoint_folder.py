@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from ..arg_types import to_int
 from ..errors import ZeroGRError
 from .hf import HFStepModel, check_vocabulary, output_head
 
@@ -97,12 +98,24 @@ def _offsets_file(folder: Path) -> tuple[int, ...] | None:
     path = folder / OFFSETS_FILE
     if not path.is_file():
         return None
+    expected = f"{path}: expected {{\"token_offsets\": [first vocabulary id of each level]}}"
     try:
         offsets = json.loads(path.read_text(encoding="utf-8"))["token_offsets"]
-        return tuple(int(o) for o in offsets)
     except (OSError, ValueError, KeyError, TypeError):
-        raise ZeroGRError(f"{path}: expected {{\"token_offsets\": [first vocabulary id of each level]}}") \
-            from None
+        raise ZeroGRError(expected) from None
+    if not isinstance(offsets, list) or not offsets:
+        raise ZeroGRError(expected)
+    # Each entry as the command line's would be: int() truncated 10.7 to 10, read true as 1 and
+    # raised OverflowError (a traceback) on JSON's Infinity.
+    return tuple(_offset(str(o), f"{path}: token_offsets") for o in offsets)
+
+
+def _offset(text: str, what: str) -> int:
+    """One token offset: a whole number ≥ 0 (:func:`~zerogr_core.arg_types.to_int`)."""
+    try:
+        return to_int(text, least=0)
+    except ValueError as err:
+        raise ZeroGRError(f"{what}: {err}") from None
 
 
 def parse_offsets(text: str, what: str = "token offsets") -> tuple[int, ...]:
@@ -111,16 +124,12 @@ def parse_offsets(text: str, what: str = "token offsets") -> tuple[int, ...]:
     Raises
     ------
     ZeroGRError
-        No entry, or naming the entry that is not a whole number.
+        No entry, or naming the entry that is not a whole number ≥ 0.
     """
     parts = [p for p in text.replace(",", " ").split() if p]
     if not parts:
         raise ZeroGRError(f"{what}: give the vocabulary id of token 0 of each SID level, e.g. `10, 266, 522`")
-    try:
-        return tuple(int(p) for p in parts)
-    except ValueError:
-        bad = next(p for p in parts if not p.lstrip("-").isdigit())
-        raise ZeroGRError(f"{what}: {bad!r} is not a whole number") from None
+    return tuple(_offset(p, what) for p in parts)
 
 
 def load_model(folder: ModelFolder, device, what: str = "model folder"):
