@@ -263,6 +263,13 @@ def test_pushes_delete_at_once_undelete_by_rebuild_and_carry_their_label(rec):
     (["decode-dataset", "--out", "x.jsonl", "--beam", "many"], "argument --beam: 'many' is not a whole number"),
     (["decode-dataset", "--out", "x.jsonl", "--batch-sizes", "2,4"], "plans one batch size"),
     (["decode-dataset", "--out", "x.jsonl", "--checkpoint", "m.pt"], "--input FILE is required"),
+    # a replica pads every batch to a planned size: 16 × 100,000 beams per decode ran for hours
+    (["decode-dataset", "--out", "x.jsonl", "--preset", "cpu", "--beam", "100000"],
+     "--batch-sizes × --beam: 16 × 100000 beams is over the 65,536 one decode may hold"),
+    (["decode-dataset", "--out", "x.jsonl", "--beam", "8", "--batch-sizes", "100000"],
+     "--batch-sizes × --beam: 100000 × 8 beams is over the 65,536"),
+    (["serve", "--beam", "4096", "--batch-sizes", "1,64"], "--batch-sizes × --beam: 64 × 4096 beams is over"),
+    (["serve", "--llm", "tiny", "--beam", "70000"], "--batch-sizes × --beam: "),
     (["serve", "--port", "70000"], "argument --port: must be in 1…65535, got 70000"),
     pytest.param(["decode-dataset", "--out", "x.jsonl", "--engine", "eager"], "needs a CUDA GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here")),

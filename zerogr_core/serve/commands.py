@@ -94,6 +94,7 @@ def config_from_args(args: argparse.Namespace, check_device: bool = True, **chan
         config = ServeConfig.preset(preset, **changes)
     except ZeroGRError as err:
         raise UsageError(str(err)) from None
+    _check_shapes(config)
     if check_device and config.engine in ("graph", "eager") and not torch.cuda.is_available():
         raise UsageError(f"--engine {config.engine} needs a CUDA GPU, and there is none "
                          "here; use --engine auto or reference")
@@ -121,11 +122,22 @@ def llm_config_from_args(args: argparse.Namespace, **changes):
         config = LLMServeConfig.preset(args.llm, **changes)
     except ZeroGRError as err:
         raise UsageError(f"--llm {args.llm}: {err}") from None
+    _check_shapes(config)
     from pathlib import Path
 
     if config.checkpoint is not None and not Path(config.checkpoint).is_dir():
         raise UsageError(f"--checkpoint {config.checkpoint}: no such folder (a transformers Qwen3 checkpoint)")
     return config
+
+
+def _check_shapes(config) -> None:
+    """Refuse a largest planned batch × beam over what one decode of a command may hold
+    (:func:`~zerogr_core.decode.work_limits.check_beams`), as every decoding command does: a
+    replica pads each batch to a planned size, so ``decode-dataset --beam 100000`` decoded 1.6
+    million beams per call for three users and ran for hours."""
+    from ..decode.work_limits import check_beams
+
+    check_beams(config.batch_sizes, config.beam, "--batch-sizes × --beam")
 
 
 def run_serve(args: argparse.Namespace) -> int:
