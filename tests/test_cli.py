@@ -164,6 +164,7 @@ def test_next_edge_cases(capsys):
     (["synth", "watch-like", "--n", "ten", "--out", "x.csv"], "--n: 'ten' is not a whole number"),
     (["synth", "watch-like", "--n", "10", "--out", "x.xlsx"], "unsupported extension"),
     (["synth", "nope", "--n", "10", "--out", "x.csv"], "unknown synthetic kind 'nope'"),
+    (["synth", "watch-like", "--n", "10", "--out", "no_such_folder/x.csv"], "no_such_folder/x.csv: the folder "),
     (["stats", "synth:search-like"], "expected synth:KIND:N"),
     (["stats", "missing.parquet"], "missing.parquet: no such file"),
     (["plan", "tiny", "--beam", "0"], "argument --beam: must be ≥ 1, got 0"),

@@ -213,7 +213,13 @@ def register_synth(subparsers) -> None:
 def _run_synth(args: argparse.Namespace) -> None:
     from .catalog.io import catalog_format, save_catalog
 
-    catalog_format(args.out)  # fail on a bad extension before generating
+    catalog_format(args.out)  # fail on a bad extension, or a place it cannot be written, before generating
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        raise ZeroGRError(f"--out {args.out}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or os.path.isdir(args.out) or (
+            os.path.exists(args.out) and not os.access(args.out, os.W_OK)):
+        raise ZeroGRError(f"--out {args.out}: cannot be written")
     start = time.perf_counter()
     catalog = generate(args.kind, args.n, seed=args.seed, codebook=args.codebook)
     generated = time.perf_counter() - start
