@@ -320,10 +320,11 @@ COUNT_ARGUMENTS = [
     *[(["bench", "--quick"], flag, least, most)
       for flag, least, most in (("--batch", 1, None), ("--beam", 1, None), ("--hidden", 1, 65_536),
                                 ("--codebook", 1, None), ("--scale", 1, None), ("--seed", 0, None),
-                                ("--repeats", 1, None), ("--warmup", 0, None), ("--build-repeats", 1, None))],
-    *[(["bench-e2e", "--quick"], flag, least, None)
-      for flag, least in (("--batch", 1), ("--beam", 1), ("--items", 1), ("--repeats", 1), ("--hf-repeats", 1),
-                          ("--warmup", 0), ("--seed", 0))],
+                                ("--repeats", 1, 10_000), ("--warmup", 0, 10_000), ("--build-repeats", 1, None))],
+    *[(["bench-e2e", "--quick"], flag, least, most)
+      for flag, least, most in (("--batch", 1, None), ("--beam", 1, None), ("--items", 1, None),
+                                ("--repeats", 1, 10_000), ("--hf-repeats", 1, 10_000), ("--warmup", 0, 10_000),
+                                ("--seed", 0, None))],
     *[(["compare-orders", "--checkpoint", "m.pt"], flag, least, most)
       for flag, least, most in (("--batch", 1, None), ("--beam", 1, None), ("--k", 1, None), ("--repeats", 2, 1000),
                                 ("--seed", 0, None))],

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..arg_types import seconds, to_seconds, whole, wholes
-from ..decode.work_limits import MAX_HIDDEN
+from ..decode.work_limits import MAX_HIDDEN, MAX_REPEATS
 from ..devices import device_arg, resolved
 from ..errors import UsageError
 from .registry import SUITE_NAMES
@@ -68,8 +68,10 @@ def register(subparsers) -> None:
                    help="CPU/CI mode: tiny catalogs (codebook 32), small hidden sizes, batches 1,2, beam 4, "
                         "3 repeats; every code path still runs")
     p.add_argument("--seed", type=whole(0), default=0, help="seed of catalogs, heads and hidden states (default 0)")
-    p.add_argument("--repeats", type=whole(1), default=None, help="timed runs per measurement (default 30; quick 3)")
-    p.add_argument("--warmup", type=whole(0), default=None, help="untimed runs before timing (default 5; quick 1)")
+    p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=None,
+                   help="timed runs per measurement (default 30; quick 3)")
+    p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=None,
+                   help="untimed runs before timing (default 5; quick 1)")
     p.add_argument("--budget-s", type=seconds(), default=None, metavar="S",
                    help="stop starting new measurements after S seconds (what finished is kept)")
     p.add_argument("--suite-budgets", default=None, metavar="SUITE=S,…",

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from ..arg_types import seconds, whole, wholes
+from ..decode.work_limits import MAX_REPEATS
 from ..devices import device_arg, resolved
 from .e2e import (CATALOGS, DTYPE_FIELDS, DTYPES, METHODS, MODELS, T5_ONLY, E2EConfig, Workbench, build_catalog,
                   catalog_label)
@@ -48,10 +49,11 @@ def register(subparsers) -> None:
     p.add_argument("--beam", type=wholes(1), default=None, help="beam widths (default 32,128,256)")
     p.add_argument("--items", type=whole(1), default=None, metavar="N",
                    help="SIDs of every catalog (default: 1e6 tiger, 2e7 search)")
-    p.add_argument("--repeats", type=whole(1), default=None, help="timed runs per measurement (default 20; quick 2)")
-    p.add_argument("--hf-repeats", type=whole(1), default=None,
+    p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=None,
+                   help="timed runs per measurement (default 20; quick 2)")
+    p.add_argument("--hf-repeats", type=whole(1, MAX_REPEATS), default=None,
                    help="timed runs of the HF methods (default 3; quick 1)")
-    p.add_argument("--warmup", type=whole(0), default=None, help="untimed runs first (default 2; quick 1)")
+    p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=None, help="untimed runs first (default 2; quick 1)")
     p.add_argument("--budget-s", type=seconds(), default=None, metavar="S",
                    help="start no new measurement after S seconds (shared out between models and catalogs)")
     p.add_argument("--seed", type=whole(0), default=0, help="seed of the catalogs, models and requests (default 0)")

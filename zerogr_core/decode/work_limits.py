@@ -25,6 +25,11 @@ MAX_BEAMS = 65_536
 #: (16,384), so a typo cannot ask for heads of gigabytes.
 MAX_HIDDEN = 65_536
 
+#: Most timed (or untimed warm-up) runs per measurement a benchmark command takes: a
+#: measurement's runs are not interrupted by ``--budget-s``, so a typo (``--repeats 1e9``) would
+#: run for days; 10,000 is some 300 times the default of 30.
+MAX_REPEATS = 10_000
+
 
 def check_beams(batches, beams, flags: str = "--batch × --beam") -> None:
     """Refuse a command whose largest decode would hold more than :data:`MAX_BEAMS` beams.
