@@ -96,6 +96,16 @@ def test_malformed_file_is_one_line_error(tmp_path):
     assert str(tmp_path) in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("name, text", [("movies.csv", "id,name,kind\n1,Heat (1995),Drama\n"),
+                                        ("ratings.csv", "user,item,time\n1,1,100\n")])
+def test_a_header_of_other_names_is_refused_not_read_by_position(tmp_path, name, text):
+    # as many typed columns as the file has: Polars applied the types (and names) by position
+    write_latest(tmp_path)
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ZeroGRError, match=f"{name}: missing column"):
+        load_movielens(tmp_path)
+
+
 def test_bundled_copy_is_complete():
     assert detect_layout(BUNDLED_DIR) == "ml-latest-small"
     readme = (BUNDLED_DIR / "README.txt").read_text(encoding="utf-8")

@@ -264,14 +264,10 @@ def load_movielens(directory: str | Path | None = None) -> MovieLens:
 
 # ---------------------------------------------------------------------------- readers
 def _read_latest(movies_path: Path, ratings_path: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
-    movies = pl.read_csv(movies_path, schema_overrides={"movieId": pl.Int64, "title": pl.Utf8,
-                                                        "genres": pl.Utf8})
-    _require_columns(movies, ("movieId", "title", "genres"), movies_path)
+    movies = _read_named(movies_path, {"movieId": pl.Int64, "title": pl.Utf8, "genres": pl.Utf8})
     movies = movies.select(pl.col("movieId").alias("movie"), pl.col("title"),
                            pl.col("genres").str.split("|").alias("genres"))
-    ratings = pl.read_csv(ratings_path, schema_overrides={"userId": pl.Int64, "movieId": pl.Int64,
-                                                          "timestamp": pl.Int64})
-    _require_columns(ratings, ("userId", "movieId", "timestamp"), ratings_path)
+    ratings = _read_named(ratings_path, {"userId": pl.Int64, "movieId": pl.Int64, "timestamp": pl.Int64})
     ratings = ratings.select(pl.col("userId").alias("user"), pl.col("movieId").alias("movie"),
                              pl.col("timestamp"))
     return movies, ratings
@@ -314,6 +310,16 @@ def _read_100k(movies_path: Path, ratings_path: Path) -> tuple[pl.DataFrame, pl.
     if ratings.width != 4:
         raise ZeroGRError(f"{ratings_path}: expected 4 tab-separated fields, got {ratings.width}")
     return movies, ratings.select("user", "movie", "timestamp")
+
+
+def _read_named(path: Path, dtypes: dict) -> pl.DataFrame:
+    """A CSV file with a header holding (at least) the columns of ``dtypes``, read with those types.
+
+    The header is checked first: given as many types as the file has columns, Polars applies them
+    by position, so a file of other column names (``id,name,kind``) was read as if it had these.
+    """
+    _require_columns(pl.read_csv(path, n_rows=0), tuple(dtypes), path)
+    return pl.read_csv(path, schema_overrides=dtypes)
 
 
 def _require_columns(frame: pl.DataFrame, columns: tuple[str, ...], path: Path) -> None:
