@@ -15,16 +15,33 @@ from zerogr_core.app_support.messages import one_line
 from zerogr_core.app_support.sources import app_settings
 
 LIVE_KEY = "bench_live_records"
+RECORDED_KEY = "bench_recorded_view"
 
 
 def show_records(records: list[dict], prefix: str) -> None:
     """The headline table, then one tab per figure, each titled with the question it answers."""
-    table = benchview.headline_table(records)
+    show_view(benchview.headline_table(records), benchview.figures_of(records), prefix)
+
+
+def recorded_view() -> tuple[list[dict], list[dict], list]:
+    """``(files, table, figures)`` of the recorded results, read and drawn once per session while the
+    result files stay as they are (drawing the figures took 0.8 s of every visit to this page)."""
+    key = benchview.signature()
+    kept = st.session_state.get(RECORDED_KEY)
+    if kept is None or kept[0] != key:
+        with st.spinner("Reading the recorded results and drawing their figures…"):
+            records = benchview.load_records()
+            kept = (key, benchview.result_files(), benchview.headline_table(records), benchview.figures_of(records))
+        st.session_state[RECORDED_KEY] = kept
+    return kept[1:]
+
+
+def show_view(table: list[dict], figures: list, prefix: str) -> None:
+    """:func:`show_records` of a table and figures already built."""
     if table:
         st.markdown("**Whole-decode latency (ms, median) and speedup**")
         st.dataframe(benchview.unmeasured_as_dash(table), hide_index=True)
         st.caption("— : not measured at that shape.")
-    figures = benchview.figures_of(records)
     drawable = [(title, fig) for title, fig in figures if not isinstance(fig, Exception)]
     for title, fig in figures:
         if isinstance(fig, Exception):
@@ -38,7 +55,7 @@ def show_records(records: list[dict], prefix: str) -> None:
 
 
 def recorded_section(live: bool) -> None:
-    files = benchview.result_files()
+    files, table, figures = recorded_view()
     if not files:
         st.warning("No recorded results in `runs/results/` yet. Run `python -m zerogr_core bench` on a GPU "
                    "machine to produce them.")
@@ -51,8 +68,7 @@ def recorded_section(live: bool) -> None:
                 "committed under `runs/results/`.", icon=":material/folder:")
     else:
         st.caption(f"Recorded results: {', '.join(gpus)} ({when}).")
-    with st.spinner("Reading the recorded results and drawing their figures…"):
-        show_records(benchview.load_records(), "bench_fig_rec")
+    show_view(table, figures, "bench_fig_rec")
     with st.expander("Where these numbers come from: the result files and the commands that wrote them"):
         st.dataframe(pd.DataFrame(files), hide_index=True, column_config={
             "command": st.column_config.TextColumn(width="large")})

@@ -92,6 +92,29 @@ def test_benchmarks_page_shows_recorded_results(tmp_path, monkeypatch):
     assert at.dataframe[0].value["gpu"][0] == "NVIDIA H200"
 
 
+def test_benchmarks_page_draws_once_per_session_until_a_result_file_changes(tmp_path, monkeypatch):
+    doc = dict(format="zerogr-bench/1", env=dict(gpu="NVIDIA H200"), records=[dict(method="zerogr", batch=1)])
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(benchview, "RESULTS_DIR", tmp_path)
+    drawn = []
+    real = benchview.figures_of
+    monkeypatch.setattr(benchview, "figures_of", lambda records: drawn.append(len(records)) or real(records))
+    at = new_app().run()
+    open_page(at, "benchmarks")
+    at.run()
+    open_page(at, "catalog")
+    open_page(at, "benchmarks")
+    assert drawn == [1]
+    doc["records"].append(dict(method="static", batch=1))
+    (tmp_path / "run.json").write_text(json.dumps(doc))  # a new size: the file changed
+    at.run()
+    assert_clean(at)
+    assert drawn == [1, 2]
+    other = new_app().run()  # another session draws its own
+    open_page(other, "benchmarks")
+    assert drawn == [1, 2, 2]
+
+
 def test_benchmarks_page_without_results(tmp_path, monkeypatch):
     monkeypatch.setattr(benchview, "RESULTS_DIR", tmp_path / "empty")
     at = new_app().run()

@@ -36,6 +36,23 @@ def result_files(folder: str | Path | None = None) -> list[dict]:
     return rows
 
 
+def signature(folder: str | Path | None = None) -> tuple:
+    """What the result files under ``folder`` (default :data:`RESULTS_DIR`) are now: each one's
+    path, size and modification time. A page keeps what it drew from the files while this stays
+    the same, and reads them again when a run adds or rewrites one."""
+    folder = Path(folder if folder is not None else RESULTS_DIR)
+    if not folder.exists():
+        return ()
+    out = []
+    for file in sorted(folder.rglob("*.json")):
+        try:
+            stat = file.stat()
+        except OSError:
+            continue
+        out.append((str(file.relative_to(folder)), stat.st_size, stat.st_mtime_ns))
+    return tuple(out)
+
+
 def load_records(folder: str | Path | None = None) -> list[dict]:
     """Every record under ``folder`` (default :data:`RESULTS_DIR`), via
     :func:`zerogr_core.bench.load_results`."""
