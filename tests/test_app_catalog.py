@@ -44,6 +44,34 @@ def test_catalog_bundled_samples(name, items, levels):
     assert len(steps) == levels and "share of tokens valid" in steps.columns
 
 
+def test_declared_codebook_sizes_of_a_sample_are_bounded_before_it_loads():
+    """A sample's declared sizes were not checked against the load limits: 3 × 2,000,000,000 on tiny loaded
+    (an index page of '180,000,000.0 TB' STATIC-style bytes); now refused, in one line, as an upload's are."""
+    at = new_app(cat_sample="tiny").run()
+    at.text_input(key="cat_codebooks").set_value("2000000000 2000000000 2000000000").run()
+    assert_clean(at)
+    assert errors(at) == ["Tiny: level 1 has a codebook of 2,000,000,000 tokens, over the limit of 65,536 (the index "
+                          "keeps a slot per token for every prefix)"]
+    assert metrics(at)["Tokens per level"] == "3 × 4"  # the sample as loaded before
+
+
+@pytest.mark.skipif(not movielens.available(), reason="the bundled MovieLens checkpoint is missing")
+def test_declared_codebook_sizes_apply_to_the_movielens_catalog():
+    """They were ignored: '256, 256' on the 4-level catalog said 'Loaded' and showed its own sizes."""
+    at = new_app().run()
+    at.text_input(key="cat_codebooks").set_value("256, 256").run()
+    assert_clean(at)
+    assert errors(at) == ["MovieLens SID catalog, column 'codebook_sizes': the SIDs have 4 levels, the codebook "
+                          "sizes 256/256 have 2"]
+    at.text_input(key="cat_codebooks").set_value("256 256 256 256").run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    assert metrics(at)["Tokens per level"] == "4 × 256" and metrics(at)["Items"] == "9,742"
+    at.text_input(key="cat_codebooks").set_value("70000 256 256 256").run()
+    assert errors(at) == ["MovieLens SID catalog: level 1 has a codebook of 70,000 tokens, over the limit of 65,536 "
+                          "(the index keeps a slot per token for every prefix)"]
+
+
 def _parquet_bytes(frame: pl.DataFrame) -> bytes:
     buf = io.BytesIO()
     frame.write_parquet(buf)

@@ -411,8 +411,9 @@ def server_file_source(path_text: str, roots: Sequence[Path] | None = None, **op
 def load_source(source: CatalogSource, limits: LoadLimits | None = None) -> Catalog:
     """Read and validate the catalog of ``source``.
 
-    Uploads and server files are bounded by ``limits`` (default :func:`app_settings`'s);
-    errors about a server file name row and column but never quote the file.
+    Uploads and server files are bounded by ``limits`` (default :func:`app_settings`'s), as
+    are codebook sizes declared for a bundled sample (the MovieLens catalog is laid out in
+    them too); errors about a server file name row and column but never quote the file.
 
     Raises
     ------
@@ -420,10 +421,23 @@ def load_source(source: CatalogSource, limits: LoadLimits | None = None) -> Cata
         Any catalog problem (one line naming file, row and column), or a missing bundled model.
     """
     if source.kind == "sample":
+        if source.codebook_sizes is not None:
+            # Declared sizes are the user's, not the sample's: bounded as a file's are, before any work.
+            limits = app_settings().limits if limits is None else limits
+            limits.check_shape(len(source.codebook_sizes), source.codebook_sizes, source.label)
         if source.name == MOVIELENS:
             from ..recsys.movielens import bundled_catalog
 
-            return bundled_catalog()
+            catalog = bundled_catalog()
+            if source.codebook_sizes is None:
+                return catalog
+            # The recommender's own catalog has no file to declare sizes for: its SIDs are laid
+            # out again in the declared codebooks (the bundled model is then not offered).
+            try:
+                return Catalog.from_sids(catalog.sids, source.codebook_sizes, item_ids=catalog.item_ids,
+                                         titles=catalog.titles, on_duplicate=source.on_duplicate, name=catalog.name)
+            except CatalogError as err:
+                raise err.with_source(source.label) from None
         from ..catalog.samples import open_catalog
 
         return open_catalog(source.name, codebook_sizes=source.codebook_sizes, on_duplicate=source.on_duplicate)
