@@ -376,8 +376,10 @@ def show_history_hits(res: dict, cfg: dict) -> None:
 
 def show_results(catalog, source, res: dict) -> None:
     cfg, runs = res["cfg"], res["runs"]
-    # K never exceeds the beam, nor the catalog (a list of 12 items cannot fill a top-20).
-    limit = max(1, min(cfg["beam"], catalog.n_items))
+    # K never exceeds the longest list either order returned: a list of 12 items (a small catalog or
+    # item set) cannot fill a top-20, and overlap@K would count the empty places as disagreement.
+    filled = max(int((run.result.item_rows >= 0).sum(dim=1).max()) for run in runs.values())
+    limit = max(1, min(cfg["beam"], filled))
     k = min(int(st.session_state.get("dec_k", 10)), limit)
     ks = sorted(set(k_values(limit) + [k]))
     metrics = comparison(runs["filter-first"], runs["score-first"], ks, res["targets"])

@@ -283,6 +283,21 @@ def test_decode_restricted_to_the_cold_start_items():
     assert not np.isin(rows, expected).all()
 
 
+def test_overlap_is_measured_at_most_at_the_length_of_the_lists():
+    """A cold set of one item and K = 4: the page said 'overlap@4 25.0 %' beside 'Requests whose top-4 differs
+    0 %' (the three empty places of each list counted as disagreement); now K is the lists' length, 1."""
+    at = new_app(cat_sample="tiny").run()
+    at = open_page(at, "decode", dec_beam=4, dec_batch=2, dec_hidden=8, dec_timing="quick", dec_k=4,
+                   dec_item_set="cold", dec_cold_share=0.01)
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    for run in at.session_state["decode_runs"]["runs"].values():
+        assert ((run.result.item_rows >= 0).sum(dim=1) == 1).all()  # one item in the set
+    shown = metrics(at)
+    assert shown["Lists that agree (overlap@1)"] == "100.0 %" and shown["Requests whose top-1 differs"] == "0 %"
+
+
 @needs_movielens
 @pytest.mark.reference_kernels  # the CPU deployment's path (the interpreted list kernel is slow)
 def test_decode_the_bundled_model_on_cold_items_with_each_history_excluded():
