@@ -35,7 +35,7 @@ def test_rebuild_page_live_changes_keep_every_request_valid():
     at.session_state["cat_sample"] = "search-like-small"
     at.run()
     at.switch_page("pages/rebuild.py")
-    for key, value in dict(live_seconds=1.0, live_every=0.25, live_share=2.0).items():
+    for key, value in dict(reb_live_seconds=1.0, reb_live_every=0.25, reb_live_share=2.0).items():
         at.session_state[key] = value
     at.run()
     at.button(key="btn_live_run").click().run()

@@ -161,6 +161,28 @@ def test_rebuild_page():
     assert len(at.get("plotly_chart")) == 2
 
 
+def test_every_setting_keeps_its_value_across_pages():
+    """The Rebuild page's live-change settings had keys outside PERSISTENT_PREFIXES: 0.5 s / 0.1 s / 10 % set,
+    another page opened, and back they read 3 s / 1 s / 1 % beside the result they ran. Now every widget with
+    a value (buttons and the uploader have none to keep) is kept, on every page."""
+    from pages._common import PERSISTENT_PREFIXES
+
+    at = new_app(cat_sample="tiny").run()
+    for name in ("catalog", "density", "index", "decode", "benchmarks", "gpu", "rebuild"):
+        open_page(at, name, den_beam=4, den_batch=2)
+        for kind in ("number_input", "text_input", "selectbox", "radio", "checkbox", "slider", "text_area"):
+            for widget in at.get(kind):
+                assert widget.key and widget.key.startswith(PERSISTENT_PREFIXES), (name, kind, widget.key)
+    settings = dict(reb_live_seconds=0.5, reb_live_every=0.1, reb_live_share=10.0)
+    for key, value in settings.items():
+        at.number_input(key=key).set_value(value)
+    at.run()
+    open_page(at, "catalog")
+    open_page(at, "rebuild")
+    assert_clean(at)
+    assert {key: at.number_input(key=key).value for key in settings} == settings
+
+
 # ---------------------------------------------------------------------------- the guard
 @pytest.mark.parametrize("exc,shown", [
     (RuntimeError("kaboom\nwith a second line"), "Something went wrong: RuntimeError: kaboom."),
