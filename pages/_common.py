@@ -41,9 +41,10 @@ def device() -> torch.device:
     return torch.device("cuda") if gpu_info.has_gpu() else torch.device("cpu")
 
 
-def check_work(catalog, batch: int, beam: int) -> None:
-    """Refuse, in one line, a decode of ``batch`` × ``beam`` on ``catalog`` too large for this machine."""
-    work_limits(gpu_info.has_gpu()).check_decode(batch, beam, catalog.codebook_sizes)
+def check_work(catalog, batch: int, beam: int, hidden: int | None = None) -> None:
+    """Refuse, in one line, a decode of ``batch`` × ``beam`` on ``catalog`` (of random requests of
+    ``hidden`` values, where the page chose them) too large for this machine."""
+    work_limits(gpu_info.has_gpu()).check_decode(batch, beam, catalog.codebook_sizes, hidden)
 
 
 def check_model(name: str, params: int) -> None:

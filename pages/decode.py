@@ -185,7 +185,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     stage-profiled decode (the top-K lists and the stage chart come from it), the invalid
     mass scoring first meets, and whole decodes timed in turns until the ranking is stable."""
     dev = device()
-    check_work(catalog, cfg["batch"], cfg["beam"])
+    check_work(catalog, cfg["batch"], cfg["beam"], cfg["hidden"])  # hidden: the random head's, else None
     spec, weights = cfg.get("llm"), None
     if cfg["model"] == QWEN3:
         check_model(spec.shape, model_params(spec, catalog.codebook_sizes))

@@ -67,7 +67,7 @@ def main() -> None:
     hidden = int(c[3].number_input("Hidden size (random head)", 8, 4096, step=8, key="den_hidden",
                                    disabled=beams_from != RANDOM))
 
-    check_work(catalog, batch, beam)
+    check_work(catalog, batch, beam, hidden if beams_from == RANDOM else None)
     stats = cached_step_stats(source, catalog)
     index = get_index(catalog, source)
     with st.spinner("Decoding a few requests to place the beams…"):

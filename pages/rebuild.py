@@ -93,11 +93,11 @@ def main() -> None:
                                       help="Small catalogs rebuild in milliseconds, shorter than one decode, so the "
                                            "rebuild repeats back to back for at least this long."))
     if st.button("Refresh and rebuild while decoding", type="primary", key="btn_reb_run"):
-        check_work(catalog, batch, beam)
+        hidden = 1024 if gpu else 64
+        check_work(catalog, batch, beam, hidden)
         bar = st.progress(0, text="Refreshing the catalog…")
         refreshed, change = refresh_catalog(catalog, add / 100, remove / 100, seed=0)
         index = get_index(catalog, source)
-        hidden = 1024 if gpu else 64
         inputs = decode_inputs(catalog, dev, bundled=False, batch=batch, seed=0, hidden=hidden,
                                dtype="float16" if gpu else "float32")
         heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn

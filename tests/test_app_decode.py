@@ -283,6 +283,26 @@ def test_decode_restricted_to_the_cold_start_items():
     assert not np.isin(rows, expected).all()
 
 
+@pytest.mark.parametrize("page,state,expected", [
+    ("decode", dict(dec_beam=1024, dec_batch=1024, dec_hidden=64), "1,048,576 beams per decode, over the limit"),
+    ("decode", dict(dec_beam=1024, dec_batch=64, dec_hidden=8192), "hidden-state values per step, over this"),
+    ("density", dict(den_beam=1024, den_batch=256, den_hidden=4096), "262,144 beams per decode, over the limit"),
+    ("rebuild", dict(reb_beam=1024, reb_batch=1024), "1,048,576 beams per decode, over the limit"),
+])
+def test_beams_and_hidden_states_are_bounded_on_a_small_catalog(page, state, expected):
+    """On the 12-item catalog, 1,024 × 1,024 beams of hidden size 8,192 passed the logits check (12 tokens a beam)
+    and the random head asked for 34 GB: 'Something went wrong: RuntimeError: ... can't allocate memory'. Now a
+    one-line refusal naming the batch, the beam width and the hidden size, before any work."""
+    at = open_page(new_app(cat_sample="tiny").run(), page, dec_timing="quick", **state)
+    button = {"decode": "btn_dec_run", "rebuild": "btn_reb_run"}.get(page)
+    if button:
+        at.button(key=button).click().run()
+    assert_clean(at)
+    msgs = errors(at)
+    assert len(msgs) == 1 and expected in msgs[0], msgs
+    assert "decode_runs" not in at.session_state and "rebuild_report" not in at.session_state
+
+
 def test_overlap_is_measured_at_most_at_the_length_of_the_lists():
     """A cold set of one item and K = 4: the page said 'overlap@4 25.0 %' beside 'Requests whose top-4 differs
     0 %' (the three empty places of each list counted as disagreement); now K is the lists' length, 1."""

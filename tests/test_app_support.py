@@ -439,6 +439,23 @@ def test_work_limits_refuse_in_one_line_and_read_the_environment():
         work_limits(False, {"ZEROGR_MAX_DECODE_LOGITS": "many"})
 
 
+def test_work_limits_bound_the_beams_and_the_hidden_states_whatever_the_catalog():
+    """A 12-item catalog let 1,024 × 1,024 beams of hidden size 8,192 through the logits check (12 tokens a beam),
+    and the random head then asked for 34,359,738,368 bytes; now the beams and the hidden values are bounded."""
+    from zerogr_core.decode.work_limits import MAX_BEAMS, work_limits
+
+    limits = work_limits(False, {})
+    limits.check_decode(64, MAX_BEAMS // 64, (4, 4, 4), hidden=64)  # at both limits: allowed
+    with pytest.raises(ZeroGRError, match=r"^batch 1,024 × beam 1,024 is 1,048,576 beams per decode, over the limit "
+                                          r"of 65,536 .*: lower the batch or the beam width$"):
+        limits.check_decode(1024, 1024, (4, 4, 4))
+    with pytest.raises(ZeroGRError, match=r"^batch 64 × beam 1,024 × hidden size 8,192 is 536,870,912 hidden-state "
+                                          r"values per step, over this machine's limit of 400,000,000: lower the "
+                                          r"batch, the beam width or the hidden size$"):
+        limits.check_decode(64, 1024, (4, 4, 4), hidden=8192)
+    limits.check_decode(64, 1024, (4, 4, 4))  # a model's own states (hidden not chosen): the beams bound them
+
+
 def test_model_limits_refuse_the_1_7b_shape_on_a_cpu_and_read_the_environment():
     from zerogr_core.decode.work_limits import work_limits
     from zerogr_core.app_support.llm_model import LLMSpec, model_params

@@ -66,7 +66,8 @@ class WorkLimits:
     ----------
     max_logits : int
         Logits one scoring-first decode computes, batch × beam × Σ_l |V_l|: the larger
-        of the two orders' work, and what a run's latency and memory grow with.
+        of the two orders' work, and what a run's latency and memory grow with. It also
+        bounds the hidden-state values of one step, batch × beam × hidden size.
     max_model_params : int
         Parameters in a model's layers (every token's forward multiplies by all of them):
         what a language-model-sized recommender's prefill and steps grow with.
@@ -94,7 +95,7 @@ class WorkLimits:
                               f"{self.max_model_params:,} (one decode would run for minutes): pick a smaller shape "
                               f"or run the app on a GPU")
 
-    def check_decode(self, batch: int, beam: int, codebook_sizes: Sequence[int]) -> None:
+    def check_decode(self, batch: int, beam: int, codebook_sizes: Sequence[int], hidden: int | None = None) -> None:
         """Refuse a decode of ``batch`` requests × ``beam`` beams over ``codebook_sizes`` that is over the limit.
 
         Parameters
@@ -102,17 +103,33 @@ class WorkLimits:
         batch, beam : int
         codebook_sizes : sequence of int
             |V_l| per level of the catalog.
+        hidden : int, optional
+            Hidden size of the requests' states, where the client chose it (a random head).
 
         Raises
         ------
         ZeroGRError
-            One line with the work asked for, the limit and what to lower.
+            One line with the work asked for, the limit and what to lower: more than
+            :data:`MAX_BEAMS` beams (the commands' limit: beam slots are allocated whatever the
+            catalog, so a small catalog does not make a million beams cheap), more logits than
+            :attr:`max_logits`, or more hidden-state values per step (batch × beam × hidden,
+            counted against the same budget) than that.
         """
-        logits = int(batch) * int(beam) * int(sum(codebook_sizes))
+        beams = int(batch) * int(beam)
+        if beams > MAX_BEAMS:
+            raise ZeroGRError(f"batch {batch:,} × beam {beam:,} is {beams:,} beams per decode, over the limit of "
+                              f"{MAX_BEAMS:,} (every beam holds a hidden state, and a model's cache grows with the "
+                              f"beams, whatever the catalog): lower the batch or the beam width")
+        logits = beams * int(sum(codebook_sizes))
         if logits > self.max_logits:
             raise ZeroGRError(f"batch {batch:,} × beam {beam:,} × {sum(codebook_sizes):,} tokens over all levels is "
                               f"{logits:,} logits per decode, over this machine's limit of {self.max_logits:,} (a "
                               f"running decode cannot be stopped half-way): lower the batch or the beam width")
+        values = beams * int(hidden or 0)
+        if values > self.max_logits:
+            raise ZeroGRError(f"batch {batch:,} × beam {beam:,} × hidden size {hidden:,} is {values:,} hidden-state "
+                              f"values per step, over this machine's limit of {self.max_logits:,}: lower the batch, "
+                              f"the beam width or the hidden size")
 
 
 #: Named presets: a CPU runs the PyTorch reference (about 10^8 logits a second on one
