@@ -15,7 +15,7 @@ from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.recsys import beauty, movielens
 from zerogr_core.decode.work_limits import work_limits
 from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
-from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
+from zerogr_core.app_support.resources import ResourceSlots, is_host_out_of_memory, is_out_of_memory
 from zerogr_core.app_support.messages import one_line
 from zerogr_core.app_support.sources import (CatalogSource, default_source, load_source, restage_upload,
                                              sample_source)
@@ -213,9 +213,11 @@ def guarded(body: Callable[[], None]) -> None:
     except Exception as err:  # noqa: BLE001 — the app must keep running
         if is_out_of_memory(err):
             released = slots().drop_all()
-            st.error("Out of memory: the GPU could not hold this run. Try a smaller batch or beam width, a "
+            host = is_host_out_of_memory(err)
+            where, what = ("this machine's memory", "objects") if host else ("the GPU", "GPU objects")
+            st.error(f"Out of memory: {where} could not hold this run. Try a smaller batch or beam width, a "
                      "smaller hidden size or dtype, or a smaller catalog (a dense step override can also be "
-                     f"large). Cached GPU objects were released ({released}) so the next run starts clean.",
+                     f"large). Cached {what} were released ({released}) so the next run starts clean.",
                      icon=":material/memory:")
         else:
             log.error("unexpected error in a page:\n%s", traceback.format_exc())

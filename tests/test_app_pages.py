@@ -188,6 +188,10 @@ def test_every_setting_keeps_its_value_across_pages():
     (RuntimeError("kaboom\nwith a second line"), "Something went wrong: RuntimeError: kaboom."),
     (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)("CUDA out of memory. Tried to allocate 80 GiB"),
      "Out of memory: the GPU could not hold this run. Try a smaller batch or beam width"),
+    # torch's host allocator: was 'Something went wrong: RuntimeError: [enforce fail at alloc_cpu.cpp:127] …'
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                  "tried to allocate 34359738368 bytes. Error code 12 (Cannot allocate memory)"),
+     "Out of memory: this machine's memory could not hold this run. Try a smaller batch or beam width"),
 ])
 def test_errors_become_a_short_box_never_a_stack_trace(monkeypatch, exc, shown):
     import zerogr_core.app_support.density as density

@@ -18,7 +18,7 @@ from zerogr_core.app_support.density import beam_weighted_density, histogram_cou
 from zerogr_core.app_support.profile import STAGES, comparison, k_values, profiled_decode
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
 from zerogr_core.decode.random_requests import random_heads, random_hidden_fn
-from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory, release_object
+from zerogr_core.app_support.resources import ResourceSlots, is_host_out_of_memory, is_out_of_memory, release_object
 from zerogr_core.app_support.sources import (CatalogSource, load_source, parse_codebook_sizes, sample_source,
                                              server_file_source, stage_upload)
 from zerogr_core.catalog.samples import tiny_catalog
@@ -91,6 +91,10 @@ def test_is_out_of_memory():
     assert is_out_of_memory(oom("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_out_of_memory(RuntimeError("CUDA error: out of memory"))
     assert not is_out_of_memory(ValueError("bad value"))
+    host = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                        "you tried to allocate 34359738368 bytes. Error code 12 (Cannot allocate memory)")
+    assert is_out_of_memory(host) and is_host_out_of_memory(host) and is_host_out_of_memory(MemoryError())
+    assert not is_host_out_of_memory(oom("CUDA out of memory")) and not is_host_out_of_memory(ValueError("x"))
 
 
 # ---------------------------------------------------------------------------- sources

@@ -124,11 +124,24 @@ class ResourceSlots:
             return list(self._items)
 
 
+#: How torch's host allocator words a failed allocation ("DefaultCPUAllocator: can't allocate memory: you
+#: tried to allocate 34359738368 bytes"): a RuntimeError that never says "out of memory".
+HOST_ALLOCATOR_FAILURE = "can't allocate memory"
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is a CUDA (or host allocator) out-of-memory error."""
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     if oom is not None and isinstance(exc, oom):
         return True
-    text = str(exc)
+    text = str(exc).lower()
     return isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in text.lower() or isinstance(exc, MemoryError))
+        "out of memory" in text or HOST_ALLOCATOR_FAILURE in text or isinstance(exc, MemoryError))
+
+
+def is_host_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an out-of-memory error of the host's memory rather than a GPU's."""
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if (oom is not None and isinstance(exc, oom)) or "cuda" in str(exc).lower():
+        return False
+    return is_out_of_memory(exc)
