@@ -487,7 +487,13 @@ def main() -> None:
                    "Press **Run both orders** to run it again.")
     if st.button("Run both orders", type="primary", key="btn_dec_run"):
         st.session_state[PENDING_KEY] = cfg
-        st.session_state["decode_runs"] = run_comparison(catalog, source, cfg)
+        try:
+            st.session_state["decode_runs"] = run_comparison(catalog, source, cfg)
+        except Exception:
+            # A refused or failed run is the guard's to report, not a run cut short: only Streamlit's
+            # stop when the page is left (a BaseException) may leave the marker behind.
+            st.session_state.pop(PENDING_KEY, None)
+            raise
         st.session_state.pop(PENDING_KEY, None)
     res = st.session_state.get("decode_runs")
     if res is None:

@@ -176,6 +176,21 @@ def test_decode_says_when_a_run_was_interrupted():
     assert not any("interrupted" in w.value for w in at.warning)  # said once
 
 
+def test_a_refused_run_is_not_called_interrupted():
+    """A run refused in one line (a context that does not fit the shape, a decode over the work limit) left the
+    pending marker behind: the next rerun warned 'The last decode was interrupted (the page was left before it
+    finished)', though the page was never left. Now the refusal is all the page says."""
+    qwen3 = "Qwen3 architecture, LLM scale (random weights: latency only, overlap is meaningless)"
+    at = open_page(new_app(cat_sample="tiny").run(), "decode", dec_model=qwen3, dec_context=4094, dec_beam=2,
+                   dec_batch=1, dec_timing="quick")
+    at.button(key="btn_dec_run").click().run()
+    assert len(errors(at)) == 1 and "context length: 4,094 tokens do not fit" in errors(at)[0], errors(at)
+    assert "decode_pending" not in at.session_state
+    at.run()
+    assert_clean(at)
+    assert not any("interrupted" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
 def test_two_sessions_on_different_catalogs_keep_their_own_index():
     # Two browser sessions alive at once, their runs interleaved (AppTest runs one script at a
     # time per process, so the sessions take turns as a server's threads would).
