@@ -47,9 +47,12 @@ def check_work(catalog, batch: int, beam: int, hidden: int | None = None) -> Non
     work_limits(gpu_info.has_gpu()).check_decode(batch, beam, catalog.codebook_sizes, hidden)
 
 
-def check_model(name: str, params: int) -> None:
-    """Refuse, in one line, a model of ``params`` layer parameters too large for this machine."""
-    work_limits(gpu_info.has_gpu()).check_model(name, params)
+def check_model(name: str, params: int, batch: int, context: int) -> None:
+    """Refuse, in one line, a model of ``params`` layer parameters, or a prefill of ``batch`` contexts of
+    ``context`` tokens, too large for this machine."""
+    limits = work_limits(gpu_info.has_gpu())
+    limits.check_model(name, params)
+    limits.check_prefill(batch, context)
 
 
 def cpu_banner(what: str = "") -> None:

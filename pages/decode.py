@@ -188,7 +188,7 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     check_work(catalog, cfg["batch"], cfg["beam"], cfg["hidden"])  # hidden: the random head's, else None
     spec, weights = cfg.get("llm"), None
     if cfg["model"] == QWEN3:
-        check_model(spec.shape, model_params(spec, catalog.codebook_sizes))
+        check_model(spec.shape, model_params(spec, catalog.codebook_sizes), cfg["batch"], spec.context)
     index = get_index(catalog, source)
     gpu_info.reset_peak()
     with st.status("Comparing the two orders…", expanded=True) as status:

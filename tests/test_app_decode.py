@@ -191,6 +191,17 @@ def test_a_refused_run_is_not_called_interrupted():
     assert not any("interrupted" in w.value for w in at.warning), [w.value for w in at.warning]
 
 
+def test_a_prefill_over_the_token_limit_is_refused_before_any_work():
+    # 128 contexts of 4,000 tokens: 512,000 tokens, twice the limit (about 6 s and 3 GB for the tiny shape on a CPU)
+    qwen3 = "Qwen3 architecture, LLM scale (random weights: latency only, overlap is meaningless)"
+    at = open_page(new_app(cat_sample="tiny").run(), "decode", dec_model=qwen3, dec_context=4000, dec_beam=2,
+                   dec_batch=128, dec_timing="quick")
+    at.button(key="btn_dec_run").click().run()
+    assert errors(at) == ["batch 128 × context 4,000 is 512,000 context tokens to prefill, over the limit of "
+                          "262,144: lower the batch or the context"], errors(at)
+    assert "decode_runs" not in at.session_state
+
+
 def test_two_sessions_on_different_catalogs_keep_their_own_index():
     # Two browser sessions alive at once, their runs interleaved (AppTest runs one script at a
     # time per process, so the sessions take turns as a server's threads would).

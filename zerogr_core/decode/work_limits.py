@@ -71,13 +71,18 @@ class WorkLimits:
     max_model_params : int
         Parameters in a model's layers (every token's forward multiplies by all of them):
         what a language-model-sized recommender's prefill and steps grow with.
+    max_prefill_tokens : int
+        Context tokens one prefill runs, batch × context: what its time and the context cache
+        grow with (262,144, 32 times the 8 × 1,000 of SID-GR's shapes, takes some 3 s for the tiny
+        Qwen3 shape on a CPU, and 30 GB of cache for the 1.7B shape on a GPU).
     """
 
     max_logits: int
     max_model_params: int = 10**11
+    max_prefill_tokens: int = 262_144
 
     def __post_init__(self):
-        for name in ("max_logits", "max_model_params"):
+        for name in ("max_logits", "max_model_params", "max_prefill_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ZeroGRError(f"work limit {name} must be a positive whole number, got {value!r}")
@@ -94,6 +99,19 @@ class WorkLimits:
             raise ZeroGRError(f"model {name}: {int(params):,} parameters in its layers, over this machine's limit of "
                               f"{self.max_model_params:,} (one decode would run for minutes): pick a smaller shape "
                               f"or run the app on a GPU")
+
+    def check_prefill(self, batch: int, context: int) -> None:
+        """Refuse a prefill of ``batch`` contexts of ``context`` tokens that is over the limit.
+
+        Raises
+        ------
+        ZeroGRError
+            One line with the tokens asked for, the limit and what to lower.
+        """
+        tokens = int(batch) * int(context)
+        if tokens > self.max_prefill_tokens:
+            raise ZeroGRError(f"batch {batch:,} × context {context:,} is {tokens:,} context tokens to prefill, over "
+                              f"the limit of {self.max_prefill_tokens:,}: lower the batch or the context")
 
     def check_decode(self, batch: int, beam: int, codebook_sizes: Sequence[int], hidden: int | None = None) -> None:
         """Refuse a decode of ``batch`` requests × ``beam`` beams over ``codebook_sizes`` that is over the limit.
