@@ -67,7 +67,7 @@ class ItemSet:
     def describe(self, n_items: int, catalog_items: int) -> str:
         if not self.restricted:
             return "all items"
-        return (f"{n_items:,} cold-start items ({100 * n_items / catalog_items:.2g} % of the catalog's "
+        return (f"{n_items:,} cold-start item{'' if n_items == 1 else 's'} ({100 * n_items / catalog_items:.2g} % of the catalog's "
                 f"{catalog_items:,}, seed {self.seed})")
 
 
