@@ -67,8 +67,8 @@ class ItemSet:
     def describe(self, n_items: int, catalog_items: int) -> str:
         if not self.restricted:
             return "all items"
-        return (f"{n_items:,} cold-start item{'' if n_items == 1 else 's'} ({100 * n_items / catalog_items:.2g} % of the catalog's "
-                f"{catalog_items:,}, seed {self.seed})")
+        items = f"{n_items:,} cold-start item{'' if n_items == 1 else 's'}"
+        return f"{items} ({100 * n_items / catalog_items:.2g} % of the catalog's {catalog_items:,}, seed {self.seed})"
 
 
 def register_set(decoders: dict, item_set: ItemSet, catalog) -> np.ndarray | None:
