@@ -18,6 +18,7 @@ from zerogr_core.app_support.latency import (LATENCY_PROTOCOLS, PROTOCOL_LABELS,
                                              order_runs, time_orders, winner)
 from zerogr_core.app_support.profile import comparison, invalid_mass, k_values, profile_decode, steady_cpu_timing
 from zerogr_core.app_support.own_model import own_model_inputs
+from zerogr_core.app_support.messages import one_line
 from zerogr_core.app_support.item_sets import ITEM_SETS, ItemSet, decode_constraints, register_set
 from zerogr_core.app_support.llm_model import (LLM_SHAPES, LLMSpec, build_llm, llm_dtype, llm_inputs, model_params,
                                                weight_bytes)
@@ -86,9 +87,9 @@ def settings(catalog, source) -> dict:
     beam = int(c[3].number_input("Beam width M", 1, 1024, key="dec_beam"))
     c[4].number_input("K (top-K shown)", 1, 1024, key="dec_k")  # read when the results are shown
     c = st.columns([2, 1, 2, 1])
-    folder = offsets = spec = None
+    folder = offsets = spec = blocked = None
     if own:
-        folder, offsets = own_model_settings(catalog)
+        folder, offsets, blocked = own_model_settings(catalog)
     if llm:
         spec = llm_settings(gpu)
     requests = ([USERS, ONE_USER] if bundled else [RANDOM_PROMPTS] if own else [RANDOM_CONTEXTS] if llm
@@ -123,7 +124,7 @@ def settings(catalog, source) -> dict:
                 dataset=dataset if bundled else None, hidden=hidden,
                 dtype=dtype, beam=beam, batch=batch, request=request, user=user, seed=seed,
                 exclude_history=bool(exclude), timing=timing, folder=folder, offsets=offsets, llm=spec,
-                item_set=item_set)
+                item_set=item_set, blocked=blocked)
 
 
 def llm_settings(gpu: bool) -> LLMSpec:
@@ -160,8 +161,16 @@ def item_set_settings() -> ItemSet:
     return ItemSet(kind, share / 100, seed) if cold else ItemSet()
 
 
-def own_model_settings(catalog):
-    """The checkpoint folder and SID token offsets of the user's model, or (None, None) until given."""
+def own_model_settings(catalog) -> tuple:
+    """The checkpoint folder and SID token offsets of the user's model, and what keeps it from running.
+
+    Returns
+    -------
+    tuple
+        ``(folder, offsets, problem)``: ``problem`` is None when both are usable, else the one line that
+        says what to fix (shown here, by the field it names, so that a bad path does not stop the page:
+        the settings below stay and the Run button is disabled until it is fixed).
+    """
     roots = app_settings().roots
     st.caption(f"A folder written by `save_pretrained` (T5 or a causal LM) below a data folder "
                f"({', '.join(f'`{r}`' for r in roots)}), whose vocabulary holds the SID tokens. A `{OFFSETS_FILE}` "
@@ -170,14 +179,24 @@ def own_model_settings(catalog):
     path = c[0].text_input("Checkpoint folder", key="dec_model_path", placeholder=str(roots[-1] / "my_model"))
     if not path.strip():
         st.info("Give the folder of your model to decode with it.", icon=":material/folder_open:")
-        return None, None
-    folder = model_folder(path, roots)
+        return None, None, "model folder: give the folder of your model first"
+    try:
+        folder = model_folder(path, roots)
+    except ZeroGRError as err:
+        problem = one_line(str(err))
+        c[0].error(problem, icon=":material/error:")
+        return None, None, problem
     if folder.token_offsets is not None and not st.session_state.get("dec_offsets"):
         st.session_state["dec_offsets"] = ", ".join(map(str, folder.token_offsets))
     text = c[1].text_input(f"SID token offsets ({catalog.n_levels} levels)", key="dec_offsets",
                            help="Vocabulary id of token 0 of each SID level: level ℓ's token t is id "
                                 "offset[ℓ] + t.")
-    return folder, parse_offsets(text)
+    try:
+        return folder, parse_offsets(text), None
+    except ZeroGRError as err:
+        problem = one_line(str(err))
+        c[1].error(problem, icon=":material/error:")
+        return folder, None, problem
 
 
 def run_comparison(catalog, source, cfg: dict) -> dict:
@@ -185,6 +204,8 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
     stage-profiled decode (the top-K lists and the stage chart come from it), the invalid
     mass scoring first meets, and whole decodes timed in turns until the ranking is stable."""
     dev = device()
+    if cfg.get("blocked"):  # the button is disabled then; a click that still comes is refused the same way
+        raise ZeroGRError(cfg["blocked"])
     check_work(catalog, cfg["batch"], cfg["beam"], cfg["hidden"])  # hidden: the random head's, else None
     spec, weights = cfg.get("llm"), None
     if cfg["model"] == QWEN3:
@@ -200,8 +221,6 @@ def run_comparison(catalog, source, cfg: dict) -> dict:
             inputs = llm_inputs(model, preset, spec, dev, cfg["batch"], cfg["beam"], cfg["seed"])
             weights = weight_bytes(model)
         elif cfg["model"] == OWN:
-            if cfg["folder"] is None:
-                raise ZeroGRError("model folder: give the folder of your model first")
             inputs = own_model_inputs(cached_own_model(cfg["folder"], str(dev)), cfg["folder"], cfg["offsets"],
                                       catalog, dev, cfg["batch"], cfg["beam"], cfg["seed"])
         else:
@@ -485,7 +504,7 @@ def main() -> None:
         # Streamlit stops a page's script when the user leaves it: the run never finished.
         st.warning("The last decode was interrupted (the page was left before it finished); its result is lost. "
                    "Press **Run both orders** to run it again.")
-    if st.button("Run both orders", type="primary", key="btn_dec_run"):
+    if st.button("Run both orders", type="primary", key="btn_dec_run", disabled=bool(cfg["blocked"])):
         st.session_state[PENDING_KEY] = cfg
         try:
             st.session_state["decode_runs"] = run_comparison(catalog, source, cfg)

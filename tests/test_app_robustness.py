@@ -107,6 +107,26 @@ def test_a_model_path_the_os_cannot_look_up_is_refused_like_a_missing_one(typed)
     assert at.session_state["resource_slots"].peek("index") is index  # nothing released
 
 
+def test_a_bad_model_folder_keeps_the_rest_of_the_decode_page():
+    """A folder with no checkpoint stopped the page at its error: the settings below it and the Run button
+    were gone until the path was fixed. Now the error stands by the folder, the rest of the page stays, and
+    Run is disabled (and refuses, naming the folder, if pressed anyway)."""
+    at = open_page(new_app(cat_sample="tiny").run(), "decode", dec_model=OWN, dec_model_path="no-such-model-folder",
+                   dec_beam=2, dec_batch=1, dec_timing="quick")
+    assert_clean(at)
+    [missing] = errors(at)
+    assert missing.startswith("model folder: no transformers checkpoint"), missing
+    assert at.button(key="btn_dec_run").disabled
+    at.radio(key="dec_timing").set_value("page").run()  # a setting below the folder is still there to change
+    at.selectbox(key="dec_item_set").set_value("cold").run()
+    assert_clean(at)
+    assert errors(at) == [missing] and at.number_input(key="dec_cold_share").disabled is False
+    at.button(key="btn_dec_run").click().run()
+    assert_clean(at)
+    assert "decode_runs" not in at.session_state and "decode_pending" not in at.session_state
+    assert all(e.startswith("model folder:") for e in errors(at)), errors(at)
+
+
 # ---------------------------------------------------------------------------- one-line messages
 @pytest.mark.parametrize("name,data,expected", [
     ("header.csv", b'"item\nid",s1\n1,0\n', "columns: item\\nid, s1"),
