@@ -230,6 +230,26 @@ def guarded(body: Callable[[], None]) -> None:
                      "The app keeps running; change the settings and try again.", icon=":material/warning:")
 
 
+def changed_since_run(shown: dict, now: dict, button: str) -> None:
+    """Say, above a result, that the settings changed since its run, when they did.
+
+    The pages keep a run's result on screen while its settings are edited; without this line
+    the old numbers would read as the new settings'. Every page that shows a run's result
+    next to its settings says it here, in one wording.
+
+    Parameters
+    ----------
+    shown : dict
+        The settings the result shown was run with.
+    now : dict
+        The settings the widgets hold now.
+    button : str
+        The label of the button that runs the page's work again.
+    """
+    if shown != now:
+        st.caption(f"The settings changed since this run; press **{button}** to update.")
+
+
 def fmt_bytes(n) -> str:
     return gpu_info.human_bytes(n)
 

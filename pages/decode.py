@@ -6,9 +6,9 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, check_model, check_work,
-                           cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index, guarded,
-                           index_key, keep_choice, overrides, slots)
+from pages._common import (BUNDLED_MODELS, bundled_dataset, cached_study, cached_test_users, changed_since_run,
+                           check_model, check_work, cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog,
+                           get_index, guarded, index_key, keep_choice, overrides, slots)
 from zerogr_core import Decoder
 from zerogr_core.recsys import movielens
 from zerogr_core.app_support import gpu as gpu_info
@@ -39,6 +39,7 @@ RANDOM_CONTEXTS = "Random contexts (seeded token ids)"
 USERS = "Random test users"
 ONE_USER = "One test user"
 RANDOM_REQ = "Random requests"
+RUN_LABEL = "Run both orders"
 #: Session-state key set while a decode runs, so the page can say when one was cut short.
 PENDING_KEY = "decode_pending"
 
@@ -503,8 +504,8 @@ def main() -> None:
     if st.session_state.pop(PENDING_KEY, None) is not None:
         # Streamlit stops a page's script when the user leaves it: the run never finished.
         st.warning("The last decode was interrupted (the page was left before it finished); its result is lost. "
-                   "Press **Run both orders** to run it again.")
-    if st.button("Run both orders", type="primary", key="btn_dec_run", disabled=bool(cfg["blocked"])):
+                   f"Press **{RUN_LABEL}** to run it again.")
+    if st.button(RUN_LABEL, type="primary", key="btn_dec_run", disabled=bool(cfg["blocked"])):
         st.session_state[PENDING_KEY] = cfg
         try:
             st.session_state["decode_runs"] = run_comparison(catalog, source, cfg)
@@ -516,10 +517,9 @@ def main() -> None:
         st.session_state.pop(PENDING_KEY, None)
     res = st.session_state.get("decode_runs")
     if res is None:
-        st.info("Choose the settings and press **Run both orders**.")
+        st.info(f"Choose the settings and press **{RUN_LABEL}**.")
         return
-    if res["cfg"] != cfg:
-        st.caption("The settings changed since this run; press **Run both orders** to update.")
+    changed_since_run(res["cfg"], cfg, RUN_LABEL)
     show_results(catalog, source, res)
 
 

@@ -5,8 +5,8 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages._common import (check_work, cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms, get_catalog, get_index,
-                           guarded, overrides)
+from pages._common import (changed_since_run, check_work, cpu_banner, decode_inputs, device, fmt_bytes, fmt_ms,
+                           get_catalog, get_index, guarded, overrides)
 from zerogr_core import Decoder
 from zerogr_core.app_support.messages import one_line
 from zerogr_core.app_support.profile import profiled_decode, steady_cpu_timing
@@ -15,6 +15,8 @@ from zerogr_core.index import IndexConfig, build_phases
 
 REPORT_KEY = "rebuild_report"
 LIVE_KEY = "rebuild_live"
+RUN_LABEL = "Refresh and rebuild while decoding"
+LIVE_LABEL = "Run live changes while decoding"
 
 
 def live_section(catalog, source) -> None:
@@ -35,7 +37,8 @@ def live_section(catalog, source) -> None:
     seconds = float(c[0].number_input("Decode for (s, per phase)", 0.5, 30.0, step=0.5, key="reb_live_seconds"))
     every = float(c[1].number_input("Change every (s)", 0.1, 10.0, step=0.1, key="reb_live_every"))
     share = float(c[2].number_input("Items per change (%)", 0.1, 10.0, step=0.1, key="reb_live_share"))
-    if st.button("Run live changes while decoding", key="btn_live_run"):
+    cfg = dict(seconds=seconds, every=every, share=share)
+    if st.button(LIVE_LABEL, key="btn_live_run"):
         hidden, dtype = (1024, "float16") if gpu else (64, "float32")
         inputs = decode_inputs(catalog, dev, bundled=False, batch=4, seed=1, hidden=hidden, dtype=dtype)
         heads, bands, fn = inputs.heads, inputs.band_offsets, inputs.hidden_fn
@@ -52,10 +55,11 @@ def live_section(catalog, source) -> None:
             report = live_load_test(catalog, make_decoder, fn, 4, device=dev, warmup=warmup if gpu else None,
                                     threads=4 if gpu else 1, seconds=seconds, change_every_s=every,
                                     changes_per_step=count)
-        st.session_state[LIVE_KEY] = dict(source=source, report=report)
+        st.session_state[LIVE_KEY] = dict(source=source, report=report, cfg=cfg)
     saved = st.session_state.get(LIVE_KEY)
     if not saved or saved["source"] != source:
         return
+    changed_since_run(saved.get("cfg"), cfg, LIVE_LABEL)
     r = saved["report"]
     m = st.columns(4)
     m[0].metric("Catalog version", f"{r['versions'][0]} → {r['versions'][1]}", help=f"{r['changes']} changes")
@@ -92,7 +96,9 @@ def main() -> None:
     seconds = float(c[4].number_input("Rebuild window (s)", 0.1, 30.0, step=0.5, key="reb_seconds",
                                       help="Small catalogs rebuild in milliseconds, shorter than one decode, so the "
                                            "rebuild repeats back to back for at least this long."))
-    if st.button("Refresh and rebuild while decoding", type="primary", key="btn_reb_run"):
+    cfg = dict(add=add, remove=remove, beam=beam, batch=batch, seconds=seconds,
+               overrides=tuple(sorted(overrides().items())))
+    if st.button(RUN_LABEL, type="primary", key="btn_reb_run"):
         hidden = 1024 if gpu else 64
         check_work(catalog, batch, beam, hidden)
         bar = st.progress(0, text="Refreshing the catalog…")
@@ -127,14 +133,16 @@ def main() -> None:
                 dec.gpu_engine.release()
         bar.empty()
         report.index = None  # keep the session light; the new index is not made active
-        st.session_state[REPORT_KEY] = dict(source=source, change=change, report=report, beam=beam, batch=batch)
+        st.session_state[REPORT_KEY] = dict(source=source, change=change, report=report, beam=beam, batch=batch,
+                                            cfg=cfg)
     saved = st.session_state.get(REPORT_KEY)
     if not saved or saved["source"] != source:
-        st.info("Choose the refresh and press **Refresh and rebuild while decoding**.")
+        st.info(f"Choose the refresh and press **{RUN_LABEL}**.")
         live_section(catalog, source)
         return
     report, change = saved["report"], saved["change"]
     st.subheader("Result")
+    changed_since_run(saved.get("cfg"), cfg, RUN_LABEL)
     m = st.columns(4)
     m[0].metric("Items", f"{change['items_after']:,}", delta=f"+{change['added']:,} / −{change['removed']:,}",
                 delta_color="off")

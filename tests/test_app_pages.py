@@ -159,6 +159,30 @@ def test_rebuild_page():
     table = at.dataframe[0].value
     assert list(table["phase"]) == ["before", "during", "after"] and (table["decodes"] > 0).all()
     assert len(at.get("plotly_chart")) == 2
+    assert not any("settings changed" in c.value for c in at.caption)
+
+
+def changed_notes(at) -> list[str]:
+    return [c.value for c in at.caption if "settings changed since this run" in c.value]
+
+
+def test_rebuild_page_says_when_the_settings_changed_since_the_result_shown():
+    """Changing a refresh setting after a run left the old result up with no note (the Decode page says the
+    settings changed); now the Rebuild page says so the same way, for the rebuild and the live changes."""
+    at = open_page(new_app(cat_sample="tiny").run(), "rebuild", reb_beam=2, reb_batch=1, reb_seconds=0.1,
+                   reb_live_seconds=0.5, reb_live_every=0.25)
+    at.button(key="btn_reb_run").click().run()
+    at.button(key="btn_live_run").click().run()
+    assert_clean(at)
+    assert not changed_notes(at)
+    at.number_input(key="reb_add").set_value(20.0).run()
+    assert changed_notes(at) == ["The settings changed since this run; press **Refresh and rebuild while decoding** "
+                                 "to update."]
+    at.number_input(key="reb_add").set_value(5.0).run()  # back to the settings of the run shown
+    assert not changed_notes(at)
+    at.number_input(key="reb_live_share").set_value(2.0).run()
+    assert changed_notes(at) == ["The settings changed since this run; press **Run live changes while decoding** "
+                                 "to update."]
 
 
 def test_every_setting_keeps_its_value_across_pages():
