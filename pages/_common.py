@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -98,11 +99,25 @@ def bundled_dataset(source) -> str | None:
     """Name of the recommender bundled with ``source``'s catalog (when its checkpoint is there).
 
     Only the sample as shipped qualifies: declared codebook sizes would change the layout the
-    model's heads were trained on.
+    model's heads were trained on (the Catalog page drops sizes equal to its own, :func:`as_shipped`).
     """
     if source.kind != "sample" or source.codebook_sizes is not None or source.name not in BUNDLED_MODELS:
         return None
     return source.name if BUNDLED_MODELS[source.name].available() else None
+
+
+def as_shipped(source: CatalogSource) -> CatalogSource:
+    """``source`` without its declared codebook sizes when they are the bundled sample's own.
+
+    Declared sizes lay a sample out again, and a laid-out-again catalog loses its bundled
+    recommender (:func:`bundled_dataset`); sizes equal to the ones it ships with change
+    nothing, so they leave it the sample as shipped, recommender and cached index included.
+    """
+    if source.kind != "sample" or source.codebook_sizes is None:
+        return source
+    shipped = replace(source, codebook_sizes=None)
+    own = tuple(int(v) for v in cached_catalog(shipped).codebook_sizes)
+    return shipped if tuple(source.codebook_sizes) == own else source
 
 
 @st.cache_resource(show_spinner=False)

@@ -7,13 +7,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from pages._common import (active_source, cached_catalog, cached_step_stats, cpu_banner, fmt_bytes, fmt_codebooks,
-                           get_catalog, get_index, guarded, set_active_source)
+from pages._common import (active_source, as_shipped, cached_catalog, cached_step_stats, cpu_banner, fmt_bytes,
+                           fmt_codebooks, get_catalog, get_index, guarded, set_active_source)
 from zerogr_core.recsys import movielens
 from zerogr_core.app_support.messages import one_line
 from zerogr_core.app_support.sources import (HOW_TO_ADD_ROOT, SAMPLE_CHOICES, SAMPLE_CREDITS, UPLOAD_TYPES,
-                                             app_settings, catalog_summary, parse_codebook_sizes, roots_line, sample_source,
-                                             server_file_source, stage_upload)
+                                             app_settings, catalog_summary, parse_codebook_sizes, roots_line,
+                                             sample_source, server_file_source, stage_upload)
 from zerogr_core.errors import ZeroGRError
 
 KINDS = ("Bundled sample", "Upload a file", "File on the server")
@@ -164,6 +164,7 @@ def main() -> None:
         options = dict(codebook_sizes=parse_codebook_sizes(st.session_state["cat_codebooks"]),
                        on_duplicate="collision" if st.session_state["cat_collision"] else "error")
         source = chosen_source(options)
+        source = None if source is None else as_shipped(source)
         if source is not None and source != active_source():
             catalog, _ = load_with_progress(source)
             payload = st.session_state.get(PAYLOAD_KEY) or {}

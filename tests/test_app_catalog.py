@@ -72,6 +72,25 @@ def test_declared_codebook_sizes_apply_to_the_movielens_catalog():
                           "(the index keeps a slot per token for every prefix)"]
 
 
+@pytest.mark.skipif(not movielens.available(), reason="the bundled MovieLens checkpoint is missing")
+def test_the_movielens_catalogs_own_codebook_sizes_keep_its_recommender():
+    """Declaring 128 128 128 24, the catalog's own sizes, was taken as a new layout: the Decode page lost the
+    bundled recommender. Now its own sizes leave it the bundled catalog; other sizes still lay it out anew."""
+    at = new_app().run()
+    bundled = at.session_state["active_source"]
+    at.text_input(key="cat_codebooks").set_value("128, 128, 128, 24").run()
+    assert_clean(at)
+    assert not errors(at), errors(at)
+    assert at.session_state["active_source"] == bundled
+    at.text_input(key="cat_codebooks").set_value("256 256 256 256").run()
+    assert at.session_state["active_source"].codebook_sizes == (256,) * 4
+    at.text_input(key="cat_codebooks").set_value("128 128 128 24").run()
+    assert at.session_state["active_source"] == bundled
+    at = open_page(at, "decode")
+    assert_clean(at)
+    assert at.selectbox(key="dec_model").value == "Bundled MovieLens recommender"
+
+
 def _parquet_bytes(frame: pl.DataFrame) -> bytes:
     buf = io.BytesIO()
     frame.write_parquet(buf)
