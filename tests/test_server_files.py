@@ -84,6 +84,18 @@ def test_extension_is_checked_on_the_typed_name_first(tree):
         resolve_server_path("/etc/nothing-here.conf", [root])
 
 
+def test_a_path_of_no_supported_extension_is_told_what_the_path_needs(tree):
+    """A server path with no extension was told to 'upload one of .csv, …', as if it were an upload."""
+    root, _ = tree
+    for typed, shown in (("my_catalog", "(none)"), ("notes.conf", ".conf")):
+        with pytest.raises(CatalogError) as err:
+            resolve_server_path(typed, [root])
+        assert str(err.value) == (f"{typed}: unsupported file type {shown!r}; the path needs one of the extensions "
+                                  ".csv, .tsv, .txt, .parquet")
+    with pytest.raises(CatalogError, match=r"'\(none\)'; upload one of \.csv"):  # an upload is still told to upload
+        stage_upload("catalog", b"item_id,s1\n1,0\n", max_bytes=100, folder=root)
+
+
 def test_a_second_root_is_searched_and_relative_paths_try_each_root(tree, tmp_path):
     root, outside = tree
     assert resolve_server_path("secret.csv", [root, outside]) == outside / "secret.csv"

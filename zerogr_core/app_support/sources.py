@@ -186,7 +186,7 @@ def resolve_server_path(path_text: str, roots: Sequence[Path]) -> Path:
     text = path_text.strip().strip('"').strip("'")
     if not text:
         raise CatalogError("give the path of a catalog file on the server")
-    check_extension(text)
+    check_extension(text, server=True)
     roots = [Path(root) for root in roots]
     if "\x00" in text:
         raise refusal(roots)
@@ -278,11 +278,26 @@ def parse_codebook_sizes(text: str) -> tuple[int, ...] | None:
     return tuple(sizes)
 
 
-def check_extension(name: str) -> None:
+def check_extension(name: str, server: bool = False) -> None:
+    """Refuse a catalog file name whose extension picks no reader.
+
+    Parameters
+    ----------
+    name : str
+        An upload's file name, or a server path as typed.
+    server : bool
+        ``name`` is a server path: it is told what the path needs, not to upload a file.
+
+    Raises
+    ------
+    CatalogError
+        Naming the extension found and the ones read.
+    """
     suffix = Path(name).suffix.lower().lstrip(".")
     if suffix not in UPLOAD_TYPES:
-        raise CatalogError(f"unsupported file type {('.' + suffix) if suffix else '(none)'!r}; upload one of "
-                           f"{', '.join('.' + t for t in UPLOAD_TYPES)}", source=name)
+        wanted = ", ".join("." + t for t in UPLOAD_TYPES)
+        fix = f"the path needs one of the extensions {wanted}" if server else f"upload one of {wanted}"
+        raise CatalogError(f"unsupported file type {('.' + suffix) if suffix else '(none)'!r}; {fix}", source=name)
 
 
 def stage_upload(name: str, data: bytes, max_bytes: int, folder: str | Path | None = None,
