@@ -105,6 +105,16 @@ def test_from_sids_names_codebook_sizes_that_are_not_whole_numbers():
         assert Catalog.from_sids(sids, fine).codebook_sizes == (2, 3)
 
 
+def test_a_declared_size_past_int32_names_the_codebook_sizes_not_a_level_column(tmp_path):
+    """3,000,000,000 declared for level 2 of a file was reported as "column 's2': codebook size must be in …",
+    a fault of the file's column; it is the declared sizes' (on the app's Catalog page, its *Options* field)."""
+    path = write(tmp_path, "sizes.csv", "item_id,s1,s2\n1,3,4\n2,1,0\n")
+    with pytest.raises(CatalogError) as err:
+        load_catalog(path, codebook_sizes=(4, 3_000_000_000))
+    assert str(err.value) == (f"{path}, column 'codebook_sizes': codebook size 2 must be in [1, 2147483648] (tokens "
+                              "are stored as int32), got 3000000000")
+
+
 def test_rows_refer_to_file_order_not_sorted_order(tmp_path):
     # The bad row is the 4th data row of the file even though sorting would move it.
     path = write(tmp_path, "unsorted.csv", "item_id,s1,s2\n1,9,1\n2,5,0\n3,7,7\n4,0,-2\n")

@@ -180,8 +180,9 @@ class Catalog:
                                    f"have {len(sizes)}", column="codebook_sizes")
             for level, size in enumerate(sizes):
                 if size < 1 or size > MAX_TOKEN + 1:
-                    raise CatalogError(f"codebook size must be in [1, {MAX_TOKEN + 1}], got {size}",
-                                       column=names[level])
+                    # The declared sizes are at fault, not the level's column of the data.
+                    raise CatalogError(f"codebook size {level + 1} must be in [1, {MAX_TOKEN + 1}] (tokens are "
+                                       f"stored as int32), got {size}", column="codebook_sizes")
                 if observed[level] > size:
                     r = int(np.argmax(arr[:, level] >= size))
                     raise CatalogError(
