@@ -87,3 +87,17 @@ def test_load_test_no_failures_no_deleted_items(string_ids, monkeypatch):
     assert report["changes"] >= 3 and report["idle"]["n"] > 0 and report["churn"]["n"] > 0
     kinds = " ".join(h["change"] for h in report["change_log"])
     assert "deleted" in kinds and "rebuilt" in kinds and "replaced" in kinds
+
+
+def test_deleting_every_item_publishes_an_empty_version():
+    # past compact_fraction a delete rebuilds without the rows; with none left that rebuild
+    # raised 'catalog is empty: no items' and the deletes never took effect
+    store, fn = make_store(string_ids=False)
+    every = store.current.live_ids()
+    assert store.apply(deletes=every) == 2 and store.current.n_live == 0
+    out = store.decode(fn, 2)
+    assert out.version == 2 and (out.item_ids == -1).all()
+    assert store.apply(deletes=every[:3]) == 2  # nothing left to delete: no new version
+    fresh = Catalog.from_sids([[0, 0, 0]], SIZES, item_ids=[10 ** 6])
+    assert store.apply(adds=fresh) == 3 and store.current.catalog.n_items == 1
+    assert store.decode(fn, 1).item_ids[0].tolist() == [10 ** 6] + [-1] * 5

@@ -171,7 +171,8 @@ class CatalogStore:
             Triggers a rebuild that also drops every deleted row.
         deletes : array-like of item ids, optional
             Ids to remove; ids that are not live are ignored. Without ``adds`` they take
-            effect at once through the global deny set.
+            effect at once through the global deny set. Deleting every item publishes a
+            version whose decodes return only padding (no rebuild: no catalog is empty).
 
         Raises
         ------
@@ -188,7 +189,9 @@ class CatalogStore:
             if deletes is not None:
                 rows = v.catalog.rows_of(np.asarray(deletes).reshape(-1), missing="drop", what="deletes")
             deleted = np.union1d(v.deleted_rows, rows).astype(np.int64)
-            if adds is None and deleted.size <= self.compact_fraction * v.catalog.n_items:
+            # deleting every item stays a deny list: a catalog of no items cannot be built
+            everything = deleted.size == v.catalog.n_items
+            if adds is None and (everything or deleted.size <= self.compact_fraction * v.catalog.n_items):
                 if deleted.size == v.deleted_rows.size:
                     return v.version
                 self._publish(CatalogVersion(v.version + 1, v.catalog, v.index, v.decoder, deleted,
