@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from zerogr_core import Catalog, CatalogError, Decoder
+from zerogr_core.errors import ZeroGRError
 from zerogr_core.bench.live import new_items, run_load_test
 from zerogr_core.decode.store import CatalogStore
 
@@ -101,3 +102,17 @@ def test_deleting_every_item_publishes_an_empty_version():
     fresh = Catalog.from_sids([[0, 0, 0]], SIZES, item_ids=[10 ** 6])
     assert store.apply(adds=fresh) == 3 and store.current.catalog.n_items == 1
     assert store.decode(fn, 1).item_ids[0].tolist() == [10 ** 6] + [-1] * 5
+
+
+@pytest.mark.parametrize("fraction", ["abc", None, float("nan"), -0.1, 1.5, True])
+def test_compact_fraction_is_checked(fraction):
+    # NaN or a negative share rebuilt the whole catalog on every delete; a string raised a bare ValueError
+    store, _ = make_store()
+    with pytest.raises(ZeroGRError, match=r"^compact_fraction must be a number in \[0, 1\]"):
+        CatalogStore(store.current.catalog, store.make_decoder, compact_fraction=fraction)
+
+
+def test_make_decoder_must_be_callable():
+    store, _ = make_store()
+    with pytest.raises(ZeroGRError, match="^make_decoder: expected a callable"):
+        CatalogStore(store.current.catalog, None)

@@ -94,6 +94,16 @@ class StoreResult:
     snapshot: CatalogVersion
 
 
+def _fraction(value) -> float:
+    """``compact_fraction`` as a float in [0, 1]: NaN or a negative share would rebuild the
+    whole catalog on every delete, and a string would fail with a bare ValueError."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not ok or not 0.0 <= float(value) <= 1.0:
+        raise ZeroGRError(f"compact_fraction must be a number in [0, 1] (1: never rebuild for deletes), "
+                          f"got {value!r}")
+    return float(value)
+
+
 class CatalogStore:
     """Versions of a catalog with its index and decoder, changed while decoding.
 
@@ -106,7 +116,7 @@ class CatalogStore:
     device : str or torch.device
         Where indexes are built.
     index_config : IndexConfig, optional
-    compact_fraction : float
+    compact_fraction : float in [0, 1]
         Deletions beyond this share of a version's rows trigger a rebuild that drops them
         (the deny list costs 8 bytes per deleted row on the device and two more binary
         searches per candidate).
@@ -119,7 +129,10 @@ class CatalogStore:
                  compact_fraction: float = DEFAULT_COMPACT_FRACTION, warmup: Callable | None = None):
         self.make_decoder, self.device, self.index_config = make_decoder, device, index_config
         self.warmup = warmup
-        self.compact_fraction = float(compact_fraction)
+        if not callable(make_decoder):
+            raise ZeroGRError(f"make_decoder: expected a callable(catalog, index) -> Decoder, "
+                              f"got {type(make_decoder).__name__}")
+        self.compact_fraction = _fraction(compact_fraction)
         self._write = threading.Lock()
         self._device = threading.RLock()
         self.history: list[dict] = []
