@@ -305,6 +305,21 @@ def test_padded_requests_get_the_beams_they_get_alone(name):
         torch.testing.assert_close(batched.scores[r], alone.scores[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_right_padding_of_a_causal_lm_is_refused(name):
+    """A causal LM continues from the last position: a right-padded request continued from its
+    padding and returned other beams than alone, silently; T5's encoder takes either padding."""
+    ids = torch.tensor([[5, 9, 13, 4, 0, 0], [8, 15, 6, 10, 3, 17]])
+    mask = (ids > 0).long()
+    index = build_index(tiny_catalog())
+    with pytest.raises(ZeroGRError, match=r"^attention_mask: row 0 ends in padding; a decoder-only model continues "
+                                          r"from the last position, so pad on the left$"):
+        generate(MODELS[name](), ids, index, beam_width=5, token_offsets=OFFSETS, attention_mask=mask)
+    right = generate(t5_model(), ids, index, beam_width=5, token_offsets=OFFSETS, attention_mask=mask)
+    alone = generate(t5_model(), ids[:1, :4], index, beam_width=5, token_offsets=OFFSETS)
+    assert torch.equal(right.item_rows[0], alone.item_rows[0])
+
+
 @pytest.mark.parametrize("name", ["t5", "llama"])
 @pytest.mark.parametrize("order", ["filter-first", "score-first"])
 def test_generate_in_bf16(name, order):

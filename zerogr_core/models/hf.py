@@ -142,14 +142,22 @@ class HFStepModel:
         history : torch.Tensor, shape (B, T), int64
             Input ids: the encoder input, or the prompt of a causal LM (left padding).
         attention_mask : torch.Tensor, shape (B, T), optional
-            1 on tokens, 0 on padding (default: all ones).
+            1 on tokens, 0 on padding (default: all ones); a causal LM's rows must end in a
+            token (left padding).
         beam_width : int
         """
         vocab = getattr(self.model.get_input_embeddings(), "num_embeddings", None)
         self.input_ids, mask = token_inputs(history, attention_mask, vocab, self.device)
         mask = mask.long()
-        if bool((mask.sum(dim=1) < 1).any()):
+        # a causal LM's next token is read at the last position, so a right-padded request
+        # would continue from padding, silently: refused (one read on the host for both checks)
+        empty, right = torch.stack([(mask.sum(dim=1) < 1).any(), (mask[:, -1] == 0).any()]).tolist()
+        if empty:
             raise ZeroGRError("attention_mask: every request needs at least one token")
+        if right and not self.encoder_decoder:
+            row = int((mask[:, -1] == 0).nonzero()[0, 0])
+            raise ZeroGRError(f"attention_mask: row {row} ends in padding; a decoder-only model continues from "
+                              f"the last position, so pad on the left")
         self.mask = mask
         self.batch, self.beam_width = history.shape[0], beam_width
         if self.encoder_decoder:
