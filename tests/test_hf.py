@@ -164,6 +164,12 @@ def test_generate_errors():
         generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, attention_mask=mask[:, 1:])
     with pytest.raises(ZeroGRError, match="order must be"):
         generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, order="best-first")
+    # int() truncated 3.7 to 3 and True to 1: level 1's ids moved, and the decode ran on them silently
+    for bad in ((3.7, 7, 12), (True, 7, 12), ("3", 7, 12)):
+        with pytest.raises(ZeroGRError, match=r"^token_offsets: expected one integer per SID level, got "):
+            generate(model, ids, index, beam_width=4, token_offsets=bad)
+    whole = generate(model, ids, index, beam_width=4, token_offsets=(3.0, np.int64(7), torch.tensor(12)))
+    assert torch.equal(whole.item_rows, generate(model, ids, index, beam_width=4, token_offsets=OFFSETS).item_rows)
 
 
 @pytest.mark.parametrize("name", ["t5", "gpt2", "t5-step", "t5-staged"])

@@ -25,8 +25,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -77,7 +79,12 @@ def hidden_outputs(model):
 def check_vocabulary(vocab: int, codebook_sizes: Sequence[int], token_offsets: Sequence[int]) -> tuple[int, ...]:
     """Validate ``token_offsets`` against the catalog's levels and the model's vocabulary."""
     try:
-        offsets = tuple(int(o) for o in token_offsets)
+        given = list(token_offsets)
+        # int() would truncate 3.7 to 3 and shift a level's ids silently: whole numbers only
+        offsets = tuple(operator.index(o) if not isinstance(o, float) or not o.is_integer() else int(o)
+                        for o in given)
+        if any(isinstance(o, (bool, np.bool_)) for o in given):
+            raise TypeError
     except (TypeError, ValueError):
         raise ZeroGRError(f"token_offsets: expected one integer per SID level, got {token_offsets!r}") from None
     if len(offsets) != len(codebook_sizes):
