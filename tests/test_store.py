@@ -116,3 +116,11 @@ def test_make_decoder_must_be_callable():
     store, _ = make_store()
     with pytest.raises(ZeroGRError, match="^make_decoder: expected a callable"):
         CatalogStore(store.current.catalog, None)
+
+
+def test_snapshot_must_be_a_version():
+    # a version number raised AttributeError: 'int' object has no attribute 'decoder'
+    store, fn = make_store()
+    with pytest.raises(ZeroGRError, match=r"^snapshot: expected a CatalogVersion .*, got int$"):
+        store.decode(fn, 1, snapshot=1)
+    assert store.decode(fn, 1, snapshot=store.current).version == 1

@@ -159,6 +159,9 @@ class CatalogStore:
         earlier, when the requests were prepared against its rows); deleted items are
         denied to every request. ``normalise``: see :class:`~zerogr_core.decode.constraints.RequestLists`."""
         v = self._current if snapshot is None else snapshot
+        if not isinstance(v, CatalogVersion):  # a version number would fail as 'int' has no attribute 'decoder'
+            raise ZeroGRError(f"snapshot: expected a CatalogVersion (store.current, or a result's .snapshot), "
+                              f"got {type(snapshot).__name__}")
         if v.decoder.gpu_engine is not None:
             # the lists are built on the GPU: not while another version's graph is captured
             with self._device:
