@@ -124,3 +124,26 @@ def test_snapshot_must_be_a_version():
     with pytest.raises(ZeroGRError, match=r"^snapshot: expected a CatalogVersion .*, got int$"):
         store.decode(fn, 1, snapshot=1)
     assert store.decode(fn, 1, snapshot=store.current).version == 1
+
+
+@pytest.mark.parametrize("string_ids", [True, False])
+def test_bad_additions_are_named_by_item(string_ids):
+    # merged first, they were refused with rows of the merged table: "row 151, column 's1':
+    # token 9 ≥ codebook size 8" and "row 151, column 'item_id': duplicate item id …"
+    store, _ = make_store(string_ids=string_ids)
+    cat = store.current.catalog
+    new_id = "fresh" if string_ids else 10 ** 6
+    shown = repr(new_id) if string_ids else str(new_id)
+    outside = Catalog.from_sids([[9, 0, 0]], [10, 6, 5], item_ids=[new_id])
+    with pytest.raises(CatalogError, match=rf"^adds: item {shown} has token 9 at level 1, outside the "
+                                           rf"catalog's codebook of 8$"):
+        store.apply(adds=outside)
+    free = next(s for s in np.ndindex(*SIZES) if not (cat.sids == s).all(1).any())
+    taken = cat.item_ids[0]
+    again = Catalog.from_sids([free], SIZES, item_ids=[taken])
+    with pytest.raises(CatalogError, match=rf"^adds: item id {repr(str(taken)) if string_ids else taken} is "
+                                           rf"already in the catalog"):
+        store.apply(adds=again)
+    assert store.version == 1
+    assert store.apply(adds=again, deletes=[taken]) == 2  # delete and add in one apply: a replacement
+    assert store.current.catalog.sids[store.current.catalog.row_of_item(taken)].tolist() == list(free)

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from ..catalog.catalog import Catalog
+from ..catalog.item_ids import format_item_id
 from ..errors import CatalogError, ZeroGRError
 from ..index import build_index
 
@@ -102,6 +103,23 @@ def _fraction(value) -> float:
         raise ZeroGRError(f"compact_fraction must be a number in [0, 1] (1: never rebuild for deletes), "
                           f"got {value!r}")
     return float(value)
+
+
+def _check_adds(base: Catalog, deleted: np.ndarray, adds: Catalog) -> None:
+    """Refuse additions in terms of the added items: once merged, the catalog's own checks
+    would name rows of the merged table (``row 111, column 's1'``), which the caller never saw."""
+    sizes = np.asarray(base.codebook_sizes, dtype=np.int64)
+    outside = adds.sids.astype(np.int64) >= sizes
+    if outside.any():
+        r, level = (int(x) for x in np.argwhere(outside)[0])
+        raise CatalogError(f"adds: item {format_item_id(adds.item_ids[r])} has token {int(adds.sids[r, level])} at "
+                           f"level {level + 1}, outside the catalog's codebook of {int(sizes[level])}")
+    rows = base.rows_of(adds.item_ids, missing="mark", what="adds")
+    live = (rows >= 0) & ~np.isin(rows, deleted)
+    if live.any():
+        r = int(np.flatnonzero(live)[0])
+        raise CatalogError(f"adds: item id {format_item_id(adds.item_ids[r])} is already in the catalog (to "
+                           f"replace the item, delete it in the same apply)")
 
 
 class CatalogStore:
@@ -193,8 +211,8 @@ class CatalogStore:
         Raises
         ------
         CatalogError
-            Bad additions (duplicate id or SID, token outside a codebook); the current
-            version stays as it was.
+            Bad additions (an id already live, a SID already taken, a token outside the
+            catalog's codebooks), named by the added item; the current version stays as it was.
         """
         if adds is not None and not isinstance(adds, Catalog):
             raise CatalogError(f"adds must be a Catalog of the new items (Catalog.from_sids), "
@@ -239,6 +257,7 @@ class CatalogStore:
             if adds.string_ids != base.string_ids:
                 kind = "string" if base.string_ids else "integer"
                 raise CatalogError(f"added items must have {kind} ids like the catalog")
+            _check_adds(base, deleted, adds)
             sids = np.concatenate([sids.astype(np.int64), adds.sids.astype(np.int64)])
             ids = np.concatenate([ids, adds.item_ids])
             if titles is not None or adds.titles is not None:
