@@ -256,6 +256,18 @@ def test_generate_with_t5_step_model():
     torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-5)
 
 
+def test_step_model_offsets_must_match():
+    """A step model built with other offsets fed its tokens back at ids the heads never scored,
+    and the decode returned other beams, silently."""
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    model, index = t5_model(), build_index(tiny_catalog())
+    with pytest.raises(ZeroGRError, match=r"^step_model: its token_offsets \(4, 8, 13\) differ from token_offsets "
+                                          r"\(3, 7, 12\)$"):
+        HFGenerator(model, index, beam_width=4, token_offsets=OFFSETS, step_model=T5StepModel(model, (4, 8, 13)))
+
+
 def test_generator_reuses_static_buffers_across_batches():
     """A kept generator serves new requests of the same shape (new data in the same buffers)
     and of a new shape exactly as a fresh generator does."""
