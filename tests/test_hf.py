@@ -196,6 +196,12 @@ def test_request_errors_name_the_argument(name):
             generator.generate(bad_ids, mask)
     with pytest.raises(ZeroGRError, match=r"^attention_mask: expected a torch.Tensor, got list$"):
         generator.generate(ids, mask.tolist())
+    # a GPT-2 summed the mask into positions: a mask of 2s moved every position, other beams silently
+    for bad_mask, value in ((mask * 2, "2"), (mask * 0.5, "0.5")):
+        with pytest.raises(ZeroGRError, match=rf"^attention_mask: values must be 0 \(padding\) or 1 \(token\), "
+                                              rf"got {value}$"):
+            generator.generate(ids, bad_mask)
+    assert torch.equal(generator.generate(ids, mask.bool()).item_rows, generator.generate(ids, mask).item_rows)
     assert generator.generate(ids.to(torch.int32), mask).item_rows.shape == (ids.shape[0], 4)
 
 

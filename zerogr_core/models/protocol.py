@@ -46,15 +46,16 @@ def token_inputs(history, attention_mask, vocab: int | None, device: torch.devic
     not integers (a float tensor would fail in the embedding, or be truncated when staged into
     the model's int64 buffers), ids outside ``[0, vocab)`` (an IndexError deep in the embedding
     on a CPU, a device-side assert that ends the process's CUDA context on a GPU) and a mask
-    that is not a tensor of the ids' shape. The id range is read where the ids are given when
-    that is the host: ids already on a GPU are not read back (staging stays free of host
-    synchronisation).
+    that is not a tensor of the ids' shape, or holds values other than 0 and 1. The id range
+    (and the mask's values) are read where they are given when that is the host: ids already
+    on a GPU are not read back (staging stays free of host synchronisation).
 
     Parameters
     ----------
     history : torch.Tensor, shape (B, T), integer
     attention_mask : torch.Tensor, shape (B, T), or None
-        1 on tokens, 0 on padding (default: all ones).
+        1 on tokens, 0 on padding (default: all ones); other values are refused where the
+        mask is on the host.
     vocab : int or None
         The model's input vocabulary size (``None``: not known, the ids' range is not checked).
     device : torch.device
@@ -71,6 +72,12 @@ def token_inputs(history, attention_mask, vocab: int | None, device: torch.devic
                               f"[0, {vocab})")
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise ZeroGRError(f"attention_mask: expected a torch.Tensor, got {type(attention_mask).__name__}")
+    if attention_mask is not None and attention_mask.device.type == "cpu" and attention_mask.dtype != torch.bool:
+        # a causal LM counts positions by summing the mask: a 2 would move every later position
+        other = (attention_mask != 0) & (attention_mask != 1)
+        if bool(other.any()):
+            raise ZeroGRError(f"attention_mask: values must be 0 (padding) or 1 (token), got "
+                              f"{attention_mask[other][0].item()!r}")
     history = history.to(device, torch.int64)
     mask = torch.ones_like(history) if attention_mask is None else attention_mask.to(device)
     if mask.shape != history.shape:
