@@ -147,3 +147,24 @@ def test_bad_additions_are_named_by_item(string_ids):
     assert store.version == 1
     assert store.apply(adds=again, deletes=[taken]) == 2  # delete and add in one apply: a replacement
     assert store.current.catalog.sids[store.current.catalog.row_of_item(taken)].tolist() == list(free)
+
+
+def test_registered_lists_outlive_a_rebuild():
+    # a list registered on the version's decoder was lost with it: after an add, requests naming
+    # it were refused ("'fresh' is not a registered list"), though after a delete they worked
+    store, fn = make_store(string_ids=False)
+    ids = store.current.catalog.item_ids
+    extra = new_items(store.current.catalog, 2, np.random.default_rng(1))
+    store.register_items("fresh", list(ids[:3]) + [int(extra.item_ids[0])])   # one id the catalog lacks yet
+    store.register_items("gone", ids[3:6], kind="deny")
+    before = store.decode(fn, 2, allow_items="fresh").item_ids
+    assert sorted(before[0][before[0] >= 0].tolist()) == sorted(ids[:3].tolist())
+    store.apply(adds=extra, deletes=[ids[0]])
+    after = store.decode(fn, 2, allow_items="fresh", deny_items="gone")
+    assert sorted(after.item_ids[0][after.item_ids[0] >= 0].tolist()) == sorted([*ids[1:3], extra.item_ids[0]])
+    assert not set(ids[3:6].tolist()) & set(store.decode(fn, 1, deny_items="gone").item_ids[0].tolist())
+    store.unregister_items("gone")
+    store.apply(adds=new_items(store.current.catalog, 1, np.random.default_rng(2)))
+    with pytest.raises(ZeroGRError, match="'gone' is not a registered list"):
+        store.decode(fn, 1, deny_items="gone")
+    assert store.decode(fn, 1, allow_items="fresh").version == 3

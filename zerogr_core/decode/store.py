@@ -32,6 +32,7 @@ from ..catalog.catalog import Catalog
 from ..catalog.item_ids import format_item_id
 from ..errors import CatalogError, ZeroGRError
 from ..index import build_index
+from .constraints import _id_array
 
 
 DEFAULT_COMPACT_FRACTION = 0.05
@@ -154,6 +155,7 @@ class CatalogStore:
         self._write = threading.Lock()
         self._device = threading.RLock()
         self.history: list[dict] = []
+        self._standing: dict[str, tuple] = {}  # name -> (ids, kind, index): registered again on every rebuild
         self._current = self._build(catalog, 1, "initial")
 
     # ------------------------------------------------------------------ reading
@@ -245,6 +247,25 @@ class CatalogStore:
             self._publish(self._build(catalog, self._current.version + 1, None), "replaced")
             return self._current.version
 
+    def register_items(self, name: str, items, kind: str = "allow", *, index: bool | None = None):
+        """Register a standing list (:meth:`Decoder.register_items`) on the current version and on
+        every version built after it, resolved against each one's catalog (ids it lacks skipped).
+
+        A list registered on ``store.current.decoder`` itself lives only as long as that
+        decoder: an add or a replace builds a new one, where requests naming it are refused.
+        """
+        with self._write:
+            entry = self._current.decoder.register_items(name, items, kind, index=index)
+            # the ids as given, so that one a later add brings in joins the list then
+            self._standing[name] = (np.array(_id_array(items, f"register_items({name!r})")), kind, index)
+            return entry
+
+    def unregister_items(self, name: str) -> None:
+        """Forget a list registered with :meth:`register_items`."""
+        with self._write:
+            self._current.decoder.unregister_items(name)
+            self._standing.pop(name, None)
+
     # ------------------------------------------------------------------ internals
     def _merge(self, base: Catalog, deleted: np.ndarray, adds: Catalog | None) -> Catalog:
         keep = np.ones(base.n_items, dtype=bool)
@@ -273,6 +294,8 @@ class CatalogStore:
         decoder = self.make_decoder(catalog, index)
         if getattr(decoder, "catalog", None) is not catalog:
             raise ZeroGRError("make_decoder must build its Decoder with catalog=catalog")
+        for name, (ids, kind, sub_index) in self._standing.items():
+            decoder.register_items(name, ids, kind, index=sub_index)
         if self.warmup is not None:
             with self._device:
                 self.warmup(decoder)
