@@ -168,3 +168,14 @@ def test_registered_lists_outlive_a_rebuild():
     with pytest.raises(ZeroGRError, match="'gone' is not a registered list"):
         store.decode(fn, 1, deny_items="gone")
     assert store.decode(fn, 1, allow_items="fresh").version == 3
+
+
+def test_history_keeps_the_latest_changes_only(monkeypatch):
+    import zerogr_core.decode.store as store_mod
+
+    monkeypatch.setattr(store_mod, "HISTORY_KEPT", 3)  # a long-running server's catalog changes without end
+    store, _ = make_store(string_ids=False)
+    ids = store.current.catalog.item_ids
+    for i in range(5):
+        store.apply(deletes=[ids[i]])
+    assert [h["version"] for h in store.history] == [4, 5, 6]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,6 +37,9 @@ from .constraints import _id_array
 
 
 DEFAULT_COMPACT_FRACTION = 0.05
+#: Changes :attr:`CatalogStore.history` keeps, the latest: a server that changes its catalog every
+#: second would otherwise grow it by some 86,000 entries a day, for as long as it runs.
+HISTORY_KEPT = 10_000
 """Share of deleted rows beyond which :meth:`CatalogStore.apply` rebuilds without them."""
 
 
@@ -142,6 +146,11 @@ class CatalogStore:
     warmup : callable(Decoder), optional
         Run on a new version's decoder before it is published (a GPU engine plans and
         captures its graph there, not in the first request).
+
+    Attributes
+    ----------
+    history : collections.deque of dict
+        The latest :data:`HISTORY_KEPT` changes, oldest first: version, change, items, live.
     """
 
     def __init__(self, catalog: Catalog, make_decoder: Callable, *, device="cpu", index_config=None,
@@ -154,7 +163,7 @@ class CatalogStore:
         self.compact_fraction = _fraction(compact_fraction)
         self._write = threading.Lock()
         self._device = threading.RLock()
-        self.history: list[dict] = []
+        self.history: deque[dict] = deque(maxlen=HISTORY_KEPT)
         self._standing: dict[str, tuple] = {}  # name -> (ids, kind, index): registered again on every rebuild
         self._current = self._build(catalog, 1, "initial")
 
