@@ -317,7 +317,8 @@ def test_quality_bars_follow_the_data_set():
     report = json.loads((ROOT / "runs" / "results" / "quality-amazon-beauty-tiger.json").read_text())
     b = bars(report, beauty)
     assert b["recall_ok"] and b["ndcg_ok"] and b["recall_gap_ok"] and b["ndcg_gap_ok"] and not b["overlap_ok"]
-    assert report["bars"] == b and report["skip_seen"] is True and report["users"] == 22363
+    # The committed report predates at_k: its bars compared K = 10, which the report's format assumes.
+    assert dict(report["bars"], at_k=10) == b and report["skip_seen"] is True and report["users"] == 22363
     # A 0.4-point gap passes the study's bar and fails Beauty's; 99.2 % overlap likewise.
     gapped = _report(0.065, 0.069, 0.035, 0.035, 0.992)
     assert bars(gapped, study)["recall_gap_ok"] and bars(gapped, study)["overlap_ok"]
@@ -327,6 +328,22 @@ def test_quality_bars_follow_the_data_set():
     assert bars(_report(0.060, 0.060, 0.032, 0.032, 0.995), beauty)["recall_ok"]
     with pytest.raises(ZeroGRError, match="unknown quality bars 'tiger'"):
         QualityBars.preset("tiger")
+
+
+def test_quality_bars_line_names_the_k_it_compares():
+    # --beam under 10 measures K = 1 and 5 only: the bars compared Recall@5 but the line said "Recall@10".
+    from zerogr_core.recsys.commands import format_report
+    from zerogr_core.recsys.quality import QualityBars, bars
+
+    report = _report(0.05, 0.05, 0.03, 0.03, 1.0)
+    report = {key: ({"1": v["1"], "5": v["10"]} if isinstance(v, dict) else v) for key, v in report.items()}
+    report.update(k=[1, 5], recall_popularity_unfiltered={"1": 0.0, "5": 0.0}, share_differ={"1": 0.0, "5": 0.0},
+                  ndcg_popularity={"1": 0.0, "5": 0.0}, invalid_mass=[], users=3, beam=5,
+                  data=dict(layout="ml-1m"), model=dict(parameters=1), sid=dict(codebook_sizes=[4], collision_rate=0))
+    report["bars"] = bars(report, QualityBars.for_dataset("amazon-beauty"))
+    line = format_report(report).splitlines()[-1]
+    assert report["bars"]["at_k"] == 5 and "@10" not in line
+    assert "Recall@5 above popularity" in line and "Recall@5 ≥ 0.06" in line and "NDCG@5 ≥ 0.032" in line
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

@@ -243,14 +243,15 @@ def format_report(report: dict) -> str:
     ok = lambda flag: "ok" if b[flag] else "MISSED"  # noqa: E731
     study = QualityBars.preset("study")         # what reports written before the presets were held to
     gap = b.get("max_gap_pp", study.max_gap_pp)
+    at = b.get("at_k", 10)                      # reports written before at_k compared K = 10
     line = (f"bars ({b.get('preset', 'study')}): max |ΔRecall| {b['max_recall_gap_pp']:.2f} pp ≤ {gap:g} "
             f"({ok('recall_gap_ok')}), max |ΔNDCG| {b['max_ndcg_gap_pp']:.2f} pp ≤ {gap:g} ({ok('ndcg_gap_ok')}), "
             f"min overlap {100 * b['min_overlap']:.2f} % ≥ {100 * b.get('min_overlap_bar', study.min_overlap):g} % "
-            f"({ok('overlap_ok')}), Recall@10 above popularity: {'yes' if b['beats_popularity'] else 'NO'}")
+            f"({ok('overlap_ok')}), Recall@{at} above popularity: {'yes' if b['beats_popularity'] else 'NO'}")
     if "recall_ok" in b:
-        line += f", Recall@10 ≥ {b['min_recall_at10']:g} ({ok('recall_ok')})"
+        line += f", Recall@{at} ≥ {b['min_recall_at10']:g} ({ok('recall_ok')})"
     if "ndcg_ok" in b:
-        line += f", NDCG@10 ≥ {b['min_ndcg_at10']:g} ({ok('ndcg_ok')})"
+        line += f", NDCG@{at} ≥ {b['min_ndcg_at10']:g} ({ok('ndcg_ok')})"
     lines.append(line)
     t = report.get("timing", {})
     if all(f"{o}_decode_s" in t for o in ("filter-first", "score-first")):

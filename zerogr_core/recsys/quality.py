@@ -413,7 +413,8 @@ def bars(report: dict, spec: QualityBars | None = None) -> dict:
         ``max_ndcg_gap_pp``, ``min_overlap``, and a boolean per bar: ``recall_gap_ok``,
         ``ndcg_gap_ok``, ``overlap_ok``, ``beats_popularity`` (Recall@10 of both orders
         above popularity's), and ``recall_ok``/``ndcg_ok`` where a floor is set (at K = 10,
-        or the largest K below it when 10 was not measured).
+        or the largest K below it when 10 was not measured); ``at_k``: the K those last
+        bars compared, so a report of a beam under 10 is not labelled @10.
     """
     spec = spec or QualityBars.preset("study")
     ks = [str(k) for k in report["k"]]
@@ -421,7 +422,7 @@ def bars(report: dict, spec: QualityBars | None = None) -> dict:
     gap_ndcg = max(abs(report["ndcg_filter_first"][k] - report["ndcg_score_first"][k]) for k in ks)
     min_overlap = min(report["overlap"][k] for k in ks)
     at10 = "10" if "10" in ks else ks[-1]
-    out = dict(preset=spec.name, max_gap_pp=spec.max_gap_pp, min_overlap_bar=spec.min_overlap,
+    out = dict(preset=spec.name, at_k=int(at10), max_gap_pp=spec.max_gap_pp, min_overlap_bar=spec.min_overlap,
                max_recall_gap_pp=100 * gap_recall, max_ndcg_gap_pp=100 * gap_ndcg, min_overlap=min_overlap,
                recall_gap_ok=100 * gap_recall <= spec.max_gap_pp, ndcg_gap_ok=100 * gap_ndcg <= spec.max_gap_pp,
                overlap_ok=min_overlap >= spec.min_overlap,
