@@ -58,8 +58,9 @@ def tiny(tmp_path_factory):
 
 def test_tiny_training_writes_checkpoint_and_catalog(tiny):
     data_dir, out, meta = tiny
-    assert out.is_file() and (out.parent / "sid_catalog.csv").is_file()
-    assert meta["data"]["layout"] == "ml-1m" and meta["catalog"]["file"] == "sid_catalog.csv"
+    # The catalog is named after the model: it was sid_catalog.csv, which a second model in the folder overwrote.
+    assert out.is_file() and (out.parent / "tiny.sid_catalog.csv").is_file()
+    assert meta["data"]["layout"] == "ml-1m" and meta["catalog"]["file"] == "tiny.sid_catalog.csv"
     assert len(meta["history"]) == meta["study"]["train"]["epochs"]
     rec = meta["recorded"]["test"]
     for key in ("overlap", "recall_filter_first", "recall_score_first", "ndcg_filter_first", "ndcg_score_first",
@@ -225,3 +226,15 @@ def test_staged_requests_match_a_closure_per_batch(tiny):
         torch.testing.assert_close(staged(step, p), fn(step, p), rtol=1e-4, atol=1e-5)
     with pytest.raises(ZeroGRError, match="6 requests, the staged batch is 5"):
         staged.load(histories + histories[:1])
+
+
+def test_default_catalog_is_per_model(tmp_path):
+    # Two models trained into one folder both wrote sid_catalog.csv: the second overwrote the first's catalog.
+    from zerogr_core.catalog.samples import open_catalog
+    from zerogr_core.recsys.train import BUNDLED_CHECKPOINT, default_catalog_path
+
+    a, b = default_catalog_path(tmp_path / "a.pt"), default_catalog_path(tmp_path / "b.pt")
+    assert a == tmp_path / "a.sid_catalog.csv" and b == tmp_path / "b.sid_catalog.csv"
+    # Retraining the bundled model still writes the catalog the samples and the app open by name.
+    bundled = default_catalog_path(BUNDLED_CHECKPOINT)
+    assert bundled.is_file() and open_catalog("movielens").n_items == open_catalog(str(bundled)).n_items

@@ -391,7 +391,7 @@ def train_movielens(data_dir: str | Path | None, out: str | Path, *, catalog_pat
     out : str or Path
         Checkpoint file to write.
     catalog_path : str or Path, optional
-        SID catalog CSV to write (default: ``sid_catalog.csv`` beside ``out``).
+        SID catalog CSV to write (default: :func:`default_catalog_path` of ``out``).
     preset : {"shipped", "tiny"}
     device : str or torch.device, optional
         Default: CUDA when available, else CPU.
@@ -407,7 +407,7 @@ def train_movielens(data_dir: str | Path | None, out: str | Path, *, catalog_pat
     config = StudyConfig.preset(preset)
     dev = resolve_device(device)
     out = Path(out)
-    catalog_path = Path(catalog_path) if catalog_path is not None else out.with_name("sid_catalog.csv")
+    catalog_path = Path(catalog_path) if catalog_path is not None else default_catalog_path(out)
     if catalog_path.suffix.lower() != ".csv":
         raise ZeroGRError(f"--catalog {catalog_path}: the SID catalog is written as .csv")
     start = time.perf_counter()
@@ -447,6 +447,19 @@ def train_movielens(data_dir: str | Path | None, out: str | Path, *, catalog_pat
         f"test Recall@10 {rec['recall_filter_first'].get('10', float('nan')):.3f} (filter first) / "
         f"{rec['recall_score_first'].get('10', float('nan')):.3f} (score first)")
     return meta
+
+
+def default_catalog_path(out: str | Path) -> Path:
+    """Where ``train-movielens --out FILE`` writes its SID catalog without ``--catalog``.
+
+    ``<stem>.sid_catalog.csv`` beside ``out``, so two models trained into one folder keep one catalog
+    each; the bundled checkpoint keeps the bundled ``sid_catalog.csv``, which the samples and the
+    app open by name.
+    """
+    out = Path(out)
+    if out.resolve() == BUNDLED_CHECKPOINT.resolve():
+        return BUNDLED_CHECKPOINT.with_name("sid_catalog.csv")
+    return out.with_name(f"{out.stem}.sid_catalog.csv")
 
 
 def _relpath(path: Path, base: Path) -> str:
