@@ -353,6 +353,24 @@ def test_users_come_from_json_lines_or_one_interactions_object(tmp_path):
     assert [len(shard(7, r, 3)) for r in range(3)] == [3, 2, 2]
 
 
+def test_users_file_that_reads_both_ways_is_refused(tmp_path):
+    # An interactions object with a user named "history" was read as one JSON-lines user: the others were dropped.
+    from zerogr_core.serve.offline import read_users
+
+    whole = tmp_path / "inter.json"
+    for doc in ({"history": [1, 2], "7": [3]}, {"history": [1, 2]}):
+        for indent in (None, 2):
+            whole.write_text(json.dumps(doc, indent=indent))
+            with pytest.raises(ZeroGRError) as err:
+                read_users(whole)
+            assert "ambiguous" in str(err.value) and "inter.json" in str(err.value) and "\n" not in str(err.value)
+    # A JSON-lines user with a "user" field, alone in its file, still reads as one.
+    whole.write_text('{"user": "a", "history": [1, 2]}\n')
+    assert read_users(whole).labels == ["a"] and read_users(whole).histories == [(1, 2)]
+    whole.write_text(json.dumps({"7": [4, 5], "8": [6]}))
+    assert read_users(whole).labels == ["7", "8"]
+
+
 @pytest.mark.parametrize("text,words", [
     (None, ["catalog tiny does not fit the model", "column 'codebook_sizes'", "the SIDs have 3 levels"]),
     ("item_id,s1,s2,s3,s4\n1,200,0,0,0\n", ["does not fit the model", "row 1", "column 's1'",

@@ -53,11 +53,12 @@ def read_users(path: str | Path) -> Users:
     """Users of a JSON-lines file, one ``{"user": ..., "history": [item ids]}`` per line (with
     optional ``"exclude": [item ids]`` and ``"allow": [item ids]``, as ``POST /recommend`` takes
     them), or of one JSON object ``{user: [item ids], ...}`` (the interactions file ``train`` reads).
+    A file that is one object of lists with a ``"history"`` key could be either, and is refused.
 
     Raises
     ------
     ZeroGRError
-        Unreadable file, an entry that is not such a user, or an item id that is neither an integer
+        Unreadable file, an ambiguous one, an entry that is not such a user, or an item id that is neither an integer
         (within 64 bits) nor a string (each named by its line or user, field and entry).
     """
     path = Path(path)
@@ -73,6 +74,12 @@ def read_users(path: str | Path) -> Users:
             whole = json.loads(text)
         except json.JSONDecodeError:
             whole = None  # JSON lines: one object per line
+    if isinstance(whole, dict) and "history" in whole and all(isinstance(v, list) for v in whole.values()):
+        # One object of lists with a "history" key reads both ways: users {user: [ids]} with a user named
+        # "history", or a single JSON-lines user without "user"; guessing dropped every other user.
+        raise ZeroGRError(f"--input {path}: ambiguous: one JSON object whose values are all lists, with a "
+                          "\"history\" key: give a JSON-lines user a \"user\" field, or rename the user "
+                          "\"history\" of an interactions object {user: [item ids]}")
     if isinstance(whole, dict) and "history" not in whole:
         labels, histories = [], []
         for user, items in whole.items():
