@@ -284,3 +284,21 @@ def test_heads_the_projections_cannot_read_are_named():
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         heads = [torch.randn(2, 4).to(dtype) for _ in range(2)]
         assert Decoder(index, heads, 2).decode(PrefixModel([2, 2], 4, 1, 0), 1).item_rows.shape == (1, 2)
+
+
+def test_band_offsets_that_cannot_apply_are_refused():
+    """Offsets given with per-level heads were silently dropped, and 10.5 became row 10 of the shared head."""
+    catalog = Catalog.from_sids(np.array([[0, 1], [1, 0]]), [2, 2])
+    index = build_index(catalog)
+    per_level = [torch.randn(2, 4), torch.randn(2, 4)]
+    with pytest.raises(ZeroGRError, match=r"^band_offsets: apply only to one shared \(rows, H\) head"):
+        Decoder(index, per_level, 2, band_offsets=[0, 2])
+    shared = torch.randn(6, 4)
+    for bad, shown in (([0, 2.5], "2.5"), ([0, True], "True"), ([0, "2"], "'2'"), ([0, float("nan")], "nan")):
+        with pytest.raises(ZeroGRError, match=rf"^band_offsets: level 2 offset {shown} is not a whole number$"):
+            Decoder(index, shared, 2, band_offsets=bad)
+    with pytest.raises(ZeroGRError, match=r"^band_offsets: expected one whole number per level, got int$"):
+        Decoder(index, shared, 2, band_offsets=2)
+    # whole numbers of any type still apply
+    for good in ([0, 4], (np.int64(0), np.int64(4)), [0.0, 4.0], torch.tensor([0, 4])):
+        assert Decoder(index, shared, 2, band_offsets=good).heads.band_offsets == (0, 4)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -42,6 +44,7 @@ class Heads:
         codebook_sizes : sequence of int
         band_offsets : sequence of int, optional
             For a shared head: first row of each level (default: cumulative codebook sizes).
+            Whole numbers only; refused with per-level heads, which they cannot apply to.
         """
         sizes = tuple(int(s) for s in codebook_sizes)
         if isinstance(heads, Heads) and band_offsets is None:
@@ -53,7 +56,7 @@ class Heads:
             _check_dtype(heads, "heads")
             if heads.dim() != 2:
                 raise ZeroGRError(f"heads: a shared head must be 2-D (rows, H), got shape {tuple(heads.shape)}")
-            offsets = tuple(int(o) for o in band_offsets) if band_offsets is not None else \
+            offsets = _whole_offsets(band_offsets) if band_offsets is not None else \
                 tuple(int(sum(sizes[:l])) for l in range(len(sizes)))
             if len(offsets) != len(sizes):
                 raise ZeroGRError(f"band_offsets: {len(offsets)} offsets for {len(sizes)} levels")
@@ -65,6 +68,10 @@ class Heads:
         if isinstance(heads, (str, bytes)) or not hasattr(heads, "__iter__"):
             raise ZeroGRError(f"heads: expected one (|V_l|, H) tensor per level or one shared (rows, H) tensor, "
                               f"got {type(heads).__name__}")
+        if band_offsets is not None:
+            # each per-level head starts at its own row 0: offsets given with them were silently dropped
+            raise ZeroGRError("band_offsets: apply only to one shared (rows, H) head; heads is one head per "
+                              "level, so leave band_offsets out")
         heads = list(heads)
         if len(heads) != len(sizes):
             raise ZeroGRError(f"heads: {len(heads)} per-level heads for {len(sizes)} levels")
@@ -118,6 +125,25 @@ class Heads:
         if self.shared is not None:
             return self.shared, self.band_offsets[level]
         return self.bands[level], 0
+
+
+def _whole_offsets(band_offsets) -> tuple[int, ...]:
+    """``band_offsets`` as ints, refusing what ``int()`` would have truncated (10.5 → 10) or misread."""
+    if isinstance(band_offsets, (str, bytes)) or not hasattr(band_offsets, "__iter__"):
+        raise ZeroGRError(f"band_offsets: expected one whole number per level, got {type(band_offsets).__name__}")
+    out = []
+    for level, o in enumerate(band_offsets):
+        value = None
+        if not isinstance(o, bool):
+            try:
+                value = operator.index(o)
+            except TypeError:
+                if isinstance(o, numbers.Real) and math.isfinite(float(o)) and float(o).is_integer():
+                    value = int(o)
+        if value is None:
+            raise ZeroGRError(f"band_offsets: level {level + 1} offset {o!r} is not a whole number")
+        out.append(int(value))
+    return tuple(out)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
