@@ -218,6 +218,8 @@ def test_a_kept_checkpoint_is_evaluated_again_only_on_its_own_split(study, tmp_p
     (["--results", "r.txt"], "the report is written as .json"),
     (["--out", "a.pt", "--checkpoint", "b.pt"], "--out and --checkpoint exclude each other"),
     (["--users", "0"], "argument --users: must be ≥ 1, got 0"),
+    # numpy's legacy seeding took no more than 2**32 - 1: a larger seed trained, then raised a traceback
+    (["--seed", "4294967296"], "argument --seed: must be in 0…4294967295, got 4294967296"),
     (["--preset", "tiny", "--device", "cuda:0"], "cuda"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, extra, message):

@@ -355,6 +355,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "bad.txt:2: field 3 'two'" in capsys.readouterr().err
     assert main(["train", "--dataset", "amazon-beauty", "--sids", "x.json", "--out", str(tmp_path / "m.pt")]) == 1
     assert "--sids goes with --data" in capsys.readouterr().err
+    # numpy's legacy seeding took no more than 2**32 - 1: a larger seed trained, then raised a traceback
+    assert main(["train", "--data", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "m.pt"), "--seed",
+                 "4294967296"]) != 0
+    assert "argument --seed: must be in 0…4294967295" in capsys.readouterr().err
     assert main(["quality", "--data", str(tmp_path / "bad.txt")]) == 1
     assert "--checkpoint FILE is required" in capsys.readouterr().err
     write_sequences(tmp_path / "seq.txt", n_users=10, n_items=8)

@@ -31,6 +31,9 @@ from typing import Callable
 #: Digits beyond which an integer is refused as too large: no count here comes near, and
 #: ``int()`` of ``1e999999999`` would take minutes.
 MAX_DIGITS = 30
+#: Largest seed of a training run: numpy's legacy ``np.random.seed`` (the trainings seed it beside
+#: torch) takes no more, and refused a larger one with a traceback.
+SEED_MAX = 2**32 - 1
 
 
 def to_int(text: str, least: int | None = None, most: int | None = None) -> int:

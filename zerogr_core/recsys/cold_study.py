@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arg_types import minutes, whole
+from ..arg_types import SEED_MAX, minutes, whole
 from ..devices import device_arg
 from ..errors import ZeroGRError
 
@@ -320,8 +320,8 @@ def register(subparsers) -> None:
                    help="model and baseline recipe: cpu (minutes on 2 cores), tiger (GPU), tiny (tests)")
     p.add_argument("--device", type=device_arg, default="auto",
                    help="torch device (default: cuda when available, else cpu)")
-    p.add_argument("--seed", type=whole(0), default=0,
-                   help="seeds the cold-start item draw and both trainings (default 0)")
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0,
+                   help="seeds the cold-start item draw and both trainings (default 0; at most 2**32 - 1)")
     p.add_argument("--users", type=whole(1), metavar="N",
                    help="evaluate N evenly spread cold test sequences (default: all)")
     p.add_argument("--max-minutes", type=minutes(), metavar="M", help="training budget of the generative model "

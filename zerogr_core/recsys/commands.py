@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from ..arg_types import minutes, number, whole
+from ..arg_types import SEED_MAX, minutes, number, whole
 from ..devices import device_arg
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "runs" / "results"
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     t.add_argument("--out", metavar="FILE", required=True, help="checkpoint file to write")
     t.add_argument("--max-minutes", type=minutes(), metavar="M", help="wall-clock budget of the training loop "
                    "(overrides the preset's; the best validation weights so far are kept)")
-    t.add_argument("--seed", type=whole(0), help="override the preset's seed")
+    t.add_argument("--seed", type=whole(0, SEED_MAX), help="override the preset's seed (at most 2**32 - 1)")
     t.add_argument("--lr", type=number(positive=True), metavar="LR", help="override the preset's peak learning rate")
     t.add_argument("--patience", type=whole(1), metavar="N", help="override the preset's early stopping: validation "
                    "decodes without a better NDCG@10 before training stops")
