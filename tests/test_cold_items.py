@@ -217,6 +217,9 @@ def test_a_kept_checkpoint_is_evaluated_again_only_on_its_own_split(study, tmp_p
     (["--data", "missing.txt"], "missing.txt: interactions file not found"),
     (["--results", "r.txt"], "the report is written as .json"),
     (["--out", "a.pt", "--checkpoint", "b.pt"], "--out and --checkpoint exclude each other"),
+    # a directory, or a path under a file, failed only after training: torch.save's traceback, or "[Errno 17]"
+    (["--out", "/"], "--out /: is a directory; give a file name"),
+    (["--results", "/dev/null/r.json"], "--results /dev/null/r.json: /dev/null is a file, not a directory"),
     (["--users", "0"], "argument --users: must be ≥ 1, got 0"),
     # numpy's legacy seeding took no more than 2**32 - 1: a larger seed trained, then raised a traceback
     (["--seed", "4294967296"], "argument --seed: must be in 0…4294967295, got 4294967296"),

@@ -113,3 +113,33 @@ def first_line(err: BaseException, default: str = "", limit: int | None = None) 
     may not."""
     line = (str(err).strip().splitlines() or [default])[0]
     return line if limit is None else line[:limit]
+
+
+def check_output_file(path, what: str) -> None:
+    """Refuse, before any work, an output ``path`` that cannot be written as a file.
+
+    A directory, or a path under an existing file, otherwise failed only when the result was
+    written: after the training or study it was meant to keep (a ``torch.save`` traceback, or
+    ``[Errno 17] File exists`` naming no argument).
+
+    Parameters
+    ----------
+    path : str or Path
+    what : str
+        The argument that named it (e.g. ``"--out"``), shown in the error.
+
+    Raises
+    ------
+    ZeroGRError
+        One line naming ``what`` and the path.
+    """
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        raise ZeroGRError(f"{what} {path}: is a directory; give a file name")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ZeroGRError(f"{what} {path}: {parent} is a file, not a directory")
+            break

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..arg_types import SEED_MAX, minutes, whole
 from ..devices import device_arg
-from ..errors import ZeroGRError
+from ..errors import ZeroGRError, check_output_file
 
 #: Methods of the report, in table order.
 METHODS = ("unconstrained", "random", "dense", "filter-first", "score-first")
@@ -345,6 +345,10 @@ def run_coldstart(args: argparse.Namespace) -> None:
         raise ZeroGRError("--out and --checkpoint exclude each other (--checkpoint skips training)")
     if args.results is not None and Path(args.results).suffix.lower() != ".json":
         raise ZeroGRError(f"--results {args.results}: the report is written as .json")
+    # checked before the study: a bad path otherwise failed only when its result was written
+    for what, path in (("--out", args.out), ("--results", args.results)):
+        if path is not None:
+            check_output_file(path, what)
     report = run_cold_study(args.data, args.sids, args.cold, preset=args.preset, device=args.device, seed=args.seed,
                             users=args.users, max_minutes=args.max_minutes, out=args.out,
                             checkpoint=args.checkpoint, cuda_graph=args.cuda_graph,
