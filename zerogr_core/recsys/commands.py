@@ -23,8 +23,8 @@ def register(subparsers) -> None:
                    "layout (default: the bundled ml-latest-small)")
     p.add_argument("--out", metavar="FILE", help="checkpoint file to write (default, only without --data: "
                    "the bundled sample_catalogs/movielens/model.pt)")
-    p.add_argument("--catalog", metavar="FILE", help="SID catalog to write (default: <--out stem>.sid_catalog.csv beside --out; "
-                   "sid_catalog.csv for the bundled model)")
+    p.add_argument("--catalog", metavar="FILE", help="SID catalog to write (default: <--out stem>.sid_catalog.csv "
+                   "beside --out; sid_catalog.csv for the bundled model)")
     p.add_argument("--preset", choices=("shipped", "tiny"), default="shipped",
                    help="model, SID and training preset (default: shipped)")
     p.add_argument("--device", type=device_arg, default="auto",
