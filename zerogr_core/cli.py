@@ -28,7 +28,7 @@ from .catalog.samples import SAMPLE_NAMES, open_catalog
 from .catalog.synth import SYNTH_PRESETS, generate
 from .decode.work_limits import MAX_HIDDEN
 from .devices import as_device, device_arg, resolved
-from .errors import Parser, UsageError, ZeroGRError
+from .errors import Parser, UsageError, ZeroGRError, check_output_file
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
 from .recsys.cold_study import register as register_cold_items
@@ -214,12 +214,7 @@ def _run_synth(args: argparse.Namespace) -> None:
     from .catalog.io import catalog_format, save_catalog
 
     catalog_format(args.out)  # fail on a bad extension, or a place it cannot be written, before generating
-    folder = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(folder):
-        raise ZeroGRError(f"--out {args.out}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or os.path.isdir(args.out) or (
-            os.path.exists(args.out) and not os.access(args.out, os.W_OK)):
-        raise ZeroGRError(f"--out {args.out}: cannot be written")
+    check_output_file(args.out, "--out", folder_must_exist=True)
     start = time.perf_counter()
     catalog = generate(args.kind, args.n, seed=args.seed, codebook=args.codebook)
     generated = time.perf_counter() - start

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import os
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 #: While set, messages built with :func:`shown` withhold the file's values (see :func:`redacted_values`).
@@ -115,31 +117,35 @@ def first_line(err: BaseException, default: str = "", limit: int | None = None) 
     return line if limit is None else line[:limit]
 
 
-def check_output_file(path, what: str) -> None:
+def check_output_file(path, what: str, *, folder_must_exist: bool = False) -> None:
     """Refuse, before any work, an output ``path`` that cannot be written as a file.
 
-    A directory, or a path under an existing file, otherwise failed only when the result was
-    written: after the training or study it was meant to keep (a ``torch.save`` traceback, or
-    ``[Errno 17] File exists`` naming no argument).
+    A directory, a path under an existing file or in a folder this process cannot write, otherwise
+    failed only when the result was written: after the training, study or generation it was meant
+    to keep (a ``torch.save`` traceback, or ``[Errno 17] File exists`` naming no argument).
 
     Parameters
     ----------
     path : str or Path
     what : str
         The argument that named it (e.g. ``"--out"``), shown in the error.
+    folder_must_exist : bool
+        Refuse a path whose folder does not exist (for a writer that does not create it).
 
     Raises
     ------
     ZeroGRError
         One line naming ``what`` and the path.
     """
-    from pathlib import Path
-
     path = Path(path)
     if path.is_dir():
         raise ZeroGRError(f"{what} {path}: is a directory; give a file name")
-    for parent in path.parents:
+    if folder_must_exist and not path.absolute().parent.is_dir():
+        raise ZeroGRError(f"{what} {path}: the folder {path.absolute().parent} does not exist")
+    for parent in path.absolute().parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ZeroGRError(f"{what} {path}: {parent} is a file, not a directory")
+            if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+                raise ZeroGRError(f"{what} {path}: cannot be written")
             break
