@@ -328,9 +328,10 @@ COUNT_ARGUMENTS = [
     *[(["compare-orders", "--checkpoint", "m.pt"], flag, least, most)
       for flag, least, most in (("--batch", 1, None), ("--beam", 1, None), ("--k", 1, None), ("--repeats", 2, 1000),
                                 ("--seed", 0, None))],
-    *[(["train", "--out", "m.pt"], flag, least, None) for flag, least in (("--seed", 0), ("--patience", 1))],
+    *[(["train", "--out", "m.pt"], flag, least, most)
+      for flag, least, most in (("--seed", 0, 2**32 - 1), ("--patience", 1, None))],
     *[(["quality"], flag, 1, None) for flag in ("--beam", "--users", "--batch-size")],
-    *[(["coldstart"], flag, least, None) for flag, least in (("--seed", 0), ("--users", 1))],
+    *[(["coldstart"], flag, least, most) for flag, least, most in (("--seed", 0, 2**32 - 1), ("--users", 1, None))],
     *[(["serve"], flag, least, most) for flag, least, most in (("--replicas", 1, None), ("--port", 1, 65535),
                                                                ("--beam", 1, None), ("--batch-sizes", 1, None))],
     (["serve", "--llm", "tiny"], "--token-offsets", 0, None),
