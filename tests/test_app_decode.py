@@ -310,10 +310,10 @@ def test_decode_restricted_to_the_cold_start_items():
 
 
 @pytest.mark.parametrize("page,state,expected", [
-    ("decode", dict(dec_beam=1024, dec_batch=1024, dec_hidden=64), "1,048,576 beams per decode, over the limit"),
+    ("decode", dict(dec_beam=1024, dec_batch=1024, dec_hidden=64), "batch × beam: 1024 × 1024 beams is over the 65,536"),
     ("decode", dict(dec_beam=1024, dec_batch=64, dec_hidden=8192), "hidden-state values per step, over this"),
-    ("density", dict(den_beam=1024, den_batch=256, den_hidden=4096), "262,144 beams per decode, over the limit"),
-    ("rebuild", dict(reb_beam=1024, reb_batch=1024), "1,048,576 beams per decode, over the limit"),
+    ("density", dict(den_beam=1024, den_batch=256, den_hidden=4096), "batch × beam: 256 × 1024 beams is over the 65,536"),
+    ("rebuild", dict(reb_beam=1024, reb_batch=1024), "batch × beam: 1024 × 1024 beams is over the 65,536"),
 ])
 def test_beams_and_hidden_states_are_bounded_on_a_small_catalog(page, state, expected):
     """On the 12-item catalog, 1,024 × 1,024 beams of hidden size 8,192 passed the logits check (12 tokens a beam)

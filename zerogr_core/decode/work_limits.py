@@ -133,11 +133,8 @@ class WorkLimits:
             :attr:`max_logits`, or more hidden-state values per step (batch × beam × hidden,
             counted against the same budget) than that.
         """
+        check_beams(batch, beam, "batch × beam")
         beams = int(batch) * int(beam)
-        if beams > MAX_BEAMS:
-            raise ZeroGRError(f"batch {batch:,} × beam {beam:,} is {beams:,} beams per decode, over the limit of "
-                              f"{MAX_BEAMS:,} (every beam holds a hidden state, and a model's cache grows with the "
-                              f"beams, whatever the catalog): lower the batch or the beam width")
         logits = beams * int(sum(codebook_sizes))
         if logits > self.max_logits:
             raise ZeroGRError(f"batch {batch:,} × beam {beam:,} × {sum(codebook_sizes):,} tokens over all levels is "
