@@ -16,11 +16,11 @@ from zerogr_core.app_support import gpu as gpu_info
 from zerogr_core.recsys import beauty, movielens
 from zerogr_core.decode.work_limits import work_limits
 from zerogr_core.app_support.requests import DecodeInputs, random_inputs, study_inputs
-from zerogr_core.app_support.resources import ResourceSlots, is_host_out_of_memory, is_out_of_memory
+from zerogr_core.app_support.resources import ResourceSlots, is_host_out_of_memory
 from zerogr_core.app_support.messages import one_line
 from zerogr_core.app_support.sources import (CatalogSource, default_source, load_source, restage_upload,
                                              sample_source)
-from zerogr_core.errors import ZeroGRError, first_line
+from zerogr_core.errors import ZeroGRError, first_line, is_out_of_memory
 from zerogr_core.index import IndexConfig, build_index
 
 log = logging.getLogger("zerogr.app")

@@ -15,7 +15,8 @@ from zerogr_core.app_support.latency import (GPU_GRAPH, STATIC_GRAPH, VALID_STAT
 from zerogr_core.app_support.profile import comparison, profile_decode
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
 from zerogr_core.decode.random_requests import random_heads, random_hidden_fn
-from zerogr_core.app_support.resources import ResourceSlots, is_out_of_memory
+from zerogr_core.app_support.resources import ResourceSlots
+from zerogr_core.errors import is_out_of_memory
 from zerogr_core.catalog.synth import generate
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

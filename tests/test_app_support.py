@@ -18,7 +18,8 @@ from zerogr_core.app_support.density import beam_weighted_density, histogram_cou
 from zerogr_core.app_support.profile import STAGES, comparison, k_values, profiled_decode
 from zerogr_core.app_support.rebuild import rebuild_while_decoding, refresh_catalog
 from zerogr_core.decode.random_requests import random_heads, random_hidden_fn
-from zerogr_core.app_support.resources import ResourceSlots, is_host_out_of_memory, is_out_of_memory, release_object
+from zerogr_core.app_support.resources import ResourceSlots, is_host_out_of_memory, release_object
+from zerogr_core.errors import is_out_of_memory
 from zerogr_core.app_support.sources import (CatalogSource, load_source, parse_codebook_sizes, sample_source,
                                              server_file_source, stage_upload)
 from zerogr_core.catalog.samples import tiny_catalog

@@ -28,7 +28,7 @@ from .catalog.samples import SAMPLE_NAMES, open_catalog
 from .catalog.synth import SYNTH_PRESETS, generate
 from .decode.work_limits import MAX_HIDDEN
 from .devices import as_device, device_arg, resolved
-from .errors import Parser, UsageError, ZeroGRError, check_output_file
+from .errors import Parser, UsageError, ZeroGRError, check_output_file, is_out_of_memory
 from .index import BUILDERS, INDEX_PRESETS, build_index
 from .recsys.commands import register as register_recsys
 from .recsys.cold_study import register as register_cold_items
@@ -505,7 +505,7 @@ def _main(argv) -> int:
         print("error: out of memory (a smaller --batch, --beam or catalog needs less)", file=sys.stderr)
         return 1
     except RuntimeError as err:  # torch's allocators (CPU and CUDA) say so in a RuntimeError
-        if "out of memory" not in str(err) and "can't allocate memory" not in str(err):
+        if not is_out_of_memory(err):
             raise
         print(f"error: out of memory: {_one_line(err)}", file=sys.stderr)
         return 1

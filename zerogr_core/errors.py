@@ -117,6 +117,20 @@ def first_line(err: BaseException, default: str = "", limit: int | None = None) 
     return line if limit is None else line[:limit]
 
 
+#: How torch's host allocator words a failed allocation ("DefaultCPUAllocator: can't allocate memory: you
+#: tried to allocate 34359738368 bytes"): a RuntimeError that never says "out of memory".
+HOST_ALLOCATOR_FAILURE = "can't allocate memory"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says memory ran out: a ``MemoryError``, or a ``RuntimeError`` of torch's CUDA or
+    host allocator (``torch.OutOfMemoryError`` is one), told by its message so torch need not be imported."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or HOST_ALLOCATOR_FAILURE in text)
+
+
 def check_output_file(path, what: str, *, folder_must_exist: bool = False) -> None:
     """Refuse, before any work, an output ``path`` that cannot be written as a file.
 

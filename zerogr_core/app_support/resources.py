@@ -16,6 +16,8 @@ from typing import Any, Callable, Hashable
 
 import torch
 
+from ..errors import is_out_of_memory
+
 log = logging.getLogger("zerogr.app")
 
 def free_gpu_memory() -> None:
@@ -122,21 +124,6 @@ class ResourceSlots:
     def slots(self) -> list[str]:
         with self._lock:
             return list(self._items)
-
-
-#: How torch's host allocator words a failed allocation ("DefaultCPUAllocator: can't allocate memory: you
-#: tried to allocate 34359738368 bytes"): a RuntimeError that never says "out of memory".
-HOST_ALLOCATOR_FAILURE = "can't allocate memory"
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is a CUDA (or host allocator) out-of-memory error."""
-    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom is not None and isinstance(exc, oom):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in text or HOST_ALLOCATOR_FAILURE in text or isinstance(exc, MemoryError))
 
 
 def is_host_out_of_memory(exc: BaseException) -> bool:
