@@ -21,7 +21,8 @@ import torch
 from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
 from ..index.builders import build_index, h2d_gbps as build_h2d_gbps
-from ..index.layout import IndexConfig, StepIndex
+from ..index.config import IndexConfig
+from ..index.layout import StepIndex
 from ..timing import Stopwatch
 
 

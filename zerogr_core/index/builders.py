@@ -29,9 +29,8 @@ import torch
 from ..catalog.catalog import Catalog, token_dtype
 from ..devices import as_device
 from ..errors import ZeroGRError
-from .layout import IndexConfig, StepIndex, StepMapping, offset_dtype, torch_dtype
-
-BUILDERS = ("layout", "host-copy", "serial")
+from .config import BUILDERS, INDEX_PRESETS, IndexConfig, offset_dtype
+from .layout import StepIndex, StepMapping, torch_dtype
 
 
 def _chunk_bounds(n: int, chunk_rows: int) -> list[tuple[int, int]]:
@@ -274,8 +273,6 @@ def h2d_gbps(build: dict) -> float | None:
 
 def _index_config(config) -> IndexConfig:
     """``config`` as an :class:`IndexConfig`: a preset's name resolves to the preset."""
-    from .layout import INDEX_PRESETS
-
     if config is None:
         return IndexConfig()
     if isinstance(config, str) and config in INDEX_PRESETS:

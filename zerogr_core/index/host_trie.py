@@ -14,7 +14,7 @@ from zerogr_kernels import filter_slots_reference
 
 from ..catalog.catalog import Catalog
 from .builders import build_index
-from .layout import INDEX_PRESETS
+from .config import INDEX_PRESETS
 
 
 @dataclass(eq=False)
