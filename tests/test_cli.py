@@ -98,6 +98,34 @@ def test_usage_errors_subprocess():
     assert_one_line_error(run_cli("frobnicate"), "invalid choice")
 
 
+#: Every command's help and a usage error of each, in one process; prints the heavy modules loaded.
+HELP_AND_USAGE_ERRORS = """
+import contextlib, io, sys
+from zerogr_core.cli import build_parser, main
+
+commands = list(build_parser()._subparsers._group_actions[0].choices)
+lines = [["--help"], [], ["frobnicate"], ["plan", "tiny", "--beam", "0"]]
+lines += [[c, "--help"] for c in commands] + [[c, "--no-such-option"] for c in commands]
+for argv in lines:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        try:
+            code = main(argv)
+        except SystemExit as exit:
+            code = exit.code
+    assert code == (0 if "--help" in argv else 2), (argv, code, err.getvalue())
+print(" ".join(m for m in ("torch", "triton", "zerogr_kernels") if m in sys.modules))
+"""
+
+
+def test_help_and_usage_errors_load_neither_torch_nor_triton():
+    # `--help` and a mistyped command line answer at once: loading torch takes over a second,
+    # so the parser is built from torch-free modules and each command imports its work when it runs
+    result = subprocess.run([sys.executable, "-c", HELP_AND_USAGE_ERRORS], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"loaded before any command ran: {result.stdout.strip()}"
+
+
 # ---------------------------------------------------------------------------- in-process runs
 def run_main(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))

@@ -3,7 +3,9 @@
 Commands are contributed by *registrars*: functions ``register(subparsers)`` that add
 one or more subcommands and set ``handler`` (a function of the parsed arguments that
 returns an exit status or ``None``) as a parser default. To add commands from another
-module, append its ``register`` to :data:`REGISTRARS`.
+module, append its ``register`` to :data:`REGISTRARS`. A registrar's module imports only
+torch-free modules (argument types, presets, limits) and its handler imports the command's
+work, so that ``--help`` and usage errors answer without loading torch or the kernels.
 
 Every :class:`~zerogr_core.errors.ZeroGRError`, ``OSError`` and usage error ends the
 program with a one-line ``error: …`` on stderr and a non-zero status, never a traceback.
@@ -29,7 +31,7 @@ from .catalog.synth import SYNTH_PRESETS, generate
 from .decode.work_limits import MAX_HIDDEN
 from .devices import as_device, device_arg, resolved
 from .errors import Parser, UsageError, ZeroGRError, check_output_file, is_out_of_memory
-from .index import BUILDERS, INDEX_PRESETS, build_index
+from .index.config import BUILDERS, INDEX_PRESETS
 from .recsys.commands import register as register_recsys
 from .recsys.cold_study import register as register_cold_items
 from .serve.commands import register as register_serve
@@ -108,6 +110,8 @@ def register_index(subparsers) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> None:
+    from .index import build_index
+
     catalog = catalog_from_args(args)
     config = INDEX_PRESETS[args.preset]
     overrides = {}
@@ -171,6 +175,8 @@ def register_next(subparsers) -> None:
 
 
 def _run_next(args: argparse.Namespace) -> None:
+    from .index import build_index
+
     prefix = args.prefix
     catalog = catalog_from_args(args)
     if len(prefix) >= catalog.n_levels:
@@ -326,6 +332,7 @@ def _run_plan(args: argparse.Namespace) -> None:
     from .decode.random_requests import random_heads, random_hidden_fn, resolve_dtype
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
+    from .index import build_index
 
     from .decode.work_limits import check_beams
 
@@ -395,6 +402,7 @@ def _run_warmup(args: argparse.Namespace) -> None:
     from .decode.random_requests import random_heads, random_hidden_fn, resolve_dtype
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
+    from .index import build_index
     from .timing import Stopwatch
 
     from .decode.work_limits import check_beams

@@ -52,8 +52,11 @@ def device_arg(value: str) -> str:
     """The argparse ``type`` of every ``--device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (CUDA
     only where it is available, :func:`as_device`), returned unchanged (commands resolve ``auto``
     with :func:`resolved`, and echo it as given in the commands they print); anything else is a
-    one-line usage error. torch is imported when a value is checked, not when the parser is built."""
-    if value == "auto":
+    one-line usage error. torch is imported to check a value other than ``auto`` and ``cpu``, not when the
+    parser is built."""
+    # the CPU is always there; asking torch would load it on every parse of quality and
+    # compare-orders, whose default "cpu" argparse checks as it checks a value given
+    if value in ("auto", "cpu"):
         return value
     try:
         as_device(value, what=None)

@@ -26,7 +26,6 @@ import numpy as np
 from ..arg_types import whole
 from ..devices import device_arg, resolved
 from ..errors import UsageError, ZeroGRError
-from .order_latency import ORDERS, VALID_TOKENS
 
 #: History items per seeded request of a project checkpoint.
 HISTORY_LENGTH = 8
@@ -217,7 +216,7 @@ def compare(catalog, heads, band_offsets, step_model, settings: CompareSettings)
     """
     from .. import Decoder, build_index
     from ..recsys.quality import overlap_metrics
-    from .order_latency import LatencyProtocol, order_runs, time_orders
+    from .order_latency import ORDERS, VALID_TOKENS, LatencyProtocol, order_runs, time_orders
 
     index = build_index(catalog, device=settings.device)
     decoders = {o: Decoder(index, heads, settings.beam, order=o, band_offsets=band_offsets, catalog=catalog)
