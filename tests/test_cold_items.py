@@ -148,6 +148,40 @@ def study(tmp_path_factory):
     return dict(seq=seq, sids=sids, out=out, report=json.loads(results.read_text()))
 
 
+@pytest.fixture(scope="module")
+def one_cold(tmp_path_factory):
+    """The study with a share that rounds to no item: one item is drawn cold, the least the split makes."""
+    tmp = tmp_path_factory.mktemp("one-cold")
+    seq, sids = write_data(tmp, n_users=80, n_items=60)
+    results = tmp / "report.json"
+    with pytest.MonkeyPatch.context() as mp:  # as the study fixture: the references, one thread
+        mp.setenv("TRITON_INTERPRET", "0")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            code = main(["coldstart", "--data", str(seq), "--sids", str(sids), "--cold", "1e-9", "--preset", "tiny",
+                         "--device", "cpu", "--results", str(results), "--json"])
+        finally:
+            torch.set_num_threads(threads)
+    assert code == 0
+    return json.loads(results.read_text())
+
+
+def test_overlap_counts_only_the_places_the_cold_set_can_fill(one_cold):
+    """One cold item: both orders return it alone, and overlap@5 and @10 read 0.2 and 0.1 (the four and
+    nine empty places of each list counted as disagreement); now the share of min(K, 1) places, 1.0."""
+    from zerogr_core.recsys.quality import overlap_metrics
+
+    assert one_cold["n_cold_items"] == 1
+    assert one_cold["recall"]["filter-first"]["1"] == one_cold["recall"]["score-first"]["1"] == 1.0
+    assert one_cold["overlap"] == {"1": 1.0, "5": 1.0, "10": 1.0}
+    diagnostic = one_cold["filter_first_catalog_normalised"]
+    assert diagnostic["overlap_with_score_first"] == diagnostic["overlap_with_filter_first"] == one_cold["overlap"]
+    a, b = np.array([[7, 3, -1, -1], [7, 2, -1, -1]]), np.array([[3, 7, -1, -1], [7, 3, -1, -1]])
+    assert overlap_metrics(a, b, [1, 4], most=2)[0] == {1: 0.5, 4: 0.75}
+    assert overlap_metrics(a, b, [1, 4])[0] == {1: 0.5, 4: 0.375}    # no limit: out of K places
+
+
 def test_report_schema(study, capsys):
     report = study["report"]
     assert report["cold_share"] == 0.1 and report["n_cold_items"] == 6

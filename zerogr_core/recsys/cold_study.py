@@ -160,8 +160,8 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
     dict
         JSON-ready: ``cold_share``, ``n_cold_test``, ``recall`` and ``ndcg`` (method → K →
         value, K in ``"1"``, ``"5"``, ``"10"``), ``overlap`` (K → mean share of the two
-        orders' top-K in common), ``share_differ``, the split record, model, baseline and
-        timing details, and ``targets`` (the issue's checks).
+        orders' top-K in common, out of min(K, cold items) places), ``share_differ``, the split
+        record, model, baseline and timing details, and ``targets`` (the issue's checks).
     """
     from .cold_items import cold_split
     from .data import leave_one_out
@@ -230,10 +230,12 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
         else:
             r, n = ranking_metrics(lists[method][:, :depth], targets, KS)
         recall[method], ndcg[method] = _keyed(r), _keyed(n)
-    overlap, differ, order_differ = overlap_metrics(lists["filter-first"], lists["score-first"], KS)
+    # the lists hold cold items only: with fewer cold items than K, the empty places are no disagreement
+    n_cold = int(cold_rows.size)
+    overlap, differ, order_differ = overlap_metrics(lists["filter-first"], lists["score-first"], KS, most=n_cold)
     r, n = ranking_metrics(catalog_ff[:, :depth], targets, KS)
-    vs_score, _, _ = overlap_metrics(catalog_ff, lists["score-first"], KS)
-    vs_filter, _, _ = overlap_metrics(catalog_ff, lists["filter-first"], KS)
+    vs_score, _, _ = overlap_metrics(catalog_ff, lists["score-first"], KS, most=n_cold)
+    vs_filter, _, _ = overlap_metrics(catalog_ff, lists["filter-first"], KS, most=n_cold)
     diagnostic = dict(description="filter-first with the allow list normalised over the catalog's valid tokens "
                                   "(normalise='catalog') instead of the allowed ones",
                       recall=_keyed(r), ndcg=_keyed(n), overlap_with_score_first=_keyed(vs_score),

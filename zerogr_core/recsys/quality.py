@@ -269,17 +269,24 @@ def ranking_metrics(lists: np.ndarray, targets: np.ndarray, ks: Sequence[int]) -
     return recall, ndcg
 
 
-def overlap_metrics(a: np.ndarray, b: np.ndarray, ks: Sequence[int]) -> tuple[dict, dict, dict]:
+def overlap_metrics(a: np.ndarray, b: np.ndarray, ks: Sequence[int],
+                    most: int | None = None) -> tuple[dict, dict, dict]:
     """How far two ranked lists per user agree.
 
     Parameters
     ----------
     a, b : np.ndarray, shape (U, M), int64
+        -1 marks an empty place.
+    ks : sequence of int
+    most : int, optional
+        The most items a list can hold, e.g. the size of the allowed set both were
+        restricted to (default: no limit).
 
     Returns
     -------
     overlap : dict
-        K → mean over users of |top-K(a) ∩ top-K(b)| / K.
+        K → mean over users of |top-K(a) ∩ top-K(b)| / min(K, ``most``): the share of the
+        places both lists can fill that hold the same items.
     share_differ : dict
         K → share of users whose top-K *sets* differ.
     share_order_differ : dict
@@ -288,7 +295,8 @@ def overlap_metrics(a: np.ndarray, b: np.ndarray, ks: Sequence[int]) -> tuple[di
     overlap, differ, order_differ = {}, {}, {}
     for k in ks:
         common = np.array([np.intersect1d(x[:k][x[:k] >= 0], y[:k]).size for x, y in zip(a, b)])
-        overlap[k] = float((common / k).mean())
+        # a set of fewer than K items leaves places no list can fill: they are not disagreement
+        overlap[k] = float((common / min(k, most if most is not None else k)).mean())
         differ[k] = float(np.mean([set(x[:k]) != set(y[:k]) for x, y in zip(a, b)]))
         order_differ[k] = float((a[:, :k] != b[:, :k]).any(axis=1).mean())
     return overlap, differ, order_differ
