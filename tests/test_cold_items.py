@@ -1,6 +1,8 @@
 """The cold-start items study: its split, baselines, constrained decodes and ``coldstart`` command."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -153,18 +155,19 @@ def one_cold(tmp_path_factory):
     """The study with a share that rounds to no item: one item is drawn cold, the least the split makes."""
     tmp = tmp_path_factory.mktemp("one-cold")
     seq, sids = write_data(tmp, n_users=80, n_items=60)
-    results = tmp / "report.json"
+    results, printed = tmp / "report.json", io.StringIO()
     with pytest.MonkeyPatch.context() as mp:  # as the study fixture: the references, one thread
         mp.setenv("TRITON_INTERPRET", "0")
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            code = main(["coldstart", "--data", str(seq), "--sids", str(sids), "--cold", "1e-9", "--preset", "tiny",
-                         "--device", "cpu", "--results", str(results), "--json"])
+            with contextlib.redirect_stdout(printed):
+                code = main(["coldstart", "--data", str(seq), "--sids", str(sids), "--cold", "1e-9", "--preset",
+                             "tiny", "--device", "cpu", "--results", str(results)])
         finally:
             torch.set_num_threads(threads)
     assert code == 0
-    return json.loads(results.read_text())
+    return dict(json.loads(results.read_text()), printed=printed.getvalue())
 
 
 def test_overlap_counts_only_the_places_the_cold_set_can_fill(one_cold):
@@ -180,6 +183,18 @@ def test_overlap_counts_only_the_places_the_cold_set_can_fill(one_cold):
     a, b = np.array([[7, 3, -1, -1], [7, 2, -1, -1]]), np.array([[3, 7, -1, -1], [7, 3, -1, -1]])
     assert overlap_metrics(a, b, [1, 4], most=2)[0] == {1: 0.5, 4: 0.75}
     assert overlap_metrics(a, b, [1, 4])[0] == {1: 0.5, 4: 0.375}    # no limit: out of K places
+
+
+def test_the_report_gives_the_share_drawn_beside_the_share_asked(one_cold):
+    """--cold 1e-9 of 60 items draws one item (at least one is drawn): the log said '1 of 60 (1e-09, …)',
+    the report '1 cold (1e-07 % of 60)' and the table '| 1e-07 % |'; now each gives the 1.67 % drawn."""
+    from zerogr_core.recsys.cold_study import format_cold_report, markdown_table
+
+    assert one_cold["cold_share"] == 1e-9 and one_cold["cold_share_drawn"] == pytest.approx(1 / 60)
+    assert "cold-start items: 1 of 60 (1.67 %; --cold 1e-09, seed 0); " in one_cold["printed"]
+    assert "cold-start items: 1 cold (1.67 % of 60), " in one_cold["printed"]
+    assert format_cold_report(one_cold).startswith("cold-start items: 1 cold (1.67 % of 60), ")
+    assert markdown_table([one_cold]).splitlines()[2].startswith("| 1.67 % | ")
 
 
 def test_report_schema(study, capsys):

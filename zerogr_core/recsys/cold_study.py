@@ -158,7 +158,9 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
     Returns
     -------
     dict
-        JSON-ready: ``cold_share``, ``n_cold_test``, ``recall`` and ``ndcg`` (method → K →
+        JSON-ready: ``cold_share`` (``share`` as asked), ``cold_share_drawn`` (the share of
+        the catalog made cold: ``round(share × N)`` items, at least one), ``n_cold_items``,
+        ``n_cold_test``, ``recall`` and ``ndcg`` (method → K →
         value, K in ``"1"``, ``"5"``, ``"10"``), ``overlap`` (K → mean share of the two
         orders' top-K in common, out of min(K, cold items) places), ``share_differ``, the split
         record, model, baseline and timing details, and ``targets`` (the issue's checks).
@@ -185,7 +187,10 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
     log(f"semantic IDs from {sids_path}, taken as content SIDs (item metadata, not these interactions); "
         f"the study is only meaningful if they are")
     split = cold_split(data, share, seed)
-    log(f"cold-start items: {split.cold_items.size} of {data.n_items} ({share:g}, seed {seed}); "
+    # round(share × N), at least one: the share made cold can be far from the one asked on a small catalog
+    drawn = split.cold_items.size / data.n_items
+    log(f"cold-start items: {split.cold_items.size} of {data.n_items} ({100 * drawn:.3g} %; --cold {share:g}, "
+        f"seed {seed}); "
         f"{split.removed_interactions} interactions removed; {split.warm.n_users} warm users; "
         f"{split.test_targets.size} cold test sequences ({split.empty_history_tests} without a warm history dropped)")
     t_train = time.perf_counter()
@@ -247,7 +252,8 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
     record.pop("cold_item_ids")
     seq = SeqPreset.preset(config.name)
     report = dict(
-        study="cold-start items (STATIC Table 3 setting)", cold_share=split.share, seed=split.seed,
+        study="cold-start items (STATIC Table 3 setting)", cold_share=split.share, cold_share_drawn=drawn,
+        seed=split.seed,
         n_cold_items=int(cold_rows.size), n_cold_test=int(len(chosen)), k=list(KS), beam=config.beam,
         recall=recall, ndcg=ndcg, overlap=_keyed(overlap), share_differ=_keyed(differ),
         share_order_differ=_keyed(order_differ), unconstrained=unconstrained,
@@ -283,9 +289,14 @@ def targets_check(report: dict) -> dict:
                 orders_recall1_gap_pp=gap_pp, orders_gap_ok=gap_pp <= 0.2)
 
 
+def _drawn(report: dict) -> float:
+    """The share of the catalog a report made cold (not --cold: the count is rounded, at least one)."""
+    return report["n_cold_items"] / report["data"]["items"]
+
+
 def format_cold_report(report: dict) -> str:
     """A plain-text table of a study report."""
-    lines = [f"cold-start items: {report['n_cold_items']} cold ({100 * report['cold_share']:g} % of "
+    lines = [f"cold-start items: {report['n_cold_items']} cold ({100 * _drawn(report):.3g} % of "
              f"{report['data']['items']}), {report['n_cold_test']} cold test sequences, beam {report['beam']}, "
              f"model {report['model']['preset']} ({report['model']['parameters']:,} parameters)",
              f"{'method':<14}" + "".join(f"{'R@' + k:>9}" for k in map(str, KS)) + f"{'NDCG@10':>9}"]
@@ -377,7 +388,8 @@ PAPER_BEAUTY_RECALL1 = {
 
 def markdown_table(reports: list[dict]) -> str:
     """Markdown rows, one per report and method: Recall@1/5/10 and NDCG@10 in %, the paper's
-    Beauty Recall@1 beside ours where its share is one of the paper's, and the orders' overlap."""
+    Beauty Recall@1 beside ours where its share is one of the paper's, and the orders' overlap.
+    The cold share shown is the share drawn (cold items / catalog items)."""
     lines = ["| cold share | cold test seqs | method | R@1 | R@5 | R@10 | NDCG@10 | paper R@1 (Beauty) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for report in reports:
@@ -385,8 +397,8 @@ def markdown_table(reports: list[dict]) -> str:
         for m in METHODS:
             ours = paper.get("constrained" if m in ("filter-first", "score-first") else m)
             cells = [f"{100 * report['recall'][m][str(k)]:.2f}" for k in KS] + [f"{100 * report['ndcg'][m]['10']:.2f}"]
-            lines.append(f"| {100 * report['cold_share']:g} % | {report['n_cold_test']} | {m} | " + " | ".join(cells)
+            lines.append(f"| {100 * _drawn(report):.3g} % | {report['n_cold_test']} | {m} | " + " | ".join(cells)
                          + f" | {'' if ours is None else f'{ours:.2f}'} |")
-        lines.append(f"| {100 * report['cold_share']:g} % | | overlap of the two orders' top-K | "
+        lines.append(f"| {100 * _drawn(report):.3g} % | | overlap of the two orders' top-K | "
                      + " | ".join(f"{100 * report['overlap'][str(k)]:.1f}" for k in KS) + " | | |")
     return "\n".join(lines)
