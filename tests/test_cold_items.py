@@ -85,6 +85,21 @@ def test_a_bad_share_is_refused(share):
         draw_cold_items(np.arange(100), share, 0)
 
 
+def test_a_share_that_leaves_nothing_to_train_on_is_refused_naming_cold(tmp_path, capsys):
+    """At 0.95 two users keep three warm items each, one training item apiece after leave-one-out, so no
+    training example: the command failed in training with 'training data: no user has two or more training
+    interactions', naming no argument."""
+    seq, sids = write_data(tmp_path, n_users=80, n_items=60)
+    split = cold_split(load_sequences(seq, sids), 0.9, 0)
+    assert (np.diff(split.warm.offsets) > 3).any()                   # 0.9 still trains
+    with pytest.raises(ZeroGRError, match=r"^--cold 0.95: no user keeps 4 or more warm interactions"):
+        cold_split(load_sequences(seq, sids), 0.95, 0)
+    assert main(["coldstart", "--data", str(seq), "--sids", str(sids), "--cold", "0.95", "--preset", "tiny",
+                 "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --cold 0.95: no user keeps") and "lower --cold" in err and err.count("\n") == 1
+
+
 def test_cold_item_set_of_a_catalog_matches_the_study_draw():
     sids = np.array([[a, b] for a in range(4) for b in range(5)])
     ids = np.arange(100, 120)

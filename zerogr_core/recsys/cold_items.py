@@ -163,7 +163,8 @@ def cold_split(data: SequenceData, share: float, seed: int = 0) -> ColdSplit:
     Raises
     ------
     ZeroGRError
-        A share outside (0, 1); no warm user left to train on; no cold test sequence.
+        A share outside (0, 1); no user keeping a training example (four warm interactions:
+        the last two are held out); no cold test sequence.
     """
     share = check_share(share)
     cold_ids = draw_cold_items(data.item_ids, share, seed)
@@ -175,8 +176,12 @@ def cold_split(data: SequenceData, share: float, seed: int = 0) -> ColdSplit:
     warm_len = np.bincount(user_of[warm_mask], minlength=data.n_users)
     keep_user = warm_len >= MIN_INTERACTIONS
     kept = warm_mask & keep_user[user_of]
-    if not keep_user.any():
-        raise ZeroGRError(f"--cold {share:g}: no user keeps {MIN_INTERACTIONS} warm interactions to train on")
+    # leave-one-out holds out each user's last two items, and a training pair needs two more: without
+    # such a user the training failed later as "training data: no user has two or more training interactions"
+    if not (warm_len > MIN_INTERACTIONS).any():
+        raise ZeroGRError(f"--cold {share:g}: no user keeps {MIN_INTERACTIONS + 1} or more warm interactions (each "
+                          f"user's last two are held out for validation and test, and a training example needs two "
+                          f"more); lower --cold")
     lengths = warm_len[keep_user]
     warm = replace(data, user_ids=data.user_ids[keep_user], items=data.items[kept],
                    offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
