@@ -229,6 +229,43 @@ def test_argument_errors(capsys, args, fragment):
     assert err.count("\n") == 1 and err.startswith("error: ") and fragment in err, err
 
 
+#: command → its arguments (besides --checkpoint) and the checkpoint format its loader takes.
+CHECKPOINT_COMMANDS = {
+    "quality": (["quality"], "movielens"),
+    "quality --data": (["quality", "--data", "{seq}", "--sids", "{sids}"], "sequence"),
+    "coldstart": (["coldstart", "--data", "{seq}", "--sids", "{sids}", "--cold", "0.1", "--preset", "tiny",
+                   "--device", "cpu"], "sequence"),
+    "decode-dataset": (["decode-dataset", "--input", "{input}", "--out", "{out}", "--preset", "cpu"], "sequence"),
+    "serve": (["serve", "--preset", "cpu"], "sequence"),
+}
+
+
+@pytest.mark.parametrize("command", list(CHECKPOINT_COMMANDS))
+@pytest.mark.parametrize("bad", ["missing", "not torch", "no weights"])
+def test_a_bad_checkpoint_is_one_line_naming_the_flag_and_the_file(capsys, tmp_path, command, bad):
+    """quality and coldstart named the file only ('x.pt: checkpoint not found'), and a file of the right
+    format without its weights raised KeyError: 'state_dict' with a traceback (also in serve and
+    decode-dataset); now each is 'error: --checkpoint x.pt: …'."""
+    from test_cold_items import write_data
+
+    from zerogr_core.recsys import seqrec, train
+
+    seq, sids = write_data(tmp_path, n_users=80, n_items=60)
+    (tmp_path / "in.jsonl").write_text('{"user": 1, "history": [1, 2]}\n')
+    base, kind = CHECKPOINT_COMMANDS[command]
+    path = tmp_path / "x.pt"
+    if bad == "not torch":
+        path.write_bytes(b"not a checkpoint")
+    elif bad == "no weights":
+        torch.save({"format": train.CHECKPOINT_FORMAT if kind == "movielens" else seqrec.CHECKPOINT_FORMAT}, path)
+    argv = [a.format(seq=seq, sids=sids, input=tmp_path / "in.jsonl", out=tmp_path / "out.jsonl") for a in base]
+    code, out, err = run_main(capsys, *argv, "--checkpoint", str(path), "--results", str(tmp_path)) \
+        if command.startswith("quality") else run_main(capsys, *argv, "--checkpoint", str(path))
+    assert code == 1 and err.startswith(f"error: --checkpoint {path}: ") and err.count("\n") == 1, err
+    assert {"missing": "checkpoint not found", "not torch": "not a readable checkpoint",
+            "no weights": "does not fit this version"}[bad] in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_device_cuda_without_cuda_is_one_line(capsys):
     code, out, err = run_main(capsys, "index", "tiny", "--device", "cuda")

@@ -274,7 +274,7 @@ def test_pushes_delete_at_once_undelete_by_rebuild_and_carry_their_label(rec):
     pytest.param(["decode-dataset", "--out", "x.jsonl", "--engine", "eager"], "needs a CUDA GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here")),
     (["serve", "--replicas", "0"], "argument --replicas: must be ≥ 1, got 0"),
-    (["serve", "--checkpoint", "no/such.pt"], "no/such.pt: no such file"),
+    (["serve", "--checkpoint", "no/such.pt"], "--checkpoint no/such.pt: checkpoint not found"),
     # the wait is checked with the command line and named as given, in ms, for both servers
     (["serve", "--batch-wait-ms", "-5"], "argument --batch-wait-ms: must be in 0…10000 milliseconds, got -5"),
     (["serve", "--batch-wait-ms", "nan"], "argument --batch-wait-ms: must be in 0…10000 milliseconds, got nan"),

@@ -1,7 +1,7 @@
 """What the bundled recommenders of the app (:mod:`.movielens`, :mod:`.beauty`) share: an
 overridable checkpoint path, an availability check, and loading with one-line errors; and
-what every client of a project checkpoint shares (the app, ``compare-orders``): loading a
-checkpoint of either trainer, and its KV-cache step model prefilled with histories."""
+what every client of a project checkpoint shares (the app, the commands' ``--checkpoint``):
+loading a checkpoint of either trainer, and its KV-cache step model prefilled with histories."""
 from __future__ import annotations
 
 import importlib
@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ZeroGRError, first_line
+
+
+#: The commands that write each trainer's checkpoints, named when one holds weights of another version.
+RETRAIN_MOVIELENS = "python -m zerogr_core train-movielens --out FILE"
+RETRAIN_SEQUENCE = "python -m zerogr_core train --out FILE"
 
 
 def checkpoint_path(env: str, default: Path) -> Path:
@@ -43,7 +48,8 @@ def load_study(path: Path, loader: Callable, missing: str, retrain: str, device=
         return loader(path, device=device)
     except ZeroGRError:
         raise
-    except (RuntimeError, KeyError, TypeError) as err:  # weights of another model version
+    # weights of another model version, or a file of the right format holding something else
+    except (RuntimeError, KeyError, TypeError, ValueError, AttributeError) as err:
         first = first_line(err, type(err).__name__)
         raise ZeroGRError(f"{path}: the checkpoint does not fit this version of the recommender ({first}); "
                           f"retrain it with `{retrain}`") from None
@@ -128,16 +134,54 @@ def load_project_checkpoint(path, device="cpu"):
     if not is_file(path):
         raise ZeroGRError(f"{path}: checkpoint not found")
     try:
-        fmt = torch.load(path, map_location="cpu", weights_only=True).get("format")
+        blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 — torch raises many types for foreign files
         raise ZeroGRError(f"{path}: not a readable checkpoint ({type(exc).__name__})") from None
-    loaders = {MOVIELENS_FORMAT: (load_checkpoint, "python -m zerogr_core train-movielens --out FILE"),
-               SEQUENCE_FORMAT: (load_sequence_checkpoint, "python -m zerogr_core train --out FILE")}
+    fmt = blob.get("format") if isinstance(blob, dict) else None  # a saved list or tensor reads, too
+    loaders = {MOVIELENS_FORMAT: (load_checkpoint, RETRAIN_MOVIELENS),
+               SEQUENCE_FORMAT: (load_sequence_checkpoint, RETRAIN_SEQUENCE)}
     if fmt not in loaders:
         raise ZeroGRError(f"{path}: not a checkpoint of train-movielens ({MOVIELENS_FORMAT}) or train "
                           f"({SEQUENCE_FORMAT})")
     loader, retrain = loaders[fmt]
     return load_study(path, loader, f"{path}: checkpoint not found", retrain, device=device)
+
+
+def checkpoint_option(option: str, path, loader: Callable | None = None, retrain: str | None = None,
+                      device="cpu"):
+    """A checkpoint named on the command line: every failure is one line naming ``option`` and the file.
+
+    Parameters
+    ----------
+    option : str
+        The argument that named it, e.g. ``"--checkpoint"``.
+    path : str or Path
+    loader : callable, optional
+        ``loader(path, device=...)`` of the one kind of checkpoint the command takes (default:
+        either trainer's, :func:`load_project_checkpoint`).
+    retrain : str, optional
+        With ``loader``: the command that rebuilds the checkpoint, for weights of another version.
+    device : str or torch.device
+
+    Returns
+    -------
+    StudyModel
+
+    Raises
+    ------
+    ZeroGRError
+        ``"--checkpoint FILE: …"``: missing, unreadable or foreign file, or weights of another
+        model version.
+    """
+    path = Path(path)
+    try:
+        if loader is None:
+            return load_project_checkpoint(path, device=device)
+        return load_study(path, loader, f"{path}: checkpoint not found", retrain, device=device)
+    except ZeroGRError as err:
+        text = " ".join(str(err).split())
+        # the loaders' errors begin with the file, except those about a file beside it (its SID catalog)
+        raise ZeroGRError(f"{option} {text}" if text.startswith(f"{path}:") else f"{option} {path}: {text}") from None
 
 
 def study_step_model(study, histories, beam_width: int):

@@ -104,11 +104,13 @@ def _load_or_train(split, config: ColdStudyConfig, device, seed: int, max_minute
                    log):
     """The generative model of the study: ``checkpoint`` (checked to hold this split) or a
     fresh one trained on ``split.warm`` and written to ``out`` (a temporary file when None)."""
+    from .bundled import checkpoint_option
     from .seqrec import load_sequence_checkpoint, train_sequences
 
     record = split.record()
     if checkpoint is not None:
-        study = load_sequence_checkpoint(checkpoint, device=device)
+        study = checkpoint_option("--checkpoint", checkpoint, load_sequence_checkpoint,
+                                  "python -m zerogr_core coldstart --out FILE", device)
         theirs = study.meta.get("split") or {}
         for key in ("kind", "share", "seed", "cold_sha256"):
             if theirs.get(key) != record[key]:

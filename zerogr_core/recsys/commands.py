@@ -112,6 +112,7 @@ def run_train(args: argparse.Namespace) -> None:
 
 def run_quality(args: argparse.Namespace) -> None:
     from ..decode.work_limits import check_beams
+    from .bundled import RETRAIN_MOVIELENS, checkpoint_option
     from .quality import KS, study_report, write_plot
     from .train import fixed_users, load_checkpoint
 
@@ -122,7 +123,10 @@ def run_quality(args: argparse.Namespace) -> None:
     if args.dataset is not None or (args.data is not None and Path(args.data).is_file()):
         return run_sequence_quality(args)
     start = time.perf_counter()
-    study = load_checkpoint(args.checkpoint, device=args.device)
+    if args.checkpoint is None:
+        study = load_checkpoint(None, device=args.device)
+    else:
+        study = checkpoint_option("--checkpoint", args.checkpoint, load_checkpoint, RETRAIN_MOVIELENS, args.device)
     data = load_movielens(args.data)
     split = leave_one_out(data)
     row_of_item = study.rows_of_items(data)
@@ -176,6 +180,7 @@ def run_train_sequences(args: argparse.Namespace) -> None:
 
 def run_sequence_quality(args: argparse.Namespace) -> None:
     """``quality`` on a sequence data set and a T5 checkpoint (all users unless --users)."""
+    from .bundled import RETRAIN_SEQUENCE, checkpoint_option
     from .data import leave_one_out
     from .quality import KS, QualityBars, study_report
     from .seqrec import BEAUTY_CHECKPOINT, load_data, load_sequence_checkpoint, rows_for
@@ -187,7 +192,10 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
         raise ZeroGRError("--checkpoint FILE is required with --data (the bundled model belongs to --dataset)")
     checkpoint = args.checkpoint if args.checkpoint is not None else BEAUTY_CHECKPOINT
     data = load_data(args.data, args.sids, args.dataset)
-    study = load_sequence_checkpoint(checkpoint, device=args.device)
+    if args.checkpoint is None:
+        study = load_sequence_checkpoint(checkpoint, device=args.device)
+    else:
+        study = checkpoint_option("--checkpoint", checkpoint, load_sequence_checkpoint, RETRAIN_SEQUENCE, args.device)
     split = leave_one_out(data)
     row_of_item = rows_for(study, data, checkpoint)
     users = fixed_users(split.n_users, args.users if args.users is not None else split.n_users)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -68,19 +67,11 @@ def load_model(checkpoint: str | None, device):
         from ..recsys.movielens import bundled_study
 
         return bundled_study(device)
-    from ..recsys import seqrec, train
+    from ..recsys.bundled import checkpoint_option
 
-    path = Path(checkpoint)
-    if not path.is_file():
-        raise ZeroGRError(f"--checkpoint {checkpoint}: no such file")
-    try:  # the format decides the loader (a sequence checkpoint loads without Polars)
-        fmt = torch.load(path, map_location="cpu", weights_only=True).get("format")
-    except Exception:  # noqa: BLE001 - torch raises many types for foreign files
-        fmt = None
-    loaders = {train.CHECKPOINT_FORMAT: train.load_checkpoint, seqrec.CHECKPOINT_FORMAT: seqrec.load_sequence_checkpoint}
-    if fmt not in loaders:
-        raise ZeroGRError(f"--checkpoint {checkpoint}: not a recommender checkpoint of train-movielens or train")
-    return loaders[fmt](path, device=device)
+    # either trainer's, told by its format (a sequence checkpoint loads without Polars); a bad file is
+    # one line naming --checkpoint, as in the commands that check it before starting replicas
+    return checkpoint_option("--checkpoint", checkpoint, device=device)
 
 
 def catalog_for_model(spec: str, study):
