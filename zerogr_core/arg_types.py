@@ -31,8 +31,9 @@ from typing import Callable
 #: Digits beyond which an integer is refused as too large: no count here comes near, and
 #: ``int()`` of ``1e999999999`` would take minutes.
 MAX_DIGITS = 30
-#: Largest seed of a training run: numpy's legacy ``np.random.seed`` (the trainings seed it beside
-#: torch) takes no more, and refused a larger one with a traceback.
+#: Largest ``--seed`` of every command: numpy's legacy ``np.random.seed`` (the trainings seed it beside
+#: torch) takes no more, and refused a larger one with a traceback; the benchmarks, which mix the seed
+#: into torch generators' 64-bit seeds, overflowed from about 2**47.
 SEED_MAX = 2**32 - 1
 
 

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from .arg_types import whole, wholes
+from .arg_types import SEED_MAX, whole, wholes
 from .bench.commands import register as register_bench
 from .bench.compare_orders import register as register_compare_orders
 from .bench.e2e_command import register as register_bench_e2e
@@ -211,7 +211,7 @@ def register_synth(subparsers) -> None:
     p.add_argument("kind", metavar="KIND", help=f"preset: {', '.join(SYNTH_PRESETS)}")
     p.add_argument("--n", required=True, metavar="N", type=whole(1), help="number of items (e.g. 50000 or 2e7)")
     p.add_argument("--out", required=True, metavar="FILE", help="output .csv/.tsv/.txt/.parquet")
-    p.add_argument("--seed", type=whole(0), default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0, help="random seed (default 0; at most 2**32 - 1)")
     p.add_argument("--codebook", type=whole(1), default=None, metavar="V", help="codebook size of every level")
     p.set_defaults(handler=_run_synth)
 
@@ -273,7 +273,8 @@ def register_plan(subparsers) -> None:
                    help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--override", default=None, metavar="OPT,…",
                    help="one entry per step: full, selective or MODE/TOPK (e.g. sparse+full/prune)")
-    p.add_argument("--seed", type=whole(0), default=0, help="seed of the random head and requests (default 0)")
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0,
+                   help="seed of the random head and requests (default 0; at most 2**32 - 1)")
     add_planner_arguments(p)
     p.add_argument("--json", action="store_true", help="print the plan table as JSON")
     p.set_defaults(handler=_run_plan)
@@ -392,7 +393,8 @@ def register_warmup(subparsers) -> None:
                    help="hidden size per dtype, a list as long as --dtype, or one size for all (default 1024)")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default: cuda when present, else cpu)")
-    p.add_argument("--seed", type=whole(0), default=0, help="seed of the random head and requests (default 0)")
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0,
+                   help="seed of the random head and requests (default 0; at most 2**32 - 1)")
     add_planner_arguments(p)
     p.add_argument("--json", action="store_true", help="print one JSON record per shape")
     p.set_defaults(handler=_run_warmup)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from ..arg_types import whole
+from ..arg_types import SEED_MAX, whole
 from ..decode.work_limits import MAX_HIDDEN
 from ..devices import device_arg, resolved
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--catalog", required=True)
     p.add_argument("--scale", type=whole(1), default=None)
     p.add_argument("--codebook", type=whole(1), default=None)
-    p.add_argument("--seed", type=whole(0), default=0)
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0)
     p.add_argument("--dtype", required=True)
     p.add_argument("--hidden", type=whole(1, MAX_HIDDEN), required=True)
     p.add_argument("--beam", type=whole(1), required=True)

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..arg_types import seconds, to_seconds, whole, wholes
+from ..arg_types import SEED_MAX, seconds, to_seconds, whole, wholes
 from ..decode.work_limits import MAX_HIDDEN, MAX_REPEATS
 from ..devices import device_arg, resolved
 from ..errors import UsageError
@@ -67,7 +67,8 @@ def register(subparsers) -> None:
     p.add_argument("--quick", action="store_true",
                    help="CPU/CI mode: tiny catalogs (codebook 32), small hidden sizes, batches 1,2, beam 4, "
                         "3 repeats; every code path still runs")
-    p.add_argument("--seed", type=whole(0), default=0, help="seed of catalogs, heads and hidden states (default 0)")
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0,
+                   help="seed of catalogs, heads and hidden states (default 0; at most 2**32 - 1)")
     p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=None,
                    help="timed runs per measurement (default 30; quick 3)")
     p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=None,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arg_types import whole
+from ..arg_types import SEED_MAX, whole
 from ..devices import device_arg, resolved
 from ..errors import UsageError, ZeroGRError
 
@@ -57,7 +57,8 @@ def register(subparsers) -> None:
                    help="top-K of the overlap (default 10, at most the beam and the catalog)")
     p.add_argument("--repeats", type=whole(2, MAX_REPEATS), default=10,
                    help=f"timed decodes per order, in turns (default 10, at least 2, at most {MAX_REPEATS:,})")
-    p.add_argument("--seed", type=whole(0), default=0, help="seed of the requests (default 0)")
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0,
+                   help="seed of the requests (default 0; at most 2**32 - 1)")
     p.add_argument("--device", type=device_arg, default="cpu",
                    help="torch device: cpu (default), cuda, cuda:N or auto")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..arg_types import seconds, whole, wholes
+from ..arg_types import SEED_MAX, seconds, whole, wholes
 from ..decode.work_limits import MAX_REPEATS
 from ..devices import device_arg, resolved
 from .e2e import (CATALOGS, DTYPE_FIELDS, DTYPES, METHODS, MODELS, T5_ONLY, E2EConfig, Workbench, build_catalog,
@@ -56,7 +56,8 @@ def register(subparsers) -> None:
     p.add_argument("--warmup", type=whole(0, MAX_REPEATS), default=None, help="untimed runs first (default 2; quick 1)")
     p.add_argument("--budget-s", type=seconds(), default=None, metavar="S",
                    help="start no new measurement after S seconds (shared out between models and catalogs)")
-    p.add_argument("--seed", type=whole(0), default=0, help="seed of the catalogs, models and requests (default 0)")
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0,
+                   help="seed of the catalogs, models and requests (default 0; at most 2**32 - 1)")
     p.add_argument("--device", type=device_arg, default=None,
                    help="torch device (default cuda when available, else cpu)")
     p.add_argument("--out", default="runs/results/e2e", metavar="DIR",
