@@ -491,6 +491,45 @@ def test_validity_term_ablation_trains_and_is_recorded(tmp_path, capsys):
         ablation_document([reports[0], tmp_path / "other.json"])
 
 
+def _ablation_reports(folder: Path, ks: list[int], selection_k: int) -> list[Path]:
+    """The committed ablation pair, cut to the Ks ``ks`` (as quality writes them for a smaller beam)."""
+    from zerogr_core.recsys.ablation import DEFAULT_REPORTS
+
+    paths = []
+    for i, source in enumerate((DEFAULT_REPORTS[0], DEFAULT_REPORTS[2])):
+        report = json.loads(source.read_text())
+        keys = [str(k) for k in ks]
+        for name, value in list(report.items()):
+            if isinstance(value, dict) and set(value) == {str(k) for k in report["k"]}:
+                report[name] = {k: value[k] for k in keys}
+        report["k"], report["beam"], report["selection"]["k"] = ks, ks[-1], selection_k
+        paths.append(folder / f"r{i}.json")
+        paths[-1].write_text(json.dumps(report))
+    return paths
+
+
+def test_the_ablation_labels_the_ks_its_reports_measured(tmp_path):
+    """Reports of beam 20 (K = 1 … 20), their model selected at K = 5: the summary said 'min overlap over
+    K = 1 … 128' and 'validation Recall@10 / NDCG@10' whatever the reports held."""
+    from zerogr_core.recsys.ablation import ablation_document, summary_table
+
+    paths = _ablation_reports(tmp_path, [1, 5, 10, 20], 5)
+    table = summary_table([json.loads(p.read_text()) for p in paths])
+    assert "| min overlap over K = 1 … 20 |" in table and "| kept epoch, validation Recall@5 / NDCG@5 |" in table
+    assert table in ablation_document(paths)
+
+
+def test_the_ablation_refuses_reports_without_the_ks_it_compares(tmp_path):
+    """Reports of quality --beam 8 hold K = 1 and 5: the ablation failed with KeyError: '10' and a traceback."""
+    from zerogr_core.recsys.ablation import main as ablation_main
+
+    paths = _ablation_reports(tmp_path, [1, 5], 5)
+    with pytest.raises(ZeroGRError, match=r"r0.json: field 'k' is \[1, 5\]; the summary compares K = 1, 5, 10: "
+                                          r"write the reports with quality --beam 10 or more"):
+        ablation_main([str(p) for p in paths] + ["--out", str(tmp_path / "a.md")])
+    assert not (tmp_path / "a.md").exists()
+
+
 @pytest.mark.reference_kernels
 def test_compiled_training_step_follows_the_eager_one(tmp_path):
     """``train --compile`` pads every batch to the full history width and runs it through

@@ -54,11 +54,12 @@ def _invalid(report: dict) -> str:
     return " / ".join(f"{100 * row['mean']:.1f}" for row in report["invalid_mass"][1:]) + " %"
 
 
-#: Summary rows: label → cell of one report.
+#: Summary rows: label → cell of one report. A label's {first_k}, {last_k} and {selection_k} are the
+#: reports' (they share one recipe and Ks): the Ks measured and the K the model selection decoded.
 SUMMARY_ROWS = (
     ("overlap@1", lambda r: f"{100 * r['overlap']['1']:.2f} %"),
     ("overlap@10", lambda r: f"{100 * r['overlap']['10']:.2f} %"),
-    ("min overlap over K = 1 … 128", lambda r: f"{100 * r['bars']['min_overlap']:.2f} %"),
+    ("min overlap over K = {first_k} … {last_k}", lambda r: f"{100 * r['bars']['min_overlap']:.2f} %"),
     ("Recall@5 filter-first / score-first", lambda r: _pair(r, "recall", "5")),
     ("Recall@10 filter-first / score-first", lambda r: _pair(r, "recall", "10")),
     ("NDCG@5 filter-first / score-first", lambda r: _pair(r, "ndcg", "5")),
@@ -67,11 +68,15 @@ SUMMARY_ROWS = (
      lambda r: f"{r['bars']['max_recall_gap_pp']:.2f} / {r['bars']['max_ndcg_gap_pp']:.2f} pt"),
     ("Recall@10 popularity", lambda r: f"{r['recall_popularity']['10']:.4f}"),
     ("mean invalid mass under scoring first, steps 2 / 3 / 4", _invalid),
-    ("kept epoch, validation Recall@10 / NDCG@10",
+    ("kept epoch, validation Recall@{selection_k} / NDCG@{selection_k}",
      lambda r: f"{r['selection']['epoch']}, {r['selection']['recall']:.4f} / {r['selection']['ndcg']:.4f}"),
     ("training", lambda r: f"{r['training']['epochs_run']} epochs, {r['training']['seconds'] / 60:.1f} min "
                            f"on {r['training']['device']}"),
 )
+
+
+#: The Ks the summary rows read: every report must hold them.
+SUMMARY_KS = ("1", "5", "10")
 
 
 def check_comparable(reports: list[dict], paths) -> None:
@@ -95,13 +100,23 @@ def summary_table(reports: list[dict]) -> str:
     head = f"{reports[0]['users']:,} test users, beam {reports[0]['beam']}"
     lines = [f"| {head} | " + " | ".join(run_label(r) for r in reports) + " |",
              "|" + " --- |" * (1 + len(reports))]
+    ks = reports[0]["k"]
+    # a validation decode under beam 10 selected at K = 5; reports written before selection.k, at 10
+    names = dict(first_k=ks[0], last_k=ks[-1], selection_k=reports[0]["selection"].get("k", 10))
     for label, cell in SUMMARY_ROWS:
-        lines.append(f"| {label} | " + " | ".join(cell(r) for r in reports) + " |")
+        lines.append(f"| {label.format(**names)} | " + " | ".join(cell(r) for r in reports) + " |")
     return "\n".join(lines)
 
 
 def ablation_document(paths) -> str:
-    """The Markdown document of the reports at ``paths`` (the first is the baseline)."""
+    """The Markdown document of the reports at ``paths`` (the first is the baseline).
+
+    Raises
+    ------
+    ZeroGRError
+        A missing or foreign report, reports of different recipes or user samples, or reports
+        without the Ks the summary compares (:data:`SUMMARY_KS`).
+    """
     from .analysis import invalid_mass_markdown
     from .quality import markdown_table
 
@@ -119,6 +134,11 @@ def ablation_document(paths) -> str:
     if len(reports) < 2:
         raise ZeroGRError("an ablation needs two or more quality reports")
     check_comparable(reports, paths)
+    measured = [str(k) for k in reports[0]["k"]]
+    if not set(SUMMARY_KS) <= set(measured):
+        # a report of quality --beam under 10 holds no K = 10: the summary failed with KeyError: '10'
+        raise ZeroGRError(f"{paths[0]}: field 'k' is {reports[0]['k']}; the summary compares K = "
+                          f"{', '.join(SUMMARY_KS)}: write the reports with quality --beam 10 or more")
     shown = [str(p.resolve().relative_to(REPO_ROOT)) if p.resolve().is_relative_to(REPO_ROOT) else str(p)
              for p in paths]
     tc = reports[0]["config"]["train"]
