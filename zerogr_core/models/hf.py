@@ -7,9 +7,10 @@ causal LMs (``GPT2LMHeadModel``, ``LlamaForCausalLM``, …) through the step pro
 
 SID level ``l``, local token ``t`` is vocabulary id ``token_offsets[l] + t``. The model's
 output projection (``get_output_embeddings()``, a linear layer without bias) becomes the
-decoder's shared head with one band per level, and the adapter reads what goes into it:
-the model runs with that projection swapped for the identity, so no step computes logits
-over the whole vocabulary unless the decode order asks for them.
+decoder's shared head with one band per level, and the adapter reads what goes into it
+(:func:`hidden_outputs`): in the decoding thread the projection passes its input through,
+so no step computes logits over the whole vocabulary unless the decode order asks for them,
+while other threads using the same model get its logits.
 
 ``transformers`` is imported on first use only; ``import zerogr_core`` never needs it.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -64,16 +66,80 @@ def output_head(model) -> tuple[nn.Module, str, torch.Tensor]:
     raise ZeroGRError(f"model: {name}'s output projection is not one of its modules")
 
 
+# Heads switched on for some thread: id(head) -> [its _HeadSwitch, threads inside hidden_outputs].
+_switched: dict[int, list] = {}
+_switch_lock = threading.Lock()
+# Per thread: id(head) -> depth of that thread's hidden_outputs blocks on it.
+_reading = threading.local()
+
+
+class _HeadSwitch:
+    """The head's ``forward`` while some thread is inside :func:`hidden_outputs`: the input
+    itself in those threads, the head's own output in every other."""
+
+    def __init__(self, head: nn.Module, previous):
+        # ``previous``: a forward already set on the instance (accelerate's device hooks set one)
+        self.head, self.previous = head, previous
+
+    def __call__(self, input, *args, **kwargs):
+        if getattr(_reading, "depth", {}).get(id(self.head)):
+            return input
+        if self.previous is not None:
+            return self.previous(input, *args, **kwargs)
+        return type(self.head).forward(self.head, input, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def hidden_outputs(model):
-    """Within the block, ``model(...).logits`` are the hidden states the head reads."""
+    """Within the block, in the calling thread, ``model(...).logits`` are the hidden states
+    the output projection reads.
+
+    The projection module stays in place (``get_output_embeddings()``, ``state_dict`` and
+    its weights are untouched); while any thread is inside a block its instance ``forward``
+    is a switch that returns its input in those threads and the logits in all others, and
+    the last thread to leave removes it. So one model may serve ZeroGR decodes and its own
+    forward or ``generate`` from several threads at once, and blocks may nest and interleave.
+    The switch is per thread, not per asyncio task: do not await inside the block.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A model whose logits are its output projection's output (:func:`output_head`).
+
+    Raises
+    ------
+    ZeroGRError
+        From :func:`output_head`.
+    """
     parent, attr, _ = output_head(model)
     head = getattr(parent, attr)
-    setattr(parent, attr, nn.Identity())
+    key = id(head)
+    with _switch_lock:
+        entry = _switched.get(key)
+        if entry is None:
+            entry = _switched[key] = [_HeadSwitch(head, vars(head).get("forward")), 0]
+            head.forward = entry[0]
+        entry[1] += 1
+    depth = getattr(_reading, "depth", None)
+    if depth is None:
+        depth = _reading.depth = {}
+    depth[key] = depth.get(key, 0) + 1
     try:
         yield
     finally:
-        setattr(parent, attr, head)
+        depth[key] -= 1
+        if not depth[key]:
+            del depth[key]
+        with _switch_lock:
+            entry[1] -= 1
+            if not entry[1]:
+                del _switched[key]
+                # a forward set over ours meanwhile stays (it chains to ours, now a pass-through)
+                if vars(head).get("forward") is entry[0]:
+                    if entry[0].previous is None:
+                        del head.forward
+                    else:
+                        head.forward = entry[0].previous
 
 
 def check_vocabulary(vocab: int, codebook_sizes: Sequence[int], token_offsets: Sequence[int]) -> tuple[int, ...]:
@@ -110,11 +176,21 @@ class HFStepModel:
         Encoder–decoder models: the decoder's first input (default: the model's
         ``generation_config``/``config`` value).
 
+    Raises
+    ------
+    ZeroGRError
+        An unsupported output projection (:func:`output_head`).
+
     Notes
     -----
     The model keeps its own caches: encoder–decoder models repeat the encoder memory per
     beam as Hugging Face ``generate`` does. :class:`zerogr_core.models.t5.T5StepModel`
     serves T5 with one memory per request and static buffers instead.
+
+    The model may serve other threads meanwhile, through its own forward or ``generate`` or
+    other step models: each step reads the hidden states in its own thread only
+    (:func:`hidden_outputs`) and the model is left as it was. One step model holds one
+    batch's caches, so it serves one decode at a time.
     """
 
     def __init__(self, model, token_offsets: Sequence[int], decoder_start_token_id: int | None = None):
@@ -215,7 +291,13 @@ class HFStepModel:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                  past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
-        return out.logits[:, -1]
+        hidden = out.logits[:, -1]
+        if hidden.shape[-1] != self.hidden_size:
+            # the model multiplies by the projection's weight without calling it: the switch never ran
+            raise ZeroGRError(f"model: {type(self.model).__name__} computes its logits without calling its output "
+                              f"projection, so its hidden states cannot be read ({hidden.shape[-1]} outputs, "
+                              f"hidden size {self.hidden_size})")
+        return hidden
 
 
 class HFGenerator:
