@@ -355,3 +355,23 @@ def test_generate_in_bf16(name, order):
     assert (result.scores[:, :-1] >= result.scores[:, 1:]).all()
     assert (result.item_rows >= 0).all()
     assert np.array_equal(catalog.sids[result.item_rows.numpy()].astype(np.int64), result.tokens.numpy())
+
+
+@pytest.mark.parametrize("kind", ["hf", "t5"])
+def test_step_model_checks_token_offsets(kind):
+    """Built directly (not through generate/HFGenerator, which check them), a step model took
+    offsets past the vocabulary: (3, 20, 12) failed at step 2, feeding level 2's token back, with
+    torch's 'index out of range in self' (on a GPU a device-side assert); 3.7 was truncated to 3."""
+    from zerogr_core.hf import HFStepModel
+    from zerogr_core.models.t5 import T5StepModel
+
+    make = HFStepModel if kind == "hf" else T5StepModel
+    model = t5_model()
+    for bad, message in (((3, 20, 12), r"level 2 starts at id 20, outside the model's vocabulary \[0, 20\)"),
+                         ((3, 7, 25), r"level 3 starts at id 25, outside the model's vocabulary \[0, 20\)"),
+                         ((-1, 7, 12), r"level 1 starts at id -1, outside the model's vocabulary \[0, 20\)"),
+                         ((3.7, 7, 12), r"expected one integer per SID level, got \(3.7, 7, 12\)"),
+                         ((), r"expected one integer per SID level, got \(\)")):
+        with pytest.raises(ZeroGRError, match=rf"^token_offsets: {message}$"):
+            make(model, bad)
+    assert make(model, (3.0, np.int64(7), torch.tensor(12))).token_offsets == OFFSETS

@@ -142,8 +142,7 @@ def hidden_outputs(model):
                         head.forward = entry[0].previous
 
 
-def check_vocabulary(vocab: int, codebook_sizes: Sequence[int], token_offsets: Sequence[int]) -> tuple[int, ...]:
-    """Validate ``token_offsets`` against the catalog's levels and the model's vocabulary."""
+def _whole_offsets(token_offsets) -> tuple[int, ...]:
     try:
         given = list(token_offsets)
         # int() would truncate 3.7 to 3 and shift a level's ids silently: whole numbers only
@@ -153,6 +152,49 @@ def check_vocabulary(vocab: int, codebook_sizes: Sequence[int], token_offsets: S
             raise TypeError
     except (TypeError, ValueError):
         raise ZeroGRError(f"token_offsets: expected one integer per SID level, got {token_offsets!r}") from None
+    return offsets
+
+
+def step_offsets(model, token_offsets: Sequence[int]) -> tuple[int, ...]:
+    """A step model's ``token_offsets``, checked where the catalog is not known.
+
+    Each offset must be a whole number and its level's first id must lie in the model's
+    vocabulary (input embeddings and output projection), since the step model feeds the
+    chosen tokens back as ids ``token_offsets[l] + t``. :func:`check_vocabulary` checks
+    each level's last id too, against the catalog's codebook sizes.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+    token_offsets : sequence of int
+        Vocabulary id of token 0 of each SID level.
+
+    Returns
+    -------
+    tuple of int
+
+    Raises
+    ------
+    ZeroGRError
+        One line naming ``token_offsets``.
+    """
+    offsets = _whole_offsets(token_offsets)
+    if not offsets:
+        raise ZeroGRError(f"token_offsets: expected one integer per SID level, got {token_offsets!r}")
+    sizes = [getattr(model.get_input_embeddings(), "num_embeddings", None)]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    sizes.append(getattr(head, "out_features", None))
+    vocab = min((int(n) for n in sizes if n is not None), default=None)
+    for level, o in enumerate(offsets):
+        if vocab is not None and not 0 <= o < vocab:
+            raise ZeroGRError(f"token_offsets: level {level + 1} starts at id {o}, outside the model's vocabulary "
+                              f"[0, {vocab})")
+    return offsets
+
+
+def check_vocabulary(vocab: int, codebook_sizes: Sequence[int], token_offsets: Sequence[int]) -> tuple[int, ...]:
+    """Validate ``token_offsets`` against the catalog's levels and the model's vocabulary."""
+    offsets = _whole_offsets(token_offsets)
     if len(offsets) != len(codebook_sizes):
         raise ZeroGRError(f"token_offsets: {len(offsets)} offsets for a catalog of {len(codebook_sizes)} levels")
     for level, (o, size) in enumerate(zip(offsets, codebook_sizes)):
@@ -171,7 +213,8 @@ class HFStepModel:
         Encoder–decoder (``config.is_encoder_decoder``) or decoder-only causal LM; put in
         eval mode.
     token_offsets : sequence of int
-        Vocabulary id of token 0 of each SID level.
+        Vocabulary id of token 0 of each SID level; whole numbers whose ids lie in the
+        model's vocabulary (:func:`step_offsets`).
     decoder_start_token_id : int, optional
         Encoder–decoder models: the decoder's first input (default: the model's
         ``generation_config``/``config`` value).
@@ -179,7 +222,7 @@ class HFStepModel:
     Raises
     ------
     ZeroGRError
-        An unsupported output projection (:func:`output_head`).
+        An unsupported output projection (:func:`output_head`) or bad ``token_offsets``.
 
     Notes
     -----
@@ -194,11 +237,11 @@ class HFStepModel:
     """
 
     def __init__(self, model, token_offsets: Sequence[int], decoder_start_token_id: int | None = None):
-        self.model = model.eval()
         _, _, weight = output_head(model)
+        self.token_offsets = step_offsets(model, token_offsets)
+        self.model = model.eval()
         self.head = weight.detach()
         self.hidden_size = int(weight.shape[1])
-        self.token_offsets = tuple(int(o) for o in token_offsets)
         self.n_levels = len(self.token_offsets)
         self.encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
         if self.encoder_decoder:

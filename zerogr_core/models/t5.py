@@ -35,6 +35,7 @@ from zerogr_kernels.memory_attention import request_attention_reference, request
 from zerogr_kernels.rms_norm import MAX_WIDTH, rms_layer_norm_reference, rms_layer_norm_triton
 
 from ..errors import ZeroGRError
+from .hf import step_offsets
 from .protocol import keep_static, safe_parents, token_inputs
 
 
@@ -48,7 +49,8 @@ class T5StepModel:
         which are concatenated into one copy per dtype at the first prefill (a model whose
         weights change afterwards needs a new step model).
     token_offsets : sequence of int
-        Vocabulary id of token 0 of each SID level (L = its length).
+        Vocabulary id of token 0 of each SID level (L = its length); whole numbers whose
+        ids lie in the model's vocabulary (:func:`~zerogr_core.models.hf.step_offsets`).
     decoder_start_token_id : int, optional
         Default: ``model.config.decoder_start_token_id``.
     history_bucket : int
@@ -70,9 +72,9 @@ class T5StepModel:
     """
 
     def __init__(self, model, token_offsets, decoder_start_token_id: int | None = None, history_bucket: int = 16):
+        self.token_offsets = step_offsets(model, token_offsets)
         self.model = model.eval()
         config = model.config
-        self.token_offsets = tuple(int(o) for o in token_offsets)
         self.n_levels = len(self.token_offsets)
         self.hidden_size = int(config.d_model)
         start = config.decoder_start_token_id if decoder_start_token_id is None else decoder_start_token_id
