@@ -221,6 +221,24 @@ def test_errors(model):
         Qwen3StepModel(gpt2, OFFSETS)
 
 
+def test_token_offsets_are_checked(model):
+    """Qwen3StepModel took its offsets through int(): 16.7 became 16 and True 1 (level 1's ids
+    moved, silently), "16" and () were accepted; now through the check HFStepModel and
+    T5StepModel use (models.hf.step_offsets), with the same one-line messages."""
+    vocab = SHAPE.vocab
+    for bad, message in (((16, 20, vocab), rf"level 3 starts at id {vocab}, outside the model's vocabulary "
+                                           rf"\[0, {vocab}\)"),
+                         ((-1, 20, 25), rf"level 1 starts at id -1, outside the model's vocabulary \[0, {vocab}\)"),
+                         ((16.7, 20, 25), r"expected one integer per SID level, got \(16.7, 20, 25\)"),
+                         ((True, 20, 25), r"expected one integer per SID level, got \(True, 20, 25\)"),
+                         (("16", 20, 25), r"expected one integer per SID level, got \('16', 20, 25\)"),
+                         (16, r"expected one integer per SID level, got 16"),
+                         ((), r"expected one integer per SID level, got \(\)")):
+        with pytest.raises(ZeroGRError, match=rf"^token_offsets: {message}$"):
+            Qwen3StepModel(model, bad)
+    assert Qwen3StepModel(model, (16.0, np.int64(20), torch.tensor(25))).token_offsets == OFFSETS
+
+
 def test_stacked_weights_are_the_modules_own():
     """Wrapping stacks q/k/v and gate/up once: the module's parameters become views of the stacks
     (no copy, HF's forward unchanged), and a second wrap reuses them."""

@@ -162,10 +162,17 @@ class Qwen3StepModel:
     model : transformers.Qwen3ForCausalLM
         Any size, tied or untied output embedding (without bias); fp32, bf16 or fp16.
     token_offsets : sequence of int
-        Vocabulary id of token 0 of each SID level.
+        Vocabulary id of token 0 of each SID level; whole numbers whose ids lie in the
+        model's vocabulary (:func:`~zerogr_core.models.hf.step_offsets`).
     context_bucket : int
         Contexts are right-padded to a multiple of it, so nearby lengths share static
         buffers (and a captured graph).
+
+    Raises
+    ------
+    ZeroGRError
+        Not a Qwen3 model, an unsupported output projection
+        (:func:`~zerogr_core.models.hf.output_head`), bad ``token_offsets`` or ``context_bucket``.
 
     Attributes
     ----------
@@ -187,26 +194,23 @@ class Qwen3StepModel:
     """
 
     def __init__(self, model, token_offsets: Sequence[int], context_bucket: int = 256):
-        from .hf import output_head
+        from .hf import output_head, step_offsets
 
         cfg = model.config
         if getattr(cfg, "model_type", "") != "qwen3":
             raise ZeroGRError(f"model: expected a Qwen3ForCausalLM, got {type(model).__name__}")
         _, _, weight = output_head(model)
+        self.token_offsets = step_offsets(model, token_offsets)
         self.model = model.eval()
         self.core = model.model
         self.head = weight.detach()
         self.hidden_size = int(cfg.hidden_size)
-        self.token_offsets = tuple(int(o) for o in token_offsets)
         self.n_levels = len(self.token_offsets)
         self.heads, self.kv_heads = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.group = self.heads // self.kv_heads
         self.n_layers = len(self.core.layers)
         self.vocab = int(weight.shape[0])
-        for o in self.token_offsets:
-            if not 0 <= o < self.vocab:
-                raise ZeroGRError(f"token_offsets: {o} is outside the model's vocabulary of {self.vocab} ids")
         if int(context_bucket) < 1:
             raise ZeroGRError(f"context_bucket: expected an integer ≥ 1, got {context_bucket!r}")
         self.context_bucket = int(context_bucket)
