@@ -274,6 +274,28 @@ def test_step_model_offsets_must_match():
         HFGenerator(model, index, beam_width=4, token_offsets=OFFSETS, step_model=T5StepModel(model, (4, 8, 13)))
 
 
+@pytest.mark.parametrize("given", [(4, 8, 13), None])
+def test_step_decoder_offsets_must_match(given):
+    """Only HFGenerator compared the step model's offsets with the heads' bands: a StepDecoder built
+    directly with band_offsets (4, 8, 13), or none (a shared head's default, the cumulative codebook
+    sizes), for a step model feeding tokens back at (3, 7, 12) decoded other items, silently."""
+    from zerogr_core.models.protocol import StepDecoder
+    from zerogr_core.models.t5 import T5StepModel
+
+    model, index = t5_model(), build_index(tiny_catalog())
+    head = model.get_output_embeddings().weight.detach()
+    bands = (r"band_offsets \(4, 8, 13\)" if given else
+             r"band_offsets \(left out: cumulative codebook sizes\) \(0, 4, 9\)")
+    with pytest.raises(ZeroGRError, match=rf"^step_model: its token_offsets \(3, 7, 12\) differ from {bands}$"):
+        StepDecoder(T5StepModel(model, OFFSETS), index, head, beam_width=4, band_offsets=given)
+    # per-level heads start at their own row 0: nothing to compare, and the bands sliced right decode as generate
+    ids, mask = inputs()
+    sliced = [head[o:o + s] for o, s in zip(OFFSETS, SIZES)]
+    got = StepDecoder(T5StepModel(model, OFFSETS), index, sliced, beam_width=4).decode(ids, mask)
+    want = generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, attention_mask=mask)
+    assert torch.equal(got.item_rows, want.item_rows)
+
+
 def test_generator_reuses_static_buffers_across_batches():
     """A kept generator serves new requests of the same shape (new data in the same buffers)
     and of a new shape exactly as a fresh generator does."""

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import ZeroGRError
-from .protocol import StepDecoder, safe_parents, token_inputs
+from .protocol import StepDecoder, check_band_offsets, safe_parents, token_inputs
 
 ORDERS = ("filter-first", "score-first", "unconstrained")
 
@@ -375,11 +375,8 @@ class HFGenerator:
         offsets = check_vocabulary(int(weight.shape[0]), index.codebook_sizes, token_offsets)
         if weight.device != index.device:
             raise ZeroGRError(f"the model is on {weight.device} but the index is on {index.device}")
-        theirs = getattr(step_model, "token_offsets", None)
-        if theirs is not None and tuple(int(o) for o in theirs) != offsets:
-            # the heads' bands would score at one offset and the step model feed tokens back at another
-            raise ZeroGRError(f"step_model: its token_offsets {tuple(int(o) for o in theirs)} differ from "
-                              f"token_offsets {offsets}")
+        # before StepDecoder checks the same against its band_offsets: name the argument this caller gave
+        check_band_offsets(step_model, offsets, "token_offsets")
         self.step_model = step_model if step_model is not None else \
             HFStepModel(model, offsets, decoder_start_token_id)
         self.serving = StepDecoder(self.step_model, index, weight.detach(), beam_width=beam_width, order=order,

@@ -252,6 +252,12 @@ class StepDecoder:
         Where the model's prefill runs (:data:`PREFILLS`); ``inside`` needs a model with
         ``stage`` (:class:`~zerogr_core.models.t5.T5StepModel`).
 
+    Raises
+    ------
+    ZeroGRError
+        Bad arguments (:class:`~zerogr_core.Decoder`'s, ``prefill``), or a step model whose
+        ``token_offsets`` differ from the shared head's bands (:func:`check_band_offsets`).
+
     Notes
     -----
     On a CUDA index, filtering first runs in the GPU engine: the model's steps are
@@ -271,6 +277,10 @@ class StepDecoder:
         if order == "filter-first" and index.device.type == "cuda":
             engine = "auto" if getattr(step_model, "graph_safe", False) else "eager"
         self.decoder = Decoder(index, heads, beam_width, order=order, band_offsets=band_offsets, engine=engine)
+        if self.decoder.heads.shared is not None:
+            # the bands resolved (cumulative codebook sizes when left out): what the heads score
+            check_band_offsets(step_model, self.decoder.heads.band_offsets, "band_offsets" if band_offsets is not None
+                               else "band_offsets (left out: cumulative codebook sizes)")
         gpu = self.decoder.gpu_engine
         self.stage = prefill == "inside" or (prefill == "auto" and gpu is not None and gpu.use_graph)
         if self.stage and not can_stage(step_model):
@@ -302,6 +312,36 @@ class StepDecoder:
             raise ZeroGRError(f"history: expected a torch.Tensor, got {type(history).__name__}")
         load_requests(self.step_model, history, attention_mask, beam_width=self.decoder.beam_width, stage=self.stage)
         return self.decoder.decode(self.step_model, int(history.shape[0]), lists=lists)
+
+
+def check_band_offsets(step_model, offsets, argument: str = "band_offsets") -> None:
+    """Refuse a step model that feeds its tokens back at other ids than the heads score.
+
+    A step model with ``token_offsets`` (the Hugging Face, T5 and Qwen3 adapters) feeds level
+    ``l``'s chosen token ``t`` back as vocabulary id ``token_offsets[l] + t``; the shared head
+    scores it at row ``offsets[l] + t``. Were they different, every step after the first would
+    read another token than the one chosen, and the decode return other beams, silently.
+
+    Parameters
+    ----------
+    step_model : StepModel
+        Checked when it has ``token_offsets``; other step models feed their own tokens back.
+    offsets : sequence of int
+        First head row of each level.
+    argument : str
+        How the error names ``offsets``.
+
+    Raises
+    ------
+    ZeroGRError
+        One line naming both.
+    """
+    theirs = getattr(step_model, "token_offsets", None)
+    if theirs is None:
+        return
+    theirs, offsets = tuple(int(o) for o in theirs), tuple(int(o) for o in offsets)
+    if theirs != offsets:
+        raise ZeroGRError(f"step_model: its token_offsets {theirs} differ from {argument} {offsets}")
 
 
 #: Where a :class:`StepDecoder` runs the prefill: ``inside`` the decode (captured with it),
