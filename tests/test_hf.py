@@ -397,3 +397,56 @@ def test_step_model_checks_token_offsets(kind):
         with pytest.raises(ZeroGRError, match=rf"^token_offsets: {message}$"):
             make(model, bad)
     assert make(model, (3.0, np.int64(7), torch.tensor(12))).token_offsets == OFFSETS
+
+
+def bart_model(d_model=16):
+    torch.manual_seed(3)
+    config = transformers.BartConfig(vocab_size=VOCAB, d_model=d_model, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=0, bos_token_id=2,
+                                     eos_token_id=1, decoder_start_token_id=1, forced_eos_token_id=None)
+    return transformers.BartForConditionalGeneration(config).eval()
+
+
+def test_final_logits_bias_is_refused():
+    """BART-style models (Marian, mBART, Pegasus, …) add final_logits_bias after the output projection.
+    Reading the hidden states, the adapter had the model add it to them: 'The size of tensor a (16) must
+    match the size of tensor b (20)' from inside its forward (with a hidden size equal to the vocabulary,
+    a non-zero bias would have shifted them silently), and output_head handed a custom step model's
+    decoder a head whose logits missed the bias. A zero bias changes no logit but is still added to
+    the hidden states, so the step model refuses it too."""
+    from zerogr_core.hf import HFStepModel
+    from zerogr_core.models.hf import hidden_outputs, output_head
+
+    model, index = bart_model(), build_index(tiny_catalog())
+    ids, mask = inputs()
+    assert not model.final_logits_bias.any()
+    assert output_head(model)[2] is model.get_output_embeddings().weight
+    zero = (r"^model: BartForConditionalGeneration adds final_logits_bias to its output projection's output "
+            r"\(zero or not\), so the adapter cannot read the hidden states it projects$")
+    with pytest.raises(ZeroGRError, match=zero):
+        HFStepModel(model, OFFSETS)
+    with pytest.raises(ZeroGRError, match=zero):
+        generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, attention_mask=mask)
+    with pytest.raises(ZeroGRError, match=zero), hidden_outputs(model):
+        pass
+    # the head is the user's still: nothing was switched
+    assert "forward" not in vars(model.get_output_embeddings())
+    with torch.no_grad():
+        model.final_logits_bias[0, 5] = 0.5
+    for call in (lambda: output_head(model), lambda: HFStepModel(model, OFFSETS),
+                 lambda: generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, attention_mask=mask)):
+        with pytest.raises(ZeroGRError, match=r"^model: BartForConditionalGeneration adds a non-zero "
+                                              r"final_logits_bias after its output projection, so its logits are "
+                                              r"not hidden @ head$"):
+            call()
+    # hidden size = vocabulary: the bias was added to the hidden states without a shape error, other items came out
+    square = bart_model(d_model=VOCAB)
+    with torch.no_grad():
+        square.final_logits_bias.normal_()
+    with pytest.raises(ZeroGRError, match=r"^model: BartForConditionalGeneration adds a non-zero final_logits_bias"):
+        generate(square, ids, index, beam_width=4, token_offsets=OFFSETS, attention_mask=mask)
+    model.final_logits_bias = torch.zeros(1, VOCAB + 4)
+    with pytest.raises(ZeroGRError, match=r"^model: BartForConditionalGeneration's final_logits_bias has shape "
+                                          r"\(1, 24\) for 20 logits$"):
+        output_head(model)

@@ -10,7 +10,9 @@ output projection (``get_output_embeddings()``, a linear layer without bias) bec
 decoder's shared head with one band per level, and the adapter reads what goes into it
 (:func:`hidden_outputs`): in the decoding thread the projection passes its input through,
 so no step computes logits over the whole vocabulary unless the decode order asks for them,
-while other threads using the same model get its logits.
+while other threads using the same model get its logits. Models whose forward adds to the
+projection's output are refused: BART-style ``final_logits_bias`` (BART, Marian, mBART,
+Pegasus, …), zero or not (:func:`check_readable`).
 
 ``transformers`` is imported on first use only; ``import zerogr_core`` never needs it.
 
@@ -47,7 +49,9 @@ def output_head(model) -> tuple[nn.Module, str, torch.Tensor]:
     ------
     ZeroGRError
         No linear output projection, one with a bias, or logits post-processed after it
-        (soft-capping, a logit scale), where the logits are not ``hidden @ weight.T``.
+        (soft-capping, a logit scale, a non-zero ``final_logits_bias`` or one of another width),
+        where the logits are not ``hidden @ weight.T``. An all-zero ``final_logits_bias`` is
+        accepted here (it changes no logit); :func:`hidden_outputs` refuses it.
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     name = type(model).__name__
@@ -59,11 +63,38 @@ def output_head(model) -> tuple[nn.Module, str, torch.Tensor]:
     for field in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
         if getattr(config, field, None) not in (None, 1, 1.0):
             raise ZeroGRError(f"model: {name} sets config.{field}, so its logits are not hidden @ head")
+    # BART, Marian, mBART, Pegasus, …: the forward adds this buffer to the projection's output
+    bias = getattr(model, "final_logits_bias", None)
+    if isinstance(bias, torch.Tensor):
+        if bias.numel() != head.out_features:
+            raise ZeroGRError(f"model: {name}'s final_logits_bias has shape {tuple(bias.shape)} for "
+                              f"{head.out_features} logits")
+        if bool(bias.detach().any()):
+            raise ZeroGRError(f"model: {name} adds a non-zero final_logits_bias after its output projection, so "
+                              f"its logits are not hidden @ head")
     for parent in model.modules():
         for attr, child in parent.named_children():
             if child is head:
                 return parent, attr, head.weight
     raise ZeroGRError(f"model: {name}'s output projection is not one of its modules")
+
+
+def check_readable(model) -> None:
+    """Refuse a model whose forward adds to its output projection's output, even nothing.
+
+    Within :func:`hidden_outputs` that addition would meet the hidden states: BART-style
+    models add their (1, vocab) ``final_logits_bias`` to them, a shape error unless the hidden
+    size equals the vocabulary (then a silent shift by a non-zero bias). A zero bias leaves the
+    logits ``hidden @ head`` (:func:`output_head` accepts it) but not the hidden states readable.
+
+    Raises
+    ------
+    ZeroGRError
+        One line naming the model and the buffer.
+    """
+    if isinstance(getattr(model, "final_logits_bias", None), torch.Tensor):
+        raise ZeroGRError(f"model: {type(model).__name__} adds final_logits_bias to its output projection's output "
+                          f"(zero or not), so the adapter cannot read the hidden states it projects")
 
 
 # Heads switched on for some thread: id(head) -> [its _HeadSwitch, threads inside hidden_outputs].
@@ -109,9 +140,11 @@ def hidden_outputs(model):
     Raises
     ------
     ZeroGRError
-        From :func:`output_head`.
+        From :func:`output_head`, or a model that adds a ``final_logits_bias`` after the
+        projection (:func:`check_readable`).
     """
     parent, attr, _ = output_head(model)
+    check_readable(model)
     head = getattr(parent, attr)
     key = id(head)
     with _switch_lock:
@@ -222,7 +255,8 @@ class HFStepModel:
     Raises
     ------
     ZeroGRError
-        An unsupported output projection (:func:`output_head`) or bad ``token_offsets``.
+        An unsupported output projection (:func:`output_head`, :func:`check_readable`) or bad
+        ``token_offsets``.
 
     Notes
     -----
@@ -238,6 +272,8 @@ class HFStepModel:
 
     def __init__(self, model, token_offsets: Sequence[int], decoder_start_token_id: int | None = None):
         _, _, weight = output_head(model)
+        # refused now rather than at the first step, inside the model's forward
+        check_readable(model)
         self.token_offsets = step_offsets(model, token_offsets)
         self.model = model.eval()
         self.head = weight.detach()
