@@ -175,7 +175,10 @@ def test_bad_inputs_are_one_line_usage_errors_naming_the_argument(files, capsys,
                           files / "t5").startswith("error: --catalog:")
     assert one_line_error(capsys, *base, "--model", files / "t5", "--beam", "0") == \
         "error: argument --beam: must be ≥ 1, got 0"
-    assert one_line_error(capsys, *base, "--checkpoint", files / "items.csv").startswith("error: --checkpoint:")
+    # a bad checkpoint is a file that fails to read, as in every command that takes one (test_cli): status 1
+    code, _, err = run_main(capsys, *base, "--checkpoint", files / "items.csv")
+    assert code == 1 and err.startswith(f"error: --checkpoint {files / 'items.csv'}: not a readable checkpoint (")
+    assert err.count("\n") == 1, err
     # bounded work: the beams one comparison decodes, and its timed repeats
     assert one_line_error(capsys, *base, "--model", files / "t5", "--batch", "1024", "--beam", "128").startswith(
         "error: --batch × --beam: 1024 × 128 beams is over the 65,536")

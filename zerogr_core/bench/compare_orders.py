@@ -13,7 +13,10 @@ softmax over the valid tokens only, filtering first's beams) is timed with them,
 filtering first to it is the order's cost alone. The report names what each series ran.
 
 Bad input (a missing folder, offsets that are not numbers or do not fit the vocabulary and
-the catalog, a foreign checkpoint) is a usage error naming the argument: one line, status 2.
+the catalog) is a usage error naming the argument: one line, status 2. A bad ``--checkpoint``
+(missing, unreadable, foreign, of another model version) is one line naming it and the file,
+status 1, read by the loader of every command that takes one
+(:func:`~zerogr_core.recsys.bundled.checkpoint_option`).
 """
 from __future__ import annotations
 
@@ -157,14 +160,11 @@ def _transformers_inputs(args, settings: CompareSettings, catalog) -> tuple[obje
 
 def _project_inputs(args, settings: CompareSettings) -> tuple[object, object, object, dict, object]:
     """Heads, band offsets, prefilled step model, a description and the catalog of a project checkpoint."""
-    from ..recsys.bundled import load_project_checkpoint, study_step_model
+    from ..recsys.bundled import checkpoint_option, study_step_model
 
     if args.offsets is not None:
         raise UsageError("--offsets: goes with --model (a project checkpoint knows its SID tokens)")
-    try:
-        study = load_project_checkpoint(args.checkpoint, device=settings.device)
-    except ZeroGRError as err:
-        raise _as_usage("--checkpoint", err) from None
+    study = checkpoint_option("--checkpoint", args.checkpoint, device=settings.device)
     catalog = study.catalog
     if args.catalog is not None:
         given = _catalog(args.catalog)
