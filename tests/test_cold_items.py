@@ -307,3 +307,21 @@ def test_cli_errors_are_one_line(tmp_path, capsys, extra, message):
     code = main(argv)
     err = capsys.readouterr().err
     assert code != 0 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_bad_checkpoint_is_reported_before_the_data_is_read(tmp_path, capsys, monkeypatch):
+    """coldstart loaded and split the data (seconds on Amazon Beauty) before it found --checkpoint missing."""
+    from zerogr_core.recsys import cold_items, sequences
+
+    seq, sids = write_data(tmp_path, n_users=20, n_items=30)
+
+    def not_yet(*args, **kwargs):
+        raise AssertionError("the data was read before --checkpoint")
+
+    monkeypatch.setattr(sequences, "load_sequences", not_yet)
+    monkeypatch.setattr(cold_items, "cold_split", not_yet)
+    missing = tmp_path / "missing.pt"
+    code = main(["coldstart", "--data", str(seq), "--sids", str(sids), "--cold", "0.1", "--preset", "tiny",
+                 "--device", "cpu", "--checkpoint", str(missing)])
+    err = capsys.readouterr().err
+    assert code == 1 and err == f"error: --checkpoint {missing}: checkpoint not found\n", err

@@ -100,17 +100,24 @@ def _paths_check(data_path, sids_path) -> None:
                           "on would carry the cold items' interactions")
 
 
-def _load_or_train(split, config: ColdStudyConfig, device, seed: int, max_minutes, out, checkpoint, cuda_graph,
-                   log):
-    """The generative model of the study: ``checkpoint`` (checked to hold this split) or a
-    fresh one trained on ``split.warm`` and written to ``out`` (a temporary file when None)."""
+def _read_checkpoint(checkpoint, device):
+    """The model of ``--checkpoint``; every failure is one line naming the argument and the file."""
     from .bundled import checkpoint_option
+    from .seqrec import load_sequence_checkpoint
+
+    return checkpoint_option("--checkpoint", checkpoint, load_sequence_checkpoint,
+                             "python -m zerogr_core coldstart --out FILE", device)
+
+
+def _load_or_train(split, config: ColdStudyConfig, device, seed: int, max_minutes, out, checkpoint, study,
+                   cuda_graph, log):
+    """The generative model of the study: ``study``, read from ``checkpoint`` (checked to hold
+    this split), or a fresh one trained on ``split.warm`` and written to ``out`` (a temporary
+    file when None)."""
     from .seqrec import load_sequence_checkpoint, train_sequences
 
     record = split.record()
     if checkpoint is not None:
-        study = checkpoint_option("--checkpoint", checkpoint, load_sequence_checkpoint,
-                                  "python -m zerogr_core coldstart --out FILE", device)
         theirs = study.meta.get("split") or {}
         for key in ("kind", "share", "seed", "cold_sha256"):
             if theirs.get(key) != record[key]:
@@ -185,6 +192,8 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
     config = ColdStudyConfig.preset(preset)
     dev = resolve_device(device)
     start = time.perf_counter()
+    # read before the data: loading and splitting it takes seconds (Amazon Beauty) that a bad file need not wait
+    loaded = None if checkpoint is None else _read_checkpoint(checkpoint, dev)
     data = load_sequences(data_path, sids_path)
     log(f"semantic IDs from {sids_path}, taken as content SIDs (item metadata, not these interactions); "
         f"the study is only meaningful if they are")
@@ -196,7 +205,7 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
         f"{split.removed_interactions} interactions removed; {split.warm.n_users} warm users; "
         f"{split.test_targets.size} cold test sequences ({split.empty_history_tests} without a warm history dropped)")
     t_train = time.perf_counter()
-    study, kept = _load_or_train(split, config, dev, seed, max_minutes, out, checkpoint, cuda_graph, log)
+    study, kept = _load_or_train(split, config, dev, seed, max_minutes, out, checkpoint, loaded, cuda_graph, log)
     train_s = time.perf_counter() - t_train
     warm_split = leave_one_out(split.warm)
     row_of_item = rows_for(study, split.warm, checkpoint or "the trained model")
