@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -267,6 +268,30 @@ def test_a_bad_checkpoint_is_one_line_naming_the_flag_and_the_file(capsys, tmp_p
     assert code == 1 and err.startswith(f"error: --checkpoint {path}: ") and err.count("\n") == 1, err
     assert {"missing": "checkpoint not found", "not torch": "not a readable checkpoint",
             "no weights": "does not fit this version"}[bad] in err
+
+
+@pytest.mark.parametrize("command", ["quality", "coldstart"])
+def test_a_checkpoint_of_other_data_names_the_flags(capsys, tmp_path, monkeypatch, command):
+    """The data and the checkpoint were named by their folder and file only ('seq.txt: fingerprint … differs
+    from checkpoint x.pt's …'), not by the arguments that gave them."""
+    from test_cold_items import write_data
+
+    from zerogr_core.recsys import seqrec
+    from zerogr_core.recsys.cold_items import cold_split
+    from zerogr_core.recsys.sequences import load_sequences
+
+    seq, sids = write_data(tmp_path, n_users=80, n_items=60)
+    split = cold_split(load_sequences(seq, sids), 0.1, 0).record()  # coldstart checks the split first
+    other = types.SimpleNamespace(meta={"data": {"fingerprint": "0" * 16, "directory": "other.txt"}, "split": split})
+    monkeypatch.setattr(seqrec, "load_sequence_checkpoint", lambda path, device=None: other)
+    path = tmp_path / "x.pt"
+    path.write_bytes(b"")
+    argv = ["--data", str(seq), "--sids", str(sids), "--checkpoint", str(path)]
+    argv += ["--results", str(tmp_path)] if command == "quality" else ["--cold", "0.1", "--preset", "tiny"]
+    code, out, err = run_main(capsys, command, *argv)
+    assert code == 1 and err.startswith(f"error: --data {seq}: fingerprint ") and err.count("\n") == 1, err
+    assert f" differs from --checkpoint {path}'s 0000000000000000 (other.txt); the model was trained on other " \
+           "data" in err, err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")

@@ -250,7 +250,8 @@ def test_train_checkpoint_and_quality_end_to_end(tmp_path, capsys):
     write_sequences(tmp_path / "other.txt", n_users=30, n_items=20, seed=2)
     assert main(["quality", "--data", str(tmp_path / "other.txt"), "--checkpoint", str(out),
                  "--results", str(tmp_path)]) == 1
-    assert "differs from checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --data {tmp_path / 'other.txt'}: ") and f"differs from --checkpoint {out}'s" in err
 
 
 def _history_items_are_never_returned(checkpoint: Path, data_path: Path) -> None:

@@ -208,7 +208,8 @@ def run_cold_study(data_path, sids_path, share: float, *, preset: str = "cpu", d
     study, kept = _load_or_train(split, config, dev, seed, max_minutes, out, checkpoint, loaded, cuda_graph, log)
     train_s = time.perf_counter() - t_train
     warm_split = leave_one_out(split.warm)
-    row_of_item = rows_for(study, split.warm, checkpoint or "the trained model")
+    row_of_item = rows_for(study, split.warm, checkpoint or "the trained model", "--data",
+                           "--checkpoint" if checkpoint is not None else None)
     cold_rows = np.sort(row_of_item[split.cold_items])
     chosen = fixed_users(split.test_targets.size, users if users is not None else split.test_targets.size)
     histories = [row_of_item[split.test_histories[int(t)]] for t in chosen]

@@ -197,7 +197,8 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
     else:
         study = checkpoint_option("--checkpoint", checkpoint, load_sequence_checkpoint, RETRAIN_SEQUENCE, args.device)
     split = leave_one_out(data)
-    row_of_item = rows_for(study, data, checkpoint)
+    row_of_item = rows_for(study, data, checkpoint, "--data" if args.data is not None else "--dataset",
+                           "--checkpoint" if args.checkpoint is not None else None)
     users = fixed_users(split.n_users, args.users if args.users is not None else split.n_users)
     ks = [k for k in KS if k <= args.beam]
     report = study_report(study, data, split, users, row_of_item, beam=args.beam, batch_size=args.batch_size,

@@ -199,10 +199,34 @@ def load_sequence_checkpoint(path: str | Path, device=None) -> StudyModel:
     return StudyModel(model, catalog, torch.from_numpy(catalog.sids.astype(np.int64)).to(dev), blob)
 
 
-def rows_for(study: StudyModel, data: SequenceData, path) -> np.ndarray:
-    """Catalog row of every item index of ``data``, after checking it is the training data."""
+def rows_for(study: StudyModel, data: SequenceData, path, data_flag: str | None = None,
+             checkpoint_flag: str | None = None) -> np.ndarray:
+    """Catalog row of every item index of ``data``, after checking it is the training data.
+
+    Parameters
+    ----------
+    study : StudyModel
+    data : SequenceData
+    path : str or Path
+        The checkpoint of ``study``, as the error names it.
+    data_flag, checkpoint_flag : str, optional
+        The command's arguments that named the data (``"--data"``, ``"--dataset"``) and the
+        checkpoint (``"--checkpoint"``), named in the error before the folder and the file.
+
+    Returns
+    -------
+    np.ndarray (n_items,) int64
+
+    Raises
+    ------
+    ZeroGRError
+        ``--data seq.txt: fingerprint … differs from --checkpoint x.pt's … (…); the model was
+        trained on other data``.
+    """
     if data.fingerprint() != study.meta["data"]["fingerprint"]:
-        raise ZeroGRError(f"{data.directory}: fingerprint {data.fingerprint()} differs from checkpoint {path}'s "
+        ours = f"{data_flag} {data.directory}" if data_flag else str(data.directory)
+        theirs = f"{checkpoint_flag} {path}" if checkpoint_flag else f"checkpoint {path}"
+        raise ZeroGRError(f"{ours}: fingerprint {data.fingerprint()} differs from {theirs}'s "
                           f"{study.meta['data']['fingerprint']} ({study.meta['data']['directory']}); the model "
                           f"was trained on other data")
     return rows_of_ids(study.catalog, data.item_ids)
