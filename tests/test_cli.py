@@ -108,6 +108,9 @@ from zerogr_core.cli import build_parser, main
 commands = list(build_parser()._subparsers._group_actions[0].choices)
 lines = [["--help"], [], ["frobnicate"], ["plan", "tiny", "--beam", "0"]]
 lines += [[c, "--help"] for c in commands] + [[c, "--no-such-option"] for c in commands]
+# usage errors a handler finds (names, lists, counts checked against torch-free constants), with their messages
+lines += [list(argv) for argv in HANDLER_ERRORS]
+heavy, first = ("torch", "triton", "zerogr_kernels"), None
 for argv in lines:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         try:
@@ -115,17 +118,62 @@ for argv in lines:
         except SystemExit as exit:
             code = exit.code
     assert code == (0 if "--help" in argv else 2), (argv, code, err.getvalue())
-print(" ".join(m for m in ("torch", "triton", "zerogr_kernels") if m in sys.modules))
+    message = HANDLER_ERRORS.get(tuple(argv))
+    assert message is None or err.getvalue() == f"error: {message}\\n", (argv, err.getvalue())
+    if first is None and any(m in sys.modules for m in heavy):
+        first = argv
+if first is not None:
+    print(" ".join(m for m in heavy if m in sys.modules), "(first by", " ".join(first) + ")")
 """
+
+#: Usage errors found in handlers, before they import torch (index --builders, bench --suite, --batch × --beam, …).
+HANDLER_ERRORS = dict([
+    (("index", "tiny", "--builders", "magic"), "--builders: unknown builder 'magic'; choose from layout, host-copy, "
+                                               "serial"),
+    (("index", "tiny", "--builders", ","), "--builders: name at least one builder"),
+    (("index", "tiny", "--dense-steps", "2", "--sparse-steps", "2"), "step 2 is in both --dense-steps and "
+                                                                     "--sparse-steps"),
+    (("index", "tiny", "--dense-steps", "9"), "--dense-steps: step 9 is outside 1…3"),
+    (("next", "tiny", "--prefix", "1,2,3"), "--prefix has 3 tokens; a prefix of this catalog has at most 2"),
+    (("plan", "tiny", "--batch", "1024", "--beam", "128"), "--batch × --beam: 1024 × 128 beams is over the 65,536 "
+                                                           "one decode may hold"),
+    (("warmup", "tiny", "--batch", "1,1024", "--beam", "128"), "--batch × --beam: 1024 × 128 beams is over the "
+                                                               "65,536 one decode may hold"),
+    (("warmup", "tiny", "--dtype", "fp8"), "--dtype: dtype must be one of float32, bfloat16, float16, got 'fp8' (or "
+                                           "fp32, bf16, fp16)"),
+    (("warmup", "tiny", "--dtype", ","), "--dtype: give at least one dtype"),
+    (("warmup", "tiny", "--hidden", "64,128"), "--hidden: give one size, or one per dtype (1), got 2"),
+    (("warmup", "tiny", "--no-plan-store"), "warmup writes the plan store: drop --no-plan-store"),
+    (("bench", "--suite", "nosuch"), "--suite: unknown value 'nosuch'; choose from headline, beam-sweep, "
+                                     "codebook-sweep, steps, stages, ablation, memory, build, interference, coldstart, "
+                                     "constraints, live"),
+    (("bench", "--methods", "zerogr,nosuch"), "--methods: unknown value 'nosuch'; choose from zerogr, static, "
+                                              "static-adapted, unconstrained, cpu-trie, naive-selective"),
+    (("bench", "--dtype", "fp8"), "--dtype: unknown value 'fp8'; choose from fp16, bf16, fp32"),
+    (("bench", "--batch", "1024", "--beam", "128"), "--batch × --beam: 1024 × 128 beams is over the 65,536 one "
+                                                    "decode may hold"),
+    (("bench", "--suite-budgets", "nosuch=3"), "--suite-budgets: unknown suite 'nosuch'"),
+    (("bench", "--dtype", "fp16,fp32", "--hidden", "1,2,3"), "--dtype lists 2 values and --hidden 3; pair them one "
+                                                             "to one"),
+    (("compare-orders", "--model", "x", "--batch", "1024", "--beam", "128"), "--batch × --beam: 1024 × 128 beams is "
+                                                                             "over the 65,536 one decode may hold"),
+    (("compare-orders", "--model", "x"), "--catalog: required with --model (the catalog the model's SIDs come from)"),
+    (("compare-orders", "--checkpoint", "x.pt", "--offsets", "1,2"), "--offsets: goes with --model (a project "
+                                                                     "checkpoint knows its SID tokens)"),
+    (("quality", "--batch-size", "1024", "--beam", "128"), "--batch-size × --beam: 1024 × 128 beams is over the "
+                                                           "65,536 one decode may hold"),
+    (("decode-dataset", "--out", "x.jsonl", "--batch-sizes", "1,2"), "--batch-sizes: decode-dataset plans one batch "
+                                                                     "size; give one"),
+])
 
 
 def test_help_and_usage_errors_load_neither_torch_nor_triton():
     # `--help` and a mistyped command line answer at once: loading torch takes over a second,
     # so the parser is built from torch-free modules and each command imports its work when it runs
-    result = subprocess.run([sys.executable, "-c", HELP_AND_USAGE_ERRORS], cwd=ROOT, capture_output=True, text=True,
-                            timeout=60)
+    script = f"HANDLER_ERRORS = {HANDLER_ERRORS!r}\n{HELP_AND_USAGE_ERRORS}"
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "", f"loaded before any command ran: {result.stdout.strip()}"
+    assert result.stdout.strip() == "", f"loaded by help or a usage error: {result.stdout.strip()}"
 
 
 # ---------------------------------------------------------------------------- in-process runs

@@ -5,7 +5,9 @@ one or more subcommands and set ``handler`` (a function of the parsed arguments 
 returns an exit status or ``None``) as a parser default. To add commands from another
 module, append its ``register`` to :data:`REGISTRARS`. A registrar's module imports only
 torch-free modules (argument types, presets, limits) and its handler imports the command's
-work, so that ``--help`` and usage errors answer without loading torch or the kernels.
+work, so that ``--help`` and usage errors answer without loading torch or the kernels; a
+handler checks what it can of its arguments (names, lists, counts against those constants)
+before that import, for the same reason.
 
 Every :class:`~zerogr_core.errors.ZeroGRError`, ``OSError`` and usage error ends the
 program with a one-line ``error: …`` on stderr and a non-zero status, never a traceback.
@@ -28,7 +30,8 @@ from .bench.e2e_command import register as register_bench_e2e
 from .catalog.catalog import Catalog
 from .catalog.samples import SAMPLE_NAMES, open_catalog
 from .catalog.synth import SYNTH_PRESETS, generate
-from .decode.work_limits import MAX_HIDDEN
+from .decode.dtype_names import check_dtype_name
+from .decode.work_limits import MAX_HIDDEN, check_beams
 from .devices import as_device, device_arg, resolved
 from .errors import Parser, UsageError, ZeroGRError, check_output_file, is_out_of_memory
 from .index.config import BUILDERS, INDEX_PRESETS
@@ -110,8 +113,13 @@ def register_index(subparsers) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> None:
-    from .index import build_index
-
+    # the arguments are checked before torch loads (build_index's import): a usage error answers at once
+    builders = [b.strip() for b in args.builders.split(",") if b.strip()]
+    for builder in builders:
+        if builder not in BUILDERS:
+            raise UsageError(f"--builders: unknown builder {builder!r}; choose from {', '.join(BUILDERS)}")
+    if not builders:
+        raise UsageError("--builders: name at least one builder")
     catalog = catalog_from_args(args)
     config = INDEX_PRESETS[args.preset]
     overrides = {}
@@ -124,12 +132,8 @@ def _run_index(args: argparse.Namespace) -> None:
             overrides[step] = kind
     if overrides:
         config = config.with_overrides(overrides)
-    builders = [b.strip() for b in args.builders.split(",") if b.strip()]
-    for builder in builders:
-        if builder not in BUILDERS:
-            raise UsageError(f"--builders: unknown builder {builder!r}; choose from {', '.join(BUILDERS)}")
-    if not builders:
-        raise UsageError("--builders: name at least one builder")
+    from .index import build_index
+
     timings, report = {}, None
     for builder in builders:
         start = time.perf_counter()
@@ -175,13 +179,13 @@ def register_next(subparsers) -> None:
 
 
 def _run_next(args: argparse.Namespace) -> None:
-    from .index import build_index
-
     prefix = args.prefix
     catalog = catalog_from_args(args)
     if len(prefix) >= catalog.n_levels:
         raise UsageError(f"--prefix has {len(prefix)} tokens; a prefix of this catalog has at most "
                          f"{catalog.n_levels - 1}")
+    from .index import build_index  # loads torch: after the usage errors
+
     index = build_index(catalog)
     tokens = index.next_tokens(prefix)
     answer = dict(prefix=prefix, step=len(prefix) + 1, tokens=tokens.tolist())
@@ -328,20 +332,18 @@ def _describe_source(engine, plan) -> str:
 
 
 def _run_plan(args: argparse.Namespace) -> None:
-    import torch
-
-    from .decode.random_requests import random_heads, random_hidden_fn, resolve_dtype
+    batch, beam, hidden, seed = args.batch, args.beam, args.hidden, args.seed
+    # checked before torch and the kernels load (the imports below): a usage error answers at once
+    check_beams(batch, beam)
+    if args.dtype is not None:
+        check_dtype_name(_dtype_name(args.dtype))
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
+    from .decode.random_requests import random_heads, random_hidden_fn
     from .index import build_index
 
-    from .decode.work_limits import check_beams
-
-    batch, beam, hidden, seed = args.batch, args.beam, args.hidden, args.seed
-    check_beams(batch, beam)
     device = _plan_device(args.device)
     dtype = _serving_dtype(device) if args.dtype is None else _dtype_name(args.dtype)
-    resolve_dtype(dtype)
     override = None if args.override is None else [o.strip() for o in args.override.split(",")]
     catalog = catalog_from_args(args)
     index = build_index(catalog, device=device)
@@ -401,32 +403,32 @@ def register_warmup(subparsers) -> None:
 
 
 def _run_warmup(args: argparse.Namespace) -> None:
-    from .decode.random_requests import random_heads, random_hidden_fn, resolve_dtype
+    batches, beams, hiddens, seed = args.batch, args.beam, args.hidden, args.seed
+    # checked before torch and the kernels load (the imports below): a usage error answers at once
+    check_beams(batches, beams)
+    dtypes = None if args.dtype is None else [_dtype_name(d) for d in args.dtype.replace(",", " ").split()]
+    if dtypes == []:
+        raise UsageError("--dtype: give at least one dtype")
+    for d in dtypes or []:
+        try:
+            check_dtype_name(d)
+        except ZeroGRError as err:
+            raise UsageError(f"--dtype: {err} (or fp32, bf16, fp16)") from None
+    n_dtypes = 1 if dtypes is None else len(dtypes)  # the serving dtype of the device when none is named
+    if len(hiddens) == 1:
+        hiddens = hiddens * n_dtypes
+    if len(hiddens) != n_dtypes:
+        raise UsageError(f"--hidden: give one size, or one per dtype ({n_dtypes}), got {len(hiddens)}")
+    if args.no_plan_store:
+        raise UsageError("warmup writes the plan store: drop --no-plan-store")
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
+    from .decode.random_requests import random_heads, random_hidden_fn
     from .index import build_index
     from .timing import Stopwatch
 
-    from .decode.work_limits import check_beams
-
-    batches, beams, hiddens, seed = args.batch, args.beam, args.hidden, args.seed
-    check_beams(batches, beams)
     device = _plan_device(args.device)
-    dtypes = ([_serving_dtype(device)] if args.dtype is None
-              else [_dtype_name(d) for d in args.dtype.replace(",", " ").split()])
-    if not dtypes:
-        raise UsageError("--dtype: give at least one dtype")
-    for d in dtypes:
-        try:
-            resolve_dtype(d)
-        except ZeroGRError as err:
-            raise UsageError(f"--dtype: {err} (or fp32, bf16, fp16)") from None
-    if len(hiddens) == 1:
-        hiddens = hiddens * len(dtypes)
-    if len(hiddens) != len(dtypes):
-        raise UsageError(f"--hidden: give one size, or one per dtype ({len(dtypes)}), got {len(hiddens)}")
-    if args.no_plan_store:
-        raise UsageError("warmup writes the plan store: drop --no-plan-store")
+    dtypes = dtypes or [_serving_dtype(device)]
     catalog = catalog_from_args(args)
     index = build_index(catalog, device=device)
     if not args.json:

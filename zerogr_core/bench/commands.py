@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..arg_types import SEED_MAX, seconds, to_seconds, whole, wholes
-from ..decode.work_limits import MAX_HIDDEN, MAX_REPEATS
+from ..decode.work_limits import MAX_HIDDEN, MAX_REPEATS, check_beams
 from ..devices import device_arg, resolved
 from ..errors import UsageError
 from .registry import SUITE_NAMES
@@ -141,22 +141,11 @@ def _stem(suites, options) -> str:
 
 def parse_options(args):
     """The :class:`~zerogr_core.bench.options.Options` of parsed arguments (usage errors raised)."""
-    import torch
-
-    from .options import Options
-
-    from ..decode.work_limits import check_beams
-
+    # the names and counts are checked before torch and the kernels load: a usage error answers at once
     check_beams(args.batch or [32], args.beam or [256])  # the suites' largest defaults where none is given
     suites = _list(args.suite, "--suite", SUITE_NAMES)
     methods = _list(args.methods, "--methods", METHOD_NAMES)
     dtypes = _list(args.dtype, "--dtype", ("fp16", "bf16", "fp32"))
-    if args.device is not None:
-        device = torch.device(resolved(args.device))
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UsageError("--device cuda: CUDA is not available here")
-    else:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     budgets = {}
     for item in (args.suite_budgets or "").split(","):
         if not item.strip():
@@ -169,14 +158,25 @@ def parse_options(args):
             budgets[name] = to_seconds(value)
         except ValueError as err:
             raise UsageError(f"--suite-budgets {name}: {err}") from None
-    from ..decode.options import PLANNED_TOPK
+    configs = _configs(dtypes, args.hidden, args.quick)
+    import torch
+
     from zerogr_kernels import TOPK_PATHS
 
+    from ..decode.options import PLANNED_TOPK
+    from .options import Options
+
+    if args.device is not None:
+        device = torch.device(resolved(args.device))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda: CUDA is not available here")
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     topk_paths = PLANNED_TOPK if args.topk_paths is None else tuple(_list(args.topk_paths, "--topk-paths",
                                                                           TOPK_PATHS))
     return Options(suites=suites, suite_budgets=budgets, topk_paths=topk_paths, catalog=args.catalog,
                    scale=args.scale, methods=methods, batches=args.batch, beams=args.beam,
-                   configs=_configs(dtypes, args.hidden, args.quick), codebooks=args.codebook, seed=args.seed,
+                   configs=configs, codebooks=args.codebook, seed=args.seed,
                    repeats=args.repeats, warmup=args.warmup, quick=args.quick, budget_s=args.budget_s,
                    check=args.check, build_repeats=args.build_repeats, interference_s=args.interference_s,
                    device=device)

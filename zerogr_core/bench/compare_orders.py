@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..arg_types import SEED_MAX, whole
+from ..decode.work_limits import check_beams
 from ..devices import device_arg, resolved
 from ..errors import UsageError, ZeroGRError
 
@@ -89,9 +90,6 @@ class CompareSettings:
 def _settings(args: argparse.Namespace) -> CompareSettings:
     import torch
 
-    from ..decode.work_limits import check_beams
-
-    check_beams(args.batch, args.beam)
     return CompareSettings(args.batch, args.beam, args.k, args.repeats, args.seed,
                            torch.device(resolved(args.device)))
 
@@ -162,8 +160,6 @@ def _project_inputs(args, settings: CompareSettings) -> tuple[object, object, ob
     """Heads, band offsets, prefilled step model, a description and the catalog of a project checkpoint."""
     from ..recsys.bundled import checkpoint_option, study_step_model
 
-    if args.offsets is not None:
-        raise UsageError("--offsets: goes with --model (a project checkpoint knows its SID tokens)")
     study = checkpoint_option("--checkpoint", args.checkpoint, device=settings.device)
     catalog = study.catalog
     if args.catalog is not None:
@@ -243,13 +239,17 @@ def _timing(lat) -> dict:
 
 
 def run_compare_orders(args: argparse.Namespace) -> None:
+    # the command line's own errors come before torch loads (_settings): a usage error answers at once
+    check_beams(args.batch, args.beam)
+    if args.checkpoint is not None and args.offsets is not None:
+        raise UsageError("--offsets: goes with --model (a project checkpoint knows its SID tokens)")
+    if args.checkpoint is None and args.catalog is None:
+        raise UsageError("--catalog: required with --model (the catalog the model's SIDs come from)")
     settings = _settings(args)
     if args.checkpoint is not None:
         heads, bands, step_model, about, catalog = _project_inputs(args, settings)
         _check_work(settings, catalog)
     else:
-        if args.catalog is None:
-            raise UsageError("--catalog: required with --model (the catalog the model's SIDs come from)")
         catalog = _catalog(args.catalog)
         _check_work(settings, catalog)
         heads, bands, step_model, about = _transformers_inputs(args, settings, catalog)

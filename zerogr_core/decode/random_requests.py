@@ -13,16 +13,15 @@ import torch
 
 from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
+from .dtype_names import DTYPE_NAMES, check_dtype_name
 from .heads import HIDDEN_STD
 from .heads import random_heads as draw_heads
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ZeroGRError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
+    return DTYPES[check_dtype_name(name)]
 
 
 def random_heads(catalog: Catalog, hidden_size: int, dtype: str = "float32", device="cpu", seed: int = 0):

@@ -112,13 +112,13 @@ def run_train(args: argparse.Namespace) -> None:
 
 def run_quality(args: argparse.Namespace) -> None:
     from ..decode.work_limits import check_beams
-    from .bundled import RETRAIN_MOVIELENS, checkpoint_option
-    from .quality import KS, study_report, write_plot
-    from .train import fixed_users, load_checkpoint
 
     batch = min(args.batch_size, args.users) if args.users else args.batch_size  # what one decode holds
-    check_beams(batch, args.beam, "--batch-size × --beam")
+    check_beams(batch, args.beam, "--batch-size × --beam")  # before torch loads (the imports below)
+    from .bundled import RETRAIN_MOVIELENS, checkpoint_option
     from .data import leave_one_out, load_movielens
+    from .quality import KS, study_report, write_plot
+    from .train import fixed_users, load_checkpoint
 
     if args.dataset is not None or (args.data is not None and Path(args.data).is_file()):
         return run_sequence_quality(args)

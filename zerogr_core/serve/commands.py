@@ -223,11 +223,12 @@ def _check_catalog(spec: str) -> None:
 
 
 def run_decode_dataset(args: argparse.Namespace) -> int:
+    # the configuration keeps each size once, as set() does; checked before torch loads (config_from_args)
+    if args.batch_sizes is not None and len(set(args.batch_sizes)) > 1:
+        raise UsageError("--batch-sizes: decode-dataset plans one batch size; give one")
     from .offline import decode_dataset
 
     config = config_from_args(args)
-    if args.batch_sizes is not None and len(config.batch_sizes) > 1:
-        raise UsageError("--batch-sizes: decode-dataset plans one batch size; give one")
     config = config.__class__.from_dict(dict(config.to_dict(), batch_sizes=[config.max_batch]))
     if args.k > config.beam:
         raise UsageError(f"--k: {args.k} is over the beam width {config.beam} (a decode returns at most --beam items)")
