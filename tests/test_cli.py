@@ -137,6 +137,9 @@ HANDLER_ERRORS = dict([
     (("next", "tiny", "--prefix", "1,2,3"), "--prefix has 3 tokens; a prefix of this catalog has at most 2"),
     (("plan", "tiny", "--batch", "1024", "--beam", "128"), "--batch × --beam: 1024 × 128 beams is over the 65,536 "
                                                            "one decode may hold"),
+    # plan said 'error: dtype must be one of …', naming no argument, with exit status 1
+    (("plan", "tiny", "--dtype", "fp8"), "--dtype: dtype must be one of float32, bfloat16, float16, got 'fp8' (or "
+                                         "fp32, bf16, fp16)"),
     (("warmup", "tiny", "--batch", "1,1024", "--beam", "128"), "--batch × --beam: 1024 × 128 beams is over the "
                                                                "65,536 one decode may hold"),
     (("warmup", "tiny", "--dtype", "fp8"), "--dtype: dtype must be one of float32, bfloat16, float16, got 'fp8' (or "
@@ -246,7 +249,7 @@ def test_next_edge_cases(capsys):
     (["stats", "synth:search-like"], "expected synth:KIND:N"),
     (["stats", "missing.parquet"], "missing.parquet: no such file"),
     (["plan", "tiny", "--beam", "0"], "argument --beam: must be ≥ 1, got 0"),
-    (["plan", "tiny", "--dtype", "fp8"], "dtype must be one of"),
+    (["plan", "tiny", "--dtype", "fp8"], "--dtype: dtype must be one of"),
     (["plan", "tiny", "--override", "full,full"], "plan override lists 2 steps, the index has 3"),
     (["plan", "tiny", "--override", "full,sparse+full/fast,full"], "step option must look like"),
     (["index", "tiny", "--device", "nonsense"], "--device: 'nonsense' is not a device"),

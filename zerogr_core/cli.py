@@ -310,6 +310,14 @@ def _dtype_name(text: str) -> str:
     return DTYPE_ALIASES.get(text.strip().lower(), text.strip().lower())
 
 
+def _check_dtype(name: str) -> None:
+    """Refuse a ``--dtype`` that names no dtype of the random heads, as a usage error naming it."""
+    try:
+        check_dtype_name(name)
+    except ZeroGRError as err:
+        raise UsageError(f"--dtype: {err} (or fp32, bf16, fp16)") from None
+
+
 def _serving_dtype(device) -> str:
     """The dtype a shape is served in when none is named: half precision on a GPU; float32 on a
     CPU, where float16 matmuls run far slower than float32 ones."""
@@ -336,7 +344,7 @@ def _run_plan(args: argparse.Namespace) -> None:
     # checked before torch and the kernels load (the imports below): a usage error answers at once
     check_beams(batch, beam)
     if args.dtype is not None:
-        check_dtype_name(_dtype_name(args.dtype))
+        _check_dtype(_dtype_name(args.dtype))
     from .decode.engine import GpuEngine
     from .decode.heads import Heads
     from .decode.random_requests import random_heads, random_hidden_fn
@@ -410,10 +418,7 @@ def _run_warmup(args: argparse.Namespace) -> None:
     if dtypes == []:
         raise UsageError("--dtype: give at least one dtype")
     for d in dtypes or []:
-        try:
-            check_dtype_name(d)
-        except ZeroGRError as err:
-            raise UsageError(f"--dtype: {err} (or fp32, bf16, fp16)") from None
+        _check_dtype(d)
     n_dtypes = 1 if dtypes is None else len(dtypes)  # the serving dtype of the device when none is named
     if len(hiddens) == 1:
         hiddens = hiddens * n_dtypes
