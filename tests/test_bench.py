@@ -406,6 +406,24 @@ def test_cpu_decode_orders_script_writes_its_record(tmp_path):
         {"filter-first (CPU plan)", "filter-first (default projection)", "score-first"}
 
 
+@pytest.mark.parametrize("flag, least, most", [("--batch", 1, None), ("--beam", 1, None), ("--repeats", 1, 10_000),
+                                               ("--seed", 0, 2**32 - 1)])
+def test_cpu_decode_orders_script_checks_its_counts_when_parsing(tmp_path, capsys, flag, least, most):
+    """Its counts were plain int: --seed -1 ran to numpy's traceback after loading the model, --repeats 0 to
+    statistics', --batch x to int()'s; now each is the project's argument type, one line, status 2."""
+    from test_cli import _bad_values
+
+    from zerogr_core.app_support import cpu_decode_orders
+
+    out = ["--out", str(tmp_path / "orders.json")]  # nothing lands in runs/ should a value get through
+    for value, message in _bad_values(least, most):
+        assert cpu_decode_orders.main([flag, value, *out]) == 2, (flag, value)
+        assert capsys.readouterr() == ("", f"error: argument {flag}: {message}\n"), (flag, value)
+    assert cpu_decode_orders.main(["--batch", "1,1024", "--beam", "128", *out]) == 2
+    assert capsys.readouterr().err == ("error: --batch × --beam: 1024 × 128 beams is over the 65,536 one decode may "
+                                       "hold\n")
+
+
 def test_the_apps_live_sweep_refuses_a_bad_count_in_one_line(tmp_path, capsys):
     # the app parses bench's arguments with its own parser: the bad value still comes back as one line
     from zerogr_core.app_support.benchrun import LiveSweep

@@ -17,7 +17,6 @@ decode time and thread CPU time over scoring first's in the same round.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -28,11 +27,14 @@ from pathlib import Path
 
 import torch
 
+from ..arg_types import SEED_MAX, whole, wholes
 from ..decode.decoder import default_projection
 from ..decode.heads import Heads
 from ..decode.ops import REFERENCE
 from ..decode.reference_plan import make_reference_plan, plan_projection, plan_rows
+from ..decode.work_limits import MAX_REPEATS, check_beams
 from ..environment import environment
+from ..errors import Parser, UsageError
 from ..index import build_index
 from ..recsys import movielens
 from .profile import profiled_decode, steady_cpu_timing
@@ -76,13 +78,21 @@ def measure(index, heads, beam, make_fn, batch, methods: dict, repeats: int) -> 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", default="1,8,32", help="request batches (default 1,8,32)")
-    p.add_argument("--beam", type=int, default=32, help="beam width (default 32, the Decode page's CPU default)")
-    p.add_argument("--repeats", type=int, default=7, help="timed decodes per order (default 7)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampled test users")
+    # the project's argument types: a bad count is one line, not numpy's or statistics' traceback mid-run
+    p = Parser(prog="python -m zerogr_core.app_support.cpu_decode_orders", description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=wholes(1), default=[1, 8, 32], help="request batches (default 1,8,32)")
+    p.add_argument("--beam", type=whole(1), default=32, help="beam width (default 32, the Decode page's CPU default)")
+    p.add_argument("--repeats", type=whole(1, MAX_REPEATS), default=7,
+                   help=f"timed decodes per order (default 7, at most {MAX_REPEATS:,})")
+    p.add_argument("--seed", type=whole(0, SEED_MAX), default=0,
+                   help="seed of the sampled test users (default 0; at most 2**32 - 1)")
     p.add_argument("--out", default=str(OUT), help=f"result file (default {OUT.relative_to(ROOT)})")
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+        check_beams(args.batch, args.beam)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if not movielens.available():
         print(f"error: {movielens.MISSING}", file=sys.stderr)
         return 1
@@ -94,7 +104,7 @@ def main(argv=None) -> int:
     records = []
     load_before = os.getloadavg()
     with torch.no_grad(), steady_cpu_timing(dev):
-        for batch in (int(b) for b in args.batch.split(",")):
+        for batch in args.batch:
             histories, _ = users.pick(users.sample(batch, args.seed))
             make_fn = lambda: study.model.hidden_fn_for(histories, study.sids)  # noqa: E731
             t0 = time.perf_counter()
