@@ -102,7 +102,9 @@ def node_alive(nodes_ptr, node_off, node_stride, req, succ, need):
     return need & (((word.to(tl.int64) >> (safe & 31)) & 1) != 0)
 
 
-@triton.jit
+# n_levels == 1 (a one-level catalog: only the rows' bits) would be specialised as a constant, and
+# Triton 3.6's coalesce pass then fails to compile the dead loop (PassManager::run failed on an H100)
+@triton.jit(do_not_specialize=["n_levels"])
 def _allow_nodes_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rank_bits_ptr, rank_before_ptr,
                         n_words, level_words_ptr, n_levels, nodes_ptr, stride, BATCH: tl.constexpr,
                         LOG_B: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):

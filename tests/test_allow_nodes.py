@@ -126,6 +126,16 @@ def test_rejects_bad_arguments():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernel_on_a_one_level_catalog():
+    """One step, whose successors are the rows: the kernel compiles for the GPU and equals the reference
+    (Triton failed to compile it with its level count specialised to 1)."""
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case(5, 3, 20, sizes=(64,))[2:]]
+    assert args[-2].numel() == 1
+    assert torch.equal(run(allow_nodes_reference, args), run(allow_nodes_triton, args))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("seed,batch,n_ids", [(1, 1, 30), (3, 5, 200), (4, 8, 3000)])
 def test_cuda_kernel_matches_reference(seed, batch, n_ids):
     args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case(seed, batch, n_ids)[2:]]
