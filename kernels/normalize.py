@@ -3,7 +3,9 @@
 Step 3 of the filtering-first decoding step (docs/design.md §4). A slot is valid when
 its logit is greater than -inf. Row ``b`` becomes
 ``(x - logsumexp(valid x)) + beam_scores[b]`` on its valid slots and -inf elsewhere; a
-row without valid slots (dead beam, empty segment) stays all -inf, never NaN.
+row without valid slots (dead beam, empty segment) stays all -inf, never NaN, and so does a
+row holding NaN or +inf (a model output that overflowed), as ``torch.log_softmax`` makes it
+NaN and the reference turns NaN into -inf.
 
 The ``@triton.jit`` helpers ``lse_update``, ``row_lse_state``, ``lse_finish`` and
 ``apply_log_softmax`` are shared with :mod:`zerogr_kernels.selection`, which fuses this
@@ -58,14 +60,17 @@ def row_lse_state(x_ptr, rows, row_ok, K, ROWS: tl.constexpr, BLOCK_K: tl.conste
 @triton.jit
 def lse_finish(m, s):
     """Row log-sum-exp from :func:`lse_update` state. Rows without valid slots get 0, a
-    finite stand-in that keeps every later -inf free of NaN intermediates."""
-    return tl.where(m == float("-inf"), 0.0, m) + tl.log(tl.where(s > 0.0, s, 1.0))
+    finite stand-in that keeps every later -inf free of NaN intermediates; a row holding NaN
+    gets NaN (its sum is NaN whether or not the max skipped it), as in ``torch.log_softmax``."""
+    return tl.where(m == float("-inf"), 0.0, m) + tl.log(tl.where(s == 0.0, 1.0, s))
 
 
 @triton.jit
 def apply_log_softmax(x, lse, score):
-    """``(x - lse) + score`` on valid entries of ``x`` ``(ROWS, BLOCK_K)``, -inf elsewhere."""
-    return tl.where(x > float("-inf"), (x - lse[:, None]) + score[:, None], float("-inf"))
+    """``(x - lse) + score`` on valid entries of ``x`` ``(ROWS, BLOCK_K)``, -inf elsewhere and
+    on every entry of a row whose log-sum-exp is NaN (the reference's ``nan_to_num``)."""
+    y = (x - lse[:, None]) + score[:, None]
+    return tl.where((x > float("-inf")) & (y == y), y, float("-inf"))
 
 
 @triton.jit
@@ -147,8 +152,7 @@ def log_softmax_slots(slot_logits: torch.Tensor, beam_scores: torch.Tensor, *,
     """Log-softmax over the valid (finite) slots of each row, plus the beam's score.
 
     Runs the Triton kernel for CUDA tensors or under ``TRITON_INTERPRET=1``, else the
-    PyTorch reference. No host synchronisation on the Triton path. Inputs must not hold
-    NaN or +inf.
+    PyTorch reference. No host synchronisation on the Triton path.
 
     Parameters
     ----------

@@ -6,9 +6,8 @@ slots; flat position ``p`` of a request is slot ``p % K`` of beam
 ``r * Mb + p // K``. The ``M = beam_width`` best positions become the next beams.
 
 Order: higher score first, ties broken by the lower flat position. -0.0 and +0.0 tie.
-Candidates with score -inf are never selected: when a request has fewer than ``M``
+Candidates with score -inf or NaN are never selected: when a request has fewer than ``M``
 finite candidates the tail is padded with score -inf, parent -1, token -1, succ -1.
-Inputs must not hold NaN.
 
 Every candidate becomes an int64 key ``(order-preserving score bits << 32) +
 (2**31 - 1 - p)``: keys are unique, so the order above is plain integer order. Four
@@ -183,8 +182,8 @@ def _prepare(scores, slot_tokens, slot_succ, batch, beam_width, beam_scores, pat
 def _pack_keys(x, pos):
     """int64 keys of float32 scores ``x`` at request positions ``pos`` (< 2**31):
     integer order = (score descending, position ascending) order."""
-    # -0.0 must tie with +0.0 as in a float sort
-    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    # -0.0 must tie with +0.0 as in a float sort; NaN, like -inf, is never selected
+    bits = tl.where(x == 0.0, 0.0, tl.where(x != x, float("-inf"), x)).to(tl.int32, bitcast=True)
     hi = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
     return (hi.to(tl.int64) << 32) + (2147483647 - pos).to(tl.int64)
 

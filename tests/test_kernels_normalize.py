@@ -35,6 +35,18 @@ def test_matches_reference(n_rows, K, hole):
     assert torch.equal(torch.isneginf(got[1:-1]), torch.isneginf(x[1:-1]))
 
 
+@pytest.mark.parametrize("K", [24, 5000])  # one chunk, and a row folded over three
+def test_rows_holding_nan_or_inf_come_out_dead_as_in_the_reference(K):
+    # a model output that overflowed: NaN in a valid or an invalid slot, +inf in a valid one
+    x, s = _logits(6, K, 0.3, 7), _scores(6, 8)
+    x[1, 3], x[2, 0], x[3, 5] = float("nan"), float("nan"), float("inf")
+    x[2, 1] = float("-inf")
+    exp = log_softmax_slots_reference(x, s)
+    got = log_softmax_slots_triton(x, s)
+    assert_kernel_equal(got, exp, name="log_softmax")
+    assert torch.isneginf(got[1:4]).all() and not torch.isnan(got).any()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_inputs(dtype):
     x, s = _logits(6, 40, 0.3, 1, dtype), _scores(6, 2)

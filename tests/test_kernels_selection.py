@@ -89,6 +89,32 @@ def test_all_dead_request():
     assert (exp.parents[1] == -1).all() and torch.isneginf(exp.scores[1]).all()
 
 
+@pytest.mark.parametrize("normalise", [False, True])
+def test_nan_candidates_are_never_selected(normalise):
+    # a beam whose logits are NaN (a model output that overflowed) loses its candidates, and its
+    # request keeps its finite ones; one NaN logit makes its whole row NaN under normalisation
+    batch, mb, M = 3, 4, 6
+    slots, logits, beam_scores = _candidates(13, batch, mb, 30, 12, dead_frac=0.0)
+    valid = logits > float("-inf")
+    poisoned = int(valid[:mb].any(1).nonzero()[0])                  # request 0: a beam of NaN
+    partial = mb + int((valid[mb:2 * mb].sum(1) >= 2).nonzero()[0])  # request 1: one NaN, the rest high
+    logits[poisoned] = torch.where(valid[poisoned], float("nan"), float("-inf"))
+    logits[partial] = torch.where(valid[partial], 20.0, float("-inf"))
+    logits[partial, int(valid[partial].nonzero()[0])] = float("nan")
+    kwargs = dict(beam_scores=beam_scores) if normalise else {}
+    exp = topk_gather_reference(logits, slots.slot_tokens, slots.slot_succ, batch, M, **kwargs)
+    assert not (exp.parents == poisoned).any() and not exp.scores.isnan().any()
+    finite = (logits[:mb] > float("-inf")).sum()
+    assert (exp.parents[0] >= 0).sum() == min(M, finite) and (exp.parents == partial).any() != normalise
+    for path in _paths(batch, mb, logits.shape[1], M):
+        got = topk_gather_triton(logits, slots.slot_tokens, slots.slot_succ, batch, M, path=path, **kwargs)
+        if normalise:  # fused: the same selection, scores within float32 rounding (test_fused_normalisation)
+            assert_selection_equivalent(got, exp, log_softmax_slots_reference(logits, beam_scores),
+                                        slots.slot_tokens, slots.slot_succ, batch)
+        else:
+            assert_outputs_equal(got, exp, names=NAMES, rtol=0.0, atol=0.0)
+
+
 @pytest.mark.parametrize("batch,mb,vocab,max_len,M", [CASES[1], CASES[3], CASES[5]])
 def test_fused_normalisation(batch, mb, vocab, max_len, M):
     slots, logits, beam_scores = _candidates(batch + vocab, batch, mb, vocab, max_len)
