@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from zerogr_core import Catalog, build_index
 from zerogr_core.decode.constraints import row_starts
-from zerogr_kernels.allow_nodes import (allow_nodes, allow_nodes_reference, allow_nodes_triton, node_layout,
-                                        rank_tables)
+from zerogr_kernels.allow_nodes import (allow_nodes, allow_nodes_reference, allow_nodes_triton, derive_tables,
+                                        node_layout, rank_tables)
 
 from test_deny_ids import assert_decodes_as, assert_result_as, engine_case, over_plans
 
@@ -50,9 +50,15 @@ def case(seed, batch, n_ids, sizes=(8, 8, 8)):
             torch.full((batch, stride), -7, dtype=torch.int32))
 
 
-def run(fn, args):
+def run(fn, args, derived=()):
     *head, nodes = args
-    return fn(*head, nodes.clone())
+    return fn(*head, nodes.clone(), derived)
+
+
+def derived_of(index, steps):
+    """:func:`derive_tables` of ``index`` for its first ``steps`` steps."""
+    starts, level_sizes = layout_of(index)
+    return derive_tables(starts, node_layout(level_sizes)[0], steps)
 
 
 @given(n=st.integers(1, 300), seed=st.integers(0, 10**6), levels=st.integers(1, 4))
@@ -74,10 +80,14 @@ def test_rank_tables_find_each_rows_state(n, seed, levels):
             f"level {level}: rows {bad[:5].tolist()} -> {got[bad[:5]].tolist()} != {want[bad[:5]].tolist()}"
 
 
+@pytest.mark.parametrize("derive", [0, 1, 2])
 @pytest.mark.parametrize("seed,batch,n_ids", [(0, 1, 0), (1, 1, 30), (2, 3, 40), (3, 5, 200), (4, 2, 1500)])
-def test_kernel_matches_reference(seed, batch, n_ids):
-    args = case(seed, batch, n_ids)[2:]
-    want, got = run(allow_nodes_reference, args), run(allow_nodes_triton, args)
+def test_kernel_matches_reference(seed, batch, n_ids, derive):
+    """Every step set bit by bit, or the first one or two derived from the next (the reference sets
+    them all bit by bit)."""
+    full = case(seed, batch, n_ids)
+    args = full[2:]
+    want, got = run(allow_nodes_reference, args), run(allow_nodes_triton, args, derived_of(full[1], derive))
     bad = (want != got).nonzero()
     assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}: {got[tuple(bad[:5].T)].tolist()} != " \
                             f"{want[tuple(bad[:5].T)].tolist()}"
@@ -138,8 +148,12 @@ def test_cuda_kernel_on_a_one_level_catalog():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("seed,batch,n_ids", [(1, 1, 30), (3, 5, 200), (4, 8, 3000)])
 def test_cuda_kernel_matches_reference(seed, batch, n_ids):
-    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in case(seed, batch, n_ids)[2:]]
-    assert torch.equal(run(allow_nodes_reference, args), run(allow_nodes_triton, args))
+    full = case(seed, batch, n_ids)
+    args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in full[2:]]
+    want = run(allow_nodes_reference, args)
+    for derive in (0, 1, 2):
+        derived = tuple((t[0].cuda(), *t[1:]) for t in derived_of(full[1], derive))
+        assert torch.equal(want, run(allow_nodes_triton, args, derived)), f"derive {derive}"
 
 
 @over_plans

@@ -115,9 +115,11 @@ def _launch_grid():
 
     # one program count and batch per shape: a request's search over the id offsets unrolls by batch
     for batch, levels, table_dtype in itertools.product((1, 3, 32), (1, 5), (torch.int32, torch.int64)):
+        # the suite's two derived steps, where there are steps to derive
+        derived = tuple((e(41, dtype=torch.int32), 3, 0, 2) for _ in range(min(2, levels - 1)))
         allow_nodes_triton(e(5000, dtype=torch.int64), e(batch + 1, dtype=torch.int64), e(100, dtype=table_dtype), 7,
                            e(max(levels - 1, 1), 30, dtype=torch.int32), e(max(levels - 1, 1), 30, dtype=torch.int32),
-                           e(levels, dtype=torch.int64), e(batch, 64, dtype=torch.int32))
+                           e(levels, dtype=torch.int64), e(batch, 64, dtype=torch.int32), derived)
     for (K, H), dtype in itertools.product([(1, 48), (3, 1024), (300, 1024), (64, 4096)],
                                            (torch.float16, torch.bfloat16, torch.float32)):
         n_beams = 4

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from zerogr_kernels.allow_nodes import node_layout, rank_tables
+from zerogr_kernels.allow_nodes import derive_tables, node_layout, rank_tables
 from zerogr_kernels.constraints import ALLOW, CATALOG_NORMALISED
 from zerogr_kernels.deny_ids import MAX_IDS
 
@@ -170,6 +170,8 @@ class NodeTables:
         The same offsets on the host (each step's ``SlotLists.node_off``).
     stride : int
         int32 words of one request's bitmaps.
+    derived : tuple
+        :func:`~zerogr_kernels.allow_nodes.derive_tables`: the early steps derived from the next.
     """
 
     rank_bits: torch.Tensor
@@ -177,6 +179,7 @@ class NodeTables:
     level_words: torch.Tensor
     words: tuple
     stride: int
+    derived: tuple = ()
 
 
 _NODE_TABLES: "weakref.WeakKeyDictionary[object, NodeTables]" = weakref.WeakKeyDictionary()
@@ -193,10 +196,11 @@ def node_tables(index) -> NodeTables:
     engine builds them under its lock (never while one of its graphs is captured)."""
     cached = _NODE_TABLES.get(index)
     if cached is None:
-        bits, before = rank_tables(row_starts(index)[:-1], index.n_items)
+        starts = row_starts(index)[:-1]
+        bits, before = rank_tables(starts, index.n_items)
         words, stride = node_words(index)
         cached = NodeTables(bits, before, torch.tensor(words, dtype=torch.int64, device=index.device), tuple(words),
-                            stride)
+                            stride, derive_tables(starts, words))
         _NODE_TABLES[index] = cached
     return cached
 

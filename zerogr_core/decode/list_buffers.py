@@ -254,7 +254,7 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
                       index.n_items, **marks.args)
         elif tables is not None:
             allow_nodes(buffers.ids, buffers.id_offsets, buffers.table, base, tables.rank_bits, tables.rank_before,
-                        tables.level_words, buffers.nodes)
+                        tables.level_words, buffers.nodes, tables.derived)
         else:
             marks.mark(buffers.offsets, buffers.rows)
 
