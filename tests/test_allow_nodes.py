@@ -61,6 +61,16 @@ def derived_of(index, steps):
     return derive_tables(starts, node_layout(level_sizes)[0], steps)
 
 
+def assert_nodes_equal(got, want, level_words, label):
+    """Bitmaps equal, else the first differing words: request, step (by ``level_words``), word, both values."""
+    bad = (got != want).nonzero().cpu()
+    if bad.numel():
+        starts = level_words.cpu().tolist()
+        where = [(r, sum(w >= s for s in starts) - 1, w) for r, w in bad[:6].tolist()]
+        raise AssertionError(f"{label}: {bad.shape[0]} words differ; first (request, step, word): {where}, got "
+                             f"{got[tuple(bad[:6].T)].tolist()}, want {want[tuple(bad[:6].T)].tolist()}")
+
+
 @given(n=st.integers(1, 300), seed=st.integers(0, 10**6), levels=st.integers(1, 4))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_rank_tables_find_each_rows_state(n, seed, levels):
@@ -87,10 +97,8 @@ def test_kernel_matches_reference(seed, batch, n_ids, derive):
     them all bit by bit)."""
     full = case(seed, batch, n_ids)
     args = full[2:]
-    want, got = run(allow_nodes_reference, args), run(allow_nodes_triton, args, derived_of(full[1], derive))
-    bad = (want != got).nonzero()
-    assert not bad.numel(), f"first mismatches at {bad[:5].tolist()}: {got[tuple(bad[:5].T)].tolist()} != " \
-                            f"{want[tuple(bad[:5].T)].tolist()}"
+    assert_nodes_equal(run(allow_nodes_triton, args, derived_of(full[1], derive)), run(allow_nodes_reference, args),
+                       full[-2], f"derive {derive}")
 
 
 def test_kernel_on_a_one_level_catalog():
@@ -153,7 +161,7 @@ def test_cuda_kernel_matches_reference(seed, batch, n_ids):
     want = run(allow_nodes_reference, args)
     for derive in (0, 1, 2):
         derived = tuple((t[0].cuda(), *t[1:]) for t in derived_of(full[1], derive))
-        assert torch.equal(want, run(allow_nodes_triton, args, derived)), f"derive {derive}"
+        assert_nodes_equal(run(allow_nodes_triton, args, derived), want, full[-2], f"derive {derive}")
 
 
 @over_plans
