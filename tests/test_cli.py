@@ -166,7 +166,22 @@ HANDLER_ERRORS = dict([
     (("quality", "--batch-size", "1024", "--beam", "128"), "--batch-size × --beam: 1024 × 128 beams is over the "
                                                            "65,536 one decode may hold"),
     (("decode-dataset", "--out", "x.jsonl", "--batch-sizes", "1,2"), "--batch-sizes: decode-dataset plans one batch "
-                                                                     "size; give one"),
+                                                                     "size; give one"),    # these exited 1 after torch had loaded
+    (("train", "--out", "x.pt"), "give exactly one of --data PATH or --dataset NAME"),
+    (("train", "--out", "x.pt", "--data", "x.json", "--dataset", "amazon-beauty"), "give exactly one of --data PATH "
+                                                                                   "or --dataset NAME"),
+    (("quality", "--data", "pyproject.toml"), "--checkpoint FILE is required with --data (the bundled model belongs "
+                                              "to --dataset)"),
+    (("quality", "--data", "x", "--dataset", "amazon-beauty"), "give exactly one of --data PATH or --dataset NAME"),
+    (("train-movielens", "--data", "x"), "--out FILE is required with --data (the bundled checkpoint belongs to the "
+                                         "bundled data)"),
+    (("coldstart", "--data", "x.json"), "--sids FILE is required: the cold-start study needs content semantic IDs "
+                                        "(e.g. index_rqkmeans.json, from item text); SIDs built from the interactions "
+                                        "it evaluates on would carry the cold items' interactions"),
+    (("coldstart", "--sids", "s.json"), "--data FILE is required (a JSON {user: [items]} or 'user item item ...' "
+                                        "sequence file)"),
+    (("coldstart", "--data", "x.json", "--sids", "s.json", "--out", "a.pt", "--checkpoint", "b.pt"),
+     "--out and --checkpoint exclude each other (--checkpoint skips training)"),
 ])
 
 

@@ -160,7 +160,7 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys):
     assert err.startswith("error: ") and "--data" in err and err.count("\n") == 1
     assert main(["quality", "--checkpoint", str(tmp_path / "none.pt")]) == 1
     assert "checkpoint not found" in capsys.readouterr().err
-    assert main(["train-movielens", "--data", str(other)]) == 1
+    assert main(["train-movielens", "--data", str(other)]) == 2  # a usage error
     assert "--out FILE is required with --data" in capsys.readouterr().err
     with pytest.raises(ZeroGRError, match="--beam 4"):
         study = load_checkpoint(out)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..arg_types import SEED_MAX, minutes, whole
 from ..devices import device_arg
-from ..errors import ZeroGRError, check_output_file
+from ..errors import UsageError, ZeroGRError, check_output_file
 
 #: Methods of the report, in table order.
 METHODS = ("unconstrained", "random", "dense", "filter-first", "score-first")
@@ -92,10 +92,11 @@ def _keyed(metrics: dict) -> dict:
 
 
 def _paths_check(data_path, sids_path) -> None:
+    # usage errors (exit status 2): both paths are the command's options, checked before any file is read
     if data_path is None:
-        raise ZeroGRError("--data FILE is required (a JSON {user: [items]} or 'user item item ...' sequence file)")
+        raise UsageError("--data FILE is required (a JSON {user: [items]} or 'user item item ...' sequence file)")
     if sids_path is None:
-        raise ZeroGRError("--sids FILE is required: the cold-start study needs content semantic IDs (e.g. "
+        raise UsageError("--sids FILE is required: the cold-start study needs content semantic IDs (e.g. "
                           "index_rqkmeans.json, from item text); SIDs built from the interactions it evaluates "
                           "on would carry the cold items' interactions")
 
@@ -367,7 +368,7 @@ def run_coldstart(args: argparse.Namespace) -> None:
     check_share(args.cold)
     _paths_check(args.data, args.sids)
     if args.out is not None and args.checkpoint is not None:
-        raise ZeroGRError("--out and --checkpoint exclude each other (--checkpoint skips training)")
+        raise UsageError("--out and --checkpoint exclude each other (--checkpoint skips training)")
     if args.results is not None and Path(args.results).suffix.lower() != ".json":
         raise ZeroGRError(f"--results {args.results}: the report is written as .json")
     # checked before the study: a bad path otherwise failed only when its result was written

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..arg_types import SEED_MAX, minutes, number, whole
 from ..devices import device_arg
+from ..errors import UsageError
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "runs" / "results"
 
@@ -97,11 +98,10 @@ def register(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from ..errors import ZeroGRError
+    if args.out is None and args.data is not None:  # before torch loads (the import below)
+        raise UsageError("--out FILE is required with --data (the bundled checkpoint belongs to the bundled data)")
     from .train import BUNDLED_CHECKPOINT, train_movielens
 
-    if args.out is None and args.data is not None:
-        raise ZeroGRError("--out FILE is required with --data (the bundled checkpoint belongs to the bundled data)")
     out = args.out if args.out is not None else BUNDLED_CHECKPOINT
     quiet = args.json
     meta = train_movielens(args.data, out, catalog_path=args.catalog, preset=args.preset, device=args.device,
@@ -115,12 +115,17 @@ def run_quality(args: argparse.Namespace) -> None:
 
     batch = min(args.batch_size, args.users) if args.users else args.batch_size  # what one decode holds
     check_beams(batch, args.beam, "--batch-size × --beam")  # before torch loads (the imports below)
+    sequence_file = args.data is not None and Path(args.data).is_file()
+    if args.data is not None and args.dataset is not None:
+        raise UsageError("give exactly one of --data PATH or --dataset NAME")
+    if sequence_file and args.checkpoint is None:
+        raise UsageError("--checkpoint FILE is required with --data (the bundled model belongs to --dataset)")
     from .bundled import RETRAIN_MOVIELENS, checkpoint_option
     from .data import leave_one_out, load_movielens
     from .quality import KS, study_report, write_plot
     from .train import fixed_users, load_checkpoint
 
-    if args.dataset is not None or (args.data is not None and Path(args.data).is_file()):
+    if args.dataset is not None or sequence_file:
         return run_sequence_quality(args)
     start = time.perf_counter()
     if args.checkpoint is None:
@@ -150,6 +155,9 @@ def run_quality(args: argparse.Namespace) -> None:
 def run_train_sequences(args: argparse.Namespace) -> None:
     import shlex
 
+    # checked here as well as in load_data: that one runs after torch loads (the imports below)
+    if (args.data is None) == (args.dataset is None):
+        raise UsageError("give exactly one of --data PATH or --dataset NAME")
     from .seqrec import load_data, train_sequences
 
     call_start = time.perf_counter()
@@ -187,9 +195,6 @@ def run_sequence_quality(args: argparse.Namespace) -> None:
     from .train import fixed_users
 
     start = time.perf_counter()
-    if args.checkpoint is None and args.dataset is None:
-        from ..errors import ZeroGRError
-        raise ZeroGRError("--checkpoint FILE is required with --data (the bundled model belongs to --dataset)")
     checkpoint = args.checkpoint if args.checkpoint is not None else BEAUTY_CHECKPOINT
     data = load_data(args.data, args.sids, args.dataset)
     if args.checkpoint is None:
