@@ -265,8 +265,10 @@ def test_next_edge_cases(capsys):
     (["stats", "missing.parquet"], "missing.parquet: no such file"),
     (["plan", "tiny", "--beam", "0"], "argument --beam: must be ≥ 1, got 0"),
     (["plan", "tiny", "--dtype", "fp8"], "--dtype: dtype must be one of"),
-    (["plan", "tiny", "--override", "full,full"], "plan override lists 2 steps, the index has 3"),
-    (["plan", "tiny", "--override", "full,sparse+full/fast,full"], "step option must look like"),
+    (["plan", "tiny", "--override", "full,full"], "error: --override: 2 steps for a catalog of 3 levels"),
+    (["plan", "tiny", "--override", "full,sparse+full/fast,full"], "error: --override: step option must look like"),
+    (["plan", "tiny", "--override", "sparse+full/prune,full,full"], "error: --override: step 1: option "
+                                                                   "sparse+full / prune is not available"),
     (["index", "tiny", "--device", "nonsense"], "--device: 'nonsense' is not a device"),
     (["synth", "search-like", "--n", "10", "--out", "x.csv", "--codebook", "3e9"],
      "codebook must be in [1, 2147483648]"),

@@ -354,10 +354,18 @@ def _run_plan(args: argparse.Namespace) -> None:
     dtype = _serving_dtype(device) if args.dtype is None else _dtype_name(args.dtype)
     override = None if args.override is None else [o.strip() for o in args.override.split(",")]
     catalog = catalog_from_args(args)
+    if override is not None and len(override) != catalog.n_levels:
+        raise UsageError(f"--override: {len(override)} steps for a catalog of {catalog.n_levels} levels "
+                         "(one entry per step)")
     index = build_index(catalog, device=device)
     heads, bands = random_heads(catalog, hidden, dtype, device, seed)
     engine = GpuEngine(index, Heads.build(heads, index.codebook_sizes, bands), beam, plan_override=override,
                        **_planner_kwargs(args))
+    if override is not None:
+        try:  # the engine checks each entry only when it plans: name the option it came from
+            engine.options_for(batch)
+        except ZeroGRError as err:
+            raise UsageError(f"--override: {err}") from None
     hidden_fn = random_hidden_fn(batch, hidden, catalog.codebook_sizes, dtype, device, seed + 1)
     plan = engine.plan(hidden_fn, batch)
     if engine.use_graph:  # the capture is part of serving the shape: report whether it held
