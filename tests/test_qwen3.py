@@ -1,4 +1,6 @@
 """The Qwen3 step model against Hugging Face's own forward, ``generate`` and brute force."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -238,6 +240,16 @@ def test_token_offsets_are_checked(model):
             Qwen3StepModel(model, bad)
     assert Qwen3StepModel(model, (16.0, np.int64(20), torch.tensor(25))).token_offsets == OFFSETS
 
+
+
+def test_context_bucket_takes_whole_numbers_only(model):
+    """context_bucket went through int(): 2.5 became 2 and "x" raised a bare ValueError."""
+    for bad in (2.5, "x", "8", 0, -4, True, float("nan"), None):
+        message = rf"^context_bucket: expected an integer ≥ 1, got {re.escape(repr(bad))}$"
+        with pytest.raises(ZeroGRError, match=message):
+            Qwen3StepModel(model, OFFSETS, context_bucket=bad)
+    for good in (8, 8.0, np.int64(8), torch.tensor(8)):
+        assert Qwen3StepModel(model, OFFSETS, context_bucket=good).context_bucket == 8
 
 def test_stacked_weights_are_the_modules_own():
     """Wrapping stacks q/k/v and gate/up once: the module's parameters become views of the stacks

@@ -39,6 +39,9 @@ L decode steps in one CUDA graph (``graph_safe``).
 """
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -154,6 +157,20 @@ def build_random(preset: str | Qwen3Preset = "tiny", *, device="cpu", dtype=torc
     return model.to(dtype).eval(), preset
 
 
+def _whole_bucket(value) -> int:
+    """``context_bucket`` as an int ≥ 1: int() truncated 2.5 to 2 and raised a bare ValueError on "x"."""
+    whole = None
+    if not isinstance(value, bool):
+        try:
+            whole = operator.index(value)
+        except TypeError:
+            if isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+                whole = int(value)
+    if whole is None or whole < 1:
+        raise ZeroGRError(f"context_bucket: expected an integer ≥ 1, got {value!r}")
+    return int(whole)
+
+
 class Qwen3StepModel:
     """:class:`~zerogr_core.models.protocol.StepModel` over a ``transformers`` ``Qwen3ForCausalLM``.
 
@@ -211,9 +228,7 @@ class Qwen3StepModel:
         self.group = self.heads // self.kv_heads
         self.n_layers = len(self.core.layers)
         self.vocab = int(weight.shape[0])
-        if int(context_bucket) < 1:
-            raise ZeroGRError(f"context_bucket: expected an integer ≥ 1, got {context_bucket!r}")
-        self.context_bucket = int(context_bucket)
+        self.context_bucket = _whole_bucket(context_bucket)
         self._stack_weights()
         self.batch = 0
         self.prefill_in_step = False
