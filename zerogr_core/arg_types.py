@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import numbers
+import operator
 from decimal import Decimal, InvalidOperation
 from typing import Callable
 
@@ -36,6 +38,29 @@ MAX_DIGITS = 30
 #: into torch generators' 64-bit seeds, overflowed from about 2**47.
 SEED_MAX = 2**32 - 1
 
+
+
+def whole_value(value) -> int | None:
+    """``value`` as an int when it is a whole number given as a number (an int, a numpy or torch
+    integer, or a finite float without a fraction), else ``None``: bools, text and fractions are
+    not whole numbers here (``int()`` would truncate 2.5 to 2 and read True as 1).
+
+    Parameters
+    ----------
+    value : object
+
+    Returns
+    -------
+    int or None
+    """
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        if isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
+            return int(value)
+    return None
 
 def to_int(text: str, least: int | None = None, most: int | None = None) -> int:
     """Parse one integer and check its bounds.

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import math
-import numbers
-import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -11,6 +9,7 @@ import torch
 
 from zerogr_kernels._common import FLOAT_DTYPES
 
+from ..arg_types import whole_value
 from ..errors import ZeroGRError
 
 
@@ -133,13 +132,7 @@ def _whole_offsets(band_offsets) -> tuple[int, ...]:
         raise ZeroGRError(f"band_offsets: expected one whole number per level, got {type(band_offsets).__name__}")
     out = []
     for level, o in enumerate(band_offsets):
-        value = None
-        if not isinstance(o, bool):
-            try:
-                value = operator.index(o)
-            except TypeError:
-                if isinstance(o, numbers.Real) and math.isfinite(float(o)) and float(o).is_integer():
-                    value = int(o)
+        value = whole_value(o)
         if value is None:
             raise ZeroGRError(f"band_offsets: level {level + 1} offset {o!r} is not a whole number")
         out.append(int(value))

@@ -39,9 +39,6 @@ L decode steps in one CUDA graph (``graph_safe``).
 """
 from __future__ import annotations
 
-import math
-import numbers
-import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -54,6 +51,7 @@ from zerogr_kernels.qk_norm_rope import qk_norm_rope
 from zerogr_kernels.rms_norm import rms_layer_norm
 from zerogr_kernels.swiglu import silu_mul
 
+from ..arg_types import whole_value
 from ..errors import ZeroGRError
 
 __all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random"]
@@ -159,13 +157,7 @@ def build_random(preset: str | Qwen3Preset = "tiny", *, device="cpu", dtype=torc
 
 def _whole_bucket(value) -> int:
     """``context_bucket`` as an int ≥ 1: int() truncated 2.5 to 2 and raised a bare ValueError on "x"."""
-    whole = None
-    if not isinstance(value, bool):
-        try:
-            whole = operator.index(value)
-        except TypeError:
-            if isinstance(value, numbers.Real) and math.isfinite(float(value)) and float(value).is_integer():
-                whole = int(value)
+    whole = whole_value(value)
     if whole is None or whole < 1:
         raise ZeroGRError(f"context_bucket: expected an integer ≥ 1, got {value!r}")
     return int(whole)
