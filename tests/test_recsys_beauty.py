@@ -360,7 +360,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "m.pt"), "--seed",
                  "4294967296"]) != 0
     assert "argument --seed: must be in 0…4294967295" in capsys.readouterr().err
-    assert main(["quality", "--data", str(tmp_path / "bad.txt")]) == 1
+    assert main(["quality", "--data", str(tmp_path / "bad.txt")]) == 2  # a usage error, before torch loads
     assert "--checkpoint FILE is required" in capsys.readouterr().err
     write_sequences(tmp_path / "seq.txt", n_users=10, n_items=8)
     # every number is checked as the command line is parsed (status 2)
