@@ -28,14 +28,13 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import operator
 import threading
 from typing import Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
+from ..arg_types import whole_value
 from ..errors import ZeroGRError
 from .protocol import StepDecoder, check_band_offsets, safe_parents, token_inputs
 
@@ -176,15 +175,13 @@ def hidden_outputs(model):
 
 
 def _whole_offsets(token_offsets) -> tuple[int, ...]:
+    # int() would truncate 3.7 to 3 and shift a level's ids silently: whole numbers only
     try:
-        given = list(token_offsets)
-        # int() would truncate 3.7 to 3 and shift a level's ids silently: whole numbers only
-        offsets = tuple(operator.index(o) if not isinstance(o, float) or not o.is_integer() else int(o)
-                        for o in given)
-        if any(isinstance(o, (bool, np.bool_)) for o in given):
-            raise TypeError
-    except (TypeError, ValueError):
-        raise ZeroGRError(f"token_offsets: expected one integer per SID level, got {token_offsets!r}") from None
+        offsets = tuple(whole_value(o) for o in token_offsets)
+    except TypeError:
+        offsets = (None,)
+    if isinstance(token_offsets, (str, bytes)) or None in offsets:
+        raise ZeroGRError(f"token_offsets: expected one integer per SID level, got {token_offsets!r}")
     return offsets
 
 

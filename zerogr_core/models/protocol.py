@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from ..decode.search import StepModel  # noqa: F401 (the protocol lives where the loop consumes it)
+from ..arg_types import whole_value
 from ..errors import ZeroGRError
 
 
@@ -339,9 +340,10 @@ def check_band_offsets(step_model, offsets, argument: str = "band_offsets") -> N
     theirs = getattr(step_model, "token_offsets", None)
     if theirs is None:
         return
-    theirs, offsets = tuple(int(o) for o in theirs), tuple(int(o) for o in offsets)
-    if theirs != offsets:
-        raise ZeroGRError(f"step_model: its token_offsets {theirs} differ from {argument} {offsets}")
+    # whole numbers compared as given: int() would read a step model's 3.7 as a matching 3
+    fed = tuple(whole_value(o) for o in theirs)
+    if None in fed or fed != tuple(whole_value(o) for o in offsets):
+        raise ZeroGRError(f"step_model: its token_offsets {tuple(theirs)} differ from {argument} {tuple(offsets)}")
 
 
 #: Where a :class:`StepDecoder` runs the prefill: ``inside`` the decode (captured with it),
