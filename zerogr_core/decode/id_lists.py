@@ -101,10 +101,18 @@ class DenyIds(IdLists):
         """Rows of the device buffer: ``width`` per request."""
         return self.batch * self.width
 
+    @property
+    def mode(self) -> int:
+        """Every request's mode bits: deny, and the catalog bit when so normalised."""
+        return CATALOG_NORMALISED if self.catalog_normalised else 0
+
     def device_mode(self, out: np.ndarray) -> np.ndarray:
-        """The kernels' mode bits (deny, and the catalog bit when so normalised) into ``out``."""
-        out[:] = CATALOG_NORMALISED if self.catalog_normalised else 0
+        """The kernels' mode bits (:attr:`mode` for every request) into ``out``."""
+        out[:] = self.mode
         return out
+
+
+_INT64 = np.dtype(np.int64)
 
 
 def _as_ids(entry) -> np.ndarray | None:
@@ -131,7 +139,8 @@ def deny_ids(catalog, batch: int, deny_items, normalise: str) -> DenyIds | None:
         if e is None:
             lengths.append(0)
             continue
-        p = _as_ids(e)
+        # a 1-D int64 array, the common entry, needs no conversion and no check
+        p = e if type(e) is np.ndarray and e.dtype is _INT64 and e.ndim == 1 else _as_ids(e)
         if p is None:
             return None
         lengths.append(p.size)

@@ -105,7 +105,7 @@ class ListBuffers:
         self.table = None  # id modes: the id table the captured graph reads, of the catalog lookup below
         self.lookup = None
         self.in_place = bool(cuda and width and width <= IN_PLACE_WIDTH)
-        self.header_loaded = None  # in place: the modes last copied in
+        self.header_loaded = None  # width mode: the requests' mode last written (and, in place, copied)
         if self.in_place:  # the kernel's views of the pinned block
             self.id_offsets = self.host[2 * batch + 2:self.header]
             self.ids = self.host[self.header:rows_at]
@@ -145,7 +145,11 @@ class ListBuffers:
         """Deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`): the header and the ids
         back to back in the pinned block, then one copy of both."""
         host, b, h = self._host, self.batch, self.header
-        lists.device_mode(out=self._host_mode)
+        # every request of such lists has the same mode, which the pinned block keeps between calls
+        fresh = self.header_loaded != lists.mode
+        if fresh:
+            lists.device_mode(out=self._host_mode)
+            self.header_loaded = lists.mode
         np.cumsum(lists.counts, out=host[2 * b + 3:h])
         n = lists.n_ids
         if n:
@@ -153,9 +157,8 @@ class ListBuffers:
         if not self.in_place:
             self.block[:h + n].copy_(self.host[:h + n], non_blocking=True)
             self._guard()
-        elif self.header_loaded is None or not np.array_equal(self.header_loaded, self._host_mode):
+        elif fresh:
             self.block[:2 * b + 2].copy_(self.host[:2 * b + 2], non_blocking=True)
-            self.header_loaded = self._host_mode.copy()
             self._guard()
 
     def _load_allow(self, lists) -> None:
