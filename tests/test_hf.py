@@ -5,7 +5,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from zerogr_core import Catalog, build_index  # noqa: E402
+from zerogr_core import Catalog, Decoder, build_index  # noqa: E402
 from zerogr_core.errors import ZeroGRError  # noqa: E402
 from zerogr_core.hf import generate  # noqa: E402
 
@@ -292,6 +292,26 @@ def test_step_decoder_offsets_must_match(given):
     ids, mask = inputs()
     sliced = [head[o:o + s] for o, s in zip(OFFSETS, SIZES)]
     got = StepDecoder(T5StepModel(model, OFFSETS), index, sliced, beam_width=4).decode(ids, mask)
+    want = generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, attention_mask=mask)
+    assert torch.equal(got.item_rows, want.item_rows)
+
+
+def test_decoder_decode_checks_a_step_models_offsets():
+    """``Decoder.decode`` with a prefilled step model (the documented way to drive one without
+    StepDecoder) took any offsets: a T5 step model feeding tokens back at (3, 7, 12) under a shared
+    head banded at (4, 8, 13) decoded other items, silently. Matching offsets decode as generate."""
+    from zerogr_core.models.t5 import T5StepModel
+
+    model, index = t5_model(), build_index(tiny_catalog())
+    head = model.get_output_embeddings().weight.detach()
+    ids, mask = inputs()
+    step = T5StepModel(model, OFFSETS)
+    step.prefill(ids, mask, beam_width=4)
+    wrong = Decoder(index, head, 4, band_offsets=(4, 8, 13), engine="reference")
+    with pytest.raises(ZeroGRError, match=r"^step_model: its token_offsets \(3, 7, 12\) differ from band_offsets "
+                                          r"\(4, 8, 13\)$"):
+        wrong.decode(step, ids.shape[0])
+    got = Decoder(index, head, 4, band_offsets=OFFSETS, engine="reference").decode(step, ids.shape[0])
     want = generate(model, ids, index, beam_width=4, token_offsets=OFFSETS, attention_mask=mask)
     assert torch.equal(got.item_rows, want.item_rows)
 

@@ -15,7 +15,7 @@ from ..catalog.catalog import Catalog
 from ..errors import ZeroGRError
 from ..index.host_trie import HostTrie
 from ..index.layout import StepIndex
-from .heads import Heads
+from .heads import Heads, check_band_offsets
 from .ops import DISPATCH, REFERENCE, KernelOps, no_timer
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
 from .reference_plan import default_projection, make_reference_plan, plan_projection, plan_rows
@@ -372,9 +372,12 @@ class Decoder:
         if not callable(model) and not is_step_model(model):
             raise ZeroGRError(f"model: expected a hidden_fn(step, prefixes) or a prefilled step model, "
                               f"got {type(model).__name__}")
-        if is_step_model(model) and getattr(model, "batch", batch_size) != batch_size:
-            raise ZeroGRError(f"step model: prefilled with {getattr(model, 'batch')} requests, "
-                              f"batch_size is {batch_size}")
+        if is_step_model(model):
+            if getattr(model, "batch", batch_size) != batch_size:
+                raise ZeroGRError(f"step model: prefilled with {getattr(model, 'batch')} requests, "
+                                  f"batch_size is {batch_size}")
+            if self.heads.shared is not None:  # it feeds tokens back where the shared head scores them
+                check_band_offsets(model, self.heads.band_offsets)
         observed = timer is not None or on_step is not None
         if self.gpu_engine is not None and not observed:
             return self.gpu_engine.decode(model, batch_size, lists=lists)

@@ -189,3 +189,34 @@ def random_heads(codebook_sizes: Sequence[int], band_offsets: Sequence[int] | No
     if band_offsets is not None:
         return Heads.build(draw(max(o + s for o, s in zip(band_offsets, sizes))), sizes, band_offsets)
     return Heads.build([draw(s) for s in sizes], sizes)
+
+
+def check_band_offsets(step_model, offsets, argument: str = "band_offsets") -> None:
+    """Refuse a step model that feeds its tokens back at other ids than the heads score.
+
+    A step model with ``token_offsets`` (the Hugging Face, T5 and Qwen3 adapters) feeds level
+    ``l``'s chosen token ``t`` back as vocabulary id ``token_offsets[l] + t``; the shared head
+    scores it at row ``offsets[l] + t``. Were they different, every step after the first would
+    read another token than the one chosen, and the decode return other beams, silently.
+
+    Parameters
+    ----------
+    step_model : StepModel
+        Checked when it has ``token_offsets``; other step models feed their own tokens back.
+    offsets : sequence of int
+        First head row of each level.
+    argument : str
+        How the error names ``offsets``.
+
+    Raises
+    ------
+    ZeroGRError
+        One line naming both.
+    """
+    theirs = getattr(step_model, "token_offsets", None)
+    if theirs is None:
+        return
+    # whole numbers compared as given: int() would read a step model's 3.7 as a matching 3
+    fed = tuple(whole_value(o) for o in theirs)
+    if None in fed or fed != tuple(whole_value(o) for o in offsets):
+        raise ZeroGRError(f"step_model: its token_offsets {tuple(theirs)} differ from {argument} {tuple(offsets)}")

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import torch
 
+from ..decode.heads import check_band_offsets  # noqa: F401 (the adapters import it from here)
 from ..decode.search import StepModel  # noqa: F401 (the protocol lives where the loop consumes it)
-from ..arg_types import whole_value
 from ..errors import ZeroGRError
 
 
@@ -313,37 +313,6 @@ class StepDecoder:
             raise ZeroGRError(f"history: expected a torch.Tensor, got {type(history).__name__}")
         load_requests(self.step_model, history, attention_mask, beam_width=self.decoder.beam_width, stage=self.stage)
         return self.decoder.decode(self.step_model, int(history.shape[0]), lists=lists)
-
-
-def check_band_offsets(step_model, offsets, argument: str = "band_offsets") -> None:
-    """Refuse a step model that feeds its tokens back at other ids than the heads score.
-
-    A step model with ``token_offsets`` (the Hugging Face, T5 and Qwen3 adapters) feeds level
-    ``l``'s chosen token ``t`` back as vocabulary id ``token_offsets[l] + t``; the shared head
-    scores it at row ``offsets[l] + t``. Were they different, every step after the first would
-    read another token than the one chosen, and the decode return other beams, silently.
-
-    Parameters
-    ----------
-    step_model : StepModel
-        Checked when it has ``token_offsets``; other step models feed their own tokens back.
-    offsets : sequence of int
-        First head row of each level.
-    argument : str
-        How the error names ``offsets``.
-
-    Raises
-    ------
-    ZeroGRError
-        One line naming both.
-    """
-    theirs = getattr(step_model, "token_offsets", None)
-    if theirs is None:
-        return
-    # whole numbers compared as given: int() would read a step model's 3.7 as a matching 3
-    fed = tuple(whole_value(o) for o in theirs)
-    if None in fed or fed != tuple(whole_value(o) for o in offsets):
-        raise ZeroGRError(f"step_model: its token_offsets {tuple(theirs)} differ from {argument} {tuple(offsets)}")
 
 
 #: Where a :class:`StepDecoder` runs the prefill: ``inside`` the decode (captured with it),
