@@ -297,7 +297,8 @@ class Decoder:
             ``beams_at_step`` is 1 at step 0 and ``beam_width`` afterwards. Returns the
             hidden states (batch, beams_at_step, H). Or a step model
             (:class:`zerogr_core.models.StepModel`) prefilled with the ``batch_size``
-            requests: the loop calls its ``step(l, tokens, parents)``.
+            requests: the loop calls its ``step(l, tokens, parents)``. With a shared head, a
+            step model's ``token_offsets`` must be its bands (refused otherwise).
         batch_size : int
         allow_items, deny_items : sequence of ``batch_size`` entries, or str, optional
             Per request, only the allowed items / none of the denied items are returned.
