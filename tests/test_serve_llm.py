@@ -370,6 +370,23 @@ def test_config_presets_and_checks():
             LLMServeConfig.preset("tiny", **bad)
 
 
+def test_config_takes_whole_numbers_and_refuses_the_rest():
+    """A configuration from JSON or Python: whole numbers as given (8.0, numpy integers) are taken as
+    ints; a fraction was truncated (token offset 64.7 read as 64, so the SID tokens were fed back one id
+    off) or let through (a warm-up context of 16.5), and a bare number as offsets raised TypeError."""
+    got = LLMServeConfig.preset("tiny", beam=8.0, batch_sizes=(np.int64(2), 1), context_bucket=16.0,
+                                warmup_context=np.int32(16), seed=3.0, token_offsets=(64.0, 128, 192))
+    assert (got.beam, got.batch_sizes, got.context_bucket, got.warmup_context, got.seed) == (8, (1, 2), 16, 16, 3)
+    assert got.token_offsets == (64, 128, 192) and all(type(v) is int for v in (got.beam, *got.batch_sizes))
+    for bad, words in [(dict(token_offsets=(64.7, 128, 192)), r"^token_offsets: expected non-negative whole "),
+                       (dict(token_offsets=5), r"^token_offsets: "), (dict(token_offsets=(-1, 2, 3)), r"^token_offsets"),
+                       (dict(beam=2.5), r"^beam: expected a positive integer, got 2\.5$"), (dict(beam=True), r"^beam"),
+                       (dict(batch_sizes=(1, 2.5)), r"^batch_sizes"), (dict(warmup_context=16.5), r"^warmup_context"),
+                       (dict(batch_wait_s="x"), r"^batch_wait_s"), (dict(seed=1.5), r"^seed"), (dict(seed=2**40), r"^seed")]:
+        with pytest.raises(ZeroGRError, match=words):
+            LLMServeConfig.preset("tiny", **bad)
+
+
 @pytest.mark.parametrize("argv, words", [
     (["serve", "--llm", "gpt-9"], "--llm gpt-9: unknown LLM serve preset"),
     (["serve", "--llm", "tiny", "--preset", "cpu"], "--preset: not used with --llm"),

@@ -62,6 +62,15 @@ def whole_value(value) -> int | None:
             return int(value)
     return None
 
+def whole_values(values) -> tuple[int, ...] | None:
+    """``values`` as a tuple of ints when it is a sequence of whole numbers (:func:`whole_value`),
+    else ``None`` (text, a bare number, or any entry that is not a whole number)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        return None
+    out = tuple(whole_value(v) for v in values)
+    return None if None in out else out
+
+
 def to_int(text: str, least: int | None = None, most: int | None = None) -> int:
     """Parse one integer and check its bounds.
 

@@ -13,6 +13,7 @@ Imports neither Ray nor Polars: the GPU image serves and load-tests through it.
 """
 from __future__ import annotations
 
+import numbers
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass, replace
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 
+from ..arg_types import SEED_MAX, whole_value, whole_values
 from ..errors import ZeroGRError
 from .batching import MAX_BATCH_WAIT_S, chunks, pad, padded_size
 from .schema import RequestError
@@ -82,20 +84,33 @@ class LLMServeConfig:
             raise ZeroGRError(f"model: unknown Qwen3 preset {self.model!r}; choose one of {', '.join(QWEN3_PRESETS)}")
         if self.checkpoint is not None and not self.token_offsets:
             raise ZeroGRError("token_offsets: required with a checkpoint (vocabulary id of each SID level's token 0)")
+        # whole numbers as given (a JSON 8.0 or a numpy integer is one; int() would read 64.7 as 64)
         if self.token_offsets is not None:
-            object.__setattr__(self, "token_offsets", tuple(int(o) for o in self.token_offsets))
+            offsets = whole_values(self.token_offsets)
+            if offsets is None or min(offsets, default=0) < 0:
+                raise ZeroGRError(f"token_offsets: expected non-negative whole numbers, got {self.token_offsets!r}")
+            object.__setattr__(self, "token_offsets", offsets)
         for name in ("beam", "context_bucket", "max_context"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ZeroGRError(f"{name}: expected a positive integer, got {value!r}")
-        sizes = tuple(self.batch_sizes)
-        if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
-            raise ZeroGRError(f"batch_sizes: expected positive integers, got {list(sizes)}")
+            value = whole_value(getattr(self, name))
+            if value is None or value < 1:
+                raise ZeroGRError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, value)
+        sizes = whole_values(self.batch_sizes)
+        if not sizes or min(sizes) < 1:
+            raise ZeroGRError(f"batch_sizes: expected positive integers, got {self.batch_sizes!r}")
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
-        if not 0 <= self.batch_wait_s <= MAX_BATCH_WAIT_S:
-            raise ZeroGRError(f"batch_wait_s: must be within 0…{MAX_BATCH_WAIT_S:g} s, got {self.batch_wait_s}")
-        if not 0 <= self.warmup_context <= self.max_context:
-            raise ZeroGRError(f"warmup_context: must be within 0…{self.max_context}, got {self.warmup_context}")
+        wait = self.batch_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, numbers.Real) or not 0 <= wait <= MAX_BATCH_WAIT_S:
+            raise ZeroGRError(f"batch_wait_s: must be within 0…{MAX_BATCH_WAIT_S:g} s, got {wait!r}")
+        warm = whole_value(self.warmup_context)
+        if warm is None or not 0 <= warm <= self.max_context:
+            raise ZeroGRError(f"warmup_context: must be a whole number within 0…{self.max_context}, got "
+                              f"{self.warmup_context!r}")
+        object.__setattr__(self, "warmup_context", warm)
+        seed = whole_value(self.seed)
+        if seed is None or not 0 <= seed <= SEED_MAX:
+            raise ZeroGRError(f"seed: must be a whole number within 0…{SEED_MAX}, got {self.seed!r}")
+        object.__setattr__(self, "seed", seed)
         if self.device not in ("auto", "cuda", "cpu"):
             raise ZeroGRError(f"device: expected auto, cuda or cpu, got {self.device!r}")
         if self.dtype not in ("bfloat16", "float16", "float32"):
