@@ -105,6 +105,19 @@ def test_from_sids_names_codebook_sizes_that_are_not_whole_numbers():
         assert Catalog.from_sids(sids, fine).codebook_sizes == (2, 3)
 
 
+def test_from_sids_names_band_offsets_that_are_not_whole_numbers():
+    """Band offsets went through int(): 3.7 was read as 3 (a model's SID tokens then looked up one
+    vocabulary id off), a scalar raised TypeError, and a negative offset passed."""
+    sids = np.array([[0, 1], [1, 0]])
+    for bad in (5, "08", [0, 3.7], [0, None], [0, -1], [False, 2]):
+        with pytest.raises(CatalogError, match=r"^column 'band_offsets': band offsets must be one non-negative "
+                                               r"whole number per level, got "):
+            Catalog.from_sids(sids, (2, 2), band_offsets=bad)
+    for fine in ([0, 2], (0.0, 2.0), np.array([0, 2]), [np.int64(0), 2]):
+        offsets = Catalog.from_sids(sids, (2, 2), band_offsets=fine).band_offsets
+        assert offsets == (0, 2) and all(type(o) is int for o in offsets)
+
+
 def test_a_declared_size_past_int32_names_the_codebook_sizes_not_a_level_column(tmp_path):
     """3,000,000,000 declared for level 2 of a file was reported as "column 's2': codebook size must be in …",
     a fault of the file's column; it is the declared sizes' (on the app's Catalog page, its *Options* field)."""

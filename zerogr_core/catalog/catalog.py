@@ -11,6 +11,7 @@ from functools import cached_property
 import numpy as np
 from numpy.dtypes import StringDType
 
+from ..arg_types import whole_values
 from ..errors import CatalogError, shown
 from .item_ids import IdLookup, format_item_id, lookup_keys, normalize_item_ids
 
@@ -195,7 +196,10 @@ class Catalog:
         if titles_arr is not None and titles_arr.shape != (n,):
             raise CatalogError(f"titles has shape {titles_arr.shape}, expected ({n},)", column="title")
         if band_offsets is not None:
-            band_offsets = tuple(int(b) for b in band_offsets)
+            given, band_offsets = band_offsets, whole_values(band_offsets)
+            if band_offsets is None or min(band_offsets, default=0) < 0:
+                raise CatalogError(f"band offsets must be one non-negative whole number per level, got "
+                                   f"{shown(given)}", column="band_offsets")
             if len(band_offsets) != n_levels:
                 raise CatalogError(f"{len(band_offsets)} band offsets for {n_levels} levels",
                                    column="band_offsets")
@@ -400,13 +404,9 @@ row's common prefix length in int8, so from 128 levels on equal SIDs would pass 
 def _codebook_sizes(values) -> tuple[int, ...]:
     """``codebook_sizes`` as a tuple of ints, or a one-line :class:`CatalogError` (a scalar, a
     string, a fraction: ``int()`` would fail deep in a comprehension or truncate 4.7 to 4)."""
-    try:
-        sizes = tuple(values)
-        if all(isinstance(v, (int, np.integer, float, np.floating)) and not isinstance(v, (bool, np.bool_))
-               and v == int(v) for v in sizes):
-            return tuple(int(v) for v in sizes)
-    except (TypeError, ValueError, OverflowError):
-        pass
+    sizes = whole_values(values)
+    if sizes is not None:
+        return sizes
     raise CatalogError(f"codebook sizes must be one whole number per level, got {shown(values)}",
                        column="codebook_sizes")
 
