@@ -136,6 +136,21 @@ def test_config_presets_and_checks():
     assert ServeConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 
+def test_config_takes_whole_numbers_and_refuses_the_rest():
+    """beam=True passed as a beam of 1, a text wait raised TypeError, 8.0 and numpy integers were refused;
+    the LLM server's configuration checks the same three fields the same way (serve.batching)."""
+    import numpy as np
+
+    cfg = ServeConfig(beam=8.0, batch_sizes=(np.int64(4), 1), batch_wait_s=0)
+    assert (cfg.beam, cfg.batch_sizes, cfg.batch_wait_s) == (8, (1, 4), 0.0) and type(cfg.beam) is int
+    for bad, words in [(dict(beam=True), r"^beam: expected a positive integer, got True$"),
+                       (dict(beam=2.5), r"^beam: "), (dict(batch_sizes=(1, 2.5)), r"^batch_sizes: "),
+                       (dict(batch_sizes=4), r"^batch_sizes: "), (dict(batch_wait_s="x"), r"^batch_wait_s: "),
+                       (dict(batch_wait_s=True), r"^batch_wait_s: "), (dict(batch_wait_s=11), r"^batch_wait_s: ")]:
+        with pytest.raises(ZeroGRError, match=words):
+            ServeConfig(**bad)
+
+
 def test_metrics_count_latency_batches_and_queue():
     seen = []
 

@@ -8,15 +8,45 @@ in-process load test alike.
 """
 from __future__ import annotations
 
+import numbers
 import threading
 import time
 from concurrent.futures import Future
 from typing import Sequence
 
+from ..arg_types import whole_value, whole_values
 from ..errors import ZeroGRError
 
 MAX_BATCH_WAIT_S = 10.0
 """Longest a batch may wait to fill (every server's ``batch_wait_s``, and ``serve --batch-wait-ms``)."""
+
+
+def batching_fields(beam, batch_sizes, batch_wait_s) -> tuple[int, tuple[int, ...], float]:
+    """A serving configuration's beam width, planned batch sizes and batch wait, checked.
+
+    Whole numbers are taken as given (a JSON ``8.0``, a numpy integer); bools, fractions and text
+    are refused, as is a wait outside ``0 … MAX_BATCH_WAIT_S``.
+
+    Returns
+    -------
+    (beam, batch_sizes, batch_wait_s) : tuple
+        ``int``, the sizes as sorted distinct ``int``s, ``float``.
+
+    Raises
+    ------
+    ZeroGRError
+        One line naming the field.
+    """
+    width = whole_value(beam)
+    if width is None or width < 1:
+        raise ZeroGRError(f"beam: expected a positive integer, got {beam!r}")
+    sizes = whole_values(batch_sizes)
+    if not sizes or min(sizes) < 1:
+        raise ZeroGRError(f"batch_sizes: expected positive integers, got {batch_sizes!r}")
+    if isinstance(batch_wait_s, bool) or not isinstance(batch_wait_s, numbers.Real) \
+            or not 0 <= batch_wait_s <= MAX_BATCH_WAIT_S:
+        raise ZeroGRError(f"batch_wait_s: must be within 0…{MAX_BATCH_WAIT_S:g} s, got {batch_wait_s!r}")
+    return width, tuple(sorted(set(sizes))), float(batch_wait_s)
 
 
 def padded_size(n: int, sizes: Sequence[int]) -> int:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import ZeroGRError
 from ..decode.decoder import ENGINES
-from .batching import MAX_BATCH_WAIT_S
+from .batching import batching_fields
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,10 @@ class ServeConfig:
     warmup: bool = True
 
     def __post_init__(self):
-        if not isinstance(self.beam, int) or self.beam < 1:
-            raise ZeroGRError(f"beam must be a positive integer, got {self.beam!r}")
-        sizes = tuple(self.batch_sizes)
-        if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
-            raise ZeroGRError(f"batch sizes must be positive integers, got {list(sizes)}")
-        object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
-        if not 0 <= self.batch_wait_s <= MAX_BATCH_WAIT_S:
-            raise ZeroGRError(f"batch wait must be within 0…{MAX_BATCH_WAIT_S:g} s, got {self.batch_wait_s}")
+        beam, sizes, wait = batching_fields(self.beam, self.batch_sizes, self.batch_wait_s)
+        object.__setattr__(self, "beam", beam)
+        object.__setattr__(self, "batch_sizes", sizes)
+        object.__setattr__(self, "batch_wait_s", wait)
         if self.engine not in ENGINES:
             raise ZeroGRError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
 

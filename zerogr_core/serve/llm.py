@@ -13,7 +13,6 @@ Imports neither Ray nor Polars: the GPU image serves and load-tests through it.
 """
 from __future__ import annotations
 
-import numbers
 import threading
 from collections import deque
 from dataclasses import asdict, dataclass, replace
@@ -23,7 +22,7 @@ import torch
 
 from ..arg_types import SEED_MAX, whole_value, whole_values
 from ..errors import ZeroGRError
-from .batching import MAX_BATCH_WAIT_S, chunks, pad, padded_size
+from .batching import batching_fields, chunks, pad, padded_size
 from .schema import RequestError
 
 
@@ -90,18 +89,15 @@ class LLMServeConfig:
             if offsets is None or min(offsets, default=0) < 0:
                 raise ZeroGRError(f"token_offsets: expected non-negative whole numbers, got {self.token_offsets!r}")
             object.__setattr__(self, "token_offsets", offsets)
-        for name in ("beam", "context_bucket", "max_context"):
+        beam, sizes, wait = batching_fields(self.beam, self.batch_sizes, self.batch_wait_s)
+        object.__setattr__(self, "beam", beam)
+        object.__setattr__(self, "batch_sizes", sizes)
+        object.__setattr__(self, "batch_wait_s", wait)
+        for name in ("context_bucket", "max_context"):
             value = whole_value(getattr(self, name))
             if value is None or value < 1:
                 raise ZeroGRError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
             object.__setattr__(self, name, value)
-        sizes = whole_values(self.batch_sizes)
-        if not sizes or min(sizes) < 1:
-            raise ZeroGRError(f"batch_sizes: expected positive integers, got {self.batch_sizes!r}")
-        object.__setattr__(self, "batch_sizes", tuple(sorted(set(sizes))))
-        wait = self.batch_wait_s
-        if isinstance(wait, bool) or not isinstance(wait, numbers.Real) or not 0 <= wait <= MAX_BATCH_WAIT_S:
-            raise ZeroGRError(f"batch_wait_s: must be within 0…{MAX_BATCH_WAIT_S:g} s, got {wait!r}")
         warm = whole_value(self.warmup_context)
         if warm is None or not 0 <= warm <= self.max_context:
             raise ZeroGRError(f"warmup_context: must be a whole number within 0…{self.max_context}, got "
