@@ -62,6 +62,7 @@ def whole_value(value) -> int | None:
             return int(value)
     return None
 
+
 def whole_values(values) -> tuple[int, ...] | None:
     """``values`` as a tuple of ints when it is a sequence of whole numbers (:func:`whole_value`),
     else ``None`` (text, a bare number, or any entry that is not a whole number)."""
