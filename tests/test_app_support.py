@@ -483,6 +483,10 @@ def test_model_limits_refuse_the_1_7b_shape_on_a_cpu_and_read_the_environment():
         model_params(LLMSpec("tiny", 5000, "float32"), sizes)
     with pytest.raises(ZeroGRError, match="model shape: unknown Qwen3 shape 'qwen3-8b'"):
         LLMSpec("qwen3-8b", 10, "float32")
+    for context in (0, True, 64.0):  # True passed as a context of 1 token
+        with pytest.raises(ZeroGRError, match=rf"^context length: expected a positive whole number of tokens, got "
+                                              rf"{context!r}$"):
+            LLMSpec("tiny", context, "float32")
 
 
 def test_item_set_constraints_name_the_registered_set_and_deny_histories_by_id():

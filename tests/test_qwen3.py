@@ -214,6 +214,9 @@ def test_errors(model):
         sm.prefill(bad, None, beam_width=2)
     with pytest.raises(ZeroGRError, match="input_ids: expected a"):
         sm.prefill(ids[0], None, beam_width=2)
+    for width in (0, True, 2.0):  # True passed as a beam of 1
+        with pytest.raises(ZeroGRError, match=rf"^beam_width must be a positive integer, got {width!r}$"):
+            sm.prefill(ids, mask, beam_width=width)
     with pytest.raises(ZeroGRError, match="call prefill before step"):
         Qwen3StepModel(model, OFFSETS).step(0, None, None)
     with pytest.raises(ZeroGRError, match="unknown Qwen3 preset 'huge'"):

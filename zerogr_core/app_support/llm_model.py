@@ -53,7 +53,7 @@ class LLMSpec:
             raise ZeroGRError(f"model shape: unknown Qwen3 shape {self.shape!r}; choose one of {', '.join(LLM_SHAPES)}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ZeroGRError(f"dtype: expected float32, bfloat16 or float16, got {self.dtype!r}")
-        if not isinstance(self.context, int) or self.context < 1:
+        if isinstance(self.context, bool) or not isinstance(self.context, int) or self.context < 1:
             raise ZeroGRError(f"context length: expected a positive whole number of tokens, got {self.context!r}")
 
 

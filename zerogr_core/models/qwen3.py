@@ -314,7 +314,7 @@ class Qwen3StepModel:
             1 on tokens, 0 on padding (one contiguous run of tokens per row).
         beam_width : int
         """
-        if not isinstance(beam_width, int) or beam_width < 1:
+        if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1:
             raise ZeroGRError(f"beam_width must be a positive integer, got {beam_width!r}")
         ids, lengths = self._right_padded(history, attention_mask)
         b, t = ids.shape
