@@ -379,10 +379,12 @@ def test_config_takes_whole_numbers_and_refuses_the_rest():
     assert (got.beam, got.batch_sizes, got.context_bucket, got.warmup_context, got.seed) == (8, (1, 2), 16, 16, 3)
     assert got.token_offsets == (64, 128, 192) and all(type(v) is int for v in (got.beam, *got.batch_sizes))
     for bad, words in [(dict(token_offsets=(64.7, 128, 192)), r"^token_offsets: expected non-negative whole "),
-                       (dict(token_offsets=5), r"^token_offsets: "), (dict(token_offsets=(-1, 2, 3)), r"^token_offsets"),
+                       (dict(token_offsets=5), r"^token_offsets: "),
+                       (dict(token_offsets=(-1, 2, 3)), r"^token_offsets"),
                        (dict(beam=2.5), r"^beam: expected a positive integer, got 2\.5$"), (dict(beam=True), r"^beam"),
                        (dict(batch_sizes=(1, 2.5)), r"^batch_sizes"), (dict(warmup_context=16.5), r"^warmup_context"),
-                       (dict(batch_wait_s="x"), r"^batch_wait_s"), (dict(seed=1.5), r"^seed"), (dict(seed=2**40), r"^seed")]:
+                       (dict(batch_wait_s="x"), r"^batch_wait_s"), (dict(seed=1.5), r"^seed"),
+                       (dict(seed=2**40), r"^seed")]:
         with pytest.raises(ZeroGRError, match=words):
             LLMServeConfig.preset("tiny", **bad)
 
