@@ -411,7 +411,7 @@ def test_cpu_decode_orders_script_writes_its_record(tmp_path):
 def test_cpu_decode_orders_script_checks_its_counts_when_parsing(tmp_path, capsys, flag, least, most):
     """Its counts were plain int: --seed -1 ran to numpy's traceback after loading the model, --repeats 0 to
     statistics', --batch x to int()'s; now each is the project's argument type, one line, status 2."""
-    from test_cli import _bad_values
+    from test_cli_arguments import _bad_values
 
     from zerogr_core.app_support import cpu_decode_orders
 
