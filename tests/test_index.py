@@ -167,9 +167,14 @@ def test_index_config_values_a_builder_cannot_use_are_named():
     """chunk_rows=0 raised range()'s ValueError, workers=-1 the thread pool's; an override of step 0 (counted
     from 0), of a step past the last or keyed "1" did nothing, silently."""
     catalog = Catalog.from_sids(np.array([[0, 1], [1, 0]]), [2, 2])
-    for fields, message in ((dict(chunk_rows=0), r"chunk_rows: expected a number ≥ 1, got 0"),
-                            (dict(workers=-1), r"workers: expected a number ≥ 0, got -1"),
+    for fields, message in ((dict(chunk_rows=0), r"chunk_rows: expected a whole number ≥ 1, got 0"),
+                            (dict(workers=-1), r"workers: expected a whole number ≥ 0, got -1"),
                             (dict(dense_ratio="4"), r"dense_ratio: expected a number ≥ 0, got '4'"),
+                            # int() of these raised OverflowError / ValueError; NaN made every step sparse
+                            (dict(chunk_rows=float("inf")), r"chunk_rows: expected a whole number ≥ 1, got inf"),
+                            (dict(workers=float("nan")), r"workers: expected a whole number ≥ 0, got nan"),
+                            (dict(dense_ratio=float("nan")), r"dense_ratio: expected a number ≥ 0, got nan"),
+                            (dict(chunk_rows=2.5), r"chunk_rows: expected a whole number ≥ 1, got 2.5"),
                             (dict(staging_buffers=3), r"staging_buffers: expected 1 or 2, got 3"),
                             (dict(overrides=((0, "dense"),)), r"override step 0: steps are numbered from 1")):
         with pytest.raises(ZeroGRError, match=rf"^(IndexConfig )?{message}$"):
@@ -181,3 +186,7 @@ def test_index_config_values_a_builder_cannot_use_are_named():
         build_index(catalog, config=IndexConfig().with_overrides({3: "sparse"}))
     index = build_index(catalog, config=IndexConfig().with_overrides({np.int64(1): "sparse"}))
     assert index.steps[0].kind == "sparse"
+    # a whole float is a whole number: chunk_rows=2.0 passed the check, then range() raised TypeError
+    config = IndexConfig(chunk_rows=2.0, dense_budget_bytes=1e6, workers=np.int64(1))
+    assert (config.chunk_rows, config.dense_budget_bytes, config.workers) == (2, 1_000_000, 1)
+    assert build_index(catalog, config=config).n_items == 2

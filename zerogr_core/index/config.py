@@ -8,10 +8,12 @@ offers both as choices when it builds its parser, which must not wait for torch 
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..arg_types import whole_value
 from ..catalog.catalog import token_dtype
 from ..errors import ZeroGRError
 
@@ -65,11 +67,17 @@ class IndexConfig:
     def __post_init__(self):
         # checked here, where the value is given: a builder would fail on it deep in range() or a
         # thread pool, and an override of a step that does not exist (0-based, "1") would do nothing
-        for name, low in (("dense_ratio", 0), ("dense_budget_bytes", 0), ("chunk_rows", 1), ("workers", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low \
-                    or (name != "dense_ratio" and value != int(value)):
-                raise ZeroGRError(f"IndexConfig {name}: expected a number ≥ {low}, got {value!r}")
+        ratio = self.dense_ratio
+        # NaN compares false with everything: it passed ``< 0`` and made every step sparse
+        if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not ratio >= 0:
+            raise ZeroGRError(f"IndexConfig dense_ratio: expected a number ≥ 0, got {ratio!r}")
+        for name, low in (("dense_budget_bytes", 0), ("chunk_rows", 1), ("workers", 0)):
+            # a whole float (1e6) is taken as an int: the builders' range() refused chunk_rows=2.0, and
+            # int() of an infinite or NaN value raised OverflowError / ValueError here
+            value = whole_value(getattr(self, name))
+            if value is None or value < low:
+                raise ZeroGRError(f"IndexConfig {name}: expected a whole number ≥ {low}, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, value)
         if self.staging_buffers not in (1, 2):
             raise ZeroGRError(f"IndexConfig staging_buffers: expected 1 or 2, got {self.staging_buffers!r}")
         for step, kind in self.overrides:
