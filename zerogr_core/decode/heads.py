@@ -9,7 +9,7 @@ import torch
 
 from zerogr_kernels._common import FLOAT_DTYPES
 
-from ..arg_types import whole_value
+from ..arg_types import whole_value, whole_values
 from ..errors import ZeroGRError
 
 
@@ -217,6 +217,6 @@ def check_band_offsets(step_model, offsets, argument: str = "band_offsets") -> N
     if theirs is None:
         return
     # whole numbers compared as given: int() would read a step model's 3.7 as a matching 3
-    fed = tuple(whole_value(o) for o in theirs)
-    if None in fed or fed != tuple(whole_value(o) for o in offsets):
+    fed = whole_values(theirs)
+    if fed is None or fed != whole_values(offsets):
         raise ZeroGRError(f"step_model: its token_offsets {tuple(theirs)} differ from {argument} {tuple(offsets)}")

@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from ..arg_types import whole_value
+from ..arg_types import whole_values
 from ..errors import ZeroGRError
 from .protocol import StepDecoder, check_band_offsets, safe_parents, token_inputs
 
@@ -176,11 +176,8 @@ def hidden_outputs(model):
 
 def _whole_offsets(token_offsets) -> tuple[int, ...]:
     # int() would truncate 3.7 to 3 and shift a level's ids silently: whole numbers only
-    try:
-        offsets = tuple(whole_value(o) for o in token_offsets)
-    except TypeError:
-        offsets = (None,)
-    if isinstance(token_offsets, (str, bytes)) or None in offsets:
+    offsets = whole_values(token_offsets)
+    if offsets is None:
         raise ZeroGRError(f"token_offsets: expected one integer per SID level, got {token_offsets!r}")
     return offsets
 
