@@ -216,6 +216,11 @@ def _filter_dense_kernel(states_ptr, table_ptr, logits_ptr,
         tl.store(seg_len_ptr + rows, count, mask=row_ok)
 
 
+LIST_FILTER_PDL = True
+"""Whether a filter that applies lists launches with PDL where PDL is on (a switch for A/B runs:
+``runs/probe_constrained_pdl.py``)."""
+
+
 def filter_slots_triton(states: torch.Tensor, K: int, *, tokens: torch.Tensor | None = None,
                         offsets: torch.Tensor | None = None, table: torch.Tensor | None = None,
                         logits: torch.Tensor | None = None, out=None,
@@ -243,7 +248,7 @@ def filter_slots_triton(states: torch.Tensor, K: int, *, tokens: torch.Tensor | 
     # step took a fifth longer on the H200 (step 2, FP16 batch 32: 118 -> 142 µs,
     # runs/results/pdl-ab/), most likely because cuBLAS's Hopper kernels let dependents start
     # early and this kernel's waiting blocks then hold SM slots
-    pdl = pdl_args(states.device) if logits is None else {"PDL": False}
+    pdl = pdl_args(states.device) if logits is None and (constraint is None or LIST_FILTER_PDL) else {"PDL": False}
     if table is None:
         _filter_sparse_kernel[grid](
             states, tokens, offsets, lg, res.slot_tokens, res.slot_succ, res.slot_logits,

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerogr_core import Decoder, build_index
+from zerogr_core.errors import ZeroGRError
 from zerogr_core.decode.id_lists import MIN_WIDTH, DenyIds, deny_ids
 from zerogr_kernels.deny_ids import (IN_PLACE_WIDTH, MAX_IDS, MAX_WIDTH, WIDE_BLOCK, deny_rows, deny_rows_reference,
                                      deny_rows_triton)
@@ -206,6 +207,34 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
     # one shape per width class, each as wide as its widest call
     widths = sorted(shape.lists.width for key, shape in engine._shapes.items() if "lists" in key)
     assert widths == [IN_PLACE_WIDTH, 4096]
+
+
+@pytest.mark.parametrize("order", ["filter-first", "unconstrained"])
+def test_public_api_deny_only_calls_on_the_engine(order):
+    """``Decoder.decode(deny_items=...)`` with the engine (its code on a CPU, as on a GPU): ids
+    decode as the host lists of the same ids; entries that are all ``None`` or empty take the
+    list-free path, also where lists are refused (an unconstrained decoder); ids that do not
+    qualify (a bare id) still reach the host path, which refuses them."""
+    catalog, index, model, engine, ref = engine_case(["full", "selective", "full"])
+    heads = [torch.randn(s, 6, generator=torch.Generator().manual_seed(s)) for s in catalog.codebook_sizes]
+    dec = Decoder(index, heads, 5, catalog=catalog, order=order)  # engine_case's heads
+    dec.gpu_engine = engine
+    ids = catalog.item_ids
+    plain = engine.decode(model, 3)
+    for nothing in ([None, None, None], [np.array([], dtype=np.int64), [], None]):
+        got = dec.decode(model, 3, deny_items=nothing)
+        assert torch.equal(got.item_rows, plain.item_rows) and torch.equal(got.tokens, plain.tokens)
+    if order == "unconstrained":
+        with pytest.raises(ZeroGRError, match="constrained order"):
+            dec.decode(model, 3, deny_items=[ids[:4], None, None])
+        return
+    for normalise in ("request", "catalog"):
+        deny = [ids[:30], None, np.array([ids[9], ids[9], 10**9])]
+        host = ref.request_lists(3, None, deny, normalise=normalise, path="host")
+        assert_result_as(dec.decode(model, 3, deny_items=deny, normalise=normalise), ref.decode(model, 3, lists=host),
+                         host)
+    with pytest.raises(ZeroGRError, match="deny_items"):
+        dec.decode(model, 3, deny_items=[ids[:4], 7, None])
 
 
 @pytest.mark.gpu

@@ -16,6 +16,7 @@ from ..errors import ZeroGRError
 from ..index.host_trie import HostTrie
 from ..index.layout import StepIndex
 from .heads import Heads, check_band_offsets
+from .loop import is_step_model
 from .ops import DISPATCH, REFERENCE, KernelOps, no_timer
 from .orders import PROJECTIONS, FilterFirst, ScoreFirst, Unconstrained, resolve_rows
 from .reference_plan import default_projection, make_reference_plan, plan_projection, plan_rows
@@ -285,7 +286,6 @@ class Decoder:
     def _fixed_projection(self) -> tuple[str, ...]:
         return tuple(_projection_of(p) for p in self.projection) if self.projection else default_projection(self.index)
 
-    @torch.no_grad()
     def decode(self, model: DecodeModel, batch_size: int, *, allow_items=None, deny_items=None,
                lists=None, normalise: str = "request", timer=None, on_step=None) -> DecodeResult:
         """Decode ``batch_size`` requests, optionally under per-request item constraints.
@@ -343,11 +343,18 @@ class Decoder:
         CPU the PyTorch references, never the Triton interpreter. Same beams as a plain
         decode up to float rounding on near-ties.
         """
-        from .constraints import NORMALISE
+        # without autograd, switched by hand: torch.no_grad() as a decorator costs a microsecond a call
+        grad = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
+        try:
+            return self._decode(model, batch_size, allow_items, deny_items, lists, normalise, timer, on_step)
+        finally:
+            torch.set_grad_enabled(grad)
 
+    def _decode(self, model, batch_size, allow_items, deny_items, lists, normalise, timer, on_step) -> DecodeResult:
         batch_size = _positive_int(batch_size, "batch_size")
-        if normalise not in NORMALISE:
-            raise ZeroGRError(f"normalise must be one of {NORMALISE}, got {normalise!r}")
+        if normalise != "request" and normalise not in _list_modules()[0].NORMALISE:
+            raise ZeroGRError(f"normalise must be one of {_list_modules()[0].NORMALISE}, got {normalise!r}")
         if lists is not None:  # ready-made lists replace the id lists and carry their own normalisation
             if allow_items is not None or deny_items is not None:
                 raise ZeroGRError("lists: pass either lists= or allow_items/deny_items, not both (the id lists "
@@ -355,7 +362,12 @@ class Decoder:
             if normalise != "request" and getattr(lists, "normalise", normalise) != normalise:
                 raise ZeroGRError(f"normalise: the lists were built with normalise={lists.normalise!r}; pass "
                                   f"normalise= to request_lists instead")
-        if lists is None and not _nothing_listed(batch_size, allow_items, deny_items):
+        settled = False  # the common deny-only call first: when its ids qualify, they are one pass
+        if lists is None and allow_items is None and deny_items is not None:
+            ids = self._deny_ids(batch_size, None, deny_items, normalise, timer, on_step)
+            settled = ids is not None
+            lists = None if ids is None or ids.empty else ids
+        if lists is None and not settled and not _nothing_listed(batch_size, allow_items, deny_items):
             if self.order != "unconstrained":
                 standing = self._standing_allow(batch_size, allow_items, normalise)
                 if standing is not None:
@@ -368,8 +380,6 @@ class Decoder:
             self._check_constrainable(lists, batch_size)
             if lists.empty:  # nothing listed: the list-free path (and its graph)
                 lists = None
-        from .loop import is_step_model
-
         if not callable(model) and not is_step_model(model):
             raise ZeroGRError(f"model: expected a hidden_fn(step, prefixes) or a prefilled step model, "
                               f"got {type(model).__name__}")

@@ -267,6 +267,7 @@ class GpuEngine:
             use_project_triton_cache()
         self.plans = {}
         self._shapes = {}
+        self._keys = {}
         self.graph_error = None
         # the static buffers of a shape serve one decode at a time: concurrent callers queue here
         self._lock = threading.RLock()
@@ -302,7 +303,10 @@ class GpuEngine:
         return record
 
     def key(self, batch: int) -> tuple:
-        return self.heads.shape_key(batch, self.beam_width)
+        key = self._keys.get(batch)
+        if key is None:  # built once per batch size: this is host time every call waits for
+            key = self._keys[batch] = self.heads.shape_key(batch, self.beam_width)
+        return key
 
     def options_for(self, batch: int) -> list[list[StepOption]]:
         """Candidate options per step for ``batch`` (the override narrows them)."""

@@ -49,8 +49,9 @@ class IdLists:
     parts : list of np.ndarray or torch.Tensor
         The requests' non-empty 1-D integer id arrays, in request order (ids not in the catalog
         are skipped); the engine's buffers take them back to back.
-    counts : np.ndarray, shape (batch,), int64
-        Ids per request.
+    ends : np.ndarray, shape (batch,), int64
+        Where each request's ids end, counted from the first request's (the cumulative counts):
+        the id offsets the device reads past a leading 0.
     lookup : object
         The catalog's host id → row lookup, with a dense table: the engine fetches its device copy
         (:func:`~zerogr_core.decode.device_lists.lookup_table`) under its lock, so a first call
@@ -61,18 +62,18 @@ class IdLists:
     """
 
     parts: list
-    counts: np.ndarray
+    ends: np.ndarray
     lookup: object
     n_rows: int
     normalise: str
 
     @property
     def batch(self) -> int:
-        return int(self.counts.shape[0])
+        return len(self.ends)
 
     @property
     def n_ids(self) -> int:
-        return int(self.counts.sum())
+        return int(self.ends[-1]) if len(self.ends) else 0
 
     @property
     def catalog_normalised(self) -> bool:
@@ -134,29 +135,30 @@ def deny_ids(catalog, batch: int, deny_items, normalise: str) -> DenyIds | None:
     if isinstance(deny_items, (str, bytes)) or not hasattr(deny_items, "__len__") or len(deny_items) != batch:
         return None
     # one pass, no per-call imports: this is host time a batch-1 call waits for
-    parts, lengths = [], []
+    parts, ends = [], []
+    total = longest = 0
     for e in deny_items:
-        if e is None:
-            lengths.append(0)
-            continue
-        # a 1-D int64 array, the common entry, needs no conversion and no check
-        p = e if type(e) is np.ndarray and e.dtype is _INT64 and e.ndim == 1 else _as_ids(e)
-        if p is None:
-            return None
-        lengths.append(p.size)
-        if p.size:
-            parts.append(p)
-    longest = max(lengths, default=0)
+        if e is not None:
+            # a 1-D int64 array, the common entry, needs no conversion and no check
+            p = e if type(e) is np.ndarray and e.dtype is _INT64 and e.ndim == 1 else _as_ids(e)
+            if p is None:
+                return None
+            n = p.size
+            if n:
+                parts.append(p)
+                total += n
+                if n > longest:
+                    longest = n
+        ends.append(total)
     if longest > MAX_IDS:
         return None
-    counts = np.array(lengths, dtype=np.int64)
     lookup = catalog._id_lookup
     if lookup.table is None:
         return None
     width = MIN_WIDTH
     while width < longest:
         width *= 2
-    return DenyIds(parts, counts, lookup, catalog.n_items, normalise, width)
+    return DenyIds(parts, np.array(ends, dtype=np.int64), lookup, catalog.n_items, normalise, width)
 
 
 MAX_NODE_BYTES = 1 << 30
@@ -255,11 +257,12 @@ def allow_ids(catalog, index, batch: int, allow_items, normalise: str) -> AllowI
     if isinstance(allow_items, (str, bytes)) or not hasattr(allow_items, "__len__") or len(allow_items) != batch:
         return None
     device = index.device
-    parts, counts, allowing = [], [], []
+    parts, ends, allowing = [], [], []
+    total = 0
     for e in allow_items:
         allowing.append(e is not None)
         if e is None:
-            counts.append(0)
+            ends.append(total)
             continue
         if isinstance(e, torch.Tensor):
             if e.ndim != 1 or e.is_floating_point() or e.dtype in (torch.bool, torch.complex64, torch.complex128):
@@ -269,7 +272,8 @@ def allow_ids(catalog, index, batch: int, allow_items, normalise: str) -> AllowI
             p = _as_ids(e)
             if p is None:
                 return None
-        counts.append(int(p.shape[0]))
+        total += int(p.shape[0])
+        ends.append(total)
         if p.shape[0]:
             parts.append(p)
     lookup = catalog._id_lookup
@@ -278,5 +282,5 @@ def allow_ids(catalog, index, batch: int, allow_items, normalise: str) -> AllowI
     stride = node_words(index)[1]  # the host's counts: no GPU work outside the engine's lock
     if batch * stride * 4 > MAX_NODE_BYTES:
         return None
-    return AllowIds(parts, np.array(counts, dtype=np.int64), lookup, catalog.n_items, normalise,
+    return AllowIds(parts, np.array(ends, dtype=np.int64), lookup, catalog.n_items, normalise,
                     np.array(allowing), stride)

@@ -150,7 +150,7 @@ class ListBuffers:
         if fresh:
             lists.device_mode(out=self._host_mode)
             self.header_loaded = lists.mode
-        np.cumsum(lists.counts, out=host[2 * b + 3:h])
+        host[2 * b + 3:h] = lists.ends
         n = lists.n_ids
         if n:
             np.concatenate(lists.parts, out=host[h:h + n])
@@ -167,7 +167,7 @@ class ListBuffers:
         request's row segment stays empty: the bitmaps hold the lists)."""
         host, b, h = self._host, self.batch, self.header
         lists.device_mode(out=self._host_mode)
-        np.cumsum(lists.counts, out=host[2 * b + 3:h])
+        host[2 * b + 3:h] = lists.ends
         gathered, tensors = place_ids(lists.parts, self.host, h)
         self.block[:gathered].copy_(self.host[:gathered], non_blocking=True)
         copy_tensors(tensors, self.block)
@@ -282,8 +282,8 @@ def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
     """Copy ``lists`` into a shape's static buffers (stream-ordered before the replay)."""
     if lists.total_rows > buffers.capacity:
         raise ZeroGRError(f"{lists.total_rows} listed rows exceed the buffer capacity {buffers.capacity}")
-    if lists.batch != buffers.mode.shape[0]:
-        raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.mode.shape[0]}")
+    if lists.batch != buffers.batch:
+        raise ZeroGRError(f"lists cover {lists.batch} requests, the shape has {buffers.batch}")
     width = getattr(lists, "width", 0)
     if bool(width) != bool(buffers.width) or width > buffers.width:
         raise ZeroGRError(f"lists of {width} ids per request, the shape takes {buffers.width}")
