@@ -192,3 +192,54 @@ def test_logits_computed_without_the_projection_are_refused():
                                           r"projection, so its hidden states cannot be read \(20 outputs, hidden "
                                           r"size 16\)$"):
         step.step(0, None, None)
+
+
+@pytest.mark.parametrize("name", ["t5", "gpt2"])
+def test_one_generator_shared_by_two_threads(name):
+    """One HFGenerator, two threads: B's call while A's decode is paused inside the model's forward.
+    Its step model holds one batch; B's prefill overwrote A's requests and A then decoded B's. Each now
+    gets the beams it gets alone (B waits for A)."""
+    from zerogr_core.hf import HFGenerator
+
+    model, index = MODELS[name](), build_index(tiny_catalog())
+    ids_a, mask = inputs()
+    ids_b = ids_a.flip(0)
+    gen = HFGenerator(model, index, beam_width=5, token_offsets=OFFSETS)
+    alone = {"a": gen.generate(ids_a, mask), "b": gen.generate(ids_b, mask.flip(0))}
+    paused, resume, b_done = threading.Event(), threading.Event(), threading.Event()
+    result = {}
+
+    def pause(module, args, kwargs):
+        if threading.current_thread().name == "a" and not paused.is_set():
+            paused.set()                     # A prefilled, inside its first forward
+            wait(resume)
+
+    hook = model.get_decoder().register_forward_pre_hook(pause, with_kwargs=True)
+
+    def call(key, ids, m):
+        try:
+            result[key] = gen.generate(ids, m)
+        except BaseException as e:  # noqa: BLE001 (reported below, in the test's thread)
+            result[key] = e
+        if key == "b":
+            b_done.set()
+
+    a = threading.Thread(target=call, args=("a", ids_a, mask), name="a")
+    b = threading.Thread(target=call, args=("b", ids_b, mask.flip(0)), name="b")
+    try:
+        a.start()
+        wait(paused)
+        b.start()
+        b_done.wait(2.0)                     # unguarded, B finishes its whole call meanwhile
+        resume.set()
+        for t in (a, b):
+            t.join(WAIT_S)
+    finally:
+        resume.set()
+        hook.remove()
+    for key in ("a", "b"):
+        got = result[key]
+        if isinstance(got, BaseException):
+            raise got
+        assert torch.equal(got.item_rows, alone[key].item_rows), f"{key}: {got.item_rows.tolist()}"
+        torch.testing.assert_close(got.scores, alone[key].scores)

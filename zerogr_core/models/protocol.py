@@ -33,6 +33,8 @@ each beam's parent from two consecutive prefix tensors.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ..decode.heads import check_band_offsets  # noqa: F401 (the adapters import it from here)
@@ -265,6 +267,9 @@ class StepDecoder:
     captured with the decode in one CUDA graph when the step model declares
     ``graph_safe`` (static buffers only), and run eagerly otherwise. The graph replays for
     later batches of the same input shape; a new shape is captured again.
+
+    Thread-safe: the step model holds one batch, so concurrent :meth:`decode` calls run one at a
+    time (each prefill with the decode that reads it).
     """
 
     def __init__(self, step_model: StepModel, index, heads, *, beam_width: int, order: str = "filter-first",
@@ -274,6 +279,7 @@ class StepDecoder:
         if prefill not in PREFILLS:
             raise ZeroGRError(f"prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
         self.step_model = step_model
+        self._lock = threading.RLock()
         engine = "reference"
         if order == "filter-first" and index.device.type == "cuda":
             engine = "auto" if getattr(step_model, "graph_safe", False) else "eager"
@@ -311,8 +317,11 @@ class StepDecoder:
         """
         if not isinstance(history, torch.Tensor):
             raise ZeroGRError(f"history: expected a torch.Tensor, got {type(history).__name__}")
-        load_requests(self.step_model, history, attention_mask, beam_width=self.decoder.beam_width, stage=self.stage)
-        return self.decoder.decode(self.step_model, int(history.shape[0]), lists=lists)
+        # the step model holds one batch: another thread's prefill must wait for this decode to read it
+        with self._lock:
+            load_requests(self.step_model, history, attention_mask, beam_width=self.decoder.beam_width,
+                          stage=self.stage)
+            return self.decoder.decode(self.step_model, int(history.shape[0]), lists=lists)
 
 
 #: Where a :class:`StepDecoder` runs the prefill: ``inside`` the decode (captured with it),
