@@ -362,18 +362,19 @@ class Decoder:
             if normalise != "request" and getattr(lists, "normalise", normalise) != normalise:
                 raise ZeroGRError(f"normalise: the lists were built with normalise={lists.normalise!r}; pass "
                                   f"normalise= to request_lists instead")
-        settled = False  # the common deny-only call first: when its ids qualify, they are one pass
+        ids = None  # the common deny-only call first: when its ids qualify, they are one pass
         if lists is None and allow_items is None and deny_items is not None:
             ids = self._deny_ids(batch_size, None, deny_items, normalise, timer, on_step)
-            settled = ids is not None
             lists = None if ids is None or ids.empty else ids
-        if lists is None and not settled and not _nothing_listed(batch_size, allow_items, deny_items):
+        if lists is None and ids is None and not _nothing_listed(batch_size, allow_items, deny_items):
             if self.order != "unconstrained":
                 standing = self._standing_allow(batch_size, allow_items, normalise)
                 if standing is not None:
                     return self._decode_standing(standing, model, batch_size, deny_items, normalise,
                                                  timer=timer, on_step=on_step)
-            lists = self._deny_ids(batch_size, allow_items, deny_items, normalise, timer, on_step) or \
+            # deny ids were tried above unless an allow argument (of None entries) came too
+            lists = (allow_items is not None and self._deny_ids(batch_size, allow_items, deny_items, normalise,
+                                                                 timer, on_step)) or \
                 self._allow_ids(batch_size, allow_items, deny_items, normalise, timer, on_step) or \
                 self.request_lists(batch_size, allow_items, deny_items, normalise=normalise)
         if lists is not None:
