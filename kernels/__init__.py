@@ -17,8 +17,10 @@ Per decoding step (docs/design.md §4), op (module):
    same test as a kernel of its own, which the reference decoder runs after the filter); for
    catalog-normalised requests it defers the slots only their own list removes, which step 4
    counts in the normaliser and drops (``scored_constraints.constrain_scored_slots`` on the reference
-   path); both read the bitmap of listed rows that ``row_marks.mark_rows`` sets at the first step (deny lists given as item
-   ids are first turned into rows, and marked, by ``deny_ids.deny_rows``); allow lists given as item ids are instead
+   path); both read the bitmap of listed rows that ``row_marks.mark_rows`` sets at the first step, and the bound on
+   each list's longest run of consecutive rows that ``list_spans.list_spans`` writes beside it, which spares the slots
+   of wider prefixes (deny lists given as item ids are first turned into rows, marked and bounded, by
+   ``deny_ids.deny_rows``); allow lists given as item ids are instead
    bitmaps of the successors that hold an allowed row, set by ``allow_nodes.allow_nodes``, one load per slot.
 2. :func:`selective_proj` (``selective``), or :func:`shared_selective_proj`
    (``shared_selective``: one gather of a head row for the beams of several requests in one

@@ -79,7 +79,13 @@ class SlotLists(NamedTuple):
     (:func:`zerogr_kernels.topk_gather` with ``deferred`` counts it in the normaliser and drops it,
     without a search). With ``nodes`` (``(batch, node_stride)`` int32, :func:`zerogr_kernels.allow_nodes.allow_nodes`'s
     bitmaps, this step's starting at word ``node_off``), an allow request's slot is alive when its
-    successor's bit is set, and its row segment is not read.
+    successor's bit is set, and its row segment is not read. With ``spans`` (``(batch + 1,)``
+    int64, at least the longest run of consecutive rows of each segment, the global list's
+    first, as :func:`zerogr_kernels.list_spans.list_spans` writes them), a deny request
+    searches only the slots whose prefix its lists could empty: none wider than the longest
+    run of its rows and the global ones together. ``floor`` is the fewest rows below any
+    successor of the step (:func:`zerogr_core.decode.constraints.row_floors`; 1 knows nothing):
+    a deny request whose lists cannot empty that many rows reads no row range at all.
     """
 
     row_start: torch.Tensor | None
@@ -94,6 +100,8 @@ class SlotLists(NamedTuple):
     nodes: torch.Tensor | None = None
     node_off: int = 0
     node_stride: int = 0
+    spans: torch.Tensor | None = None
+    floor: int = 1
 
     def check(self, slot_tokens, slot_succ, slot_logits) -> None:
         """Raise unless the lists fit these slot tensors (:func:`constrain_slots`'s checks)."""
@@ -108,6 +116,11 @@ class SlotLists(NamedTuple):
                 raise ValueError(f"nodes must be (batch, node_stride) = ({self.list_mode.shape[0]}, "
                                  f"{self.node_stride}) with node_off inside a row, got {tuple(self.nodes.shape)} "
                                  f"and {self.node_off}")
+        if self.spans is not None:
+            check_tensor("spans", self.spans, dtypes=(torch.int64,), ndim=1, device=slot_succ.device,
+                         shape=(self.list_mode.shape[0] + 1,), contiguous=True)
+        if not isinstance(self.floor, int) or self.floor < 1:
+            raise ValueError(f"floor must be an int ≥ 1, got {self.floor!r}")
 
     def launch_args(self) -> tuple:
         """The filter kernels' list pointers and scalars, in their order."""
@@ -115,11 +128,12 @@ class SlotLists(NamedTuple):
         return (self.list_rows if last else self.row_start, self.list_offsets, self.list_rows, self.list_mode,
                 self.list_mode if self.marks is None else self.marks, self.mark_shift,
                 self.list_mode if self.nodes is None else self.nodes, self.node_off, self.node_stride,
-                self.beams_per_request, self.n_iter)
+                self.beams_per_request, self.n_iter, self.list_mode if self.spans is None else self.spans,
+                self.floor)
 
     def launch_flags(self) -> dict:
         return {"LAST": self.row_start is None, "DEFER": bool(self.defer), "MARKS": self.marks is not None,
-                "NODES": self.nodes is not None}
+                "NODES": self.nodes is not None, "SPANS": self.spans is not None}
 
     def apply_reference(self, slot_tokens, slot_succ, slot_logits) -> None:
         """:func:`constrain_slots_reference` over these slots (in place), the deferred slots
@@ -247,17 +261,26 @@ def _may_decide(marks_ptr, shift, lo, hi, need, deny):
 
 @triton.jit
 def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, allow, n_cap,
-                marks_ptr, mark_shift, nodes_ptr, node_off, node_stride, LAST: tl.constexpr, MARKS: tl.constexpr,
-                NODES: tl.constexpr):
+                marks_ptr, mark_shift, nodes_ptr, node_off, node_stride, spans_ptr, floor, LAST: tl.constexpr,
+                MARKS: tl.constexpr, NODES: tl.constexpr, SPANS: tl.constexpr):
     # Per slot: whether its row range [lo, hi) holds a row request `req` may return (alive),
     # and a row that is not globally denied (live: still in the catalog). Only lanes whose
     # answer can depend on a list search it: a deny list of k rows (global g) cannot empty
-    # a range of more than k + g rows, so wide prefixes of early steps cost two loads.
+    # a range of more than k + g rows, so wide prefixes of early steps cost two loads. With
+    # SPANS (bounds s on the longest runs of consecutive rows, s_g of the global list's), no
+    # range wider than the longest run of both lists together: its own rows, at most k, part
+    # runs of global rows, each at most s_g (and the other way round).
     g_start = tl.load(list_off_ptr)
     n_glob = tl.load(list_off_ptr + 1) - g_start
     start = tl.load(list_off_ptr + req + 1)
     n_req = tl.load(list_off_ptr + req + 2) - start
-    listing = valid & (allow | (n_req > 0) | (n_glob > 0))
+    reach = n_req + n_glob
+    if SPANS:
+        s_own = tl.load(spans_ptr + req + 1)
+        s_glob = tl.load(spans_ptr)
+        reach = tl.minimum(reach, tl.minimum(n_req + (n_req + 1) * s_glob, n_glob + (n_glob + 1) * s_own))
+    # every successor of the step holds at least `floor` (≥ 1) rows
+    listing = valid & (allow | (reach >= floor))
     safe = tl.where(listing, succ, 0)
     if LAST:
         lo = safe
@@ -266,7 +289,6 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
         lo = tl.load(row_start_ptr + safe, mask=listing, other=0).to(tl.int64)
         hi = tl.load(row_start_ptr + safe + 1, mask=listing, other=0).to(tl.int64)
     size = hi - lo
-    reach = n_req + n_glob
     search = listing
     if MARKS:  # a range with no listed row anywhere in the batch holds none of this request's
         search = search & _may_decide(marks_ptr, mark_shift, lo, hi, listing & (allow | (size <= reach)), ~allow)
@@ -285,8 +307,9 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
 
 @triton.jit
 def _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, list_mode_ptr,
-                  marks_ptr, mark_shift, nodes_ptr, node_off, node_stride, beams_per_request, n_cap,
-                  LAST: tl.constexpr, DEFER: tl.constexpr, MARKS: tl.constexpr, NODES: tl.constexpr):
+                  marks_ptr, mark_shift, nodes_ptr, node_off, node_stride, beams_per_request, n_cap, spans_ptr,
+                  floor, LAST: tl.constexpr, DEFER: tl.constexpr, MARKS: tl.constexpr, NODES: tl.constexpr,
+                  SPANS: tl.constexpr):
     # For a (ROWS, BLOCK) tile of beams `rows` whose slots a caller holds in registers (the
     # filter): (kept, succ), the slots the lists leave and their successors, -1 where killed
     # and, with DEFER, -2 - s for the live slots of catalog-normalised requests that their own
@@ -295,7 +318,7 @@ def _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_pt
     mode = tl.load(list_mode_ptr + req, mask=row_ok, other=0)
     alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req[:, None],
                               ((mode & 1) != 0)[:, None], n_cap, marks_ptr, mark_shift, nodes_ptr, node_off,
-                              node_stride, LAST, MARKS, NODES)
+                              node_stride, spans_ptr, floor, LAST, MARKS, NODES, SPANS)
     later = valid & False
     if DEFER:
         catalog = ((mode & 2) != 0)[:, None]
@@ -336,8 +359,8 @@ def _constrain_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_start_ptr
             succ = tl.load(slot_succ_ptr + slot, mask=in_row, other=-1)
             valid = succ >= 0
             alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req,
-                                      (mode & 1) != 0, n_iter, marks_ptr, mark_shift, marks_ptr, 0, 0, LAST, MARKS,
-                                      False)
+                                      (mode & 1) != 0, n_iter, marks_ptr, mark_shift, marks_ptr, 0, 0, marks_ptr,
+                                      1, LAST, MARKS, False, False)
             if DEFER:
                 # a catalog-normalised request loses only what left the catalog here; its
                 # own list is applied after projection

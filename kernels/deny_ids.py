@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
+from .list_spans import longest_run, run_bound
 from .row_marks import _check_marks, marks_of_rows
 
 MAX_WIDTH = 1024
@@ -61,9 +62,14 @@ def _mark(row, on, marks_ptr, mark_shift, n_words):
 
 
 @triton.jit
+def _later(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
 def _deny_rows_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rows_ptr, offsets_ptr, n_rows,
-                      marks_ptr, mark_shift, n_words, W: tl.constexpr, KEY32: tl.constexpr, MARKS: tl.constexpr,
-                      PDL: tl.constexpr):
+                      marks_ptr, mark_shift, n_words, spans_ptr, W: tl.constexpr, KEY32: tl.constexpr,
+                      MARKS: tl.constexpr, SPANS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     r = tl.program_id(0).to(tl.int64)
     k = tl.arange(0, W)
@@ -75,6 +81,10 @@ def _deny_rows_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rows_ptr
     keep = (row != prev) & (row < n_rows)
     place = tl.cumsum(keep.to(tl.int32), axis=0) - 1
     n_keep = tl.sum(keep.to(tl.int32), axis=0)
+    if SPANS:  # the longest run of consecutive rows: a kept row whose predecessor is kept too continues one
+        opens = keep & ((k == 0) | (prev != row - 1))
+        first = tl.associative_scan(tl.where(opens, place, 0), 0, _later)
+        tl.store(spans_ptr + r, tl.max(tl.where(keep, place - first + 1, 0), axis=0).to(tl.int64))
     tl.debug_barrier()  # every thread has read before any overwrites
     tl.store(out + place, row.to(tl.int64), mask=keep)
     tl.store(out + k, tl.zeros_like(row).to(tl.int64) + n_rows, mask=k >= n_keep)
@@ -94,30 +104,40 @@ def _deny_keys_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, keys_ptr
 
 @triton.jit
 def _distinct(src, k, n_rows):
-    """Sorted keys ``src[k]`` and whether each is a row (not ``n_rows``) unlike the one before it."""
+    """Sorted keys ``src[k]``, whether each is a row (not ``n_rows``) unlike the one before it, and
+    whether such a row is one past that one (it continues a run of consecutive rows)."""
     row = tl.load(src + k)
-    return row, (row != tl.load(src + k - 1, mask=k > 0, other=-1)) & (row < n_rows)
+    prev = tl.load(src + k - 1, mask=k > 0, other=-1)
+    keep = (row != prev) & (row < n_rows)
+    return row, keep, keep & (k > 0) & (prev == row - 1)
 
 
 @triton.jit
-def _deny_count_kernel(keys_ptr, counts_ptr, n_rows, W: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _deny_count_kernel(keys_ptr, counts_ptr, n_rows, batch, W: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr):
     pdl_prologue(PDL)
     r, b = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    _, keep = _distinct(keys_ptr + r * W, b * BLOCK + tl.arange(0, BLOCK), n_rows)
+    _, keep, joins = _distinct(keys_ptr + r * W, b * BLOCK + tl.arange(0, BLOCK), n_rows)
     tl.store(counts_ptr + r * (W // BLOCK) + b, tl.sum(keep.to(tl.int32), axis=0))
+    # second plane: the rows that continue a run, whose count bounds the longest run
+    tl.store(counts_ptr + (batch + r) * (W // BLOCK) + b, tl.sum(joins.to(tl.int32), axis=0))
 
 
 @triton.jit
-def _deny_distinct_kernel(keys_ptr, counts_ptr, rows_ptr, offsets_ptr, n_rows, marks_ptr, mark_shift, n_words,
-                          W: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr, MARKS: tl.constexpr,
-                          PDL: tl.constexpr):
+def _deny_distinct_kernel(keys_ptr, counts_ptr, rows_ptr, offsets_ptr, n_rows, batch, marks_ptr, mark_shift,
+                          n_words, spans_ptr, W: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr,
+                          MARKS: tl.constexpr, SPANS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     r, b = tl.program_id(0).to(tl.int64), tl.program_id(1)
     c = tl.arange(0, NB)
     counts = tl.load(counts_ptr + r * (W // BLOCK) + c, mask=c < W // BLOCK, other=0)
     before, n_keep = tl.sum(tl.where(c < b, counts, 0), axis=0), tl.sum(counts, axis=0)
+    if SPANS:
+        if b == 0:  # no run is longer than one row plus every row that continues a run
+            joins = tl.load(counts_ptr + (batch + r) * (W // BLOCK) + c, mask=c < W // BLOCK, other=0)
+            tl.store(spans_ptr + r, tl.minimum(tl.sum(joins, axis=0) + 1, n_keep).to(tl.int64))
     k = b * BLOCK + tl.arange(0, BLOCK)
-    row, keep = _distinct(keys_ptr + r * W, k, n_rows)
+    row, keep, _ = _distinct(keys_ptr + r * W, k, n_rows)
     out = rows_ptr + tl.load(offsets_ptr + r + 1)
     tl.store(out + before + tl.cumsum(keep.to(tl.int32), axis=0) - 1, row.to(tl.int64), mask=keep)
     tl.store(out + k, tl.zeros_like(k).to(tl.int64) + n_rows, mask=k >= n_keep)
@@ -125,7 +145,7 @@ def _deny_distinct_kernel(keys_ptr, counts_ptr, rows_ptr, offsets_ptr, n_rows, m
         _mark(tl.where(keep, row, n_rows), keep | (k == n_keep), marks_ptr, mark_shift, n_words)
 
 
-def _check(ids, id_offsets, width, table, rows, offsets, marks=None, mark_shift=0) -> None:
+def _check(ids, id_offsets, width, table, rows, offsets, marks=None, mark_shift=0, spans=None) -> None:
     check_tensor("rows", rows, dtypes=(torch.int64,), ndim=1, contiguous=True)
     dev = rows.device
     # the ids may stay in pinned host memory, which a GPU kernel reads in place
@@ -140,17 +160,21 @@ def _check(ids, id_offsets, width, table, rows, offsets, marks=None, mark_shift=
     check_tensor("offsets", offsets, dtypes=(torch.int64,), ndim=1, device=dev, shape=(batch + 2,),
                  contiguous=True)
     _check_marks(marks, mark_shift, dev)
+    if spans is not None:
+        check_tensor("spans", spans, dtypes=(torch.int64,), ndim=1, device=dev, shape=(batch,), contiguous=True)
 
 
 def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
                      rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
-                     mark_shift: int = 0) -> torch.Tensor:
+                     mark_shift: int = 0, spans: torch.Tensor | None = None) -> torch.Tensor:
     """Triton implementation of :func:`deny_rows`, with no host synchronisation: up to
     :data:`MAX_WIDTH` one launch that sorts each request's rows in registers (and sets
-    ``marks``); wider, a lookup launch, torch's sort of the ``(batch, width)`` keys along their
-    rows, then blocks of :data:`WIDE_BLOCK` keys, each counting its distinct rows in one launch
-    and writing them after the blocks before it in a second (which sets ``marks``)."""
-    _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift)
+    ``marks`` and the exact ``spans``); wider, a lookup launch, torch's sort of the
+    ``(batch, width)`` keys along their rows, then blocks of :data:`WIDE_BLOCK` keys, each
+    counting its distinct rows (and those that continue a run) in one launch and writing them
+    after the blocks before it in a second (which sets ``marks``, and ``spans`` to one more than
+    the rows that continue a run, at most the distinct rows: a bound, not the longest run)."""
+    _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift, spans)
     batch = id_offsets.shape[0] - 1
     if marks is not None:
         marks.zero_()
@@ -158,11 +182,13 @@ def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, ta
         return rows
     key32 = n_rows < 2**31 - 1
     mark_args = (rows if marks is None else marks, int(mark_shift), 0 if marks is None else marks.numel())
+    span_args = {"SPANS": spans is not None}
+    spans = rows if spans is None else spans
     pdl = pdl_args(rows.device)
     if width <= MAX_WIDTH:
         _deny_rows_kernel[(batch,)](ids, id_offsets, table, table.numel(), int(base), rows, offsets, int(n_rows),
-                                    *mark_args, W=width, KEY32=key32, MARKS=marks is not None, num_warps=4,
-                                    **pdl)
+                                    *mark_args, spans, W=width, KEY32=key32, MARKS=marks is not None,
+                                    num_warps=4, **span_args, **pdl)
         return rows
     # one program's bitonic sort grows as width · log² width: 0.68 ms for 16,384 ids on the H200,
     # where the radix sort of the keys takes tens of µs (runs/results/constraints/wide-sort/)
@@ -173,19 +199,20 @@ def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, ta
     keys = keys.sort(dim=1).values
     # each block's distinct rows counted, then written after those of the blocks before it
     n_blocks = width // block
-    counts = torch.empty(batch, n_blocks, dtype=torch.int32, device=rows.device)
-    _deny_count_kernel[(batch, n_blocks)](keys, counts, int(n_rows), W=width, BLOCK=block, num_warps=4, **pdl)
-    _deny_distinct_kernel[(batch, n_blocks)](keys, counts, rows, offsets, int(n_rows), *mark_args, W=width,
-                                             BLOCK=block, NB=triton.next_power_of_2(n_blocks),
-                                             MARKS=marks is not None, num_warps=4, **pdl)
+    counts = torch.empty(2 * batch, n_blocks, dtype=torch.int32, device=rows.device)
+    _deny_count_kernel[(batch, n_blocks)](keys, counts, int(n_rows), batch, W=width, BLOCK=block, num_warps=4,
+                                          **pdl)
+    _deny_distinct_kernel[(batch, n_blocks)](keys, counts, rows, offsets, int(n_rows), batch, *mark_args, spans,
+                                             W=width, BLOCK=block, NB=triton.next_power_of_2(n_blocks),
+                                             MARKS=marks is not None, num_warps=4, **span_args, **pdl)
     return rows
 
 
 def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
                         rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
-                        mark_shift: int = 0) -> torch.Tensor:
+                        mark_shift: int = 0, spans: torch.Tensor | None = None) -> torch.Tensor:
     """PyTorch reference of :func:`deny_rows` (same signature and output)."""
-    _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift)
+    _check(ids, id_offsets, width, table, rows, offsets, marks, mark_shift, spans)
     ids, id_offsets = ids.to(rows.device), id_offsets.to(rows.device)
     for r in range(id_offsets.shape[0] - 1):
         first = int(id_offsets[r])
@@ -196,6 +223,8 @@ def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int,
         start = int(offsets[r + 1])
         rows[start:start + width] = n_rows
         rows[start:start + found.numel()] = found
+        if spans is not None:
+            spans[r] = longest_run(found) if width <= MAX_WIDTH else run_bound(found)
     if marks is not None:
         marks_of_rows(rows[int(offsets[0]):int(offsets[-1])], marks, mark_shift)
     return rows
@@ -203,9 +232,9 @@ def deny_rows_reference(ids: torch.Tensor, id_offsets: torch.Tensor, width: int,
 
 def deny_rows(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, table: torch.Tensor, base: int,
               rows: torch.Tensor, offsets: torch.Tensor, n_rows: int, marks: torch.Tensor | None = None,
-              mark_shift: int = 0) -> torch.Tensor:
+              mark_shift: int = 0, spans: torch.Tensor | None = None) -> torch.Tensor:
     fn = deny_rows_triton if use_triton(rows) else deny_rows_reference
-    return fn(ids, id_offsets, width, table, base, rows, offsets, n_rows, marks, mark_shift)
+    return fn(ids, id_offsets, width, table, base, rows, offsets, n_rows, marks, mark_shift, spans)
 
 
 deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog rows, padded with ``n_rows``.
@@ -241,6 +270,13 @@ deny_rows.__doc__ = """Each request's deny ids as its sorted, distinct catalog r
         empty global segment (as the engine's deny-id buffers do).
     mark_shift : int
         log2 of the rows per bit of ``marks``.
+    spans : torch.Tensor, optional
+        ``(batch,)`` int64, overwritten with a bound on each request's longest run of
+        consecutive rows (0 for no row): exact up to :data:`MAX_WIDTH`
+        (:func:`~zerogr_kernels.list_spans.longest_run`), past it one more than the rows that
+        continue a run, at most the distinct rows (:func:`~zerogr_kernels.list_spans.run_bound`). A
+        deny list empties no prefix of more rows than that, which the filters use to skip the
+        slots of wider prefixes (:class:`~zerogr_kernels.constraints.SlotLists`' ``spans``).
 
     Returns
     -------

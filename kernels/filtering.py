@@ -138,10 +138,10 @@ def _filter_sparse_kernel(states_ptr, tokens_ptr, offsets_ptr, logits_ptr,
                           slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, seg_len_ptr, tasks_ptr,
                           n_beams, K, n_col_tasks, stride_lb, stride_lv,
                           row_start_ptr, list_off_ptr, list_rows_ptr, list_mode_ptr, marks_ptr, mark_shift,
-                          nodes_ptr, node_off, node_stride, beams_per_request, n_iter,
+                          nodes_ptr, node_off, node_stride, beams_per_request, n_iter, spans_ptr, floor,
                           HAS_LOGITS: tl.constexpr, ROWS: tl.constexpr, BLOCK_K: tl.constexpr,
                           TASK_W: tl.constexpr, CONSTRAIN: tl.constexpr, LAST: tl.constexpr, DEFER: tl.constexpr,
-                          MARKS: tl.constexpr, NODES: tl.constexpr, PDL: tl.constexpr):
+                          MARKS: tl.constexpr, NODES: tl.constexpr, SPANS: tl.constexpr, PDL: tl.constexpr):
     pdl_prologue(PDL)
     # grid: (beam blocks of ROWS, column tasks of TASK_W slots); BLOCK_K <= TASK_W
     col_task = tl.program_id(1)
@@ -163,7 +163,7 @@ def _filter_sparse_kernel(states_ptr, tokens_ptr, offsets_ptr, logits_ptr,
     if CONSTRAIN:
         kept, succ = _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr,
                                    list_mode_ptr, marks_ptr, mark_shift, nodes_ptr, node_off, node_stride,
-                                   beams_per_request, n_iter, LAST, DEFER, MARKS, NODES)
+                                   beams_per_request, n_iter, spans_ptr, floor, LAST, DEFER, MARKS, NODES, SPANS)
         tok = tl.where(kept, tok, -1)
     if HAS_LOGITS:
         lg = tl.load(logits_ptr + rows[:, None] * stride_lb + tok.to(tl.int64) * stride_lv,
@@ -180,10 +180,11 @@ def _filter_dense_kernel(states_ptr, table_ptr, logits_ptr,
                          slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, seg_len_ptr, tasks_ptr,
                          n_beams, K, n_col_tasks, stride_ds, stride_dv, stride_lb, stride_lv,
                          row_start_ptr, list_off_ptr, list_rows_ptr, list_mode_ptr, marks_ptr, mark_shift,
-                         nodes_ptr, node_off, node_stride, beams_per_request, n_iter,
+                         nodes_ptr, node_off, node_stride, beams_per_request, n_iter, spans_ptr, floor,
                          HAS_LOGITS: tl.constexpr, ATOMIC_LEN: tl.constexpr, ROWS: tl.constexpr,
                          BLOCK_K: tl.constexpr, TASK_W: tl.constexpr, CONSTRAIN: tl.constexpr, LAST: tl.constexpr,
-                         DEFER: tl.constexpr, MARKS: tl.constexpr, NODES: tl.constexpr, PDL: tl.constexpr):
+                         DEFER: tl.constexpr, MARKS: tl.constexpr, NODES: tl.constexpr, SPANS: tl.constexpr,
+                         PDL: tl.constexpr):
     pdl_prologue(PDL)
     # grid: (beam blocks of ROWS, column tasks of TASK_W slots); slot k <-> token k
     col_task = tl.program_id(1)
@@ -200,7 +201,7 @@ def _filter_dense_kernel(states_ptr, table_ptr, logits_ptr,
     if CONSTRAIN:
         kept, succ = _filter_lists(rows, row_ok, n_beams, succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr,
                                    list_mode_ptr, marks_ptr, mark_shift, nodes_ptr, node_off, node_stride,
-                                   beams_per_request, n_iter, LAST, DEFER, MARKS, NODES)
+                                   beams_per_request, n_iter, spans_ptr, floor, LAST, DEFER, MARKS, NODES, SPANS)
     tok = tl.where(kept, cols[None, :], -1)
     if HAS_LOGITS:
         lg = tl.load(logits_ptr + rows[:, None] * stride_lb + cols[None, :] * stride_lv,
@@ -233,8 +234,8 @@ def filter_slots_triton(states: torch.Tensor, K: int, *, tokens: torch.Tensor | 
     if n_beams == 0:
         return res
     if constraint is None:
-        lists = (states,) * 5 + (0, states, 0, 0, 1, 0)
-        flags = {"LAST": False, "DEFER": False, "MARKS": False, "NODES": False}
+        lists = (states,) * 5 + (0, states, 0, 0, 1, 0, states, 1)
+        flags = {"LAST": False, "DEFER": False, "MARKS": False, "NODES": False, "SPANS": False}
     else:
         lists, flags = constraint.launch_args(), constraint.launch_flags()
     n_col = cdiv(K, TASK_WIDTH)

@@ -39,8 +39,8 @@ def _constrain_scored_kernel(slot_tok_ptr, slot_succ_ptr, slot_logit_ptr, row_st
         valid = succ >= 0
         x = tl.load(slot_logit_ptr + slot, mask=valid, other=float("-inf")).to(tl.float32)
         alive, live = _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req[:, None],
-                                  ((mode & 1) != 0)[:, None], n_iter, marks_ptr, mark_shift, marks_ptr, 0, 0, LAST,
-                                  MARKS, False)
+                                  ((mode & 1) != 0)[:, None], n_iter, marks_ptr, mark_shift, marks_ptr, 0, 0,
+                                  marks_ptr, 1, LAST, MARKS, False, False)
         x = tl.where(live, x, float("-inf"))
         m_all, s_all = lse_update(m_all, s_all, x)
         m_alive, s_alive = lse_update(m_alive, s_alive, tl.where(alive, x, float("-inf")))

@@ -11,6 +11,7 @@ from zerogr_core.errors import ZeroGRError
 from zerogr_core.decode.id_lists import MIN_WIDTH, DenyIds, deny_ids
 from zerogr_kernels.deny_ids import (IN_PLACE_WIDTH, MAX_IDS, MAX_WIDTH, WIDE_BLOCK, deny_rows, deny_rows_reference,
                                      deny_rows_triton)
+from zerogr_kernels.list_spans import longest_run
 
 from zerogr_kernels.row_marks import mark_rows_reference, mark_words
 
@@ -94,6 +95,47 @@ def test_rows_past_int32_keep_int64_keys(width):
     assert (got >= big - n_rows).all() and (got < big).sum() > 3
 
 
+def run_case(seed, batch, width, n_ids, n_rows):
+    """``deny_rows``'s arguments over a table that maps id ``v`` to row ``v`` (a few holes), each
+    request's ids drawn as runs of consecutive ids, with repeats and misses."""
+    g = np.random.default_rng(seed)
+    table = np.arange(n_rows, dtype=np.int32)
+    table[g.choice(n_rows, n_rows // 20, replace=False)] = -1
+    parts = []
+    for _ in range(batch):
+        runs = [np.arange(a, a + n) for a, n in zip(g.integers(-2, n_rows, 8), g.integers(1, 40, 8))]
+        part = g.permutation(np.concatenate(runs + [g.integers(-2, n_rows + 2, 10)]))[:int(g.integers(0, n_ids + 1))]
+        parts.append(part)
+    id_offsets = np.concatenate([[0], np.cumsum([p.size for p in parts])])
+    offsets = np.concatenate([[0, 0], np.arange(1, batch + 1) * width])
+    t = lambda a: torch.from_numpy(np.asarray(a).astype(np.int64))  # noqa: E731
+    return (t(np.concatenate(parts + [np.zeros(1)])), t(id_offsets), width, torch.from_numpy(table), 0,
+            torch.zeros(batch * width, dtype=torch.int64), t(offsets), n_rows)
+
+
+@pytest.mark.parametrize("width,n_ids", [(16, 16), (128, 100), (MAX_WIDTH, 700), (2 * MAX_WIDTH, 2000),
+                                         (4 * MAX_WIDTH, 4096)])
+def test_spans_bound_each_requests_longest_run(width, n_ids):
+    """``spans``: up to MAX_WIDTH each request's longest run of consecutive rows, exactly; past
+    it one more than the rows that continue a run (never below the longest run, never above
+    the distinct rows); the kernel's equal its reference's, and the rows are unchanged."""
+    for seed in range(3):
+        args = run_case(seed, 3, width, n_ids, 3 * width)
+        got, want = torch.full((3,), -1, dtype=torch.int64), torch.full((3,), -1, dtype=torch.int64)
+        rows = run(deny_rows_triton, args)
+        assert torch.equal(rows, run(deny_rows_reference, args))
+        run(lambda *a: deny_rows_triton(*a, spans=got), args)
+        run(lambda *a: deny_rows_reference(*a, spans=want), args)
+        assert got.tolist() == want.tolist()
+        for r in range(3):
+            seg = rows[r * width:(r + 1) * width]
+            seg = seg[seg < args[7]]
+            assert longest_run(seg) <= int(got[r]) <= seg.numel()
+            if width <= MAX_WIDTH:
+                assert int(got[r]) == longest_run(seg)
+        assert int(got.max()) > 2  # the runs reached the rows
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 10**6), st.integers(1, 4), st.sampled_from([16, 32]), st.integers(1, 60))
 def test_reference_rows_are_each_requests_distinct_known_rows(seed, batch, width, table_size):
@@ -150,13 +192,14 @@ def test_id_lists_leave_the_device_table_to_the_engine():
     assert catalog._id_lookup not in _TABLES
 
 
-def engine_case(plan):
+def engine_case(plan, n_items=300):
     """``(catalog, index, model, engine, ref)``: the GPU engine's code on a CPU (no graph) with a
-    fixed ``plan``, and the reference decoder projecting as it does, over 300 items of 3 steps."""
+    fixed ``plan``, and the reference decoder projecting as it does, over ``n_items`` items of 3
+    steps of 8 tokens."""
     from zerogr_core.decode.engine import GpuEngine
     from zerogr_core.decode.heads import Heads
 
-    catalog = catalog_of(300, 5)
+    catalog = catalog_of(n_items, 5)
     sizes = catalog.codebook_sizes
     index = build_index(catalog)
     heads = [torch.randn(s, 6, generator=torch.Generator().manual_seed(s)) for s in sizes]
@@ -209,6 +252,28 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
     assert widths == [IN_PLACE_WIDTH, 4096]
 
 
+@pytest.mark.parametrize("normalise", ["request", "catalog"])
+def test_steps_whose_prefixes_outgrow_the_width_run_without_lists(normalise):
+    """Every item of 8 × 8 × 8: the first step's successors hold 64 rows, more than 16 ids can
+    deny, so the 16-wide shape filters that step without its lists and waits for them at the
+    second; there a run of 8 ids still empties the prefix of each request's best item (rows in
+    SID order: 8 rows per second-step prefix), and the decodes equal those of the host lists."""
+    catalog, index, model, engine, ref = engine_case(["full", "selective", "full"], 512)
+    by_row = catalog.item_ids  # rows are in SID order
+    best = [int(r) // 8 * 8 for r in engine.decode(model, 3).item_rows[:, 0]]
+    calls = [[by_row[best[0]:best[0] + 8], None, np.concatenate([by_row[best[2]:best[2] + 8], by_row[::90]])],
+             [None, by_row[best[1]:best[1] + 8], by_row[[3, 200, 201]]]]
+    for deny in calls:
+        fast = deny_ids(catalog, 3, deny, normalise)
+        assert fast.width == 16
+        assert_decodes_as(engine, ref, model, fast, ref.request_lists(3, None, deny, normalise=normalise, path="host"))
+    (shape,) = [shape for key, shape in engine._shapes.items() if "lists" in key]
+    lists = [runner.slot_lists for runner in shape.runners]
+    waits = [runner.prepare_lists is not None for runner in shape.runners]
+    assert lists[0] is None and lists[1] is not None and lists[2] is not None and waits == [False, True, False]
+    assert lists[1].spans is shape.lists.spans and int(shape.lists.spans[0]) == 0
+
+
 @pytest.mark.parametrize("order", ["filter-first", "unconstrained"])
 def test_public_api_deny_only_calls_on_the_engine(order):
     """``Decoder.decode(deny_items=...)`` with the engine (its code on a CPU, as on a GPU): ids
@@ -249,6 +314,12 @@ def test_cuda_kernel_matches_reference(width):
         pinned[0], pinned[1] = args[0].cpu().pin_memory(), args[1].cpu().pin_memory()
         want, got = run(deny_rows_reference, args), run(deny_rows, pinned)
         assert torch.equal(got, want), (got != want).nonzero()[:5].tolist()
+        # the longest runs (their bound past MAX_WIDTH), over ids drawn as runs of consecutive rows
+        runs = [a.cuda() if isinstance(a, torch.Tensor) else a for a in run_case(seed, 5, width, width, 3 * width)]
+        spans = [torch.full((5,), -1, dtype=torch.int64, device="cuda") for _ in range(2)]
+        assert torch.equal(run(lambda *a: deny_rows(*a, spans=spans[0]), runs),
+                           run(lambda *a: deny_rows_reference(*a, spans=spans[1]), runs))
+        assert spans[0].tolist() == spans[1].tolist() and int(spans[0].max()) > 1
 
 
 @pytest.mark.gpu

@@ -93,6 +93,7 @@ def _launch_grid():
     for (K, n_beams), starts, defer, marks in itertools.product(
             [(3, 4), (300, 256), (8192, 2)], (None, e(9, dtype=torch.int32)), (False, True),
             ({}, dict(marks=e(8, dtype=torch.int32), mark_shift=0),
+             dict(marks=e(8, dtype=torch.int32), mark_shift=0, spans=e(3, dtype=torch.int64), floor=5),
              dict(nodes=e(2, 40, dtype=torch.int32), node_off=3, node_stride=40))):
         lists = SlotLists(starts, e(4, dtype=torch.int64), e(1024, dtype=torch.int64), e(2, dtype=torch.int32),
                           n_beams // 2, 11, defer, **marks)
@@ -104,13 +105,16 @@ def _launch_grid():
     from zerogr_kernels.deny_ids import MAX_IDS, MAX_WIDTH, deny_rows_triton
 
     # the sorting kernel and the wide path's two, with int32 keys and (past 2^31 rows) int64 ones
-    for width, table_dtype, marks, n_rows in itertools.product(
+    for width, table_dtype, marks, n_rows, spans in itertools.product(
             (16, 128, MAX_WIDTH, 2 * MAX_WIDTH, MAX_IDS), (torch.int32, torch.int64),
-            (None, e(8, dtype=torch.int32)), (90, 2**31 + 5)):
+            (None, e(8, dtype=torch.int32)), (90, 2**31 + 5), (None, e(3, dtype=torch.int64))):
         if n_rows > 90 and (table_dtype == torch.int32 or width not in (128, MAX_IDS)):
             continue
         deny_rows_triton(e(40, dtype=torch.int64), e(4, dtype=torch.int64), width, e(100, dtype=table_dtype), 7,
-                         e(3 * width, dtype=torch.int64), e(5, dtype=torch.int64), n_rows, marks=marks)
+                         e(3 * width, dtype=torch.int64), e(5, dtype=torch.int64), n_rows, marks=marks, spans=spans)
+    from zerogr_kernels.list_spans import list_spans_triton
+
+    list_spans_triton(e(34, dtype=torch.int64), e(2000, dtype=torch.int64), e(33, dtype=torch.int64))
     from zerogr_kernels.allow_nodes import allow_nodes_triton
 
     # one program count and batch per shape: a request's search over the id offsets unrolls by batch

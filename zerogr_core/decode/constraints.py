@@ -75,6 +75,27 @@ def row_starts(index: StepIndex) -> list[torch.Tensor | None]:
     return out
 
 
+_ROW_FLOORS: "weakref.WeakKeyDictionary[StepIndex, list]" = weakref.WeakKeyDictionary()
+
+
+def row_floors(index: StepIndex) -> list[int]:
+    """The fewest catalog rows below a successor of each step (cached per index).
+
+    Returns
+    -------
+    list of int, length L
+        Entry ``l`` is the smallest row range of the states of step ``l + 1``
+        (:func:`row_starts`); 1 at the last step, whose successors are rows. A deny list of at
+        most that many rows per request, with no global list, kills no slot of step ``l``.
+    """
+    cached = _ROW_FLOORS.get(index)
+    if cached is None:
+        cached = [1 if starts is None or starts.numel() < 2 else int(torch.diff(starts).min())
+                  for starts in row_starts(index)]
+        _ROW_FLOORS[index] = cached
+    return cached
+
+
 def row_starts_bytes(index: StepIndex) -> int:
     """Bytes of :func:`row_starts` beyond the index itself (the last step's offsets are shared)."""
     starts = row_starts(index)

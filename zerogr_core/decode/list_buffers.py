@@ -12,10 +12,11 @@ import torch
 from zerogr_kernels.allow_nodes import allow_nodes
 from zerogr_kernels.constraints import SlotLists, search_iterations
 from zerogr_kernels.deny_ids import IN_PLACE_WIDTH, deny_rows
+from zerogr_kernels.list_spans import list_spans
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
-from .constraints import RequestLists, RowMarks, row_starts
+from .constraints import RequestLists, RowMarks, row_floors, row_starts
 from .device_lists import copy_tensors, lookup_table, place_ids
 from .id_lists import AllowIds, node_tables
 
@@ -43,8 +44,9 @@ class ListBuffers:
     list only when it changed). ``loaded_glob`` is the global array last copied in, so a run
     of calls with the same global list (one live-catalog version, or a registered deny set)
     copies only the per-request rows. ``marks`` is the bitmap of the listed rows
-    (:class:`RowMarks` over ``n_rows`` catalog rows), which the first step of every replay
-    refills from the rows.
+    (:class:`RowMarks` over ``n_rows`` catalog rows), and ``spans`` bound each segment's
+    longest run of consecutive rows (:func:`~zerogr_kernels.list_spans.list_spans`): the first
+    step of every replay refills both from the rows.
 
     With ``width`` (deny ids, :class:`~zerogr_core.decode.id_lists.DenyIds`) the header also
     holds the offsets of each request's ids, which follow it back to back, request
@@ -87,6 +89,9 @@ class ListBuffers:
         self.id_offsets = self.block[2 * batch + 2:self.header]
         self.ids = self.block[self.header:rows_at]
         self.rows = self.block[rows_at:]
+        # bounds on each segment's longest run of consecutive rows (the global list's first, 0 in
+        # width mode), which the first step of every replay writes (not in bitmap mode: allow ids)
+        self.spans = torch.zeros(batch + 1, dtype=torch.int64, device=device) if nodes is None else None
         cuda = device.type == "cuda"
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=cuda)
         self._host = self.host.numpy()
@@ -254,23 +259,32 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     def resolve() -> None:  # this call's ids into rows or bitmaps, and the rows into the row bitmap
         if width:  # marking the rows it writes (no global list here)
             deny_rows(buffers.ids, buffers.id_offsets, width, buffers.table, base, buffers.rows, buffers.offsets,
-                      index.n_items, **marks.args)
+                      index.n_items, **marks.args, spans=buffers.spans[1:])
         elif tables is not None:
             allow_nodes(buffers.ids, buffers.id_offsets, buffers.table, base, tables.rank_bits, tables.rank_before,
                         tables.level_words, buffers.nodes, tables.derived)
         else:
             marks.mark(buffers.offsets, buffers.rows)
+            list_spans(buffers.offsets, buffers.rows, buffers.spans)
 
     buffers.resolve = resolve
+    # deny ids: at most ``width`` rows per request and no global list, so a step whose every
+    # successor holds more rows keeps all its slots; its filter runs without the lists, and the
+    # first filter with them waits for them (deny_rows overlaps the steps before)
+    floors = row_floors(index)
+    constrained = [not width or floors[level] <= width for level in range(len(runners))]
+    first = constrained.index(True)
 
     def make(level: int, beams: int):
+        if not constrained[level]:
+            return None, None
         if tables is not None:  # one load per slot in its request's bitmap of the step
             extra = {"nodes": buffers.nodes, "node_off": tables.words[level], "node_stride": tables.stride}
         else:
-            extra = marks.args
+            extra = dict(marks.args, spans=buffers.spans, floor=floors[level])
         lists = SlotLists(starts[level], buffers.offsets, buffers.rows, buffers.mode, beams, n_iter, catalog,
                           **extra)
-        return lists, buffers.join if level == 0 else None
+        return lists, buffers.join if level == first else None
 
     for level, runner in enumerate(runners):
         runner.slot_lists, runner.prepare_lists = make(level, runner.filter_out.slot_succ.shape[0] // batch)

@@ -1,0 +1,116 @@
+"""A bound on the longest run of consecutive rows in every list segment, which lets the
+constraint kernels skip the slots of prefixes no deny list can empty.
+
+A deny list kills a prefix only when it lists every row of the prefix's range, and the
+rows of a range are consecutive. So a list whose longest run of consecutive rows
+(``v, v + 1, …``) is ``s`` empties no prefix of more than ``s`` rows: the filters of the
+early steps, whose prefixes hold hundreds or thousands of rows, need no search and no
+bitmap load for such a list (:class:`~zerogr_kernels.constraints.SlotLists`' ``spans``).
+Random deny lists have runs of one row; a user's history, whose items cluster, has
+short ones.
+
+:func:`list_spans` writes ``min(1 + j, n)`` per segment, ``n`` its rows and ``j`` those
+that continue a run (the row before is one less): at least the longest run, and equal to
+it when the segment holds one run at most. It runs inside the captured graph beside the
+first step, one program per segment, and reads the used length from the offsets on the
+device.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
+
+SPAN_BLOCK = 1024
+"""Rows of a segment one program reads at a time."""
+
+
+def longest_run(rows: torch.Tensor) -> int:
+    """The most consecutive values (``v, v + 1, …``) in sorted, distinct ``rows`` (0 when empty)."""
+    if rows.numel() == 0:
+        return 0
+    opens = torch.ones(rows.numel(), dtype=torch.bool, device=rows.device)
+    opens[1:] = rows[1:] != rows[:-1] + 1
+    starts = torch.nonzero(opens).flatten()
+    return int(torch.diff(starts, append=starts.new_tensor([rows.numel()])).max())
+
+
+def run_bound(rows: torch.Tensor) -> int:
+    """:func:`list_spans`' value for sorted, distinct ``rows``: one more than the rows that
+    continue a run, at most the rows (0 when empty)."""
+    return min(int((rows[1:] == rows[:-1] + 1).sum()) + 1, rows.numel())
+
+
+@triton.jit
+def _spans_kernel(list_off_ptr, list_rows_ptr, spans_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    s = tl.program_id(0).to(tl.int64)
+    start = tl.load(list_off_ptr + s)
+    end = tl.load(list_off_ptr + s + 1)
+    joins = tl.zeros([BLOCK], dtype=tl.int32)
+    first = start
+    while first < end:  # runtime bounds: Triton's interpreter cannot range() over a tensor
+        k = first + tl.arange(0, BLOCK)
+        inside = (k > start) & (k < end)
+        row = tl.load(list_rows_ptr + k, mask=inside, other=0)
+        prev = tl.load(list_rows_ptr + k - 1, mask=inside, other=0)
+        joins += (inside & (row == prev + 1)).to(tl.int32)
+        first += BLOCK
+    tl.store(spans_ptr + s, tl.minimum(tl.sum(joins, axis=0).to(tl.int64) + 1, end - start))
+
+
+def _check(list_offsets, list_rows, spans) -> None:
+    check_tensor("list_offsets", list_offsets, dtypes=(torch.int64,), ndim=1, contiguous=True)
+    dev = list_offsets.device
+    check_tensor("list_rows", list_rows, dtypes=(torch.int64,), ndim=1, device=dev, contiguous=True)
+    check_tensor("spans", spans, dtypes=(torch.int64,), ndim=1, device=dev, shape=(list_offsets.numel() - 1,),
+                 contiguous=True)
+
+
+def list_spans_triton(list_offsets: torch.Tensor, list_rows: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+    """Triton implementation of :func:`list_spans` (no host sync: the segments are read on the device)."""
+    _check(list_offsets, list_rows, spans)
+    if spans.numel():
+        _spans_kernel[(spans.numel(),)](list_offsets, list_rows, spans, BLOCK=SPAN_BLOCK, num_warps=4,
+                                        **pdl_args(spans.device))
+    return spans
+
+
+def list_spans_reference(list_offsets: torch.Tensor, list_rows: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+    """PyTorch reference of :func:`list_spans` (same signature and output)."""
+    _check(list_offsets, list_rows, spans)
+    sizes = list_offsets[1:] - list_offsets[:-1]
+    rows = list_rows[int(list_offsets[0]):int(list_offsets[-1])]
+    segment = torch.repeat_interleave(torch.arange(spans.numel(), device=spans.device), sizes,
+                                      output_size=rows.numel())
+    joins = (rows[1:] == rows[:-1] + 1) & (segment[1:] == segment[:-1])
+    counts = torch.bincount(segment[1:][joins], minlength=spans.numel())
+    spans.copy_(torch.minimum(counts + 1, sizes))  # run_bound of every segment at once
+    return spans
+
+
+def list_spans(list_offsets: torch.Tensor, list_rows: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
+    fn = list_spans_triton if use_triton(spans) else list_spans_reference
+    return fn(list_offsets, list_rows, spans)
+
+
+list_spans.__doc__ = """Each list segment's bound on its longest run of consecutive rows (module docstring).
+
+    Parameters
+    ----------
+    list_offsets : torch.Tensor
+        ``(batch + 2,)`` int64 CSR offsets, as for :func:`~zerogr_kernels.constraints.constrain_slots`
+        (segment 0 the global list, segment ``r + 1`` request ``r``'s).
+    list_rows : torch.Tensor
+        ``(capacity,)`` int64, sorted and duplicate-free within each segment.
+    spans : torch.Tensor
+        ``(batch + 1,)`` int64 output, overwritten: entry ``s`` bounds segment ``s``'s longest
+        run (0 for an empty segment).
+
+    Returns
+    -------
+    torch.Tensor
+        ``spans``.
+    """
