@@ -12,8 +12,8 @@ short ones.
 :func:`list_spans` writes ``min(1 + j, n)`` per segment, ``n`` its rows and ``j`` those
 that continue a run (the row before is one less): at least the longest run, and equal to
 it when the segment holds one run at most. It runs inside the captured graph beside the
-first step, one program per segment, and reads the used length from the offsets on the
-device.
+first step, a lane per used row of the buffer (as the row bitmap's marking), each finding
+its segment in the offsets, and reads the used length from the offsets on the device.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import triton.language as tl
 from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
 
 SPAN_BLOCK = 1024
-"""Rows of a segment one program reads at a time."""
+"""Listed rows per program of :func:`list_spans`."""
 
 
 def longest_run(rows: torch.Tensor) -> int:
@@ -44,21 +44,33 @@ def run_bound(rows: torch.Tensor) -> int:
 
 
 @triton.jit
-def _spans_kernel(list_off_ptr, list_rows_ptr, spans_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _spans_kernel(list_off_ptr, list_rows_ptr, spans_ptr, n_segments, BLOCK: tl.constexpr,
+                  HALVINGS: tl.constexpr, PDL: tl.constexpr):
+    # Each used row adds 1 to its segment's count when it opens the segment or continues a run,
+    # so a zeroed count ends as min(1 + j, n). A block whose rows lie in one segment (all but
+    # those that straddle a boundary) adds its sum with one atomic, so a long list costs what
+    # marking it does.
     pdl_prologue(PDL)
-    s = tl.program_id(0).to(tl.int64)
-    start = tl.load(list_off_ptr + s)
-    end = tl.load(list_off_ptr + s + 1)
-    joins = tl.zeros([BLOCK], dtype=tl.int32)
-    first = start
-    while first < end:  # runtime bounds: Triton's interpreter cannot range() over a tensor
-        k = first + tl.arange(0, BLOCK)
-        inside = (k > start) & (k < end)
-        row = tl.load(list_rows_ptr + k, mask=inside, other=0)
-        prev = tl.load(list_rows_ptr + k - 1, mask=inside, other=0)
-        joins += (inside & (row == prev + 1)).to(tl.int32)
-        first += BLOCK
-    tl.store(spans_ptr + s, tl.minimum(tl.sum(joins, axis=0).to(tl.int64) + 1, end - start))
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    used = (idx >= tl.load(list_off_ptr)) & (idx < tl.load(list_off_ptr + n_segments))
+    # the segment of each row: the last offset at or before it (empty segments share their offset
+    # with the next, which the search passes)
+    lo = tl.zeros_like(idx)
+    hi = tl.zeros_like(idx) + n_segments - 1
+    for _ in tl.static_range(HALVINGS):
+        mid = (lo + hi + 1) // 2
+        right = tl.load(list_off_ptr + mid, mask=used, other=0) <= idx
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid - 1)
+    opens = idx == tl.load(list_off_ptr + lo, mask=used, other=-1)
+    row = tl.load(list_rows_ptr + idx, mask=used, other=0)
+    prev = tl.load(list_rows_ptr + idx - 1, mask=used & ~opens, other=0)
+    adds = used & (opens | (row == prev + 1))
+    first = tl.min(tl.where(used, lo, n_segments), axis=0)
+    if first == tl.max(tl.where(used, lo, -1), axis=0):
+        tl.atomic_add(spans_ptr + first, tl.sum(adds.to(tl.int64), axis=0))
+    else:
+        tl.atomic_add(spans_ptr + lo, tl.zeros_like(idx) + 1, mask=adds)
 
 
 def _check(list_offsets, list_rows, spans) -> None:
@@ -72,9 +84,12 @@ def _check(list_offsets, list_rows, spans) -> None:
 def list_spans_triton(list_offsets: torch.Tensor, list_rows: torch.Tensor, spans: torch.Tensor) -> torch.Tensor:
     """Triton implementation of :func:`list_spans` (no host sync: the segments are read on the device)."""
     _check(list_offsets, list_rows, spans)
-    if spans.numel():
-        _spans_kernel[(spans.numel(),)](list_offsets, list_rows, spans, BLOCK=SPAN_BLOCK, num_warps=4,
-                                        **pdl_args(spans.device))
+    spans.zero_()
+    if spans.numel() and list_rows.numel():
+        n = spans.numel()
+        _spans_kernel[(triton.cdiv(list_rows.numel(), SPAN_BLOCK),)](
+            list_offsets, list_rows, spans, n, BLOCK=SPAN_BLOCK, HALVINGS=max(n - 1, 1).bit_length(),
+            num_warps=4, **pdl_args(spans.device))
     return spans
 
 
