@@ -40,8 +40,12 @@ sweep (``runs/results/llm/attention-tune.txt``: 16.0 against 16.8 µs at 1 × 1,
 against 51.8 at 1 × 5,056, 65.4 against 83.9 at 8 × 1,024, 245 against 305 at 8 × 5,056)."""
 BLOCK_N = 64
 """Context keys per inner iteration on a GPU."""
-MERGE_BLOCK_M = 32
+MERGE_BLOCK_M = 16
 """Query rows per program of the merge kernel on a GPU."""
+MERGE_NUM_WARPS = 8
+"""Warps of a merge program. With 32 rows, 4 warps and the splits' loop unrolled, ptxas
+(CUDA 12.8, sm_90) gave the merge 32 registers and a 6,000-byte stack of spills; 16 rows, 8
+warps and a rolled loop compile to 115 registers and no spill."""
 NUM_WARPS = 4
 NUM_STAGES = None
 """Software-pipelining depth of the key loop on a GPU; ``None`` chooses by the key blocks a split
@@ -207,7 +211,8 @@ def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, q_ptr, k_ptr, v_ptr, 
     m, l_sum, acc = _lineage_keys(q.to(tl.float32), k_ptr + b * sk_b + kh * sk_h, v_ptr + b * sv_b + kh * sv_h,
                                   anc_ptr, b, beam, r_ok, dd, d_ok, m, l_sum, acc, R, context_len, step,
                                   sk_s, sv_s, qk_scale, G, P, HAS_ANC)
-    for s in tl.static_range(SPLITS):
+    # rolled: unrolled, the splits' loads are all hoisted and spill
+    for s in range(SPLITS):
         row = (bh * SPLITS + s).to(tl.int64) * R + r
         ms = tl.load(ws_m_ptr + row, mask=r_ok, other=float("-inf"))
         ls = tl.load(ws_l_ptr + row, mask=r_ok, other=0.0)
@@ -338,7 +343,7 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
             ws_m, ws_l, ws_acc, out, q, k, v, lengths if lineage is None else lineage, rows, kvh, d, context_len, step,
             scale * LOG2E, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), G=g, P=lineage_len, SPLITS=n_splits, BLOCK_M=mb, BLOCK_D=bd,
-            HAS_ANC=lineage is not None, num_warps=4)
+            HAS_ANC=lineage is not None, num_warps=4 if small else MERGE_NUM_WARPS)
     return out
 
 

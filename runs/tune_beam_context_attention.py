@@ -7,6 +7,8 @@ of split counts or "auto" (default auto,1,4,16); STEPS: comma list of decode ste
 positions each row sees (default 2). The kernels are those of the tree the script sits in, so a copy
 of the script in another checkout times that checkout's kernel.
 Prints microseconds per call (10 calls per CUDA graph replay) and the largest difference to SDPA.
+Environment: TUNE_SHAPES, a comma list of BATCHxKEYS (default 1x1024,1x5056,8x1024,8x5056);
+TUNE_MERGES, a comma list of ROWSxWARPS for the merge kernel (default: the launcher's).
 """
 import sys, os
 import zlib
@@ -43,7 +45,11 @@ SPLITS = [None if x == "auto" else int(x) for x in (sys.argv[2] if len(sys.argv)
 STEPS = [int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "2").split(",")]
 dev = "cuda"
 M, H, KVH, D, P = 256, 16, 8, 128, 2
-for B, ctx, L in [(1, 1024, 1000), (1, 5056, 5000), (8, 1024, 1000), (8, 5056, 5000)]:
+SHAPES = [tuple(int(x) for x in t.split("x")) for t in os.environ.get("TUNE_SHAPES", "1x1024,1x5056,8x1024,8x5056").split(",")]
+MERGES = [tuple(int(x) for x in t.split("x")) for t in os.environ["TUNE_MERGES"].split(",")] \
+    if os.environ.get("TUNE_MERGES") else [None]
+for B, ctx in SHAPES:
+    L = {1024: 1000, 5056: 5000}.get(ctx, ctx)   # the model's buckets hold 1,000 and 5,000 tokens
     S = ctx + M * P
     kv = torch.randn(2, 1, B, S, KVH, D, device=dev, dtype=torch.bfloat16)
     q = torch.randn(B, M, H, D, device=dev, dtype=torch.bfloat16)
@@ -51,6 +57,9 @@ for B, ctx, L in [(1, 1024, 1000), (1, 5056, 5000), (8, 1024, 1000), (8, 5056, 5
     k, v = kv[0, 0], kv[1, 0]
     # an ancestor table as the model's decode passes it: each beam's lineage in random beams' slots
     anc = torch.randint(0, M, (B, M, P), device=dev, dtype=torch.int32)
+    # a launcher with split-arrival counters (a variant that merges inside the split kernel) gets standing ones
+    extra = ({"counters": torch.zeros(bca.counter_slots(B, M, H, KVH), dtype=torch.int32, device=dev)}
+             if hasattr(bca, "counter_slots") else {})
     for step in STEPS:
         kw = dict(context_len=ctx, lineage_len=P, step=step, lineage=anc)
         bias = bca.beam_context_bias(lens, beams=M, group=2, slots=S, context_len=ctx, lineage_len=P, step=step,
@@ -65,15 +74,28 @@ for B, ctx, L in [(1, 1024, 1000), (1, 5056, 5000), (8, 1024, 1000), (8, 5056, 5
               f"{(ref.float()-want.float()).abs().max().item():.3g}", flush=True)
         for bm, bn, nw, ns in TILES:
             bca.NUM_WARPS, bca.NUM_STAGES = nw, ns or None   # stages 0: the launcher's choice
-            for splits in SPLITS:
+            for splits, merge in ((sp, mg) for sp in SPLITS for mg in MERGES):
+                if merge is not None:
+                    bca.MERGE_BLOCK_M, bca.MERGE_NUM_WARPS = merge
                 try:
                     f = lambda: bca.beam_context_attention_triton(q, k, v, lens, splits=splits, block_m=bm, block_n=bn,
-                                                                  **kw)
+                                                                  **kw, **extra)
                     got = f()
                     err = (got.float() - want.float()).abs().max().item()
                     auto = bca.split_count(ctx, (512 // bm) * B * KVH, 132) if splits is None else splits
-                    print(f"  bm={bm} bn={bn} warps={nw} stages={ns} splits={splits}({auto}): {timeit(f):.1f} us "
+                    tag = "" if merge is None else f" merge={merge[0]}x{merge[1]}"
+                    print(f"  bm={bm} bn={bn} warps={nw} stages={ns} splits={splits}({auto}){tag}: {timeit(f):.1f} us "
                           f"maxerr {err:.3g}", flush=True)
                 except Exception as e:
                     print(f"  bm={bm} bn={bn} warps={nw} stages={ns} splits={splits}: FAILED {type(e).__name__}: "
                           f"{str(e)[:200]}", flush=True)
+
+# registers and spills of every compiled specialisation, as the driver loaded them
+for name in ("_split_kernel", "_merge_kernel"):
+    fn = getattr(bca, name, None)
+    for caches in getattr(fn, "device_caches", {}).values():
+        for kernel in caches[0].values():
+            try:
+                print(f"{name}: {kernel.n_regs} registers, {kernel.n_spills} spilled, {kernel.metadata.num_warps} warps")
+            except Exception as e:  # a loader without these attributes: say so, the timings above stand
+                print(f"{name}: registers not known ({type(e).__name__})")
