@@ -55,6 +55,10 @@ DEEP_PIPELINE_BLOCKS = 8
 (``runs/results/llm/session-2026-12-04b/tune-variants.txt``) three stages took 8 × 5,056 keys from 230.5
 to 196.3 µs, 8 × 1,024 (16 blocks) from 64.4 to 56.0 and 1 × 5,056 (4 splits of 20 blocks) from 33.0 to
 30.3, while 1 × 1,024 (4 splits of 4 blocks) went from 14.4 to 14.8 µs."""
+LINEAGE_CHUNK_D = 16
+"""Head-dimension columns a lineage key's score sums at a time (:func:`_lineage_keys`). With
+the whole head dimension at once, ptxas (CUDA 12.8, sm_90) spilled a 2,416-byte stack in the
+one-split kernel (batch 8); 32 columns 1,104, 16 columns 816 (664 without the lineage keys)."""
 MIN_SPLIT_KEYS = 256
 """Fewest context keys per split: below it the workspace traffic outweighs the extra programs."""
 MAX_SPLITS = 32
@@ -97,20 +101,29 @@ def _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_
 
 
 @triton.jit
-def _lineage_keys(qf, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i, acc, R, context_len, step,
-                  sk_s, sv_s, qk_scale, G: tl.constexpr, P: tl.constexpr, HAS_ANC: tl.constexpr):
+def _lineage_keys(q_rows, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i, acc, R, D, context_len, step,
+                  sk_s, sv_s, qk_scale, G: tl.constexpr, P: tl.constexpr, BLOCK_D: tl.constexpr,
+                  CHUNK_D: tl.constexpr, HAS_ANC: tl.constexpr):
     """The rows' own lineage keys into their running softmax: one gathered key per row and SID
     position ``t < step``, in the slot of the beam that chose that position's token (the row's
-    ancestor), or the beam's own. ``qf`` holds the rows' queries in float32."""
-    for t in tl.static_range(P):
+    ancestor), or the beam's own. ``q_rows`` points at each row's query. Each score sums
+    ``CHUNK_D`` columns at a time, the query reloaded, so no float32 copy of the whole query
+    tile and the whole gathered key stay live beside ``acc`` (they made the kernel spill)."""
+    for t in range(P):
         ok = r_ok & (t < step)
         if HAS_ANC:
             owner = tl.load(anc_ptr + (b * (R // G) + beam) * P + t, mask=ok, other=0)
         else:
             owner = beam
         slot = context_len + owner * P + t
-        kl = tl.load(k_base + slot[:, None] * sk_s + dd[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.where(ok, tl.sum(qf * kl.to(tl.float32), axis=1) * qk_scale, float("-inf"))
+        s = tl.zeros_like(m_i)
+        for c in range(0, BLOCK_D, CHUNK_D):
+            dc = c + tl.arange(0, CHUNK_D)
+            m2 = ok[:, None] & (dc < D)[None, :]
+            qc = tl.load(q_rows[:, None] + dc[None, :], mask=m2, other=0.0).to(tl.float32)
+            kc = tl.load(k_base + slot[:, None] * sk_s + dc[None, :], mask=m2, other=0.0).to(tl.float32)
+            s += tl.sum(qc * kc, axis=1)
+        s = tl.where(ok, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, s)
         # a row with nothing scored yet keeps -inf; a finite reference keeps it free of NaN
         ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -129,7 +142,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l
                   sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   G: tl.constexpr, P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr, PRECISION: tl.constexpr,
-                  UPCAST: tl.constexpr, EVEN_D: tl.constexpr, HAS_ANC: tl.constexpr):
+                  UPCAST: tl.constexpr, EVEN_D: tl.constexpr, HAS_ANC: tl.constexpr, CHUNK_D: tl.constexpr):
     bh = tl.program_id(1)
     split = tl.program_id(2)
     b = (bh // KVH).to(tl.int64)
@@ -140,7 +153,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l
     dd = tl.arange(0, BLOCK_D)
     r_ok, d_ok = r < R, dd < D
     rd_ok = r_ok[:, None] & d_ok[None, :]
-    q = tl.load(q_ptr + b * sq_b + beam[:, None] * sq_m + head[:, None] * sq_h + dd[None, :], mask=rd_ok, other=0.0)
+    q_rows = q_ptr + b * sq_b + beam * sq_m + head * sq_h
+    q = tl.load(q_rows[:, None] + dd[None, :], mask=rd_ok, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     k_base = k_ptr + b * sk_b + kh * sk_h
@@ -152,8 +166,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l
     # with several splits the merge kernel scores the lineage keys, so no split waits on their
     # dependent loads (the ancestor, then the key); one split scores them here
     if SPLITS == 1:
-        m_i, l_i, acc = _lineage_keys(q.to(tl.float32), k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i,
-                                      acc, R, context_len, step, sk_s, sv_s, qk_scale, G, P, HAS_ANC)
+        m_i, l_i, acc = _lineage_keys(q_rows, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i, acc, R, D,
+                                      context_len, step, sk_s, sv_s, qk_scale, G, P, BLOCK_D, CHUNK_D, HAS_ANC)
 
     length = tl.minimum(tl.load(len_ptr + b).to(tl.int32), context_len)
     start = split * chunk
@@ -193,7 +207,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l
 def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, q_ptr, k_ptr, v_ptr, anc_ptr, R, KVH, D, context_len, step,
                   qk_scale, sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   G: tl.constexpr, P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_D: tl.constexpr, HAS_ANC: tl.constexpr):
+                  BLOCK_D: tl.constexpr, HAS_ANC: tl.constexpr, CHUNK_D: tl.constexpr):
     bh = tl.program_id(1)
     b = (bh // KVH).to(tl.int64)
     kh = bh % KVH
@@ -207,10 +221,9 @@ def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, q_ptr, k_ptr, v_ptr, 
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # the rows' lineage keys first: their loads are independent of the partials' below
-    q = tl.load(q_ptr + b * sq_b + beam[:, None] * sq_m + head[:, None] * sq_h + dd[None, :], mask=rd_ok, other=0.0)
-    m, l_sum, acc = _lineage_keys(q.to(tl.float32), k_ptr + b * sk_b + kh * sk_h, v_ptr + b * sv_b + kh * sv_h,
-                                  anc_ptr, b, beam, r_ok, dd, d_ok, m, l_sum, acc, R, context_len, step,
-                                  sk_s, sv_s, qk_scale, G, P, HAS_ANC)
+    m, l_sum, acc = _lineage_keys(q_ptr + b * sq_b + beam * sq_m + head * sq_h, k_ptr + b * sk_b + kh * sk_h,
+                                  v_ptr + b * sv_b + kh * sv_h, anc_ptr, b, beam, r_ok, dd, d_ok, m, l_sum, acc, R, D,
+                                  context_len, step, sk_s, sv_s, qk_scale, G, P, BLOCK_D, CHUNK_D, HAS_ANC)
     # rolled: unrolled, the splits' loads are all hoisted and spill
     for s in range(SPLITS):
         row = (bh * SPLITS + s).to(tl.int64) * R + r
@@ -336,14 +349,15 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
         BLOCK_D=bd, CHUNK_BLOCKS=chunk // bn if small else 0, PRECISION="tf32" if tf32 else "ieee",
         # the interpreter's tl.dot garbles bfloat16 operands; their float32 copies give the same products
         UPCAST=small and q.dtype == torch.bfloat16, EVEN_D=bd == d, HAS_ANC=lineage is not None,
-        num_warps=4 if small else NUM_WARPS, num_stages=1 if small else pipeline_stages(chunk // bn))
+        CHUNK_D=min(LINEAGE_CHUNK_D, bd), num_warps=4 if small else NUM_WARPS,
+        num_stages=1 if small else pipeline_stages(chunk // bn))
     if n_splits > 1:
         mb = 16 if small else min(MERGE_BLOCK_M, next_pow2(rows))
         _merge_kernel[(cdiv(rows, mb), b * kvh)](
             ws_m, ws_l, ws_acc, out, q, k, v, lengths if lineage is None else lineage, rows, kvh, d, context_len, step,
             scale * LOG2E, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), G=g, P=lineage_len, SPLITS=n_splits, BLOCK_M=mb, BLOCK_D=bd,
-            HAS_ANC=lineage is not None, num_warps=4 if small else MERGE_NUM_WARPS)
+            HAS_ANC=lineage is not None, CHUNK_D=min(LINEAGE_CHUNK_D, bd), num_warps=4 if small else MERGE_NUM_WARPS)
     return out
 
 
