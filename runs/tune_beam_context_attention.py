@@ -57,9 +57,6 @@ for B, ctx in SHAPES:
     k, v = kv[0, 0], kv[1, 0]
     # an ancestor table as the model's decode passes it: each beam's lineage in random beams' slots
     anc = torch.randint(0, M, (B, M, P), device=dev, dtype=torch.int32)
-    # a launcher with split-arrival counters (a variant that merges inside the split kernel) gets standing ones
-    extra = ({"counters": torch.zeros(bca.counter_slots(B, M, H, KVH), dtype=torch.int32, device=dev)}
-             if hasattr(bca, "counter_slots") else {})
     for step in STEPS:
         kw = dict(context_len=ctx, lineage_len=P, step=step, lineage=anc)
         bias = bca.beam_context_bias(lens, beams=M, group=2, slots=S, context_len=ctx, lineage_len=P, step=step,
@@ -79,7 +76,7 @@ for B, ctx in SHAPES:
                     bca.MERGE_BLOCK_M, bca.MERGE_NUM_WARPS = merge
                 try:
                     f = lambda: bca.beam_context_attention_triton(q, k, v, lens, splits=splits, block_m=bm, block_n=bn,
-                                                                  **kw, **extra)
+                                                                  **kw)
                     got = f()
                     err = (got.float() - want.float()).abs().max().item()
                     auto = bca.split_count(ctx, (512 // bm) * B * KVH, 132) if splits is None else splits
