@@ -43,9 +43,9 @@ BLOCK_N = 64
 MERGE_BLOCK_M = 16
 """Query rows per program of the merge kernel on a GPU."""
 MERGE_NUM_WARPS = 8
-"""Warps of a merge program. With 32 rows, 4 warps and the splits' loop unrolled, ptxas
-(CUDA 12.8, sm_90) gave the merge 32 registers and a 6,000-byte stack of spills; 16 rows, 8
-warps and a rolled loop compile to 115 registers and no spill."""
+"""Warps of a merge program. With 32 rows and 4 warps ptxas (CUDA 12.8, sm_90) gave the merge
+32 registers and a 6,000-byte stack of spills; 16 rows and 8 warps (with the lineage scores
+summed in chunks, :data:`LINEAGE_CHUNK_D`) compile to 164 registers and no spill."""
 NUM_WARPS = 4
 NUM_STAGES = None
 """Software-pipelining depth of the key loop on a GPU; ``None`` chooses by the key blocks a split
@@ -58,7 +58,8 @@ to 196.3 µs, 8 × 1,024 (16 blocks) from 64.4 to 56.0 and 1 × 5,056 (4 splits 
 LINEAGE_CHUNK_D = 16
 """Head-dimension columns a lineage key's score sums at a time (:func:`_lineage_keys`). With
 the whole head dimension at once, ptxas (CUDA 12.8, sm_90) spilled a 2,416-byte stack in the
-one-split kernel (batch 8); 32 columns 1,104, 16 columns 816 (664 without the lineage keys)."""
+one-split kernel (batch 8, bfloat16); 64 columns 2,184, 32 columns 760, 16 columns 568 bytes.
+The chunks are unrolled, so the compiler may still issue their loads together."""
 MIN_SPLIT_KEYS = 256
 """Fewest context keys per split: below it the workspace traffic outweighs the extra programs."""
 MAX_SPLITS = 32
@@ -109,7 +110,7 @@ def _lineage_keys(q_rows, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i,
     ancestor), or the beam's own. ``q_rows`` points at each row's query. Each score sums
     ``CHUNK_D`` columns at a time, the query reloaded, so no float32 copy of the whole query
     tile and the whole gathered key stay live beside ``acc`` (they made the kernel spill)."""
-    for t in range(P):
+    for t in tl.static_range(P):
         ok = r_ok & (t < step)
         if HAS_ANC:
             owner = tl.load(anc_ptr + (b * (R // G) + beam) * P + t, mask=ok, other=0)
@@ -117,7 +118,7 @@ def _lineage_keys(q_rows, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i,
             owner = beam
         slot = context_len + owner * P + t
         s = tl.zeros_like(m_i)
-        for c in range(0, BLOCK_D, CHUNK_D):
+        for c in tl.static_range(0, BLOCK_D, CHUNK_D):
             dc = c + tl.arange(0, CHUNK_D)
             m2 = ok[:, None] & (dc < D)[None, :]
             qc = tl.load(q_rows[:, None] + dc[None, :], mask=m2, other=0.0).to(tl.float32)
@@ -224,8 +225,7 @@ def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, q_ptr, k_ptr, v_ptr, 
     m, l_sum, acc = _lineage_keys(q_ptr + b * sq_b + beam * sq_m + head * sq_h, k_ptr + b * sk_b + kh * sk_h,
                                   v_ptr + b * sv_b + kh * sv_h, anc_ptr, b, beam, r_ok, dd, d_ok, m, l_sum, acc, R, D,
                                   context_len, step, sk_s, sv_s, qk_scale, G, P, BLOCK_D, CHUNK_D, HAS_ANC)
-    # rolled: unrolled, the splits' loads are all hoisted and spill
-    for s in range(SPLITS):
+    for s in tl.static_range(SPLITS):
         row = (bh * SPLITS + s).to(tl.int64) * R + r
         ms = tl.load(ws_m_ptr + row, mask=r_ok, other=float("-inf"))
         ls = tl.load(ws_l_ptr + row, mask=r_ok, other=0.0)
