@@ -54,6 +54,27 @@ def test_deletes_apply_at_once_and_adds_swap_in():
     assert not set(after.item_ids[0].tolist()) & set(res.item_ids[0].tolist()) - {None}
 
 
+def test_id_lists_reach_the_decoder_until_items_are_deleted(monkeypatch):
+    # with nothing deleted the store hands the ids on, so the decoder's own list paths (deny ids
+    # resolved in its graph, allow bitmaps, sub-catalogs) serve a store's requests too
+    store, fn = make_store(string_ids=False)
+    decoder = store.current.decoder
+    plain, seen = decoder.decode, []
+    monkeypatch.setattr(decoder, "decode", lambda *a, **k: seen.append(k) or plain(*a, **k))
+    deny = [np.array([0, 3, 9, 12]), None, np.array([6])]
+    res = store.decode(fn, 3, deny_items=deny, normalise="catalog")
+    assert seen[-1]["deny_items"] is deny and seen[-1]["normalise"] == "catalog" and "lists" not in seen[-1]
+    expect = plain(fn, 3, deny_items=deny, normalise="catalog")
+    assert torch.equal(res.result.item_rows, expect.item_rows)
+    gone = int(res.item_ids[1][0])
+    store.apply(deletes=[gone])
+    assert store.current.decoder is decoder  # deleted at once: the same decoder, a global deny segment
+    after = store.decode(fn, 3, deny_items=deny, normalise="catalog")
+    assert seen[-1]["lists"] is not None and "deny_items" not in seen[-1]
+    assert gone not in set(after.item_ids.ravel().tolist())
+    assert not {0, 3, 9, 12} & set(after.item_ids[0].tolist())
+
+
 def test_bad_additions_keep_the_current_version():
     store, _ = make_store()
     cur = store.current

@@ -21,6 +21,7 @@ decode at a time, and no other thread may touch the device while a graph is capt
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -191,18 +192,16 @@ class CatalogStore:
         if not isinstance(v, CatalogVersion):  # a version number would fail as 'int' has no attribute 'decoder'
             raise ZeroGRError(f"snapshot: expected a CatalogVersion (store.current, or a result's .snapshot), "
                               f"got {type(snapshot).__name__}")
-        if v.decoder.gpu_engine is not None:
-            # the lists are built on the GPU: not while another version's graph is captured
-            with self._device:
+        # the lists are built on the GPU: not while another version's graph is captured
+        with self._device if v.decoder.gpu_engine is not None else contextlib.nullcontext():
+            if v.deleted_rows.size:  # the deleted rows join every request's deny list as the global segment
                 lists = v.decoder.request_lists(batch_size, allow_items, deny_items,
                                                 global_deny_rows=v.deleted_rows, normalise=normalise)
                 result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
-                ids = result.item_ids(v.catalog)  # the host copy finishes the decode
-        else:
-            lists = v.decoder.request_lists(batch_size, allow_items, deny_items, global_deny_rows=v.deleted_rows,
-                                            normalise=normalise)
-            result = v.decoder.decode(hidden_fn, batch_size, lists=lists)
-            ids = result.item_ids(v.catalog)
+            else:  # the id lists as given: the decoder's own paths (deny ids, allow bitmaps, sub-catalogs)
+                result = v.decoder.decode(hidden_fn, batch_size, allow_items=allow_items, deny_items=deny_items,
+                                          normalise=normalise)
+            ids = result.item_ids(v.catalog)  # the host copy finishes the decode
         return StoreResult(result, v.version, ids, v)
 
     # ------------------------------------------------------------------ writing

@@ -197,9 +197,12 @@ class Recommender:
         from ..decode.constraints import RequestLists
 
         sids = torch.from_numpy(decoder.catalog.sids.astype(np.int64)).to(self.device)
+        first = decoder.catalog.item_ids[:1]
         for size in self.config.batch_sizes:
             history = [np.zeros(1, dtype=np.int64)] * size
-            # the store runs this under its device lock, as recommend prefills and decodes
+            # the store runs this under its device lock, as recommend prefills and decodes; both
+            # list forms a request takes: item ids (no deleted items) and rows (with the deleted ones)
+            decoder.decode(self._model_input(history, sids), size, deny_items=[first] * size, normalise="catalog")
             decoder.decode(self._model_input(history, sids), size,
                            lists=RequestLists.from_rows(deny=history, normalise="catalog"))
 
