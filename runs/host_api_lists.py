@@ -3,12 +3,14 @@ lists does not (search-like catalog of 2·10^7 SIDs, FP16, H 1,024, beam 128, 10
 request, batch 1 / 8 / 32).
 
     python runs/host_api_lists.py [BATCHES] [--no-cprofile] [--ids=100,10000] [--calls=200] [--kernels] [--profile]
+                                  [--device-ids]
                                   [--pdl-max-batch=N]             (on a GPU, from runs/)
 
 ``--pdl-max-batch`` sets the largest batch whose constrained graphs launch with PDL
 (``zerogr_core.decode.engine.CONSTRAINED_PDL_MAX_BATCH``), for an A/B of that choice in one tree.
 
 ``--ids`` also times deny lists of other lengths through the public API, in both normalisations
+(``--device-ids``: also with each request's ids in a CUDA tensor)
 (the split calls and the profile are then skipped; ``--kernels`` prints each call's kernel table, ``--profile`` a ``cProfile`` of 100 request-normalised calls).
 
 Per batch: whole calls synchronised after each (``Decoder.decode`` with ``deny_items``; the same
@@ -107,6 +109,14 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
                 kernel_table(f"batch {batch} api deny {k} {normalise}", call)
             if "--profile" in sys.argv and normalise == "request":
                 host_profile(call, 100, 14)
+            if "--device-ids" in sys.argv:  # the same ids kept on the GPU by the caller
+                on_gpu = [torch.from_numpy(i).cuda() for i in ids]
+
+                def call_on_gpu():
+                    return dec.decode(model, batch, deny_items=on_gpu, normalise=normalise).item_rows.cpu()
+
+                t = wall_us(call_on_gpu, calls, warmup=10)
+                print(f"   api gpu-deny {k:6d} {normalise:8s} {t:8.1f} us  {t / none:5.2f}x", flush=True)
     print(f"   api none again {wall_us(plain, calls, warmup=10):8.1f} us", flush=True)
     ctx.release()
 

@@ -176,6 +176,17 @@ def test_calls_that_do_not_qualify_keep_the_host_lists():
     assert deny_ids(catalog, 2, [ids[:3], 7], "request") is None  # a bare id: refused elsewhere
     assert deny_ids(catalog, 1, [np.ones((2, 2), dtype=np.int64)], "request") is None
     assert deny_ids(catalog, 1, [[0.5, 2.0]], "request") is None
+    # tensors: on the engine's device they stay tensors, elsewhere on the host they are arrays
+    t = torch.from_numpy(ids[:40])
+    on = deny_ids(catalog, 2, [t, ids[:3]], "request", device="cpu")
+    assert on.parts[0] is t and on.on_device and on.copied and on.width == 64 and on.ends.tolist() == [40, 43]
+    off = deny_ids(catalog, 2, [t, None], "request")
+    assert isinstance(off.parts[0], np.ndarray) and not off.on_device and not off.copied
+    assert deny_ids(catalog, 1, [t.to(torch.int32)], "request", device="cpu").parts[0].dtype == torch.int64
+    assert deny_ids(catalog, 1, [t.double()], "request", device="cpu") is None
+    assert deny_ids(catalog, 1, [t.reshape(2, 20)], "request", device="cpu") is None
+    assert deny_ids(catalog, 1, [t > 3], "request", device="cpu") is None
+    assert deny_ids(catalog, 1, [np.arange(IN_PLACE_WIDTH + 1)], "request").copied  # too wide to read in place
 
 
 def test_id_lists_leave_the_device_table_to_the_engine():
@@ -252,6 +263,30 @@ def test_engine_decodes_deny_ids_as_host_lists(plan, normalise):
     assert widths == [IN_PLACE_WIDTH, 4096]
 
 
+@over_plans
+def test_engine_decodes_device_deny_ids_as_host_lists(plan, normalise):
+    """Ids in tensors on the engine's device (here the CPU's), alone or beside numpy ids, decode as
+    the host lists of the same ids; their shape copies the ids into the device block, apart from the
+    shape whose ids are read where the call wrote them."""
+    catalog, index, model, engine, ref = engine_case(plan)
+    ids = catalog.item_ids
+    t = torch.from_numpy
+    calls = [[t(ids[:20]), None, t(np.array([ids[7], ids[7], -1, 10**9]))],
+             [ids[::11], t(ids[50:60]).to(torch.int32), t(np.array([], dtype=np.int64))],
+             [t(np.tile(ids, 5)), ids[:3], None],  # 1,500 ids
+             [t(ids[3:6]), None, ids[40:45]]]  # narrower again
+    for deny in calls:
+        fast = deny_ids(catalog, 3, deny, normalise, device=index.device)
+        assert fast.on_device
+        assert_decodes_as(engine, ref, model, fast, ref.request_lists(3, None, deny, normalise=normalise, path="host"))
+        numpy_ids = [None if d is None else np.asarray(d) for d in deny]
+        assert_decodes_as(engine, ref, model, deny_ids(catalog, 3, numpy_ids, normalise),
+                          ref.request_lists(3, None, numpy_ids, normalise=normalise, path="host"))
+    shapes = {key[-1]: shape.lists for key, shape in engine._shapes.items() if "lists" in key}
+    assert set(shapes) == {("ids", True), ("ids", False)} and shapes[("ids", True)].width == IN_PLACE_WIDTH
+    assert not shapes[("ids", True)].in_place
+
+
 @pytest.mark.parametrize("normalise", ["request", "catalog"])
 def test_steps_whose_prefixes_outgrow_the_width_run_without_lists(normalise):
     """Every item of 8 × 8 × 8: the first step's successors hold 64 rows, more than 16 ids can
@@ -298,6 +333,9 @@ def test_public_api_deny_only_calls_on_the_engine(order):
         host = ref.request_lists(3, None, deny, normalise=normalise, path="host")
         assert_result_as(dec.decode(model, 3, deny_items=deny, normalise=normalise), ref.decode(model, 3, lists=host),
                          host)
+        on_device = [None if d is None else torch.from_numpy(d) for d in deny]  # the index's device: the CPU
+        assert_result_as(dec.decode(model, 3, deny_items=on_device, normalise=normalise),
+                         ref.decode(model, 3, lists=host), host)
     with pytest.raises(ZeroGRError, match="deny_items"):
         dec.decode(model, 3, deny_items=[ids[:4], 7, None])
 
@@ -340,6 +378,13 @@ def test_cuda_public_api_deny_ids_equal_host_lists(engine):
             assert dec.gpu_engine.graph_error is None
             host = dec.request_lists(batch, None, deny, normalise=normalise, path="host")
             assert_result_as(got, dec.gpu_engine.decode(hidden_fn, batch, lists=host), host)
+            # the same ids in CUDA tensors: copied device to device, never read in place
+            on_gpu = [None if d is None else torch.from_numpy(d).cuda() for d in deny]
+            assert deny_ids(catalog, batch, on_gpu, normalise, device=index.device).copied
+            assert np.array_equal(dec.request_lists(batch, None, on_gpu, normalise=normalise, path="host").rows,
+                                  host.rows)  # the host path takes them too
+            assert_result_as(dec.decode(hidden_fn, batch, deny_items=on_gpu, normalise=normalise),
+                             dec.gpu_engine.decode(hidden_fn, batch, lists=host), host)
         # calls queued without a synchronisation between them: each call's ids wait for the
         # previous decode to have read the pinned block before they overwrite it (read in place
         # up to IN_PLACE_WIDTH ids, copied past it)

@@ -223,6 +223,8 @@ def _id_array(items, what: str, request: int | None = None) -> np.ndarray:
     if type(items) is np.ndarray and items.ndim == 1:  # as most callers pass ids: nothing to convert
         return items
     given = type(items).__name__
+    if isinstance(items, torch.Tensor):  # on any device: its ids cross to the host here
+        items = items.detach().cpu()
     arr = np.asarray(items if not isinstance(items, (set, frozenset)) else list(items))
     if arr.ndim != 1:
         named = what if request is None else f"{what}[{request}]"

@@ -302,17 +302,17 @@ class Decoder:
         batch_size : int
         allow_items, deny_items : sequence of ``batch_size`` entries, or str, optional
             Per request, only the allowed items / none of the denied items are returned.
-            An entry is an item-id array (ids as in ``catalog``; ids not in it are
-            skipped), the name of a list registered with :meth:`register_items`, or
-            ``None``; a single name stands for every request. Enforced during decoding:
+            An entry is an item-id array or 1-D integer tensor (ids as in ``catalog``; ids
+            not in it are skipped), the name of a list registered with :meth:`register_items`,
+            or ``None``; a single name stands for every request. Enforced during decoding:
             prefixes without an allowed item below them are never scored or kept, and
             filtering first normalises as ``normalise`` says. A request with fewer
             allowed items than ``beam_width`` gets them all, then padding (row -1, score
             -inf). Costs (docs/constraints.md): no list, or only empty ones, takes the
             list-free path; deny-only calls of at most 65,536 integer ids per request cost a
             write of the ids into pinned memory, which the captured graph turns into rows (up to
-            2,048 ids per request it reads them there, with no copy;
-            :mod:`zerogr_core.decode.id_lists`); other ids cost a lookup and a sort of the
+            2,048 ids per request it reads them there, with no copy; ids in tensors on the
+            index's device cross device to device; :mod:`zerogr_core.decode.id_lists`); other ids cost a lookup and a sort of the
             batch's listed rows (on the host, or on the GPU for many ids) and one copy; a registered allow set with its own index, named by
             every request, decodes over its sub-catalog with no list; a registered deny
             set named by every request stays on the device. See
@@ -426,7 +426,7 @@ class Decoder:
         if allow_items is not None and (isinstance(allow_items, (str, bytes)) or not hasattr(allow_items, "__len__")
                                         or len(allow_items) != batch_size or any(a is not None for a in allow_items)):
             return None
-        return _list_modules()[2].deny_ids(self.catalog, batch_size, deny_items, normalise)
+        return _list_modules()[2].deny_ids(self.catalog, batch_size, deny_items, normalise, self.index.device)
 
     def _allow_ids(self, batch_size: int, allow_items, deny_items, normalise: str, timer, on_step):
         """Allow ids the engine turns into bitmaps inside its graph (:class:`~zerogr_core.decode.id_lists.AllowIds`),

@@ -231,14 +231,18 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
     return first.as_strided((sum(p.numel() for p in parts),), (1,))
 
 
+def on_device(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether tensor ``t`` is on ``device`` (``"cuda"`` without an index meaning the current GPU)."""
+    if t.device.type != device.type:
+        return False
+    index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
+    return t.device.index == index
+
+
 def _crosses_as_is(t: torch.Tensor, device: torch.device) -> bool:
     """Whether tensor ``t`` reaches ``device`` without a gather into pinned memory: it is there
-    already (``"cuda"`` without an index meaning the current GPU), or it is pinned."""
-    if t.device.type == device.type:
-        index = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
-        if t.device.index == index:
-            return True
-    return t.device.type == "cpu" and t.is_pinned()
+    already, or it is pinned."""
+    return on_device(t, device) or (t.device.type == "cpu" and t.is_pinned())
 
 
 PARALLEL_GATHER = 1 << 15

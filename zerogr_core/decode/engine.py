@@ -32,7 +32,6 @@ import torch
 from zerogr_kernels import (TOPK_PATHS, BeamGroups, FilterOut, TopkOut, filter_slots, full_proj, group_beams,
                             log_softmax_slots, selective_proj, shared_selective_proj, topk_gather)
 from zerogr_kernels._common import pdl_disabled
-from zerogr_kernels.deny_ids import IN_PLACE_WIDTH
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex, StepMapping
@@ -426,15 +425,15 @@ class GpuEngine:
         normalisation has its own shape, so request-normalised lists never run the
         catalog-normalised pass. Deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`),
         which the shape resolves on the device, have two shapes per normalisation: widths whose
-        ids the first kernel reads in place from pinned memory and wider ones, copied first
-        (:data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH`), each
+        ids the first kernel reads in place from pinned memory, and wider ones or ids already on
+        the device, copied first (:attr:`~zerogr_core.decode.id_lists.DenyIds.copied`), each
         grown to the widest call so far and serving every narrower one, so GPU memory stays
         bounded whatever the list sizes. Allow ids (:class:`~zerogr_core.decode.id_lists.AllowIds`)
         have one shape per normalisation, its id buffer grown by powers of two, whose first kernel
         turns them into bitmaps of alive successors."""
         width = getattr(lists, "width", 0)
         bitmaps = isinstance(lists, AllowIds)
-        kind = (("ids", width > IN_PLACE_WIDTH),) if width else (("allow-ids",) if bitmaps else ())
+        kind = (("ids", lists.copied),) if width else (("allow-ids",) if bitmaps else ())
         key = self.key(batch) + ("lists", lists.normalise) + kind
         shape = self._shapes.get(key)
         by_ids = bool(width) or bitmaps

@@ -29,11 +29,11 @@ import torch
 
 from zerogr_kernels.allow_nodes import derive_tables, node_layout, rank_tables
 from zerogr_kernels.constraints import ALLOW, CATALOG_NORMALISED
-from zerogr_kernels.deny_ids import MAX_IDS
+from zerogr_kernels.deny_ids import IN_PLACE_WIDTH, MAX_IDS
 
 from ..catalog.item_ids import fits_int64
 from .constraints import row_starts
-from .device_lists import _crosses_as_is
+from .device_lists import _crosses_as_is, on_device
 
 MIN_WIDTH = 16
 """Narrowest padded id row: shapes differ only past it, by powers of two."""
@@ -82,7 +82,8 @@ class IdLists:
 
 @dataclass
 class DenyIds(IdLists):
-    """Deny ids (:class:`ListBuffers` width mode): numpy ``parts``, and
+    """Deny ids (:class:`ListBuffers` width mode): numpy ``parts`` or int64 tensors on the engine's
+    device, and
 
     Attributes
     ----------
@@ -96,6 +97,18 @@ class DenyIds(IdLists):
     def empty(self) -> bool:
         """Whether nothing is listed (ids that all miss the catalog still count as listed)."""
         return not self.parts
+
+    @property
+    def on_device(self) -> bool:
+        """Whether some request's ids are a tensor on the engine's device."""
+        return any(isinstance(p, torch.Tensor) for p in self.parts)
+
+    @property
+    def copied(self) -> bool:
+        """Whether the ids cross into the device block before the graph reads them: lists wider
+        than :data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH`, or ids already on the device;
+        the others are read where the call wrote them, in pinned memory."""
+        return self.width > IN_PLACE_WIDTH or self.on_device
 
     @property
     def total_rows(self) -> int:
@@ -114,11 +127,23 @@ class DenyIds(IdLists):
 
 
 _INT64 = np.dtype(np.int64)
+_UNSIGNED_WIDE = tuple(getattr(torch, t) for t in ("uint16", "uint32", "uint64") if hasattr(torch, t))
 
 
-def _as_ids(entry) -> np.ndarray | None:
+def _as_ids(entry, device=None):
     """One request's entry as a 1-D integer array, or ``None`` when it is of another kind (a name,
-    a bare id, text or floats, arrays of other shapes: the host path decides, or refuses)."""
+    a bare id, text or floats, arrays of other shapes: the host path decides, or refuses). A
+    tensor on ``device`` stays there (as int64), a CPU tensor becomes its array, a tensor on
+    another device is left to the lists' other paths."""
+    if isinstance(entry, torch.Tensor):
+        if entry.ndim != 1 or entry.is_floating_point() or entry.is_complex() or entry.dtype == torch.bool \
+                or entry.dtype in _UNSIGNED_WIDE:
+            return None
+        if device is not None and on_device(entry, torch.device(device)):
+            return entry if entry.dtype == torch.int64 else entry.to(torch.int64)
+        if entry.device.type != "cpu":
+            return None
+        entry = entry.detach().numpy()
     try:
         p = entry if type(entry) is np.ndarray else np.asarray(entry)
     except (TypeError, ValueError):
@@ -127,11 +152,12 @@ def _as_ids(entry) -> np.ndarray | None:
     return p if p.ndim == 1 and (not p.size or (p.dtype.kind in "iu" and fits_int64(p))) else None
 
 
-def deny_ids(catalog, batch: int, deny_items, normalise: str) -> DenyIds | None:
+def deny_ids(catalog, batch: int, deny_items, normalise: str, device=None) -> DenyIds | None:
     """:class:`DenyIds` of a call, or ``None`` when the call does not qualify (the caller then
     builds :class:`~zerogr_core.decode.constraints.RequestLists`): a catalog with a dense
     integer id table, and ``deny_items`` a sequence of ``batch`` entries that are each ``None``
-    or integer ids, at most :data:`~zerogr_kernels.deny_ids.MAX_IDS` of them."""
+    or integer ids, at most :data:`~zerogr_kernels.deny_ids.MAX_IDS` of them. Ids in a tensor on
+    ``device`` (the engine's) stay there: the call then copies them device to device."""
     if isinstance(deny_items, (str, bytes)) or not hasattr(deny_items, "__len__") or len(deny_items) != batch:
         return None
     # one pass, no per-call imports: this is host time a batch-1 call waits for
@@ -140,10 +166,10 @@ def deny_ids(catalog, batch: int, deny_items, normalise: str) -> DenyIds | None:
     for e in deny_items:
         if e is not None:
             # a 1-D int64 array, the common entry, needs no conversion and no check
-            p = e if type(e) is np.ndarray and e.dtype is _INT64 and e.ndim == 1 else _as_ids(e)
+            p = e if type(e) is np.ndarray and e.dtype is _INT64 and e.ndim == 1 else _as_ids(e, device)
             if p is None:
                 return None
-            n = p.size
+            n = p.shape[0]
             if n:
                 parts.append(p)
                 total += n

@@ -72,7 +72,8 @@ class ListBuffers:
     read, with no event recorded on the host per call.
     """
 
-    def __init__(self, batch: int, capacity: int, device, n_rows: int = 1, width: int = 0, nodes=None):
+    def __init__(self, batch: int, capacity: int, device, n_rows: int = 1, width: int = 0, nodes=None,
+                 copy_ids: bool = False):
         device = torch.device(device)
         self.batch, self.capacity, self.width = batch, capacity, width
         # bitmap mode (allow ids): ``capacity`` ids, each request's bitmaps of alive successors, no rows
@@ -109,7 +110,7 @@ class ListBuffers:
         self.loaded_glob = None
         self.table = None  # id modes: the id table the captured graph reads, of the catalog lookup below
         self.lookup = None
-        self.in_place = bool(cuda and width and width <= IN_PLACE_WIDTH)
+        self.in_place = bool(cuda and width and width <= IN_PLACE_WIDTH and not copy_ids)
         self.header_loaded = None  # width mode: the requests' mode last written (and, in place, copied)
         if self.in_place:  # the kernel's views of the pinned block
             self.id_offsets = self.host[2 * batch + 2:self.header]
@@ -157,6 +158,12 @@ class ListBuffers:
             self.header_loaded = lists.mode
         host[2 * b + 3:h] = lists.ends
         n = lists.n_ids
+        if lists.on_device:  # never in place (the shape's key): numpy ids cross with the header, tensors after
+            gathered, tensors = place_ids(lists.parts, self.host, h)
+            self.block[:gathered].copy_(self.host[:gathered], non_blocking=True)
+            copy_tensors(tensors, self.block)
+            self._guard()
+            return
         if n:
             np.concatenate(lists.parts, out=host[h:h + n])
         if not self.in_place:
@@ -248,7 +255,7 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     dev = index.device
     width = getattr(ids, "width", 0)
     tables = node_tables(index) if isinstance(ids, AllowIds) else None
-    buffers = ListBuffers(batch, capacity, dev, index.n_items, width, tables)
+    buffers = ListBuffers(batch, capacity, dev, index.n_items, width, tables, copy_ids=getattr(ids, "copied", False))
     if ids is not None:  # under the engine's lock: a first copy of the table never meets a capture
         buffers.lookup = ids.lookup
         base, buffers.table = lookup_table(ids.lookup, dev)
