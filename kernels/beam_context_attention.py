@@ -43,9 +43,10 @@ BLOCK_N = 64
 MERGE_BLOCK_M = 16
 """Query rows per program of the merge kernel on a GPU."""
 MERGE_NUM_WARPS = 8
-"""Warps of a merge program. With 32 rows and 4 warps ptxas (CUDA 12.8, sm_90) gave the merge
-32 registers and a 6,000-byte stack of spills; 16 rows and 8 warps (with the lineage scores
-summed in chunks, :data:`LINEAGE_CHUNK_D`) compile to 164 registers and no spill."""
+"""Warps of a merge program. On a lent H100 (``runs/results/llm/session-2026-12-06/``) 16 rows and
+8 warps, with the lineage scores summed in chunks (:data:`LINEAGE_CHUNK_D`), took 14.7 and 30.6 µs a
+call at 1 × 1,024 and 1 × 5,056 keys, against 15.1 and 31.3 with 32 rows, 4 warps and whole-head
+scores, and 15.5 and 31.3 with 32 rows, 4 warps and the chunks."""
 NUM_WARPS = 4
 NUM_STAGES = None
 """Software-pipelining depth of the key loop on a GPU; ``None`` chooses by the key blocks a split
@@ -56,10 +57,10 @@ DEEP_PIPELINE_BLOCKS = 8
 to 196.3 µs, 8 × 1,024 (16 blocks) from 64.4 to 56.0 and 1 × 5,056 (4 splits of 20 blocks) from 33.0 to
 30.3, while 1 × 1,024 (4 splits of 4 blocks) went from 14.4 to 14.8 µs."""
 LINEAGE_CHUNK_D = 16
-"""Head-dimension columns a lineage key's score sums at a time (:func:`_lineage_keys`). With
-the whole head dimension at once, ptxas (CUDA 12.8, sm_90) spilled a 2,416-byte stack in the
-one-split kernel (batch 8, bfloat16); 64 columns 2,184, 32 columns 760, 16 columns 568 bytes.
-The chunks are unrolled, so the compiler may still issue their loads together."""
+"""Head-dimension columns a lineage key's score sums at a time in the merge kernel
+(:func:`_lineage_keys`; the chunks are unrolled, so the compiler may still issue their loads
+together). The one-split kernel sums the whole head at once: chunked, it took 59.5 against 57.0 µs
+at 8 × 1,024 keys on the H100 (249 registers against 229, neither spilling there)."""
 MIN_SPLIT_KEYS = 256
 """Fewest context keys per split: below it the workspace traffic outweighs the extra programs."""
 MAX_SPLITS = 32
@@ -102,14 +103,15 @@ def _context_block(q, k_base, v_base, n0, end, m_i, l_i, acc, sk_s, sv_s, dd, d_
 
 
 @triton.jit
-def _lineage_keys(q_rows, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i, acc, R, D, context_len, step,
-                  sk_s, sv_s, qk_scale, G: tl.constexpr, P: tl.constexpr, BLOCK_D: tl.constexpr,
-                  CHUNK_D: tl.constexpr, HAS_ANC: tl.constexpr):
+def _lineage_keys(q_rows, q, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i, acc, R, D, context_len,
+                  step, sk_s, sv_s, qk_scale, G: tl.constexpr, P: tl.constexpr, BLOCK_D: tl.constexpr,
+                  CHUNK_D: tl.constexpr, TILE: tl.constexpr, HAS_ANC: tl.constexpr):
     """The rows' own lineage keys into their running softmax: one gathered key per row and SID
     position ``t < step``, in the slot of the beam that chose that position's token (the row's
-    ancestor), or the beam's own. ``q_rows`` points at each row's query. Each score sums
-    ``CHUNK_D`` columns at a time, the query reloaded, so no float32 copy of the whole query
-    tile and the whole gathered key stay live beside ``acc`` (they made the kernel spill)."""
+    ancestor), or the beam's own. With ``TILE`` each score is one product with ``q``, the rows'
+    query tile the caller holds; without, ``q_rows`` points at each row's query and each score
+    sums ``CHUNK_D`` columns at a time, the query reloaded, so no float32 copy of the whole query
+    tile and the whole gathered key stay live beside ``acc``."""
     for t in tl.static_range(P):
         ok = r_ok & (t < step)
         if HAS_ANC:
@@ -117,13 +119,17 @@ def _lineage_keys(q_rows, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i,
         else:
             owner = beam
         slot = context_len + owner * P + t
-        s = tl.zeros_like(m_i)
-        for c in tl.static_range(0, BLOCK_D, CHUNK_D):
-            dc = c + tl.arange(0, CHUNK_D)
-            m2 = ok[:, None] & (dc < D)[None, :]
-            qc = tl.load(q_rows[:, None] + dc[None, :], mask=m2, other=0.0).to(tl.float32)
-            kc = tl.load(k_base + slot[:, None] * sk_s + dc[None, :], mask=m2, other=0.0).to(tl.float32)
-            s += tl.sum(qc * kc, axis=1)
+        if TILE:
+            kl = tl.load(k_base + slot[:, None] * sk_s + dd[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+            s = tl.sum(q.to(tl.float32) * kl.to(tl.float32), axis=1)
+        else:
+            s = tl.zeros_like(m_i)
+            for c in tl.static_range(0, BLOCK_D, CHUNK_D):
+                dc = c + tl.arange(0, CHUNK_D)
+                m2 = ok[:, None] & (dc < D)[None, :]
+                qc = tl.load(q_rows[:, None] + dc[None, :], mask=m2, other=0.0).to(tl.float32)
+                kc = tl.load(k_base + slot[:, None] * sk_s + dc[None, :], mask=m2, other=0.0).to(tl.float32)
+                s += tl.sum(qc * kc, axis=1)
         s = tl.where(ok, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, s)
         # a row with nothing scored yet keeps -inf; a finite reference keeps it free of NaN
@@ -143,7 +149,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l
                   sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   G: tl.constexpr, P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr, PRECISION: tl.constexpr,
-                  UPCAST: tl.constexpr, EVEN_D: tl.constexpr, HAS_ANC: tl.constexpr, CHUNK_D: tl.constexpr):
+                  UPCAST: tl.constexpr, EVEN_D: tl.constexpr, HAS_ANC: tl.constexpr):
     bh = tl.program_id(1)
     split = tl.program_id(2)
     b = (bh // KVH).to(tl.int64)
@@ -167,8 +173,9 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l
     # with several splits the merge kernel scores the lineage keys, so no split waits on their
     # dependent loads (the ancestor, then the key); one split scores them here
     if SPLITS == 1:
-        m_i, l_i, acc = _lineage_keys(q_rows, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i, acc, R, D,
-                                      context_len, step, sk_s, sv_s, qk_scale, G, P, BLOCK_D, CHUNK_D, HAS_ANC)
+        m_i, l_i, acc = _lineage_keys(q_rows, q, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m_i, l_i, acc, R,
+                                      D, context_len, step, sk_s, sv_s, qk_scale, G, P, BLOCK_D, BLOCK_D, True,
+                                      HAS_ANC)
 
     length = tl.minimum(tl.load(len_ptr + b).to(tl.int32), context_len)
     start = split * chunk
@@ -222,9 +229,10 @@ def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, q_ptr, k_ptr, v_ptr, 
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # the rows' lineage keys first: their loads are independent of the partials' below
-    m, l_sum, acc = _lineage_keys(q_ptr + b * sq_b + beam * sq_m + head * sq_h, k_ptr + b * sk_b + kh * sk_h,
-                                  v_ptr + b * sv_b + kh * sv_h, anc_ptr, b, beam, r_ok, dd, d_ok, m, l_sum, acc, R, D,
-                                  context_len, step, sk_s, sv_s, qk_scale, G, P, BLOCK_D, CHUNK_D, HAS_ANC)
+    q_rows = q_ptr + b * sq_b + beam * sq_m + head * sq_h
+    m, l_sum, acc = _lineage_keys(q_rows, q_rows, k_ptr + b * sk_b + kh * sk_h, v_ptr + b * sv_b + kh * sv_h, anc_ptr,
+                                  b, beam, r_ok, dd, d_ok, m, l_sum, acc, R, D, context_len, step, sk_s, sv_s, qk_scale,
+                                  G, P, BLOCK_D, CHUNK_D, False, HAS_ANC)
     for s in tl.static_range(SPLITS):
         row = (bh * SPLITS + s).to(tl.int64) * R + r
         ms = tl.load(ws_m_ptr + row, mask=r_ok, other=float("-inf"))
@@ -349,7 +357,7 @@ def beam_context_attention_triton(q, k, v, lengths, *, context_len: int, lineage
         BLOCK_D=bd, CHUNK_BLOCKS=chunk // bn if small else 0, PRECISION="tf32" if tf32 else "ieee",
         # the interpreter's tl.dot garbles bfloat16 operands; their float32 copies give the same products
         UPCAST=small and q.dtype == torch.bfloat16, EVEN_D=bd == d, HAS_ANC=lineage is not None,
-        CHUNK_D=min(LINEAGE_CHUNK_D, bd), num_warps=4 if small else NUM_WARPS,
+        num_warps=4 if small else NUM_WARPS,
         num_stages=1 if small else pipeline_stages(chunk // bn))
     if n_splits > 1:
         mb = 16 if small else min(MERGE_BLOCK_M, next_pow2(rows))

@@ -3,9 +3,14 @@
 Run from the repository root on any machine (no GPU needed): python runs/probe_kernel_spills.py [TOP]
 It records the launches of tests/test_kernels_compile.py's shape grid, compiles each distinct
 specialisation to PTX and runs Triton's own ptxas on it with -v, then prints the TOP (default 40)
-specialisations with the largest spill stack, and how many spill at all. A kernel that spills keeps
-part of its working set in local memory: the decode attention's merge kernel ran with 32 registers
-and a 6,000-byte stack before it was retiled.
+specialisations with the largest spill stack, and how many spill at all.
+
+What it reports is this machine's ptxas, not the lent GPU's compile: the decode attention's merge
+kernel of commit f6a5c11 compiles here to 32 registers and a 6,000-byte stack (ptxas 12.8 and 13.0
+alike), while on a lent H100 the driver loaded it with 180 registers and no local memory
+(runs/results/llm/session-2026-12-06/tune-head.txt). Confirm a stack on the device
+(runs/tune_beam_context_attention.py prints each loaded kernel's registers and spills) before
+acting on it.
 """
 import importlib
 import importlib.util

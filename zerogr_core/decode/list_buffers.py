@@ -161,7 +161,10 @@ class ListBuffers:
         if lists.on_device:  # never in place (the shape's key): numpy ids cross with the header, tensors after
             gathered, tensors = place_ids(lists.parts, self.host, h)
             self.block[:gathered].copy_(self.host[:gathered], non_blocking=True)
-            copy_tensors(tensors, self.block)
+            if len(tensors) == len(lists.parts):  # one launch for the batch (a copy per request cost more)
+                torch.cat(lists.parts, out=self.block[h:h + n])
+            else:
+                copy_tensors(tensors, self.block)
             self._guard()
             return
         if n:
