@@ -89,19 +89,17 @@ class DenyIds(IdLists):
     ----------
     width : int
         A power of two, at least every count: the rows each request's list holds on the device.
+    on_device : bool
+        Whether some request's ids are a tensor on the engine's device.
     """
 
     width: int = MIN_WIDTH
+    on_device: bool = False
 
     @property
     def empty(self) -> bool:
         """Whether nothing is listed (ids that all miss the catalog still count as listed)."""
         return not self.parts
-
-    @property
-    def on_device(self) -> bool:
-        """Whether some request's ids are a tensor on the engine's device."""
-        return any(isinstance(p, torch.Tensor) for p in self.parts)
 
     @property
     def copied(self) -> bool:
@@ -163,6 +161,7 @@ def deny_ids(catalog, batch: int, deny_items, normalise: str, device=None) -> De
     # one pass, no per-call imports: this is host time a batch-1 call waits for
     parts, ends = [], []
     total = longest = 0
+    tensors = False
     for e in deny_items:
         if e is not None:
             # a 1-D int64 array, the common entry, needs no conversion and no check
@@ -171,6 +170,7 @@ def deny_ids(catalog, batch: int, deny_items, normalise: str, device=None) -> De
                 return None
             n = p.shape[0]
             if n:
+                tensors = tensors or type(p) is not np.ndarray
                 parts.append(p)
                 total += n
                 if n > longest:
@@ -184,7 +184,7 @@ def deny_ids(catalog, batch: int, deny_items, normalise: str, device=None) -> De
     width = MIN_WIDTH
     while width < longest:
         width *= 2
-    return DenyIds(parts, np.array(ends, dtype=np.int64), lookup, catalog.n_items, normalise, width)
+    return DenyIds(parts, np.array(ends, dtype=np.int64), lookup, catalog.n_items, normalise, width, tensors)
 
 
 MAX_NODE_BYTES = 1 << 30
