@@ -3,14 +3,15 @@ lists does not (search-like catalog of 2·10^7 SIDs, FP16, H 1,024, beam 128, 10
 request, batch 1 / 8 / 32).
 
     python runs/host_api_lists.py [BATCHES] [--no-cprofile] [--ids=100,10000] [--calls=200] [--kernels] [--profile]
-                                  [--device-ids]
+                                  [--device-ids] [--registered]
                                   [--pdl-max-batch=N]             (on a GPU, from runs/)
 
 ``--pdl-max-batch`` sets the largest batch whose constrained graphs launch with PDL
 (``zerogr_core.decode.engine.CONSTRAINED_PDL_MAX_BATCH``), for an A/B of that choice in one tree.
 
 ``--ids`` also times deny lists of other lengths through the public API, in both normalisations
-(``--device-ids``: also with each request's ids in a CUDA tensor)
+(``--device-ids``: also with each request's ids in a CUDA tensor; ``--registered``: also as a deny
+set registered once and named by every request, request-normalised)
 (the split calls and the profile are then skipped; ``--kernels`` prints each call's kernel table, ``--profile`` a ``cProfile`` of 100 request-normalised calls).
 
 Per batch: whole calls synchronised after each (``Decoder.decode`` with ``deny_items``; the same
@@ -117,6 +118,20 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
 
                 t = wall_us(call_on_gpu, calls, warmup=10)
                 print(f"   api gpu-deny {k:6d} {normalise:8s} {t:8.1f} us  {t / none:5.2f}x", flush=True)
+        if "--registered" in sys.argv:  # the first request's ids as a standing set every request names
+            name = f"deny-{k}"
+            dec.register_items(name, ids[0], kind="deny")
+
+            def call_named():
+                return dec.decode(model, batch, deny_items=name).item_rows.cpu()
+
+            t = wall_us(call_named, calls, warmup=10)
+            print(f"   api registered-deny {k:6d} request {t:8.1f} us  {t / none:5.2f}x", flush=True)
+            if "--kernels" in sys.argv:
+                kernel_table(f"batch {batch} api registered deny {k}", call_named)
+            if "--profile" in sys.argv:
+                host_profile(call_named, 100, 14)
+            dec.unregister_items(name)
     print(f"   api none again {wall_us(plain, calls, warmup=10):8.1f} us", flush=True)
     ctx.release()
 
