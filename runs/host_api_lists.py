@@ -126,7 +126,9 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
                 return dec.decode(model, batch, deny_items=name).item_rows.cpu()
 
             t = wall_us(call_named, calls, warmup=10)
-            print(f"   api registered-deny {k:6d} request {t:8.1f} us  {t / none:5.2f}x", flush=True)
+            same = torch.equal(call_named(), dec.decode(model, batch, deny_items=[ids[0]] * batch).item_rows.cpu())
+            print(f"   api registered-deny {k:6d} request {t:8.1f} us  {t / none:5.2f}x  "
+                  f"(items as the same ids per call: {same})", flush=True)
             if "--kernels" in sys.argv:
                 kernel_table(f"batch {batch} api registered deny {k}", call_named)
             if "--profile" in sys.argv:

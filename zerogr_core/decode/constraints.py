@@ -35,6 +35,7 @@ import torch
 
 from zerogr_kernels.constraints import CATALOG_NORMALISED, constrain_slots, search_iterations
 from zerogr_kernels.scored_constraints import constrain_scored_slots
+from zerogr_kernels.list_spans import run_bound
 from zerogr_kernels.row_marks import mark_rows, mark_shift, mark_words
 
 from ..errors import ZeroGRError
@@ -94,6 +95,22 @@ def row_floors(index: StepIndex) -> list[int]:
                   for starts in row_starts(index)]
         _ROW_FLOORS[index] = cached
     return cached
+
+
+_GLOB_RUNS: dict = {}
+
+
+def _glob_run(glob: np.ndarray) -> int:
+    """:func:`~zerogr_kernels.list_spans.run_bound` of a sorted global deny array, kept by the
+    array's identity while it lives (at most a few dozen arrays are kept)."""
+    hit = _GLOB_RUNS.get(id(glob))
+    if hit is not None and hit[0]() is glob:
+        return hit[1]
+    value = run_bound(torch.from_numpy(np.ascontiguousarray(glob)))
+    if len(_GLOB_RUNS) >= 64:
+        _GLOB_RUNS.clear()
+    _GLOB_RUNS[id(glob)] = (weakref.ref(glob), value)
+    return value
 
 
 def row_starts_bytes(index: StepIndex) -> int:
@@ -179,6 +196,26 @@ class RequestLists:
         if self.mode[request] == 1:
             return hit
         return ~hit & ~np.isin(rows, self.glob)
+
+    def emptiable(self) -> int | None:
+        """The most rows of one prefix any request's lists could empty, as far as the host knows
+        without reading the rows (``None`` when a request allows: an allow list empties every
+        prefix it lists nothing of). For request ``r`` with ``k`` rows, beside ``g`` global rows
+        whose longest run of consecutive rows is at most ``s_g``, that is ``min(k + g,
+        k + (k + 1)·s_g, g + (g + 1)·k)``, the filters' bound
+        (:class:`~zerogr_kernels.constraints.SlotLists`' ``spans``) with the request's own run
+        taken at its longest, ``k``; ``s_g`` is computed once per global array (a registered deny
+        set or a catalog version's deletions is the same array call after call). A step whose
+        every successor holds more rows (:func:`row_floors`) keeps all its slots under these lists."""
+        if (self.mode & 1).any():
+            return None
+        k = np.diff(self.offsets)
+        g = int(self.glob.size)
+        if not g:
+            return int(k.max()) if k.size else 0
+        s_g = _glob_run(self.glob)
+        reach = np.minimum(np.minimum(k + g, k + (k + 1) * s_g), g + (g + 1) * k)
+        return int(reach.max()) if reach.size else 0
 
     def device_offsets(self) -> np.ndarray:
         """``(batch + 2,)`` offsets of the device buffer: global segment, then the requests."""

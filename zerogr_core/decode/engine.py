@@ -38,7 +38,7 @@ from ..index.layout import StepIndex, StepMapping
 from ..timing import capture, warm_up
 from .heads import Heads
 from .id_lists import AllowIds
-from .list_buffers import attach_lists, capacity_for, load_lists
+from .list_buffers import attach_lists, capacity_for, listed_from, load_lists
 from .options import MODES, PLANNED_TOPK, SHARED_GROUP, StepOption, step_options
 from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
 from .planner import DEFAULT_COST_MODEL, Plan, PlanShape, cost_model_summary, make_plan
@@ -188,13 +188,13 @@ class ShapeState:
     """Static buffers, runners and beam loop of one (batch, beam, dtype, H) shape."""
 
     def __init__(self, engine: "GpuEngine", batch: int, options: list[StepOption], capacity: int = 0,
-                 normalise: str = "request", ids=None):
+                 normalise: str = "request", ids=None, skip: int = 0):
         self.batch = batch
         index = engine.index
         self.runners = [engine.step_runner(level, option, batch) for level, option in enumerate(options)]
         self.capacity = capacity
         if capacity:
-            self.lists = attach_lists(self.runners, index, batch, capacity, normalise, ids)
+            self.lists = attach_lists(self.runners, index, batch, capacity, normalise, ids, skip)
         self.loop = BeamLoop(self.runners, batch, engine.beam_width, engine.heads.hidden_size, engine.heads.dtype,
                              index.device)
         self.prefixes = self.loop.prefixes
@@ -430,18 +430,31 @@ class GpuEngine:
         grown to the widest call so far and serving every narrower one, so GPU memory stays
         bounded whatever the list sizes. Allow ids (:class:`~zerogr_core.decode.id_lists.AllowIds`)
         have one shape per normalisation, its id buffer grown by powers of two, whose first kernel
-        turns them into bitmaps of alive successors."""
+        turns them into bitmaps of alive successors. A global deny segment alone (a registered deny
+        set every request names, a catalog version's deletions) that cannot empty any prefix of the
+        first steps (:func:`~zerogr_core.decode.list_buffers.listed_from`) takes a shape whose
+        filters there run without lists; when no such shape holds it yet but the general shape of the
+        normalisation does, the general one serves it (a warmed-up server never captures while serving)."""
         width = getattr(lists, "width", 0)
         bitmaps = isinstance(lists, AllowIds)
         kind = (("ids", lists.copied),) if width else (("allow-ids",) if bitmaps else ())
         key = self.key(batch) + ("lists", lists.normalise) + kind
-        shape = self._shapes.get(key)
         by_ids = bool(width) or bitmaps
+        skip = 0 if by_ids else listed_from(self.index, lists)
+        if skip:
+            held = self._shapes.get(key + (("skip", skip),))
+            general = self._shapes.get(key)
+            if (held is not None and held.capacity >= lists.total_rows) or general is None \
+                    or general.capacity < lists.total_rows:
+                key += (("skip", skip),)
+            else:
+                skip = 0
+        shape = self._shapes.get(key)
         if shape is None or shape.capacity < lists.total_rows or (by_ids and shape.lists.lookup is not lists.lookup):
             plan = self.plan(model, batch)
             capacity = lists.total_rows if width else capacity_for(lists.total_rows)
             shape = ShapeState(self, batch, [s.option for s in plan.steps], capacity, lists.normalise,
-                               lists if by_ids else None)
+                               lists if by_ids else None, skip)
             self._shapes[key] = shape
         load_lists(shape.lists, lists)
         return shape

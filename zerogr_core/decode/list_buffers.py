@@ -240,7 +240,7 @@ class ListBuffers:
 
 
 def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise: str = "request",
-                 ids=None) -> ListBuffers:
+                 ids=None, skip: int = 0) -> ListBuffers:
     """Give each engine step runner a constraint over shared static list buffers.
 
     The buffers live as long as the shape; :func:`load_lists` refills them before a
@@ -252,7 +252,9 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     catalog-normalised lists only. With ``ids`` (a :class:`~zerogr_core.decode.id_lists.DenyIds`
     or :class:`~zerogr_core.decode.id_lists.AllowIds`) the buffers take such ids, looked up in
     the device copy of its catalog's id table, which the shape keeps (fetched here, under the
-    engine's lock, so a first copy never meets another thread's capture).
+    engine's lock, so a first copy never meets another thread's capture). The first ``skip`` steps run
+    without the lists (:func:`listed_from`: no prefix of theirs can be emptied by the lists the shape
+    serves).
     """
     catalog = normalise == "catalog"
     dev = index.device
@@ -280,9 +282,10 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
     buffers.resolve = resolve
     # deny ids: at most ``width`` rows per request and no global list, so a step whose every
     # successor holds more rows keeps all its slots; its filter runs without the lists, and the
-    # first filter with them waits for them (deny_rows overlaps the steps before)
+    # first filter with them waits for them (deny_rows overlaps the steps before); row lists the
+    # same from the host's bound (``skip``)
     floors = row_floors(index)
-    constrained = [not width or floors[level] <= width for level in range(len(runners))]
+    constrained = [level >= skip and (not width or floors[level] <= width) for level in range(len(runners))]
     first = constrained.index(True)
 
     def make(level: int, beams: int):
@@ -300,6 +303,25 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
         runner.slot_lists, runner.prepare_lists = make(level, runner.filter_out.slot_succ.shape[0] // batch)
         runner.deferred = catalog
     return buffers
+
+
+def listed_from(index: StepIndex, lists) -> int:
+    """The first step whose slots ``lists`` may kill, for lists that are only a global deny
+    segment (a registered deny set that every request names, a catalog version's deletions): the
+    steps before it have successors of more rows than the segment can empty
+    (:meth:`RequestLists.emptiable` against :func:`row_floors`), so they run without the lists and
+    the lists' marks and run bounds overlap them. 0 for every other list (requests' own rows
+    change from call to call, and a shape per bound would re-capture while serving)."""
+    if not isinstance(lists, RequestLists) or lists.rows.size or not lists.glob.size:
+        return 0
+    bound = lists.emptiable()
+    if bound is None:
+        return 0
+    floors = row_floors(index)
+    first = 0
+    while first < len(floors) - 1 and floors[first] > bound:
+        first += 1
+    return first
 
 
 def load_lists(buffers: ListBuffers, lists: RequestLists) -> None:
