@@ -61,8 +61,8 @@ def glob_only(batch: int, glob: np.ndarray, normalise: str = "request") -> Reque
 def test_a_global_list_that_cannot_empty_the_first_steps_runs_them_without_lists(normalise):
     """Every item of 8 × 8 × 8 (rows in SID order: 64 per first-step prefix, 8 per second-step
     one). Scattered global rows with one run of 10 (a run bound of 10) cannot empty a first-step
-    prefix, so their shape
-    filters that step without lists and waits for them at the second; a run of 64 rows empties
+    prefix, so their shape filters that step without lists and waits for them at the second; a
+    run of 64 rows empties
     the best item's first-step prefix and takes the general shape; the scattered rows then keep
     their own shape. Every decode equals the reference decoder's."""
     catalog, index, model, engine, ref = engine_case(["full", "selective", "full"], 512)

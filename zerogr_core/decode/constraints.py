@@ -211,9 +211,7 @@ class RequestLists:
             return None
         k = np.diff(self.offsets)
         g = int(self.glob.size)
-        if not g:
-            return int(k.max()) if k.size else 0
-        s_g = _glob_run(self.glob)
+        s_g = _glob_run(self.glob)  # 0 without a global list: the bound is then k
         reach = np.minimum(np.minimum(k + g, k + (k + 1) * s_g), g + (g + 1) * k)
         return int(reach.max()) if reach.size else 0
 
