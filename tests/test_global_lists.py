@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerogr_core.decode.constraints import RequestLists, row_floors
+from zerogr_core.decode.constraints import RequestLists, glob_run, row_floors
 from zerogr_core.decode.list_buffers import listed_from
 from zerogr_kernels.list_spans import longest_run
 
@@ -19,37 +19,17 @@ def longest_covered(rows: np.ndarray) -> int:
     return longest_run(torch.from_numpy(np.unique(rows).astype(np.int64)))
 
 
-@st.composite
-def deny_lists(draw):
-    """Deny-only :class:`RequestLists` over ``n`` rows: a sorted global list, and per request a
-    sorted list disjoint from it (the builders' invariant), both drawn as runs and single rows."""
-    n = draw(st.integers(1, 400))
-    g = np.random.default_rng(draw(st.integers(0, 10**6)))
-
-    def drawn(count: int) -> np.ndarray:
-        runs = [np.arange(a, a + int(g.integers(1, 12))) for a in g.integers(0, n, count)]
-        return np.unique(np.concatenate(runs + [g.integers(0, n, count)]).clip(0, n - 1)) if count else \
-            np.zeros(0, dtype=np.int64)
-
-    glob = drawn(draw(st.integers(0, 8)))
-    own = [np.setdiff1d(drawn(draw(st.integers(0, 6))), glob) for _ in range(draw(st.integers(1, 4)))]
-    offsets = np.concatenate([[0], np.cumsum([o.size for o in own])]).astype(np.int64)
-    rows = np.concatenate(own).astype(np.int64) if own else np.zeros(0, dtype=np.int64)
-    return RequestLists(offsets, rows, np.zeros(len(own), dtype=np.int32), glob.astype(np.int64)), own, glob
-
-
 @settings(max_examples=200, deadline=None)
-@given(deny_lists())
-def test_emptiable_bounds_every_run_a_request_can_empty(case):
-    """No request's own rows together with the global ones hold more consecutive rows than
-    ``emptiable``, so no prefix of more rows can die; an allow list has no such bound."""
-    lists, own, glob = case
-    bound = lists.emptiable()
-    for rows in own:
-        covered = np.concatenate([rows, glob])
-        assert longest_covered(covered) <= bound, (rows.tolist(), glob.tolist(), bound)
-    lists.mode[0] = 1
-    assert lists.emptiable() is None
+@given(st.integers(1, 400), st.integers(0, 10**6), st.integers(0, 8))
+def test_glob_run_bounds_every_run_of_the_global_list(n, seed, count):
+    """No prefix of more rows than ``glob_run`` lies wholly in the global list, drawn as runs and
+    single rows; the value is kept for the array, not for another one of the same length."""
+    g = np.random.default_rng(seed)
+    runs = [np.arange(a, a + int(g.integers(1, 12))) for a in g.integers(0, n, count)]
+    glob = np.unique(np.concatenate(runs + [g.integers(0, n, count + 1)]).clip(0, n - 1)).astype(np.int64)
+    assert longest_covered(glob) <= glob_run(glob) <= glob.size
+    assert glob_run(glob) == glob_run(glob)
+    assert glob_run(np.arange(glob.size, dtype=np.int64)) == glob.size
 
 
 def glob_only(batch: int, glob: np.ndarray, normalise: str = "request") -> RequestLists:
@@ -86,13 +66,16 @@ def test_a_global_list_that_cannot_empty_the_first_steps_runs_them_without_lists
 def test_a_captured_general_shape_serves_a_global_list_alone():
     """Once lists with per-request rows have a shape, a global list alone that it can hold takes
     that shape, not a new one (a warmed-up server never captures while serving); per-request rows
-    never take the skipping shape."""
+    and allow lists never take the skipping shape."""
     catalog, index, model, engine, ref = engine_case(["full", "selective", "full"], 512)
     per_request = RequestLists(np.array([0, 2, 2, 3]), np.array([7, 300, 41]), np.zeros(3, dtype=np.int32),
                                np.array([100, 200], dtype=np.int64))
     assert listed_from(index, per_request) == 0
     scattered = glob_only(3, np.union1d(np.arange(5, 400, 9), np.arange(450, 460)))
     assert listed_from(index, scattered) == 1
+    allowing = glob_only(3, scattered.glob)
+    allowing.mode[0] = 1  # an allow list empties every prefix it lists nothing of
+    assert listed_from(index, allowing) == 0
     for lists in (per_request, scattered):
         assert_decodes_as(engine, ref, model, lists, lists)
     assert [key[-1] for key in engine._shapes if "lists" in key] == ["request"]

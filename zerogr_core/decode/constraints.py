@@ -100,9 +100,11 @@ def row_floors(index: StepIndex) -> list[int]:
 _GLOB_RUNS: dict = {}
 
 
-def _glob_run(glob: np.ndarray) -> int:
-    """:func:`~zerogr_kernels.list_spans.run_bound` of a sorted global deny array, kept by the
-    array's identity while it lives (at most a few dozen arrays are kept)."""
+def glob_run(glob: np.ndarray) -> int:
+    """:func:`~zerogr_kernels.list_spans.run_bound` of a sorted global deny array (at least its
+    longest run of consecutive rows), kept by the array's identity while it lives: a registered
+    deny set and a catalog version's deletions are the same array call after call (at most a few
+    dozen arrays are kept)."""
     hit = _GLOB_RUNS.get(id(glob))
     if hit is not None and hit[0]() is glob:
         return hit[1]
@@ -196,24 +198,6 @@ class RequestLists:
         if self.mode[request] == 1:
             return hit
         return ~hit & ~np.isin(rows, self.glob)
-
-    def emptiable(self) -> int | None:
-        """The most rows of one prefix any request's lists could empty, as far as the host knows
-        without reading the rows (``None`` when a request allows: an allow list empties every
-        prefix it lists nothing of). For request ``r`` with ``k`` rows, beside ``g`` global rows
-        whose longest run of consecutive rows is at most ``s_g``, that is ``min(k + g,
-        k + (k + 1)·s_g, g + (g + 1)·k)``, the filters' bound
-        (:class:`~zerogr_kernels.constraints.SlotLists`' ``spans``) with the request's own run
-        taken at its longest, ``k``; ``s_g`` is computed once per global array (a registered deny
-        set or a catalog version's deletions is the same array call after call). A step whose
-        every successor holds more rows (:func:`row_floors`) keeps all its slots under these lists."""
-        if (self.mode & 1).any():
-            return None
-        k = np.diff(self.offsets)
-        g = int(self.glob.size)
-        s_g = _glob_run(self.glob)  # 0 without a global list: the bound is then k
-        reach = np.minimum(np.minimum(k + g, k + (k + 1) * s_g), g + (g + 1) * k)
-        return int(reach.max()) if reach.size else 0
 
     def device_offsets(self) -> np.ndarray:
         """``(batch + 2,)`` offsets of the device buffer: global segment, then the requests."""

@@ -16,7 +16,7 @@ from zerogr_kernels.list_spans import list_spans
 
 from ..errors import ZeroGRError
 from ..index.layout import StepIndex
-from .constraints import RequestLists, RowMarks, row_floors, row_starts
+from .constraints import RequestLists, RowMarks, glob_run, row_floors, row_starts
 from .device_lists import copy_tensors, lookup_table, place_ids
 from .id_lists import AllowIds, node_tables
 
@@ -306,17 +306,16 @@ def attach_lists(runners, index: StepIndex, batch: int, capacity: int, normalise
 
 
 def listed_from(index: StepIndex, lists) -> int:
-    """The first step whose slots ``lists`` may kill, for lists that are only a global deny
-    segment (a registered deny set that every request names, a catalog version's deletions): the
-    steps before it have successors of more rows than the segment can empty
-    (:meth:`RequestLists.emptiable` against :func:`row_floors`), so they run without the lists and
-    the lists' marks and run bounds overlap them. 0 for every other list (requests' own rows
-    change from call to call, and a shape per bound would re-capture while serving)."""
-    if not isinstance(lists, RequestLists) or lists.rows.size or not lists.glob.size:
+    """The first step whose slots ``lists`` may kill, for deny lists that are only a global segment
+    (a registered deny set that every request names, a catalog version's deletions): the segment
+    empties no prefix of more rows than its run bound (:func:`glob_run`), so the steps whose every
+    successor holds more (:func:`row_floors`) run without the lists, and the lists' marks and run
+    bounds overlap them. 0 for every other list (requests' own rows change from call to call, and a
+    shape per bound would re-capture while serving; an allow list empties every prefix it lists
+    nothing of)."""
+    if not isinstance(lists, RequestLists) or lists.rows.size or not lists.glob.size or (lists.mode & 1).any():
         return 0
-    bound = lists.emptiable()
-    if bound is None:
-        return 0
+    bound = glob_run(lists.glob)
     floors = row_floors(index)
     first = 0
     while first < len(floors) - 1 and floors[first] > bound:
