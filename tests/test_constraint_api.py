@@ -284,6 +284,10 @@ def test_quick_constraints_suite_measures_the_public_api_without_polars(tmp_path
     assert [r["condition"] for r in api] == labels
     assert all(r["list_violations"] == 0 and r["valid"] for r in api)
     assert all(r["p50_ratio"] > 0 for r in api if r["condition"] != "none")
+    # each condition's ratio is to the list-free calls that took turns with it
+    for r in api[1:]:
+        assert r["p50_ratio"] == pytest.approx(r["median_ms"] / r["none_paired_median_ms"])
+        assert r["none_paired_median_ms"] > 0
     checks = [r for r in doc["records"] if r["kind"] == "check" and "public API" in r["check"]]
     assert len(checks) == len(labels) and all(r["passed"] for r in checks)
 

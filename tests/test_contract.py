@@ -188,3 +188,26 @@ def test_the_cpu_plan_times_both_projections_in_turns_and_keeps_the_least():
     times = fastest_us({"full": full, "selective": selective}, "cpu", rounds=3)
     assert calls == ["full", "selective", "full", "selective", "selective", "full", "full", "selective"]
     assert times["full"] < times["selective"] and times["selective"] >= 2000
+
+
+def test_paired_runs_take_turns_call_by_call_and_time_every_call():
+    """Two functions alternate, each round starting with the next one, ``before(i)`` runs ahead of
+    every call of round ``i``, and only the calls after the warm-up are kept, in milliseconds."""
+    import time
+
+    from zerogr_core.timing import paired_runs
+
+    calls = []
+
+    def lists():
+        calls.append("lists")
+        time.sleep(0.003)
+
+    def none():
+        calls.append("none")
+
+    samples = paired_runs({"lists": lists, "none": none}, "cpu", repeats=3, warmup=1,
+                          before=lambda i: calls.append(i))
+    assert calls == [0, "lists", 0, "none", 1, "none", 1, "lists", 2, "lists", 2, "none", 3, "none", 3, "lists"]
+    assert [len(v) for v in samples.values()] == [3, 3]
+    assert min(samples["lists"]) >= 3.0 > max(samples["none"])

@@ -4,6 +4,7 @@
   (which compiles every Triton variant the function launches);
 * :func:`time_runs` times calls of a function (a graph's ``replay`` or eager code) with
   CUDA events on a GPU and the wall clock on a CPU, each call starting on an idle device;
+  :func:`paired_runs` times several functions so, taking turns call by call;
 * :func:`time_graph` captures a function and times its replays, so launch overhead counts
   as it will under whole-decode replay;
 * :func:`median_us` is the planner's figure of merit for one option;
@@ -70,23 +71,61 @@ def time_runs(fn: Callable[[], object], device, *, repeats: int, warmup: int,
     device = torch.device(device)
     samples = []
     for i in range(warmup + repeats):
-        if before is not None:
-            before(i)
-        synchronize(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            elapsed = start.elapsed_time(end)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            elapsed = (time.perf_counter() - t0) * 1e3
+        elapsed = _timed_call(fn, device, before, i)
         if i >= warmup:
             samples.append(elapsed)
     return samples
+
+
+def paired_runs(fns: dict, device, *, repeats: int, warmup: int,
+                before: Callable[[int], None] | None = None) -> dict:
+    """:func:`time_runs` of several functions taking turns call by call, each call on an idle
+    device (``before(i)`` first, outside the timed region, for the ``i``-th call of each).
+
+    A ratio of two latencies of a few hundred microseconds moves with the host: a lent machine's
+    list-free call drifted by 10 % within a minute (runs/results/constraints/session-2026-12-06c/).
+    Calls that alternate see the same drift, so the ratio of their medians measures the code;
+    round ``i`` starts with function ``i mod n``, so neither always runs right after the other.
+
+    Parameters
+    ----------
+    fns : dict of str to callable
+    device : torch.device or str
+    repeats, warmup : int
+        Timed and untimed calls of each function.
+    before : callable(int), optional
+
+    Returns
+    -------
+    dict of str to list of float
+        Each function's timed calls, in milliseconds, in the order they ran.
+    """
+    device = torch.device(device)
+    names = list(fns)
+    samples: dict = {name: [] for name in names}
+    for i in range(warmup + repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            elapsed = _timed_call(fns[name], device, before, i)
+            if i >= warmup:
+                samples[name].append(elapsed)
+    return samples
+
+
+def _timed_call(fn: Callable[[], object], device: torch.device, before, i: int) -> float:
+    """Milliseconds of one call of ``fn`` started on an idle device (:func:`time_runs`)."""
+    if before is not None:
+        before(i)
+    synchronize(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def time_graph(fn: Callable[[], object], device, *, repeats: int, warmup: int = 3,

@@ -389,9 +389,10 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     else:
         allowing, allow = np.zeros(batch, dtype=bool), None
     deny = _segments(catalog, deny, "deny_items", registry)
-    if allowing.any() or glob.size:
+    if allowing.any() or (glob.size and deny[0].size):
         deny = _combine(allow, deny, allowing, glob, catalog.n_items)
-    # else deny lists alone: each request's segment is its list
+    # else deny lists alone (each request's segment is its list), or a global list alone (every
+    # segment empty): a registered deny set named by every request costs no set operation per call
     return RequestLists(deny[1], deny[0], allowing.astype(np.int32), glob, normalise)
 
 
