@@ -79,3 +79,28 @@ def test_a_captured_general_shape_serves_a_global_list_alone():
     for lists in (per_request, scattered):
         assert_decodes_as(engine, ref, model, lists, lists)
     assert [key[-1] for key in engine._shapes if "lists" in key] == ["request"]
+
+
+def test_a_registered_deny_set_takes_its_own_skipping_shape_beside_a_general_one():
+    """A deny set registered once and named by every request is the same rows call after call
+    (``standing``): it takes the shape that skips the steps it cannot empty even where the general
+    shape could hold it, while the same rows given as a catalog version's deletions keep to the
+    general shape; the items equal the reference decoder's either way."""
+    from zerogr_core.decode.constraints import build_lists
+
+    catalog, index, model, engine, ref = engine_case(["full", "selective", "full"], 512)
+    rows = np.union1d(np.arange(5, 400, 9), np.arange(450, 460)).astype(np.int64)
+    per_request = RequestLists(np.array([0, 2, 2, 3]), np.array([7, 300, 41]), np.zeros(3, dtype=np.int32),
+                               np.array([100, 200], dtype=np.int64))
+    assert_decodes_as(engine, ref, model, per_request, per_request)  # the general shape exists
+    ref.register_items("seen", catalog.item_ids[rows], kind="deny")
+    registry = ref.registry
+    named = build_lists(catalog, 3, deny_items="seen", registry=registry)
+    deleted = build_lists(catalog, 3, global_deny_rows=rows)
+    assert named.standing and not deleted.standing and np.array_equal(named.glob, deleted.glob)
+    assert not build_lists(catalog, 3, deny_items="seen", normalise="catalog", registry=registry).standing
+    assert listed_from(index, named) == 1
+    assert_decodes_as(engine, ref, model, deleted, deleted)
+    assert [key[-1] for key in engine._shapes if "lists" in key] == ["request"]
+    assert_decodes_as(engine, ref, model, named, deleted)
+    assert [key[-1] for key in engine._shapes if "lists" in key] == ["request", ("skip", 1)]

@@ -372,10 +372,15 @@ def _public_api(s, suite: str, wl, ctx, model, shape: dict, rng: np.random.Gener
 
 def _list_path(dec, batch: int, kind: str, kwargs: dict, lists) -> str | None:
     """Where the timed call built its lists: "ids" (deny ids resolved in the decode's graph),
-    "bitmaps" (allow ids turned into bitmaps there), "host" or "device" (:meth:`Decoder.request_lists`),
-    ``None`` without lists."""
+    "bitmaps" (allow ids turned into bitmaps there), "sub-catalog" (a registered allow set's own
+    index), "registered" (a registered deny set as the global segment), "host" or "device"
+    (:meth:`Decoder.request_lists`), ``None`` without lists."""
     if lists is None or lists.empty:  # nothing listed: the list-free path
         return None
+    if kind == "allow-registered":  # registered with its own index: the decode runs over the sub-catalog
+        return "sub-catalog"
+    if kind == "deny-registered":  # the set's rows as the batch's global segment
+        return "registered"
     if kind == "deny" and dec._deny_ids(batch, None, kwargs["deny_items"], kwargs["normalise"], None, None):
         return "ids"
     if kind.startswith("allow") and dec._allow_ids(batch, kwargs.get("allow_items"), None, kwargs["normalise"],

@@ -143,6 +143,10 @@ class RequestLists:
         What filtering first normalises over: each request's alive tokens, or the
         catalog's valid tokens with the listed candidates dropped afterwards (see the
         module docstring). Scoring first is the same under both.
+    standing : bool
+        ``glob`` is a registered deny set that every request names, and nothing else: the same
+        rows call after call, so the engine gives it a shape of its own even where another shape
+        could hold it (:meth:`~zerogr_core.decode.engine.GpuEngine.constrained_shape`).
     """
 
     offsets: np.ndarray
@@ -150,6 +154,7 @@ class RequestLists:
     mode: np.ndarray
     glob: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     normalise: str = "request"
+    standing: bool = False
 
     def __post_init__(self):
         if self.normalise not in NORMALISE:
@@ -382,7 +387,7 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     """
     allow = _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
-    deny, glob = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
+    deny, glob, named = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
     if allow_items is not None:
         allowing = np.array([a is not None for a in allow], dtype=bool)
         allow = _segments(catalog, allow, "allow_items", registry)
@@ -393,7 +398,8 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
         deny = _combine(allow, deny, allowing, glob, catalog.n_items)
     # else deny lists alone (each request's segment is its list), or a global list alone (every
     # segment empty): a registered deny set named by every request costs no set operation per call
-    return RequestLists(deny[1], deny[0], allowing.astype(np.int32), glob, normalise)
+    return RequestLists(deny[1], deny[0], allowing.astype(np.int32), glob, normalise,
+                        standing=named and not deny[0].size and not allowing.any())
 
 
 def _combine(allow, deny, allowing: np.ndarray, glob: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -424,8 +430,9 @@ def _combine(allow, deny, allowing: np.ndarray, glob: np.ndarray, n: int) -> tup
 
 
 def _merge_standing(deny: Sequence, global_deny_rows, normalise: str, registry, batch: int):
-    """``(deny, glob)``: the sorted global deny rows, with a registered deny set that every
-    request names moved into them (request-normalised lists only)."""
+    """``(deny, glob, named)``: the sorted global deny rows, with a registered deny set that every
+    request names moved into them (request-normalised lists only), and whether they are that set
+    alone."""
     glob = np.zeros(0, dtype=np.int64) if global_deny_rows is None else \
         np.asarray(global_deny_rows, dtype=np.int64)
     if glob.size > 1 and not (glob[1:] > glob[:-1]).all():
@@ -435,9 +442,9 @@ def _merge_standing(deny: Sequence, global_deny_rows, normalise: str, registry, 
         # array itself, which the engine's device buffer keeps from call to call
         standing = registry.shared(deny, "deny")
         if standing is not None:
-            deny = [None] * batch
-            glob = standing.rows if not glob.size else np.union1d(glob, standing.rows)
-    return deny, glob
+            named = not glob.size
+            return [None] * batch, standing.rows if named else np.union1d(glob, standing.rows), named
+    return deny, glob, False
 
 
 def _sorted_isin(values: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:

@@ -433,8 +433,10 @@ class GpuEngine:
         turns them into bitmaps of alive successors. A global deny segment alone (a registered deny
         set every request names, a catalog version's deletions) that cannot empty any prefix of the
         first steps (:func:`~zerogr_core.decode.list_buffers.listed_from`) takes a shape whose
-        filters there run without lists; when no such shape holds it yet but the general shape of the
-        normalisation does, the general one serves it (a warmed-up server never captures while serving)."""
+        filters there run without lists. A catalog version's deletions take the general shape of the
+        normalisation instead when no such shape holds them yet but the general one does (a warmed-up
+        server never captures while serving); a registered deny set (``lists.standing``: the same rows
+        call after call) always takes its own."""
         width = getattr(lists, "width", 0)
         bitmaps = isinstance(lists, AllowIds)
         kind = (("ids", lists.copied),) if width else (("allow-ids",) if bitmaps else ())
@@ -444,7 +446,7 @@ class GpuEngine:
         if skip:
             held = self._shapes.get(key + (("skip", skip),))
             general = self._shapes.get(key)
-            if (held is not None and held.capacity >= lists.total_rows) or general is None \
+            if lists.standing or (held is not None and held.capacity >= lists.total_rows) or general is None \
                     or general.capacity < lists.total_rows:
                 key += (("skip", skip),)
             else:
