@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, check_tensor, pdl_args, pdl_prologue, use_triton
+from ._common import cdiv, check_tensor, pdl_args, pdl_prologue, popcount32, use_triton
 
 BLOCK_IDS = 1024
 """Ids per program of :func:`allow_nodes`."""
@@ -114,15 +114,6 @@ def derive_tables(starts: list, level_words, levels: int = DERIVED_STEPS) -> tup
 
 
 @triton.jit
-def _popcount32(x):
-    # set bits of int64 x in [0, 2^32)
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    return ((x * 0x01010101) >> 24) & 0xFF
-
-
-@triton.jit
 def _set_bit(words_ptr, b, on):
     # a plain load first: the early steps' few words take most ids' bits, which are set after the
     # first few, so most lanes skip their atomic (a stale read only costs an atomic it could skip)
@@ -174,7 +165,7 @@ def _allow_nodes_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, rank_b
     while level < n_levels - 1:  # a runtime count: Triton's interpreter cannot range() over an argument
         bits = tl.load(rank_bits_ptr + level * n_words + w, mask=ok, other=0).to(tl.int64) & 0xFFFFFFFF
         before = tl.load(rank_before_ptr + level * n_words + w, mask=ok, other=0).to(tl.int64)
-        _set_bit(own + tl.load(level_words_ptr + level), before + _popcount32(bits & upto) - 1, ok)
+        _set_bit(own + tl.load(level_words_ptr + level), before + popcount32(bits & upto) - 1, ok)
         level += 1
     _set_bit(own + tl.load(level_words_ptr + n_levels - 1), row, ok)
 

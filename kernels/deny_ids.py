@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
+from ._common import check_tensor, pdl_args, pdl_prologue, popcount32, use_triton
 from .list_spans import longest_run, run_bound
 from .row_marks import _check_marks, marks_of_rows
 
@@ -158,15 +158,6 @@ def _deny_mark_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, n_rows, 
 
 
 @triton.jit
-def _popcount(x):
-    """Set bits of each int64 lane holding 32 bits."""
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
-
-
-@triton.jit
 def _row_words(marks_ptr, w, n_words, n_rows):
     """Bitmap words ``w`` (one row a bit) as int64 lanes of 32 bits, bits of no row (the padding's,
     past ``n_rows``) and words outside the bitmap cleared."""
@@ -182,9 +173,9 @@ def _bits_count_kernel(marks_ptr, n_words, n_rows, counts_ptr, n_blocks, WB: tl.
     w = b * WB + tl.arange(0, WB)
     v = _row_words(marks_ptr, w, n_words, n_rows)
     carry = (_row_words(marks_ptr, w - 1, n_words, n_rows) >> 31) & 1
-    tl.store(counts_ptr + b, tl.sum(_popcount(v), axis=0))
+    tl.store(counts_ptr + b, tl.sum(popcount32(v), axis=0))
     # second plane: the rows that continue a run (their predecessor is a row too)
-    tl.store(counts_ptr + n_blocks + b, tl.sum(_popcount(v & (((v << 1) & 0xFFFFFFFF) | carry)), axis=0))
+    tl.store(counts_ptr + n_blocks + b, tl.sum(popcount32(v & (((v << 1) & 0xFFFFFFFF) | carry)), axis=0))
 
 
 @triton.jit
@@ -198,7 +189,7 @@ def _bits_rows_kernel(marks_ptr, n_words, n_rows, counts_ptr, n_blocks, rows_ptr
     out = rows_ptr + tl.load(offsets_ptr + 1)
     w = b * WB + tl.arange(0, WB)
     v = _row_words(marks_ptr, w, n_words, n_rows)
-    ones = _popcount(v)
+    ones = popcount32(v)
     # each word's rows go after those of every word before it, bit by bit in ascending order
     at = tl.sum(tl.where(c < b, counts, 0), axis=0) + tl.cumsum(ones, axis=0) - ones
     for bit in tl.static_range(32):
