@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_tensor, pdl_args, pdl_prologue, popcount32, use_triton
+from ._common import check_tensor, pdl_args, pdl_prologue, use_triton
 from .list_spans import longest_run, run_bound
 from .row_marks import _check_marks, marks_of_rows
 
@@ -35,9 +35,6 @@ WIDE_BLOCK = 1024
 """Ids a program of the wide path's launches handles at once (its tile)."""
 MAX_IDS = 65_536
 """Most ids per request :func:`deny_rows` takes (its width, a power of two, at most this)."""
-BITS_BLOCK = 4096
-"""int32 words of the row bitmap per program of the one-request wide path, which reads the
-rows back from the bitmap in order instead of sorting them (:func:`deny_rows_triton`)."""
 
 
 @triton.jit
@@ -148,69 +145,6 @@ def _deny_distinct_kernel(keys_ptr, counts_ptr, rows_ptr, offsets_ptr, n_rows, b
         _mark(tl.where(keep, row, n_rows), keep | (k == n_keep), marks_ptr, mark_shift, n_words)
 
 
-@triton.jit
-def _deny_mark_kernel(ids_ptr, id_off_ptr, table_ptr, table_size, base, n_rows, marks_ptr, n_words,
-                      BLOCK: tl.constexpr, KEY32: tl.constexpr, PDL: tl.constexpr):
-    pdl_prologue(PDL)
-    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    row = _keys(ids_ptr, id_off_ptr, table_ptr, table_size, base, 0, k, n_rows, KEY32)
-    _mark(row, row < n_rows, marks_ptr, 0, n_words)
-
-
-@triton.jit
-def _row_words(marks_ptr, w, n_words, n_rows):
-    """Bitmap words ``w`` (one row a bit) as int64 lanes of 32 bits, bits of no row (the padding's,
-    past ``n_rows``) and words outside the bitmap cleared."""
-    v = tl.load(marks_ptr + w, mask=(w >= 0) & (w < n_words), other=0).to(tl.int64) & 0xFFFFFFFF
-    rows_here = tl.minimum(tl.maximum(n_rows - w.to(tl.int64) * 32, 0), 32)
-    return v & ((tl.zeros_like(v) + 1 << rows_here) - 1)
-
-
-@triton.jit
-def _bits_count_kernel(marks_ptr, n_words, n_rows, counts_ptr, n_blocks, WB: tl.constexpr, PDL: tl.constexpr):
-    pdl_prologue(PDL)
-    b = tl.program_id(0)
-    w = b * WB + tl.arange(0, WB)
-    v = _row_words(marks_ptr, w, n_words, n_rows)
-    carry = (_row_words(marks_ptr, w - 1, n_words, n_rows) >> 31) & 1
-    tl.store(counts_ptr + b, tl.sum(popcount32(v), axis=0))
-    # second plane: the rows that continue a run (their predecessor is a row too)
-    tl.store(counts_ptr + n_blocks + b, tl.sum(popcount32(v & (((v << 1) & 0xFFFFFFFF) | carry)), axis=0))
-
-
-@triton.jit
-def _bits_rows_kernel(marks_ptr, n_words, n_rows, counts_ptr, n_blocks, rows_ptr, offsets_ptr, width, spans_ptr,
-                      WB: tl.constexpr, NB: tl.constexpr, SPANS: tl.constexpr, PDL: tl.constexpr):
-    pdl_prologue(PDL)
-    b = tl.program_id(0)
-    c = tl.arange(0, NB)
-    counts = tl.load(counts_ptr + c, mask=c < n_blocks, other=0)
-    total = tl.sum(counts, axis=0)
-    out = rows_ptr + tl.load(offsets_ptr + 1)
-    w = b * WB + tl.arange(0, WB)
-    v = _row_words(marks_ptr, w, n_words, n_rows)
-    ones = popcount32(v)
-    # each word's rows go after those of every word before it, bit by bit in ascending order
-    at = tl.sum(tl.where(c < b, counts, 0), axis=0) + tl.cumsum(ones, axis=0) - ones
-    for bit in tl.static_range(32):
-        on = ((v >> bit) & 1) != 0
-        tl.store(out + at, w.to(tl.int64) * 32 + bit, mask=on)
-        at += on.to(tl.int64)
-    if b == 0:
-        k = tl.arange(0, WB)
-        start = total * 0
-        while start < width:  # a runtime bound: Triton's interpreter cannot range() over it
-            tl.store(out + start + k, tl.zeros_like(k).to(tl.int64) + n_rows,
-                     mask=(start + k >= total) & (start + k < width))
-            start += WB
-        if SPANS:  # no run is longer than one row plus every row that continues a run
-            joins = tl.load(counts_ptr + n_blocks + c, mask=c < n_blocks, other=0)
-            tl.store(spans_ptr, tl.minimum(tl.sum(joins, axis=0) + 1, total))
-        # the padding's bit, where mark_rows would set it (inside the last word)
-        pad = tl.zeros_like(k).to(tl.int64) + n_rows
-        _mark(pad, (k == 0) & (total < width), marks_ptr, 0, n_words)
-
-
 def _check(ids, id_offsets, width, table, rows, offsets, marks=None, mark_shift=0, spans=None) -> None:
     check_tensor("rows", rows, dtypes=(torch.int64,), ndim=1, contiguous=True)
     dev = rows.device
@@ -235,10 +169,7 @@ def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, ta
                      mark_shift: int = 0, spans: torch.Tensor | None = None) -> torch.Tensor:
     """Triton implementation of :func:`deny_rows`, with no host synchronisation: up to
     :data:`MAX_WIDTH` one launch that sorts each request's rows in registers (and sets
-    ``marks`` and the exact ``spans``); wider, for one request with ``marks`` of a bit per row,
-    a launch that sets the rows' bits, then two that read them back in order (counting each
-    block of :data:`BITS_BLOCK` words, then writing its rows after those of the blocks before);
-    otherwise a lookup launch, torch's sort of the
+    ``marks`` and the exact ``spans``); wider, a lookup launch, torch's sort of the
     ``(batch, width)`` keys along their rows, then blocks of :data:`WIDE_BLOCK` keys, each
     counting its distinct rows (and those that continue a run) in one launch and writing them
     after the blocks before it in a second (which sets ``marks``, and ``spans`` to one more than
@@ -258,21 +189,6 @@ def deny_rows_triton(ids: torch.Tensor, id_offsets: torch.Tensor, width: int, ta
         _deny_rows_kernel[(batch,)](ids, id_offsets, table, table.numel(), int(base), rows, offsets, int(n_rows),
                                     *mark_args, spans, W=width, KEY32=key32, MARKS=marks is not None,
                                     num_warps=4, **span_args, **pdl)
-        return rows
-    if batch == 1 and marks is not None and mark_shift == 0:
-        # one request whose bitmap has a bit per row: the bitmap is the request's set, and its rows
-        # read back in word order come out sorted and distinct, in three launches where torch's
-        # sort alone takes eight or more (its passes, their memsets, the index tensor)
-        n_words = marks.numel()
-        _deny_mark_kernel[(width // WIDE_BLOCK,)](ids, id_offsets, table, table.numel(), int(base), int(n_rows),
-                                                  marks, n_words, BLOCK=WIDE_BLOCK, KEY32=key32, num_warps=4, **pdl)
-        n_blocks = triton.cdiv(n_words, BITS_BLOCK)
-        counts = torch.empty(2 * n_blocks, dtype=torch.int64, device=rows.device)
-        _bits_count_kernel[(n_blocks,)](marks, n_words, int(n_rows), counts, n_blocks, WB=BITS_BLOCK, num_warps=8,
-                                        **pdl)
-        _bits_rows_kernel[(n_blocks,)](marks, n_words, int(n_rows), counts, n_blocks, rows, offsets, width, spans,
-                                       WB=BITS_BLOCK, NB=triton.next_power_of_2(n_blocks), num_warps=8,
-                                       **span_args, **pdl)
         return rows
     # one program's bitonic sort grows as width · log² width: 0.68 ms for 16,384 ids on the H200,
     # where the radix sort of the keys takes tens of µs (runs/results/constraints/wide-sort/)

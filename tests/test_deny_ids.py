@@ -83,36 +83,6 @@ def test_marks_set_with_the_rows_match_mark_rows(width, shift):
             assert torch.equal(marks, want), (f.__name__, (marks != want).nonzero()[:5].tolist())
 
 
-@pytest.mark.parametrize("width,n_ids,n_rows", [(2 * MAX_WIDTH, 0, 70), (2 * MAX_WIDTH, 2000, 4099),
-                                                 (4 * MAX_WIDTH, 4096, 9000), (2 * MAX_WIDTH, 2048, 1000),
-                                                 (2 * MAX_WIDTH, 300, 3 * 4096 * 32 + 5)])
-def test_one_wide_request_reads_its_rows_back_from_the_bitmap(width, n_ids, n_rows, monkeypatch):
-    """One request past MAX_WIDTH with a bitmap of a bit per row: its rows, the bitmap and its run
-    bound equal the reference's, read back from the bitmap (no sort), over catalogs whose last word
-    is partial or that span several blocks of BITS_BLOCK words, with runs, repeats and misses."""
-    monkeypatch.setattr(torch.Tensor, "sort", lambda *a, **k: pytest.fail("the one-request path sorted"))
-    assert_bitmap_path_matches_reference(width, n_ids, n_rows, "cpu")
-
-
-def assert_bitmap_path_matches_reference(width, n_ids, n_rows, device) -> None:
-    from zerogr_kernels.deny_ids import BITS_BLOCK
-
-    for seed in range(2):
-        args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in run_case(seed, 1, width, n_ids, n_rows)]
-        n_words = mark_words(n_rows)
-        assert n_rows <= 3 * BITS_BLOCK * 32 or n_words > 3 * BITS_BLOCK
-        outs = []
-        for f in (deny_rows_triton, deny_rows_reference):
-            marks = torch.full((n_words,), -1, dtype=torch.int32, device=device)
-            spans = torch.full((1,), -1, dtype=torch.int64, device=device)
-            outs.append((run(lambda *a: f(*a, marks=marks, mark_shift=0, spans=spans), args), marks, spans))
-        (got, got_marks, got_spans), (want, want_marks, want_spans) = outs
-        bad = (got != want).nonzero().flatten()
-        assert not bad.numel(), f"rows differ first at {bad[:5].tolist()}: {got[bad[:5]].tolist()} != {want[bad[:5]].tolist()}"
-        assert torch.equal(got_marks, want_marks), (got_marks != want_marks).nonzero()[:5].tolist()
-        assert got_spans.tolist() == want_spans.tolist()
-
-
 @pytest.mark.parametrize("width", [64, 2 * MAX_WIDTH])
 def test_rows_past_int32_keep_int64_keys(width):
     """A catalog of 2^31 rows or more: both paths sort the rows as int64, not narrowed to int32."""
@@ -341,9 +311,9 @@ def test_steps_whose_prefixes_outgrow_the_width_run_without_lists(normalise):
 
 @pytest.mark.parametrize("normalise", ["request", "catalog"])
 def test_one_wide_request_decodes_as_its_host_lists(normalise):
-    """Batch 1 past MAX_WIDTH ids (the rows read back from the bitmap): the prefix of the best item
-    denied whole, repeated and scattered ids, then a second call whose lists the first one's bits
-    must not leak into; every decode equals that of the host lists of the same ids."""
+    """Batch 1 past MAX_WIDTH ids: the prefix of the best item denied whole, repeated and scattered
+    ids, then a second call whose rows the first one's must not leak into; every decode equals that
+    of the host lists of the same ids."""
     catalog, index, model, engine, ref = engine_case(["full", "selective", "full"], 512)
     by_row = catalog.item_ids  # rows are in SID order
     best = int(engine.decode(model, 1).item_rows[0, 0]) // 8 * 8
@@ -404,14 +374,6 @@ def test_cuda_kernel_matches_reference(width):
         assert torch.equal(run(lambda *a: deny_rows(*a, spans=spans[0]), runs),
                            run(lambda *a: deny_rows_reference(*a, spans=spans[1]), runs))
         assert spans[0].tolist() == spans[1].tolist() and int(spans[0].max()) > 1
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("width,n_ids,n_rows", [(2 * MAX_WIDTH, 2000, 4099), (16 * MAX_WIDTH, 16000, 3 * 10**6),
-                                                 (64 * MAX_WIDTH, 60000, 2 * 10**7)])
-def test_cuda_one_wide_request_reads_its_rows_back_from_the_bitmap(width, n_ids, n_rows):
-    assert_bitmap_path_matches_reference(width, n_ids, n_rows, "cuda")
 
 
 @pytest.mark.gpu
