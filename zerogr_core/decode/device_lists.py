@@ -116,8 +116,6 @@ class DeviceRequestLists:
         The global deny rows, on the host as in :class:`RequestLists` (the engine copies
         them only when the array object changes).
     normalise : {"request", "catalog"}
-    standing : bool
-        As in :class:`RequestLists`: ``glob`` is a registered deny set every request names, alone.
     """
 
     offsets: torch.Tensor
@@ -125,7 +123,6 @@ class DeviceRequestLists:
     mode: np.ndarray
     glob: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     normalise: str = "request"
-    standing: bool = False
     _host: RequestLists | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
@@ -163,7 +160,7 @@ class DeviceRequestLists:
         """The same lists as a host :class:`RequestLists` (synchronises)."""
         offsets = self.offsets.cpu().numpy().astype(np.int64)
         rows = self.rows[:int(offsets[-1])].cpu().numpy().astype(np.int64)
-        return RequestLists(offsets, rows, self.mode.copy(), self.glob, self.normalise, self.standing)
+        return RequestLists(offsets, rows, self.mode.copy(), self.glob, self.normalise)
 
     def allowed_counts(self, n_items: int) -> np.ndarray:
         return self._on_host().allowed_counts(n_items)
@@ -319,7 +316,7 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
         return None
     allow = _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
-    deny, glob, named = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
+    deny, glob, _ = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
     n = catalog.n_items
     allowing = np.array([a is not None for a in allow], dtype=bool)
     # every listed entry: ids (looked up here) or registered rows, with its request and kind
@@ -346,7 +343,7 @@ def build_lists_on(device, catalog, batch: int, allow_items=None, deny_items=Non
     if not total:
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         return DeviceRequestLists(torch.zeros(batch + 1, dtype=torch.int64, device=device), empty, mode, glob,
-                                  normalise, standing=named and not allowing.any())
+                                  normalise)
     if not row_parts and not glob.size and device.type == "cuda" and all(
             type(p) is np.ndarray or _crosses_as_is(p, device) for p in id_parts):
         graphed = _graphed_build(catalog, table, device, batch, total)
