@@ -4,10 +4,17 @@ request, batch 1 / 8 / 32).
 
     python runs/host_api_lists.py [BATCHES] [--no-cprofile] [--ids=100,10000] [--calls=200] [--kernels] [--profile]
                                   [--device-ids] [--registered]
-                                  [--pdl-max-batch=N]             (on a GPU, from runs/)
+                                  [--pdl-max-batch=N] [--inline-max-width=N] [--inline-max-rows=N]
+                                  [--split]                       (on a GPU, from runs/)
 
 ``--pdl-max-batch`` sets the largest batch whose constrained graphs launch with PDL
-(``zerogr_core.decode.engine.CONSTRAINED_PDL_MAX_BATCH``), for an A/B of that choice in one tree.
+(``zerogr_core.decode.engine.CONSTRAINED_PDL_MAX_BATCH``), for an A/B of that choice in one tree;
+``--inline-max-width`` and ``--inline-max-rows`` set which shapes resolve their lists on the decode's
+stream rather than a side stream (``zerogr_core.decode.list_buffers.INLINE_MAX_WIDTH`` / ``INLINE_MAX_ROWS``).
+
+``--split`` (with ``--ids``) splits each condition's call without a profiler: the host's time before the
+graph's launch, the launch itself, the rest until ``decode`` returns, the whole synchronised call, and the
+device time of the graph replayed alone with the call's lists in place (CUDA events).
 
 ``--ids`` also times deny lists of other lengths through the public API, in both normalisations
 (``--device-ids``: also with each request's ids in a CUDA tensor; ``--registered``: also as a deny
@@ -21,7 +28,9 @@ kernels of 20 public-API calls with and without lists (``torch.profiler``, devic
 """
 import cProfile
 import pstats
+import statistics
 import sys
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -29,6 +38,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from zerogr_core.bench.workload import CatalogSpec, Workload
+from zerogr_core.timing import paired_runs
 
 
 from host_timeline_lists import deny_setup, wall_us  # runs/, the script's folder
@@ -44,6 +54,12 @@ def main() -> None:
         from zerogr_core.decode import engine
 
         engine.CONSTRAINED_PDL_MAX_BATCH = int(opts["pdl-max-batch"])
+    from zerogr_core.decode import list_buffers
+
+    for name in ("inline-max-width", "inline-max-rows"):
+        if name in opts:
+            setattr(list_buffers, name.upper().replace("-", "_"), int(opts[name]))
+    print(f"inline max width {list_buffers.INLINE_MAX_WIDTH}, rows {list_buffers.INLINE_MAX_ROWS}", flush=True)
     wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), torch.device("cuda"))
     for batch in batches:
         if lengths != [100]:
@@ -95,7 +111,15 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
         return dec.decode(model, batch).item_rows.cpu()
 
     none = wall_us(plain, calls, warmup=10)
-    print(f"--- batch {batch}: api none {none:.1f} us (median of {calls} synchronised calls)", flush=True)
+    print(f"--- batch {batch}: api none {none:.1f} us (median of {calls} synchronised calls; each list's "
+          f"ratio is to list-free calls taking turns with it)", flush=True)
+    if "--split" in sys.argv:
+        split_call("none", dec, lambda: dec.decode(model, batch), calls)
+
+    def paired(fn):  # (median µs, ratio to the list-free calls timed in turns with it)
+        both = paired_runs({"lists": fn, "none": plain}, "cuda", repeats=calls, warmup=10)
+        lists, free = statistics.median(both["lists"]), statistics.median(both["none"])
+        return lists * 1e3, lists / free
     if "--kernels" in sys.argv:
         kernel_table(f"batch {batch} api none", plain)
     for k in lengths:
@@ -104,8 +128,11 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
             def call():
                 return dec.decode(model, batch, deny_items=ids, normalise=normalise).item_rows.cpu()
 
-            t = wall_us(call, calls, warmup=10)
-            print(f"   api deny {k:6d} {normalise:8s} {t:8.1f} us  {t / none:5.2f}x", flush=True)
+            t, ratio = paired(call)
+            print(f"   api deny {k:6d} {normalise:8s} {t:8.1f} us  {ratio:5.2f}x", flush=True)
+            if "--split" in sys.argv:
+                split_call(f"deny {k} {normalise}", dec, lambda: dec.decode(model, batch, deny_items=ids,
+                                                                            normalise=normalise), calls)
             if "--kernels" in sys.argv:
                 kernel_table(f"batch {batch} api deny {k} {normalise}", call)
             if "--profile" in sys.argv and normalise == "request":
@@ -116,8 +143,8 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
                 def call_on_gpu():
                     return dec.decode(model, batch, deny_items=on_gpu, normalise=normalise).item_rows.cpu()
 
-                t = wall_us(call_on_gpu, calls, warmup=10)
-                print(f"   api gpu-deny {k:6d} {normalise:8s} {t:8.1f} us  {t / none:5.2f}x", flush=True)
+                t, ratio = paired(call_on_gpu)
+                print(f"   api gpu-deny {k:6d} {normalise:8s} {t:8.1f} us  {ratio:5.2f}x", flush=True)
         if "--registered" in sys.argv:  # the first request's ids as a standing set every request names
             name = f"deny-{k}"
             dec.register_items(name, ids[0], kind="deny")
@@ -125,9 +152,11 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
             def call_named():
                 return dec.decode(model, batch, deny_items=name).item_rows.cpu()
 
-            t = wall_us(call_named, calls, warmup=10)
+            t, ratio = paired(call_named)
+            if "--split" in sys.argv:
+                split_call(f"registered deny {k}", dec, lambda: dec.decode(model, batch, deny_items=name), calls)
             same = torch.equal(call_named(), dec.decode(model, batch, deny_items=[ids[0]] * batch).item_rows.cpu())
-            print(f"   api registered-deny {k:6d} request {t:8.1f} us  {t / none:5.2f}x  "
+            print(f"   api registered-deny {k:6d} request {t:8.1f} us  {ratio:5.2f}x  "
                   f"(items as the same ids per call: {same})", flush=True)
             if "--kernels" in sys.argv:
                 kernel_table(f"batch {batch} api registered deny {k}", call_named)
@@ -136,6 +165,53 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
             dec.unregister_items(name)
     print(f"   api none again {wall_us(plain, calls, warmup=10):8.1f} us", flush=True)
     ctx.release()
+
+
+def split_call(title: str, dec, fn, calls: int) -> None:
+    """Medians, in µs, of one public-API call's parts (``fn`` returns its ``DecodeResult``): host
+    work before the graph's launch, the launch, the host work after it until ``fn`` returns, the
+    whole call synchronised after its result's copy to the host, and the device time of the
+    graph that the call replayed, replayed alone (its lists stay in place)."""
+    marks, used = {}, []
+    original = torch.cuda.CUDAGraph.replay
+
+    def replay(graph):
+        marks["launch"] = time.perf_counter()
+        original(graph)
+        marks["launched"] = time.perf_counter()
+        used.append(graph)
+
+    parts = defaultdict(list)
+    torch.cuda.CUDAGraph.replay = replay
+    try:
+        for i in range(calls + 10):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = fn()
+            t1 = time.perf_counter()
+            out.item_rows.cpu()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if i >= 10 and "launch" in marks:
+                parts["before launch"].append(marks["launch"] - t0)
+                parts["launch"].append(marks["launched"] - marks["launch"])
+                parts["after launch"].append(t1 - marks["launched"])
+                parts["whole call"].append(t2 - t0)
+    finally:
+        torch.cuda.CUDAGraph.replay = original
+    if used:
+        graph = used[-1]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for i in range(calls + 10):
+            torch.cuda.synchronize()
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            if i >= 10:
+                parts["graph alone (device)"].append(start.elapsed_time(end) / 1e3)
+    print(f"      split {title}: " + ", ".join(f"{k} {statistics.median(v) * 1e6:.1f}" for k, v in parts.items())
+          + " us", flush=True)
 
 
 def kernel_table(title: str, fn, calls: int = 20) -> None:
