@@ -4,13 +4,10 @@ request, batch 1 / 8 / 32).
 
     python runs/host_api_lists.py [BATCHES] [--no-cprofile] [--ids=100,10000] [--calls=200] [--kernels] [--profile]
                                   [--device-ids] [--registered]
-                                  [--pdl-max-batch=N] [--inline-max-width=N] [--inline-max-rows=N]
-                                  [--split]                       (on a GPU, from runs/)
+                                  [--pdl-max-batch=N] [--split]   (on a GPU, from runs/)
 
 ``--pdl-max-batch`` sets the largest batch whose constrained graphs launch with PDL
-(``zerogr_core.decode.engine.CONSTRAINED_PDL_MAX_BATCH``), for an A/B of that choice in one tree;
-``--inline-max-width`` and ``--inline-max-rows`` set which shapes resolve their lists on the decode's
-stream rather than a side stream (``zerogr_core.decode.list_buffers.INLINE_MAX_WIDTH`` / ``INLINE_MAX_ROWS``).
+(``zerogr_core.decode.engine.CONSTRAINED_PDL_MAX_BATCH``), for an A/B of that choice in one tree.
 
 ``--split`` (with ``--ids``) splits each condition's call without a profiler: the host's time before the
 graph's launch, the launch itself, the rest until ``decode`` returns, the whole synchronised call, and the
@@ -54,12 +51,6 @@ def main() -> None:
         from zerogr_core.decode import engine
 
         engine.CONSTRAINED_PDL_MAX_BATCH = int(opts["pdl-max-batch"])
-    from zerogr_core.decode import list_buffers
-
-    for name in ("inline-max-width", "inline-max-rows"):
-        if name in opts:
-            setattr(list_buffers, name.upper().replace("-", "_"), int(opts[name]))
-    print(f"inline max width {list_buffers.INLINE_MAX_WIDTH}, rows {list_buffers.INLINE_MAX_ROWS}", flush=True)
     wl = Workload(CatalogSpec("search-like", 20_000_000, 0, None), torch.device("cuda"))
     for batch in batches:
         if lengths != [100]:

@@ -23,21 +23,6 @@ from .id_lists import AllowIds, node_tables
 MIN_CAPACITY = 1024
 """Smallest list buffer of a captured shape; capacities grow by powers of two."""
 
-INLINE_MAX_WIDTH = 0
-"""Deny-ids shapes at most this wide resolve their lists on the decode's own stream, before its
-first step, instead of on a side stream beside it (:meth:`ListBuffers.begin`)."""
-
-INLINE_MAX_ROWS = 0
-"""Row-list shapes (host- or device-built rows, a registered deny set) of at most this capacity
-resolve inline too; allow-id bitmaps always take the side stream."""
-
-
-def resolves_inline(width: int, capacity: int, bitmaps: bool) -> bool:
-    """Whether a shape's lists are resolved on the decode's stream rather than forked beside it."""
-    if bitmaps:
-        return False
-    return width <= INLINE_MAX_WIDTH if width else capacity <= INLINE_MAX_ROWS
-
 
 def capacity_for(rows_needed: int) -> int:
     """List-buffer capacity of a captured shape: the next power of two ≥ the rows, at least
@@ -120,9 +105,8 @@ class ListBuffers:
         self.pending = False
         # resolving the lists (set by :func:`attach_lists`), and where it runs beside the decode
         self.resolve = None
-        fork = cuda and not resolves_inline(width, capacity, nodes is not None)
-        self.side = torch.cuda.Stream(device) if fork else None
-        self.resolved = torch.cuda.Event() if fork else None
+        self.side = torch.cuda.Stream(device) if cuda else None
+        self.resolved = torch.cuda.Event() if cuda else None
         self.loaded_glob = None
         self.table = None  # id modes: the id table the captured graph reads, of the catalog lookup below
         self.lookup = None
@@ -209,8 +193,6 @@ class ListBuffers:
         after the work queued so far, then guard the pinned block they were read from."""
         if self.side is None:
             self.resolve()
-            if self.in_place:
-                self.copied.record()
             return
         self.side.wait_stream(torch.cuda.current_stream(self.side.device))
         with torch.cuda.stream(self.side):
