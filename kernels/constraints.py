@@ -281,13 +281,15 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
         reach = tl.minimum(reach, tl.minimum(n_req + (n_req + 1) * s_glob, n_glob + (n_glob + 1) * s_own))
     # every successor of the step holds at least `floor` (≥ 1) rows
     listing = valid & (allow | (reach >= floor))
-    safe = tl.where(listing, succ, 0)
+    # the row ranges load under `valid`, not `listing`: so they need not wait for the loads of the
+    # list bounds above (the filter's latency at small batches is this chain of dependent loads)
+    safe = tl.where(valid, succ, 0)
     if LAST:
         lo = safe
         hi = safe + 1
     else:
-        lo = tl.load(row_start_ptr + safe, mask=listing, other=0).to(tl.int64)
-        hi = tl.load(row_start_ptr + safe + 1, mask=listing, other=0).to(tl.int64)
+        lo = tl.load(row_start_ptr + safe, mask=valid, other=0).to(tl.int64)
+        hi = tl.load(row_start_ptr + safe + 1, mask=valid, other=0).to(tl.int64)
     size = hi - lo
     search = listing
     if MARKS:  # a range with no listed row anywhere in the batch holds none of this request's

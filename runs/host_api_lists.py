@@ -160,7 +160,8 @@ def public_api_rows(wl, batch: int, lengths, calls: int) -> None:
 
 def split_call(title: str, dec, fn, calls: int) -> None:
     """Medians, in µs, of one public-API call's parts (``fn`` returns its ``DecodeResult``): host
-    work before the graph's launch, the launch, the host work after it until ``fn`` returns, the
+    work before the graph's launch (split into the decoder's own work, the engine's choice of
+    shape with the lists' load into its buffers, and the rest), the launch, the host work after it until ``fn`` returns, the
     whole call synchronised after its result's copy to the host, and the device time of the
     graph that the call replayed, replayed alone (its lists stay in place)."""
     marks, used = {}, []
@@ -172,8 +173,22 @@ def split_call(title: str, dec, fn, calls: int) -> None:
         marks["launched"] = time.perf_counter()
         used.append(graph)
 
+    engine_type = type(dec.gpu_engine)
+    shape_fns = {name: getattr(engine_type, name) for name in ("constrained_shape", "shape_state")}
+
+    def timed_shape(name):
+        def wrapped(self, *args):
+            marks["shape"] = time.perf_counter()
+            try:
+                return shape_fns[name](self, *args)
+            finally:
+                marks["shaped"] = time.perf_counter()
+        return wrapped
+
     parts = defaultdict(list)
     torch.cuda.CUDAGraph.replay = replay
+    for name in shape_fns:
+        setattr(engine_type, name, timed_shape(name))
     try:
         for i in range(calls + 10):
             torch.cuda.synchronize()
@@ -185,11 +200,16 @@ def split_call(title: str, dec, fn, calls: int) -> None:
             t2 = time.perf_counter()
             if i >= 10 and "launch" in marks:
                 parts["before launch"].append(marks["launch"] - t0)
+                parts["(decoder"].append(marks["shape"] - t0)
+                parts["shape and lists' load"].append(marks["shaped"] - marks["shape"])
+                parts["rest)"].append(marks["launch"] - marks["shaped"])
                 parts["launch"].append(marks["launched"] - marks["launch"])
                 parts["after launch"].append(t1 - marks["launched"])
                 parts["whole call"].append(t2 - t0)
     finally:
         torch.cuda.CUDAGraph.replay = original
+        for name, method in shape_fns.items():
+            setattr(engine_type, name, method)
     if used:
         graph = used[-1]
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

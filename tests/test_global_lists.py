@@ -104,3 +104,45 @@ def test_a_registered_deny_set_takes_its_own_skipping_shape_beside_a_general_one
     assert [key[-1] for key in engine._shapes if "lists" in key] == ["request"]
     assert_decodes_as(engine, ref, model, named, deleted)
     assert [key[-1] for key in engine._shapes if "lists" in key] == ["request", ("skip", 1)]
+
+
+def test_a_registered_deny_set_named_by_a_batch_is_built_and_copied_once():
+    """The lists of a batch that names one registered deny set are the same object call after call
+    (until the name is registered again or removed), and the engine's buffers, finding the lists
+    they loaded last, stage and copy nothing; another set loaded in between, a set registered again
+    under the same name and a removed name are all seen: every decode equals the reference
+    decoder's over the set's rows at that time."""
+    from zerogr_core.decode.constraints import build_lists
+    from zerogr_core.errors import ZeroGRError
+
+    catalog, index, model, engine, ref = engine_case(["full", "selective", "full"], 512)
+    first = np.union1d(np.arange(5, 400, 9), np.arange(450, 460)).astype(np.int64)
+    second = np.union1d(np.arange(3, 500, 7), np.arange(200, 209)).astype(np.int64)  # both skip step 1
+    ref.register_items("seen", catalog.item_ids[first], kind="deny")
+    ref.register_items("stock", catalog.item_ids[second], kind="deny")
+    registry = ref.registry
+    named = build_lists(catalog, 3, deny_items="seen", registry=registry)
+    assert build_lists(catalog, 3, deny_items="seen", registry=registry) is named
+    assert build_lists(catalog, 2, deny_items="seen", registry=registry) is not named
+    other = build_lists(catalog, 3, deny_items="stock", registry=registry)
+    assert named.standing and other.standing and listed_from(index, named) == listed_from(index, other) == 1
+
+    def glob(rows):
+        return glob_only(3, rows)
+
+    assert_decodes_as(engine, ref, model, named, glob(first))
+    (buffers,) = [shape.lists for key, shape in engine._shapes.items() if "lists" in key]
+    guarded = []
+    buffers._guard = lambda original=buffers._guard: (guarded.append(1), original())
+    assert_decodes_as(engine, ref, model, named, glob(first))
+    assert not guarded  # the lists loaded last: nothing staged or copied
+    for lists, rows in ((other, second), (named, first)):
+        assert_decodes_as(engine, ref, model, lists, glob(rows))
+    assert len(guarded) == 2
+    ref.register_items("seen", catalog.item_ids[second], kind="deny")
+    again = build_lists(catalog, 3, deny_items="seen", registry=registry)
+    assert again is not named and np.array_equal(again.glob, second)
+    assert_decodes_as(engine, ref, model, again, glob(second))
+    ref.unregister_items("seen")
+    with pytest.raises(ZeroGRError, match="not a registered list"):
+        build_lists(catalog, 3, deny_items="seen", registry=registry)

@@ -385,6 +385,15 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     ZeroGRError
         A list argument of the wrong length, an id of the wrong kind, or an unknown name.
     """
+    if registry is not None and isinstance(deny_items, str) and allow_items is None and global_deny_rows is None:
+        # one registered name for the whole batch: its lists, once per batch size
+        return registry.named_lists(deny_items, batch, lambda: _build_lists(
+            catalog, batch, None, deny_items, None, normalise, registry), normalise)
+    return _build_lists(catalog, batch, allow_items, deny_items, global_deny_rows, normalise, registry)
+
+
+def _build_lists(catalog, batch: int, allow_items, deny_items, global_deny_rows, normalise: str,
+                 registry) -> RequestLists:
     allow = _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
     deny, glob, named = _merge_standing(deny, global_deny_rows, normalise, registry, batch)

@@ -108,6 +108,7 @@ class ListBuffers:
         self.side = torch.cuda.Stream(device) if cuda else None
         self.resolved = torch.cuda.Event() if cuda else None
         self.loaded_glob = None
+        self.loaded_lists = None  # standing lists last loaded (:meth:`load`)
         self.table = None  # id modes: the id table the captured graph reads, of the catalog lookup below
         self.lookup = None
         self.in_place = bool(cuda and width and width <= IN_PLACE_WIDTH and not copy_ids)
@@ -118,7 +119,12 @@ class ListBuffers:
 
     def load(self, lists: "RequestLists") -> None:
         """Stage ``lists`` in the pinned block and copy them in, stream-ordered before the
-        replay that reads them (no host synchronisation but the previous copy's)."""
+        replay that reads them (no host synchronisation but the previous copy's). Standing lists
+        (the same :class:`RequestLists` object call after call, which the decodes only read) that
+        were the last ones loaded are in place already: nothing is written or copied."""
+        if lists is self.loaded_lists:
+            return
+        self.loaded_lists = None
         if self.pending:
             self.copied.synchronize()
         if self.width:
@@ -145,6 +151,7 @@ class ListBuffers:
         # with no global list the request rows start at 0 and overwrite the old one
         self.loaded_glob = lists.glob if g else None
         self._guard()
+        self.loaded_lists = lists if lists.standing else None
 
 
     def _load_ids(self, lists) -> None:
@@ -313,7 +320,8 @@ def listed_from(index: StepIndex, lists) -> int:
     bounds overlap them. 0 for every other list (requests' own rows change from call to call, and a
     shape per bound would re-capture while serving; an allow list empties every prefix it lists
     nothing of)."""
-    if not isinstance(lists, RequestLists) or lists.rows.size or not lists.glob.size or (lists.mode & 1).any():
+    if not isinstance(lists, RequestLists) or lists.rows.size or not lists.glob.size or (
+            not lists.standing and (lists.mode & 1).any()):  # a standing set allows nothing
         return 0
     bound = glob_run(lists.glob)
     floors = row_floors(index)

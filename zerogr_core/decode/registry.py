@@ -74,6 +74,8 @@ class ListRegistry:
     def __init__(self):
         self._lists: dict[str, RegisteredList] = {}
         self._lock = threading.Lock()
+        # (name, batch, normalise) -> (entry, lists): the lists of a deny set that a whole batch names
+        self._named: dict = {}
 
     def __contains__(self, name) -> bool:
         return name in self._lists
@@ -100,11 +102,33 @@ class ListRegistry:
     def add(self, entry: RegisteredList) -> None:
         with self._lock:
             self._lists[entry.name] = entry
+            self._forget(entry.name)
 
     def remove(self, name: str) -> None:
         with self._lock:
             if self._lists.pop(name, None) is None:
                 raise ZeroGRError(f"unregister_items: {name!r} is not a registered list")
+            self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        for key in [k for k in self._named if k[0] == name]:
+            del self._named[key]
+
+    def named_lists(self, name: str, batch: int, build, normalise: str = "request"):
+        """The lists of a batch of ``batch`` requests that all name ``name`` and nothing else
+        (built by ``build()`` the first time, then the same object until the name is registered
+        again or removed): such a call then costs no list work on the host, and the engine,
+        finding the lists it loaded last, copies nothing (its caller must not modify them)."""
+        key = (name, batch, normalise)
+        entry = self._lists.get(name)
+        hit = self._named.get(key)
+        if entry is not None and hit is not None and hit[0] is entry:
+            return hit[1]
+        lists = build()
+        with self._lock:
+            if entry is not None and self._lists.get(name) is entry:
+                self._named[key] = (entry, lists)
+        return lists
 
     def shared(self, entries, kind: str) -> RegisteredList | None:
         """The registered list every one of ``entries`` names (``kind``), else None."""
