@@ -146,3 +146,21 @@ def test_a_registered_deny_set_named_by_a_batch_is_built_and_copied_once():
     ref.unregister_items("seen")
     with pytest.raises(ZeroGRError, match="not a registered list"):
         build_lists(catalog, 3, deny_items="seen", registry=registry)
+
+
+def test_a_batch_of_the_same_name_shares_the_named_lists():
+    """``[name] * batch`` is the name itself; other lists of names, of another length or mixed, keep
+    the full build (and its errors)."""
+    from zerogr_core.decode.constraints import build_lists
+    from zerogr_core.errors import ZeroGRError
+
+    catalog, index, model, engine, ref = engine_case(["full", "selective", "full"], 512)
+    ref.register_items("seen", catalog.item_ids[:40], kind="deny")
+    ref.register_items("stock", catalog.item_ids[40:60], kind="deny")
+    registry = ref.registry
+    named = build_lists(catalog, 3, deny_items="seen", registry=registry)
+    assert build_lists(catalog, 3, deny_items=["seen"] * 3, registry=registry) is named
+    mixed = build_lists(catalog, 3, deny_items=["seen", "stock", "seen"], registry=registry)
+    assert mixed is not named and not mixed.standing
+    with pytest.raises(ZeroGRError, match="deny_items"):
+        build_lists(catalog, 3, deny_items=["seen"] * 2, registry=registry)

@@ -385,9 +385,10 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     ZeroGRError
         A list argument of the wrong length, an id of the wrong kind, or an unknown name.
     """
-    if registry is not None and isinstance(deny_items, str) and allow_items is None and global_deny_rows is None:
-        # one registered name for the whole batch: its lists, once per batch size
-        return registry.named_lists(deny_items, batch, lambda: _build_lists(
+    name = None if registry is None or allow_items is not None or global_deny_rows is not None else \
+        registry.batch_name(deny_items, batch)
+    if name is not None:  # one registered name for the whole batch: its lists, once per batch size
+        return registry.named_lists(name, batch, lambda: _build_lists(
             catalog, batch, None, deny_items, None, normalise, registry), normalise)
     return _build_lists(catalog, batch, allow_items, deny_items, global_deny_rows, normalise, registry)
 

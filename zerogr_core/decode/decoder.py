@@ -206,7 +206,9 @@ class Decoder:
         :class:`~zerogr_core.decode.device_lists.DeviceRequestLists`), else on the host
         (:func:`~zerogr_core.decode.constraints.build_lists`, a
         :class:`~zerogr_core.decode.constraints.RequestLists`); both hold the same lists.
-        ``path`` ("auto", "host" or "device") overrides :attr:`list_path`.
+        ``path`` ("auto", "host" or "device") overrides :attr:`list_path`. A batch whose every
+        request names one registered deny set, and nothing else, gets the same lists object call
+        after call (built once per batch size; read it, do not modify it).
         """
         constraints, device_lists, _ = _list_modules()
         if self.catalog is None:

@@ -114,6 +114,17 @@ class ListRegistry:
         for key in [k for k in self._named if k[0] == name]:
             del self._named[key]
 
+    @staticmethod
+    def batch_name(entries, batch: int) -> str | None:
+        """The one name that ``entries`` (an argument of ``batch`` requests) gives every request:
+        the name itself, or ``batch`` equal names; else None."""
+        if isinstance(entries, str):
+            return entries
+        if isinstance(entries, (list, tuple)) and len(entries) == batch and entries \
+                and isinstance(entries[0], str) and all(e == entries[0] for e in entries):
+            return entries[0]
+        return None
+
     def named_lists(self, name: str, batch: int, build, normalise: str = "request"):
         """The lists of a batch of ``batch`` requests that all name ``name`` and nothing else
         (built by ``build()`` the first time, then the same object until the name is registered
