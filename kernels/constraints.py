@@ -297,12 +297,17 @@ def _slot_alive(succ, valid, row_start_ptr, list_off_ptr, list_rows_ptr, req, al
     own = search & (n_req > 0) & (allow | (size <= reach))
     if NODES:  # an allow request's bitmap of alive successors settles it in one load (kernels.allow_nodes)
         own = own & ~allow
-    listed = _count_in_range(list_rows_ptr, start, start + n_req, lo, hi, own, n_cap)
+    in_glob = search & (n_glob > 0) & (size <= tl.where(allow, n_glob, reach))
+    listed = tl.zeros_like(lo)
+    glob = tl.zeros_like(lo)
+    # in most tiles no lane searches (the bitmap cleared them): one reduction then skips the
+    # searches' own reductions and loads
+    if tl.max((own | in_glob).to(tl.int32)) > 0:
+        listed = _count_in_range(list_rows_ptr, start, start + n_req, lo, hi, own, n_cap)
+        glob = _count_in_range(list_rows_ptr, g_start, g_start + n_glob, lo, hi, in_glob, n_cap)
     if NODES:
         listed = tl.where(allow, node_alive(nodes_ptr, node_off, node_stride, req, succ, listing & allow).to(tl.int64),
                           listed)
-    glob = _count_in_range(list_rows_ptr, g_start, g_start + n_glob, lo, hi,
-                           search & (n_glob > 0) & (size <= tl.where(allow, n_glob, reach)), n_cap)
     alive = tl.where(allow, listed > 0, size > listed + glob)
     return tl.where(listing, alive, True), tl.where(listing, size > glob, True)
 
