@@ -385,12 +385,14 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     ZeroGRError
         A list argument of the wrong length, an id of the wrong kind, or an unknown name.
     """
-    name = None if registry is None or allow_items is not None or global_deny_rows is not None else \
-        registry.batch_name(deny_items, batch)
-    if name is not None:  # one registered name for the whole batch: its lists, once per batch size
-        return registry.named_lists(name, batch, lambda: _build_lists(
-            catalog, batch, None, deny_items, None, normalise, registry), normalise)
-    return _build_lists(catalog, batch, allow_items, deny_items, global_deny_rows, normalise, registry)
+    _per_request(allow_items, batch, "allow_items")
+    deny = _per_request(deny_items, batch, "deny_items")
+    standing = None if registry is None or allow_items is not None or global_deny_rows is not None else \
+        registry.shared(deny, "deny")
+    if standing is not None:  # one registered deny set for the whole batch: its lists, once per batch size
+        return registry.named_lists(standing, batch, normalise, lambda: _build_lists(
+            catalog, batch, None, deny, None, normalise, registry))
+    return _build_lists(catalog, batch, allow_items, deny, global_deny_rows, normalise, registry)
 
 
 def _build_lists(catalog, batch: int, allow_items, deny_items, global_deny_rows, normalise: str,

@@ -114,30 +114,19 @@ class ListRegistry:
         for key in [k for k in self._named if k[0] == name]:
             del self._named[key]
 
-    @staticmethod
-    def batch_name(entries, batch: int) -> str | None:
-        """The one name that ``entries`` (an argument of ``batch`` requests) gives every request:
-        the name itself, or ``batch`` equal names; else None."""
-        if isinstance(entries, str):
-            return entries
-        if isinstance(entries, (list, tuple)) and len(entries) == batch and entries \
-                and isinstance(entries[0], str) and all(e == entries[0] for e in entries):
-            return entries[0]
-        return None
-
-    def named_lists(self, name: str, batch: int, build, normalise: str = "request"):
-        """The lists of a batch of ``batch`` requests that all name ``name`` and nothing else
-        (built by ``build()`` the first time, then the same object until the name is registered
-        again or removed): such a call then costs no list work on the host, and the engine,
-        finding the lists it loaded last, copies nothing (its caller must not modify them)."""
-        key = (name, batch, normalise)
-        entry = self._lists.get(name)
+    def named_lists(self, entry: RegisteredList, batch: int, normalise: str, build):
+        """The lists of a batch of ``batch`` requests that all name the deny set ``entry`` and
+        nothing else (:meth:`shared`; built by ``build()`` the first time, then the same object
+        until the name is registered again or removed): such a call then costs no list work on
+        the host, and the engine, finding the lists it loaded last, copies nothing (its caller
+        must not modify them)."""
+        key = (entry.name, batch, normalise)
         hit = self._named.get(key)
-        if entry is not None and hit is not None and hit[0] is entry:
+        if hit is not None and hit[0] is entry:
             return hit[1]
         lists = build()
         with self._lock:
-            if entry is not None and self._lists.get(name) is entry:
+            if self._lists.get(entry.name) is entry:
                 self._named[key] = (entry, lists)
         return lists
 
