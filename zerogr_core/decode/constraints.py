@@ -385,22 +385,20 @@ def build_lists(catalog, batch: int, allow_items=None, deny_items=None,
     ZeroGRError
         A list argument of the wrong length, an id of the wrong kind, or an unknown name.
     """
-    _per_request(allow_items, batch, "allow_items")
+    allow = None if allow_items is None else _per_request(allow_items, batch, "allow_items")
     deny = _per_request(deny_items, batch, "deny_items")
-    standing = None if registry is None or allow_items is not None or global_deny_rows is not None else \
+    standing = None if registry is None or allow is not None or global_deny_rows is not None else \
         registry.shared(deny, "deny")
     if standing is not None:  # one registered deny set for the whole batch: its lists, once per batch size
         return registry.named_lists(standing, batch, normalise, lambda: _build_lists(
             catalog, batch, None, deny, None, normalise, registry))
-    return _build_lists(catalog, batch, allow_items, deny, global_deny_rows, normalise, registry)
+    return _build_lists(catalog, batch, allow, deny, global_deny_rows, normalise, registry)
 
 
-def _build_lists(catalog, batch: int, allow_items, deny_items, global_deny_rows, normalise: str,
-                 registry) -> RequestLists:
-    allow = _per_request(allow_items, batch, "allow_items")
-    deny = _per_request(deny_items, batch, "deny_items")
+def _build_lists(catalog, batch: int, allow, deny, global_deny_rows, normalise: str, registry) -> RequestLists:
+    """:func:`build_lists` of per-request ``allow`` (or ``None``: no allow argument) and ``deny`` entries."""
     deny, glob, named = _merge_standing(deny, global_deny_rows, normalise, registry, batch)
-    if allow_items is not None:
+    if allow is not None:
         allowing = np.array([a is not None for a in allow], dtype=bool)
         allow = _segments(catalog, allow, "allow_items", registry)
     else:
