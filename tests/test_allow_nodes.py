@@ -12,7 +12,14 @@ from zerogr_core.decode.constraints import row_starts
 from zerogr_kernels.allow_nodes import (allow_nodes, allow_nodes_reference, allow_nodes_triton, derive_tables,
                                         node_layout, rank_tables)
 
+from kernel_asserts import kernel_device
 from test_deny_ids import assert_decodes_as, assert_result_as, engine_case, over_plans
+
+DEV = kernel_device()  # a GPU compiles the kernels, which then take CUDA tensors only
+
+
+def on_dev(args):
+    return [a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def index_of(n, seed, sizes=(8, 8, 8)):
@@ -96,13 +103,14 @@ def test_kernel_matches_reference(seed, batch, n_ids, derive):
     """Every step set bit by bit, or the first one or two derived from the next (the reference sets
     them all bit by bit)."""
     full = case(seed, batch, n_ids)
-    args = full[2:]
-    assert_nodes_equal(run(allow_nodes_triton, args, derived_of(full[1], derive)), run(allow_nodes_reference, args),
+    args = on_dev(full[2:])
+    derived = tuple((t[0].to(DEV), *t[1:]) for t in derived_of(full[1], derive))
+    assert_nodes_equal(run(allow_nodes_triton, args, derived), run(allow_nodes_reference, args),
                        full[-2], f"derive {derive}")
 
 
 def test_kernel_on_a_one_level_catalog():
-    args = case(5, 3, 20, sizes=(64,))[2:]
+    args = on_dev(case(5, 3, 20, sizes=(64,))[2:])
     assert args[-2].numel() == 1  # one step: its successors are the rows
     assert torch.equal(run(allow_nodes_reference, args), run(allow_nodes_triton, args))
 

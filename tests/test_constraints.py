@@ -16,7 +16,10 @@ from zerogr_core import Catalog, Decoder, ZeroGRError, build_index
 from zerogr_core.decode.constraints import build_lists, row_starts
 from zerogr_core.index import INDEX_PRESETS, HostTrie, build_static_index
 
+from kernel_asserts import kernel_device
 from test_decode import PrefixModel
+
+DEV = kernel_device()
 
 
 # ---------------------------------------------------------------------------- kernel
@@ -54,9 +57,17 @@ def rule(case, n_beams, batch, b, k):
     return (listed > 0 if mode[r] & 1 else hi - lo > listed + in_glob), hi - lo > in_glob
 
 
+def on_kernel_device(tensors):
+    """Copies of ``tensors`` (a list, ``None`` kept) or of a dict's tensor values on the kernels'
+    device: a GPU compiles the kernels, which then take CUDA tensors only."""
+    if isinstance(tensors, dict):
+        return {k: v.to(DEV) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+    return [None if t is None else t.to(DEV, copy=True) for t in tensors]
+
+
 def assert_same_slots(ref, tri) -> None:
     """The reference's and the kernel's slot tensors agree exactly (-inf logits alike)."""
-    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], tri[:3]):
+    for name, a, b in zip(("tokens", "succ", "logits"), ref[:3], (t.cpu() for t in tri[:3])):
         bad = (a != b) & ~(torch.isinf(a.float()) & torch.isinf(b.float()))
         assert not bad.any(), f"{name}: first mismatches at {bad.nonzero()[:5].tolist()}"
 
@@ -86,9 +97,9 @@ def test_kernel_matches_reference(n_beams, K, batch, last, list_len, defer, shif
     n_iter = search_iterations(list_len + 3)  # more halvings than needed must not change anything
     marks = {} if shift is None else with_marks(case, n_rows, shift)
     ref = [t.clone() if t is not None else None for t in case]
-    tri = [t.clone() if t is not None else None for t in case]
+    tri = on_kernel_device(case)
     constrain_slots_reference(*ref, n_beams // batch, n_iter, defer)
-    constrain_slots_triton(*tri, n_beams // batch, n_iter, defer, **marks)
+    constrain_slots_triton(*tri, n_beams // batch, n_iter, defer, **on_kernel_device(marks))
     assert_same_slots(ref, tri)
     # independent check of the rule on the reference output
     succ, mode = case[1], case[6]
@@ -114,7 +125,7 @@ def test_kernel_with_several_blocks_per_program_matches_reference(monkeypatch, l
     case = random_case(11 + last, n_beams, K, batch, 97, last, 30)
     for defer in (False, True):
         ref = [t.clone() if t is not None else None for t in case]
-        tri = [t.clone() if t is not None else None for t in case]
+        tri = on_kernel_device(case)
         constrain_slots_reference(*ref, n_beams // batch, 8, defer)
         constrain_slots_triton(*tri, n_beams // batch, 8, defer)
         assert_same_slots(ref, tri)
@@ -130,11 +141,12 @@ def test_scored_kernel_matches_reference(n_beams, K, batch, last, list_len, shif
     scores[0] = float("-inf")  # a padded beam stays padded
     marks = {} if shift is None else with_marks(case, n_rows, shift)
     ref = [t.clone() if t is not None else None for t in case]
-    tri = [t.clone() if t is not None else None for t in case]
+    tri = on_kernel_device(case)
     out_ref = constrain_scored_slots_reference(*ref, n_beams // batch, n_iter, scores, torch.empty(n_beams))
-    out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores, torch.empty(n_beams), **marks)
+    out_tri = constrain_scored_slots_triton(*tri, n_beams // batch, n_iter, scores.to(DEV),
+                                            torch.empty(n_beams, device=DEV), **on_kernel_device(marks))
     assert_same_slots(ref, tri)
-    torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out_tri.cpu(), out_ref, rtol=0, atol=1e-5)
     # independent check: a log-softmax over what is left, plus the new score, is the
     # log-softmax over the live slots (float64)
     succ, logits, mode = case[1], case[2].double(), case[6]
@@ -167,14 +179,15 @@ def test_kernels_match_reference_on_any_lists(seed, n_rows, list_len, batch, las
     n_iter = search_iterations(4 * n_rows)
     marks = {} if shift is None else with_marks(case, n_rows, shift)
     ref = [t.clone() if t is not None else None for t in case]
-    tri = [t.clone() if t is not None else None for t in case]
+    tri = on_kernel_device(case)
     constrain_slots_reference(*ref, 2, n_iter, defer)
-    constrain_slots_triton(*tri, 2, n_iter, defer, **marks)
+    constrain_slots_triton(*tri, 2, n_iter, defer, **on_kernel_device(marks))
     scores = torch.zeros(n_beams)
     out_ref = constrain_scored_slots_reference(*ref, 2, n_iter, scores, torch.empty(n_beams))
-    out_tri = constrain_scored_slots_triton(*tri, 2, n_iter, scores, torch.empty(n_beams), **marks)
+    out_tri = constrain_scored_slots_triton(*tri, 2, n_iter, scores.to(DEV), torch.empty(n_beams, device=DEV),
+                                            **on_kernel_device(marks))
     assert_same_slots(ref, tri)
-    torch.testing.assert_close(out_tri, out_ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out_tri.cpu(), out_ref, rtol=0, atol=1e-5)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -186,7 +199,8 @@ def test_mark_rows_kernel_matches_reference(seed, n_rows, list_len, batch, shift
     case = random_case(seed, 2, 3, batch, n_rows, True, list_len)
     offsets, rows = case[4] + start, torch.cat([torch.full((start,), n_rows - 1), case[5]])
     words = mark_words(n_rows << shift)
-    got = mark_rows_triton(offsets, rows, torch.full((words,), -1, dtype=torch.int32), shift)
+    got = mark_rows_triton(offsets.to(DEV), rows.to(DEV), torch.full((words,), -1, dtype=torch.int32, device=DEV),
+                           shift).cpu()
     want = mark_rows_reference(offsets, rows, torch.full((words,), -1, dtype=torch.int32), shift)
     assert torch.equal(got, want), (got != want).nonzero()[:5].tolist()
     used = rows[int(offsets[0]):int(offsets[-1])].numpy()

@@ -15,8 +15,11 @@ from zerogr_kernels.list_spans import longest_run
 
 from zerogr_kernels.row_marks import mark_rows_reference, mark_words
 
+from kernel_asserts import kernel_device
 from test_constraints import Model, gpu_case
 from test_device_lists import catalog_of
+
+DEV = kernel_device()  # a GPU compiles the kernels, which then take CUDA tensors only
 
 
 def case(seed, batch, width, n_ids, table_size, base):
@@ -30,9 +33,9 @@ def case(seed, batch, width, n_ids, table_size, base):
     ids = g.integers(base - 3, base + table_size + 3, int(counts.sum()) + 4)  # 4 more past the last
     id_offsets = np.concatenate([[0], np.cumsum(counts)])
     offsets = np.concatenate([[0, 0], np.arange(1, batch + 1) * width]) + 5
-    t = torch.from_numpy
+    t = lambda a: torch.from_numpy(a).to(DEV)  # noqa: E731
     return (t(ids.astype(np.int64)), t(id_offsets.astype(np.int64)), width, t(table), base,
-            torch.full((batch * width + 7,), -9, dtype=torch.int64), t(offsets.astype(np.int64)), n_known)
+            torch.full((batch * width + 7,), -9, dtype=torch.int64, device=DEV), t(offsets.astype(np.int64)), n_known)
 
 
 def run(fn, args):
@@ -73,12 +76,12 @@ def test_marks_set_with_the_rows_match_mark_rows(width, shift):
     for seed, (batch, n_ids, size) in enumerate([(3, 16, 40), (2, 50, 300), (1, 0, 10), (2, 16, 5000)]):
         args = case(seed, batch, width, n_ids, size, 3)
         n_words = mark_words(args[7] << shift)
-        want = mark_rows_reference(args[6], run(deny_rows_reference, args), torch.zeros(n_words, dtype=torch.int32),
-                                   shift)
+        want = mark_rows_reference(args[6], run(deny_rows_reference, args),
+                                   torch.zeros(n_words, dtype=torch.int32, device=DEV), shift)
         for f in (deny_rows_triton, deny_rows_reference):
             out = list(args)
             out[5] = args[5].clone()
-            marks = torch.full((n_words,), -1, dtype=torch.int32)
+            marks = torch.full((n_words,), -1, dtype=torch.int32, device=DEV)
             f(*out, marks=marks, mark_shift=shift)
             assert torch.equal(marks, want), (f.__name__, (marks != want).nonzero()[:5].tolist())
 
@@ -108,9 +111,9 @@ def run_case(seed, batch, width, n_ids, n_rows):
         parts.append(part)
     id_offsets = np.concatenate([[0], np.cumsum([p.size for p in parts])])
     offsets = np.concatenate([[0, 0], np.arange(1, batch + 1) * width])
-    t = lambda a: torch.from_numpy(np.asarray(a).astype(np.int64))  # noqa: E731
-    return (t(np.concatenate(parts + [np.zeros(1)])), t(id_offsets), width, torch.from_numpy(table), 0,
-            torch.zeros(batch * width, dtype=torch.int64), t(offsets), n_rows)
+    t = lambda a: torch.from_numpy(np.asarray(a).astype(np.int64)).to(DEV)  # noqa: E731
+    return (t(np.concatenate(parts + [np.zeros(1)])), t(id_offsets), width, torch.from_numpy(table).to(DEV), 0,
+            torch.zeros(batch * width, dtype=torch.int64, device=DEV), t(offsets), n_rows)
 
 
 @pytest.mark.parametrize("width,n_ids", [(16, 16), (128, 100), (MAX_WIDTH, 700), (2 * MAX_WIDTH, 2000),
@@ -121,7 +124,7 @@ def test_spans_bound_each_requests_longest_run(width, n_ids):
     the distinct rows); the kernel's equal its reference's, and the rows are unchanged."""
     for seed in range(3):
         args = run_case(seed, 3, width, n_ids, 3 * width)
-        got, want = torch.full((3,), -1, dtype=torch.int64), torch.full((3,), -1, dtype=torch.int64)
+        got, want = (torch.full((3,), -1, dtype=torch.int64, device=DEV) for _ in range(2))
         rows = run(deny_rows_triton, args)
         assert torch.equal(rows, run(deny_rows_reference, args))
         run(lambda *a: deny_rows_triton(*a, spans=got), args)
@@ -143,10 +146,10 @@ def test_reference_rows_are_each_requests_distinct_known_rows(seed, batch, width
     deny_rows(ids, id_offsets, width, table, base, rows, offsets, n_rows)
     assert (rows[:5] == -9).all() and (rows[5 + batch * width:] == -9).all()  # nothing else written
     for r in range(batch):
-        seg = rows[int(offsets[r + 1]):int(offsets[r + 1]) + width].numpy()
-        given_ids = ids[int(id_offsets[r]):int(id_offsets[r + 1])].numpy() - base
+        seg = rows[int(offsets[r + 1]):int(offsets[r + 1]) + width].cpu().numpy()
+        given_ids = ids[int(id_offsets[r]):int(id_offsets[r + 1])].cpu().numpy() - base
         inside = given_ids[(given_ids >= 0) & (given_ids < table_size)]
-        want = np.unique(table.numpy()[inside])
+        want = np.unique(table.cpu().numpy()[inside])
         want = want[want >= 0]
         assert seg[:want.size].tolist() == want.tolist()
         assert (seg[want.size:] == n_rows).all()
