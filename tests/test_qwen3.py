@@ -174,6 +174,21 @@ def test_staged_prefill_equals_eager(model):
         torch.testing.assert_close(a.scores, b.scores)
 
 
+def test_restaging_writes_what_a_fresh_model_stages(model):
+    """Stage skips the padding's zeroing and the lengths' fill when the last call left them right: a
+    run of calls of other lengths (one bucket), with and without a mask, leaves the static buffers
+    as a fresh model's staging of the last call leaves them."""
+    ids, mask = inputs(4)
+    calls = [(ids, None), (ids[:, :5], None), (ids[:, :5], None), (ids, mask), (ids[:, :7], None),
+             (ids[:, :9], mask[:, :9] * 0 + 1), (ids[:, :9], None), (ids[:, :3], None)]
+    kept = Qwen3StepModel(model, OFFSETS, context_bucket=16)
+    for history, m in calls:
+        kept.stage(history, m, beam_width=2)
+        fresh = Qwen3StepModel(model, OFFSETS, context_bucket=16)
+        fresh.stage(history, m, beam_width=2)
+        assert torch.equal(kept.ids, fresh.ids) and torch.equal(kept.lengths, fresh.lengths), history.shape
+
+
 def test_allow_and_deny_lists(model):
     """Filtering first under lists = brute force over the sub-catalog the lists leave."""
     catalog = tiny_catalog()

@@ -288,6 +288,9 @@ class Qwen3StepModel:
         own = -(-beam_width * self.lineage_len // 16) * 16
         self.ids = torch.zeros(b, tb, dtype=torch.int64, device=dev)
         self.lengths = torch.ones(b, dtype=torch.int64, device=dev)
+        # columns of ``ids`` a stage has written past 0 since they were zeroed, and the length every
+        # request was last given (``None`` after a mask): what the next stage need not write again
+        self._ids_written, self._uniform_length = 0, 1
         # token-major (b, slot, kv_heads, D), the projections' own layout: the prefill's copy is a
         # contiguous run per request, and SDPA reads the (kv_heads, slot) transpose as a view
         self.kv = torch.zeros(2, self.n_layers, b, tb + own, self.kv_heads, self.head_dim, dtype=dt, device=dev)
@@ -323,13 +326,19 @@ class Qwen3StepModel:
         if self._static_key != key:
             self._allocate(b, tb, beam_width)
             self._static_key = key
-        if t < tb:
-            self.ids[:, t:].zero_()
+        # a call of the same length as the last one needs neither launch: each is a few µs of
+        # host time before the prefill can start
+        if t < self._ids_written:
+            self.ids[:, t:self._ids_written].zero_()
         self.ids[:, :t].copy_(ids)
+        self._ids_written = t
         if lengths is None:
-            self.lengths.fill_(t)
+            if self._uniform_length != t:
+                self.lengths.fill_(t)
+                self._uniform_length = t
         else:
             self.lengths.copy_(lengths)
+            self._uniform_length = None
         self.prefill_in_step = True
 
     @torch.no_grad()
