@@ -193,6 +193,12 @@ def test_malformed_generate_gets_a_one_line_4xx_and_serving_goes_on(service, bod
     ("POST", "/recommend", {"history": [1], "allow": [10**9]}, 422, "allow"),
     ("POST", "/recommend", {"history": [1], "k": 17}, 400, "k: 17 is out of range 1…16"),
     ("POST", "/recommend", {"history": [999]}, 400, "history[0]: 999 is not a token id"),
+    # the history is token ids here: its messages say so (they spoke of item ids)
+    ("POST", "/recommend", {"history": []}, 400, "history: give at least one token id"),
+    ("POST", "/recommend", {"k": 3}, 400, "history: required (a list of token ids, oldest first)"),
+    ("POST", "/recommend", {"history": "1 2"}, 400, "history: expected a list of token ids, got str"),
+    ("POST", "/recommend", {"history": [1, 2.5]}, 400, "history[1]: token id 2.5 is not an integer"),
+    ("POST", "/recommend", {"history": [2**70]}, 400, "history[0]: token id 1180591620717411303424 is outside"),
     ("POST", "/recommend", {"history": [1], "keep_history": True}, 400, "keep_history"),
     ("GET", "/generate", None, 405, "use POST /generate"),
     ("POST", "/ready", None, 405, "no route POST /ready"),
@@ -262,7 +268,7 @@ def test_recommend_takes_string_item_ids_of_a_string_id_catalog(tmp_path):
     assert reply.status == 400 and "exclude[0]: item id 5 is not a string (this catalog has string ids)" in \
         reply.json()["error"]
     reply = call(svc, "POST", "/recommend", {"history": ["sku-1"]})
-    assert reply.status == 400 and "history[0]" in reply.json()["error"]
+    assert reply.status == 400 and reply.json()["error"] == "history[0]: token id 'sku-1' is not an integer"
 
 
 def _metric(text, name, labels=""):

@@ -58,25 +58,32 @@ class Query:
     allow: tuple | None = None
 
 
-def id_list(value, field: str, *, string_ids: bool | None, allow_empty: bool, limit: int | None = MAX_LIST) -> tuple:
-    """Check a list of item ids (``string_ids`` None: integers or strings, the catalog not yet known);
+def id_list(value, field: str, *, string_ids: bool | None, allow_empty: bool, limit: int | None = MAX_LIST,
+            tokens: bool = False) -> tuple:
+    """Check a list of item ids (``string_ids`` None: integers or strings, the catalog not yet known),
+    or with ``tokens`` of token ids (integers, each checked against the vocabulary by the caller);
     a :class:`RequestError` naming the field and entry, 413 for more than ``limit`` ids."""
+    noun = "token id" if tokens else "item id"
     if not isinstance(value, list):
-        raise RequestError(f"{field}: expected a list of item ids, got {type(value).__name__}")
+        raise RequestError(f"{field}: expected a list of {noun}s, got {type(value).__name__}")
     if not value and not allow_empty:
-        raise RequestError(f"{field}: give at least one item id")
+        raise RequestError(f"{field}: give at least one {noun}")
+    if tokens:
+        string_ids = False
     if limit is not None and len(value) > limit:
         raise RequestError(f"{field}: {len(value)} ids, at most {limit}", status=413)
     for i, item in enumerate(value):
         integer = isinstance(item, int) and not isinstance(item, bool)
         if string_ids is None and not (integer or isinstance(item, str)):
             raise RequestError(f"{field}[{i}]: item id {item!r} is not an integer or a string")
+        if tokens and not integer:
+            raise RequestError(f"{field}[{i}]: token id {item!r} is not an integer")
         if string_ids is not None and not (isinstance(item, str) if string_ids else integer):
             kind = "a string" if string_ids else "an integer"
             raise RequestError(f"{field}[{i}]: item id {item!r} is not {kind} (this catalog has "
                                f"{'string' if string_ids else 'integer'} ids)")
         if integer and not -2**63 <= item < 2**63:
-            raise RequestError(f"{field}[{i}]: item id {item} is outside the 64-bit range of item ids")
+            raise RequestError(f"{field}[{i}]: {noun} {item} is outside the 64-bit range of {noun}s")
     return tuple(value)
 
 
@@ -180,8 +187,8 @@ def parse_query(body: bytes | str, *, max_k: int, string_ids: bool = False, toke
     if unknown:
         raise RequestError(f"unknown field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
     if "history" not in doc:
-        raise RequestError("history: required (a list of item ids, oldest first)")
-    history = id_list(doc["history"], "history", string_ids=string_ids and not token_history, allow_empty=False)
+        raise RequestError(f"history: required (a list of {'token' if token_history else 'item'} ids, oldest first)")
+    history = id_list(doc["history"], "history", string_ids=string_ids, allow_empty=False, tokens=token_history)
     exclude = id_list(doc.get("exclude", []), "exclude", string_ids=string_ids, allow_empty=True)
     allow = doc.get("allow")
     if allow is not None:
