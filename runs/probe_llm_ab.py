@@ -1,0 +1,89 @@
+"""A/B of two settings of the Qwen3 recommender's call, taking turns in one process.
+
+    python runs/probe_llm_ab.py blas [SHAPES] [ROUNDS]     (on a GPU; SHAPES like 1000x1,1000x8, ROUNDS 2)
+    python runs/probe_llm_ab.py stage [SHAPES] [ROUNDS]
+
+The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-item catalog, beam
+256, filtering first, prefill inside the graph) is built once; each arm is timed end to end as the
+benchmark times it (CUDA events, warm-up, rotated inputs of one length, median), round after round.
+
+* ``blas``: ``torch.backends.cuda.preferred_blas_library`` set to cuBLAS, then cuBLASLt; each arm's
+  serving is captured afresh under its setting.
+* ``stage``: ``always`` (the padding's zeroing and the lengths' fill launched every call, by telling the
+  model before each call that both are stale) against :meth:`Qwen3StepModel.stage` as shipped (``skip``:
+  neither launch when the last call left them as this one needs), on one serving.
+
+A line per round, arm and shape, then the medians of the rounds and the second arm's ratio to the first.
+"""
+import statistics
+import sys
+
+import torch
+
+from zerogr_core.bench.llm import LLM_PRESETS, Workload, _timed
+
+
+def _blas(lib: str):
+    def enter(sm):
+        torch.backends.cuda.preferred_blas_library(lib)
+    return enter
+
+
+def _stage(stale: bool):
+    def before(sm):
+        if stale and sm._static_key is not None:
+            sm._ids_written, sm._uniform_length = sm.ids.shape[1], None
+    return before
+
+
+# per experiment: whether each arm captures a fresh serving, and its arms (name, what runs before its calls)
+EXPERIMENTS = {
+    "blas": (True, {"cublas": _blas("cublas"), "cublaslt": _blas("cublaslt")}),
+    "stage": (False, {"always": _stage(True), "skip": _stage(False)}),
+}
+
+
+def main() -> None:
+    name = sys.argv[1] if len(sys.argv) > 1 else ""
+    if name not in EXPERIMENTS:
+        sys.exit(f"usage: python runs/probe_llm_ab.py {{{','.join(EXPERIMENTS)}}} [SHAPES] [ROUNDS]")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[2] if len(sys.argv) > 2 else "1000x1,1000x8").split(",")]
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    fresh, arms = EXPERIMENTS[name]
+    cfg = LLM_PRESETS["h200"]
+    w = Workload(cfg, lambda m: print(m, flush=True))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    got = {}
+    for context, batch in shapes:
+        sets = [w.inputs(batch, context, 1000 * batch + context + i) for i in range(cfg.rotations)]
+        run = None
+        for r in range(rounds):
+            for arm, setting in arms.items():
+                if fresh:  # the setting applies at capture: this arm's own serving
+                    setting(None)
+                    run = None
+                    torch.cuda.empty_cache()
+                run = run or w.serving("filter-first", "auto", cfg.beam)
+                cur = {"i": 0}
+
+                def before(i, sm=run.step_model, hook=None if fresh else setting):
+                    cur["i"] = i % len(sets)
+                    if hook is not None:
+                        hook(sm)
+
+                ms = _timed(lambda: run.decode(sets[cur["i"]]).item_rows.cpu(), w.device, cfg, before)
+                got.setdefault((context, batch, arm), []).append(ms)
+                print(f"round {r} {arm:9s} {context}x{batch}: {ms:.3f} ms", flush=True)
+        del run
+        torch.cuda.empty_cache()
+    first, second = arms
+    if fresh:
+        arms[first](None)
+    for context, batch in shapes:
+        a = statistics.median(got[(context, batch, first)])
+        b = statistics.median(got[(context, batch, second)])
+        print(f"{context}x{batch}: {first} {a:.3f} ms, {second} {b:.3f} ms ({b / a:.4f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
