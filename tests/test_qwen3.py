@@ -323,7 +323,9 @@ def test_bench_quick(tmp_path):
     assert {"zerogr-score-first", "zerogr-unconstrained", "hf-constrained", "hf-unconstrained"} <= methods
     agree = next(r for r in recs if r.get("method") == "agreement")
     assert agree["top1_agreement"] == 1.0          # float32: the same items as HF's own forward
-    assert "| 16 | 2 | 8 |" in (tmp_path / "llm.md").read_text()
+    assert agree["hf_attentions"]["top1"] == 1.0   # and HF's eager attention the same as its SDPA
+    table = (tmp_path / "llm.md").read_text()
+    assert "| 16 | 2 | 8 |" in table and "with SDPA against eager attention, the same requests: top-1 item 100%" in table
 
 
 def test_agreement_reports_each_bf16_path_against_float32():
@@ -339,6 +341,9 @@ def test_agreement_reports_each_bf16_path_against_float32():
     assert rec["requests"] == 2 and 0.0 <= rec["top1_agreement"] <= 1.0 and 0.0 < rec["topk_overlap"] <= 1.0
     for path in ("ours", "hf"):
         assert 0.0 <= rec["float32"][path]["top1"] <= 1.0 and 0.0 < rec["float32"][path]["topk_overlap"] <= 1.0
+    both = rec["hf_attentions"]
+    assert 0.0 <= both["top1"] <= 1.0 and 0.0 < both["topk_overlap"] <= 1.0 and "eager" in both["pair"]
+    assert w.model.config._attn_implementation == "sdpa"   # switched back
     detail = rec["requests_detail"]
     assert len(detail) == 2 and all(d["margin"] >= 0.0 for d in detail)     # the beams come best first
     assert np.mean([d["ours_vs_hf"] for d in detail]) == rec["top1_agreement"]

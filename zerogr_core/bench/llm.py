@@ -447,6 +447,11 @@ def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
             lines += ["", f"{cfg.dtype} agreement with Hugging Face's cached forward (scoring first, {r['requests']} "
                           f"requests, context {r['context']}, beam {r['beam']}): top-1 item "
                           f"{r['top1_agreement']:.0%}, top-{r['beam']} overlap {r['topk_overlap']:.1%}."]
+            both = r.get("hf_attentions") or {}
+            if "top1" in both:
+                lines += ["", f"Hugging Face's own {cfg.dtype} forward with SDPA against eager attention, the same "
+                              f"requests: top-1 item {both['top1']:.0%}, top-{r['beam']} overlap "
+                              f"{both['topk_overlap']:.1%}."]
             exact = r.get("float32") or {}
             if "ours" in exact:
                 lines += ["", f"Against the float32 computation (Hugging Face's forward, the same weights upcast): "

@@ -9,7 +9,9 @@ context), and with random weights the best items' scores are close, so some requ
 their top item differently. How much of that is bf16 itself is measured beside it: the same
 weights upcast to float32 through Hugging Face's forward are the exact computation, and
 each bf16 path is compared with it. A top-1 gap that bf16 alone explains is a gap Hugging
-Face's own bf16 forward shows too.
+Face's own bf16 forward shows too. And how far two correct implementations of the same dtype
+part: Hugging Face's forward with its eager attention (matmul, softmax, matmul) instead of
+SDPA, against itself with SDPA, on the same weights.
 """
 from __future__ import annotations
 
@@ -30,6 +32,14 @@ def _release(device) -> None:
         torch.cuda.empty_cache()
 
 
+def set_attention(model, name: str) -> None:
+    """Switch a ``transformers`` model's attention implementation (``"sdpa"``, ``"eager"``)."""
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:
+        model.config._attn_implementation = name
+
+
 def agreement(w, context: int, beam: int) -> dict:
     """Top-1 item agreement and top-``beam`` overlap of ours against Hugging Face's forward.
 
@@ -42,10 +52,11 @@ def agreement(w, context: int, beam: int) -> dict:
     Returns
     -------
     dict
-        ``top1_agreement``/``topk_overlap`` (ours vs Hugging Face, same dtype), and when the
-        dtype is not float32, ``float32`` with each path's agreement with the exact
-        computation and ``requests_detail`` (per request: agreements and the float32 top-1
-        margin over the second item, in log-probability).
+        ``top1_agreement``/``topk_overlap`` (ours vs Hugging Face, same dtype); ``hf_attentions``,
+        the same two figures for Hugging Face's SDPA attention against its eager one (or
+        ``error``); and when the dtype is not float32, ``float32`` with each path's agreement with
+        the exact computation and ``requests_detail`` (per request: agreements and the float32
+        top-1 margin over the second item, in log-probability).
     """
     from ..hf import HFGenerator
 
@@ -62,12 +73,37 @@ def agreement(w, context: int, beam: int) -> dict:
     top1 = [bool(a[0] == b[0]) for a, b in pairs]
     rec = dict(method="agreement", context=context, batch=1, beam=beam, requests=len(top1),
                top1_agreement=float(np.mean(top1)), topk_overlap=float(np.mean([_overlap(a, b) for a, b in pairs])),
-               reference="zerogr_core.hf.HFStepModel (transformers' own DynamicCache forward), scoring first")
+               reference="zerogr_core.hf.HFStepModel (transformers' own DynamicCache forward), scoring first",
+               hf_attentions=_hf_attentions(w, inputs, got["hf"], beam))
     w.log(f"agreement over {len(top1)} requests: top-1 {rec['top1_agreement']:.2f}, "
           f"top-{beam} overlap {rec['topk_overlap']:.3f}")
     if w.dtype != torch.float32 and w.cfg.agreement_float32:
         rec.update(_against_float32(w, inputs, got, beam))
     return rec
+
+
+def _hf_attentions(w, inputs, sdpa: list, beam: int) -> dict:
+    """Hugging Face's forward with its eager attention against its SDPA one (``sdpa``, the rows it
+    returned): how far two correct forwards of the same weights and dtype part."""
+    from ..hf import HFGenerator
+
+    before = getattr(w.model.config, "_attn_implementation", None) or "sdpa"
+    try:
+        set_attention(w.model, "eager")
+        eager = HFGenerator(w.model, w.index, beam_width=beam, token_offsets=w.offsets, order="score-first")
+        rows = [eager.generate(ids).item_rows[0].cpu().numpy() for ids in inputs]
+    except (ValueError, ImportError, torch.OutOfMemoryError) as exc:  # an implementation this transformers lacks
+        return dict(error=f"{type(exc).__name__}: {exc}")
+    finally:
+        eager = None
+        set_attention(w.model, before)
+        _release(w.device)
+    out = dict(top1=float(np.mean([a[0] == b[0] for a, b in zip(sdpa, rows)])),
+               topk_overlap=float(np.mean([_overlap(a, b) for a, b in zip(sdpa, rows)])),
+               pair=f"Hugging Face's forward: {before} attention against eager attention")
+    w.log(f"Hugging Face's own attentions (SDPA, eager): top-1 {out['top1']:.2f}, top-{beam} overlap "
+          f"{out['topk_overlap']:.3f}")
+    return out
 
 
 def _against_float32(w, inputs, got: dict, beam: int) -> dict:
