@@ -92,7 +92,7 @@ def _hf_attentions(w, inputs, sdpa: list, beam: int) -> dict:
         set_attention(w.model, "eager")
         eager = HFGenerator(w.model, w.index, beam_width=beam, token_offsets=w.offsets, order="score-first")
         rows = [eager.generate(ids).item_rows[0].cpu().numpy() for ids in inputs]
-    except (ValueError, ImportError, torch.OutOfMemoryError) as exc:  # an implementation this transformers lacks
+    except (ValueError, ImportError, torch.OutOfMemoryError) as exc:  # no eager attention here, or no memory for it
         return dict(error=f"{type(exc).__name__}: {exc}")
     finally:
         eager = None
