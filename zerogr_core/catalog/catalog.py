@@ -296,7 +296,8 @@ class Catalog:
         if not found.all():
             if missing == "error":
                 bad = int(np.flatnonzero(~found)[0])
-                raise CatalogError(f"{what}: item id {format_item_id(ids[bad])} (entry {bad + 1}) is not in "
+                # indexed from 0, as the servers' other field errors are (``input_ids[0]``)
+                raise CatalogError(f"{what}[{bad}]: item id {format_item_id(ids[bad])} is not in "
                                    f"catalog {self.name!r}")
             if missing == "drop":
                 rows = rows[found]
