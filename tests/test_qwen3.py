@@ -325,7 +325,25 @@ def test_bench_quick(tmp_path):
     assert agree["top1_agreement"] == 1.0          # float32: the same items as HF's own forward
     assert agree["hf_attentions"]["top1"] == 1.0   # and HF's eager attention the same as its SDPA
     table = (tmp_path / "llm.md").read_text()
-    assert "| 16 | 2 | 8 |" in table and "with SDPA against eager attention, the same requests: top-1 item 100%" in table
+    assert "| 16 | 2 | 8 |" in table and "with SDPA against eager attention, the same requests: top-1 item 100% " \
+        "(95 % interval" in table
+    assert agree["top1_agreed"] == agree["requests"] and agree["top1_interval95"][1] == 1.0
+
+
+def test_agreement_interval_is_wilsons():
+    """The agreement's 95 % interval: Wilson's score interval of the top-1 share (the known value at 49
+    of 60), inside [0, 1], holding the share, and narrower with more requests."""
+    from zerogr_core.bench.llm_agreement import interval95
+
+    lo, hi = interval95(49, 60)
+    assert abs(lo - 0.70080) < 1e-4 and abs(hi - 0.89442) < 1e-4, (lo, hi)
+    assert interval95(0, 20)[0] == 0.0 and interval95(20, 20)[1] == 1.0
+    for k, n in [(0, 1), (1, 1), (3, 7), (55, 60), (999, 1000)]:
+        lo, hi = interval95(k, n)
+        assert 0.0 <= lo <= k / n <= hi <= 1.0, (k, n, lo, hi)
+    wide, narrow = interval95(49, 60), interval95(490, 600)
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]
+    assert interval95(0, 0) == (0.0, 1.0)
 
 
 def test_agreement_reports_each_bf16_path_against_float32():

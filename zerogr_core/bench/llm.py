@@ -414,6 +414,11 @@ def measure_hf(w: Workload, context: int, batch: int, beam: int) -> list[dict]:
     return records
 
 
+def _top1_text(share: float, interval=None) -> str:
+    """A top-1 share with its 95 % interval when the record has one (older records do not)."""
+    return f"{share:.0%}" if interval is None else f"{share:.0%} (95 % interval {interval[0]:.0%}–{interval[1]:.0%})"
+
+
 def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
     """A small Markdown table of the run."""
     lines = [f"# Qwen3 recommender ({cfg.model}, random weights, {cfg.dtype}), {cfg.n_items:,} items",
@@ -446,12 +451,13 @@ def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
         if r.get("method") == "agreement":
             lines += ["", f"{cfg.dtype} agreement with Hugging Face's cached forward (scoring first, {r['requests']} "
                           f"requests, context {r['context']}, beam {r['beam']}): top-1 item "
-                          f"{r['top1_agreement']:.0%}, top-{r['beam']} overlap {r['topk_overlap']:.1%}."]
+                          f"{_top1_text(r['top1_agreement'], r.get('top1_interval95'))}, top-{r['beam']} overlap "
+                          f"{r['topk_overlap']:.1%}."]
             both = r.get("hf_attentions") or {}
             if "top1" in both:
                 lines += ["", f"Hugging Face's own {cfg.dtype} forward with SDPA against eager attention, the same "
-                              f"requests: top-1 item {both['top1']:.0%}, top-{r['beam']} overlap "
-                              f"{both['topk_overlap']:.1%}."]
+                              f"requests: top-1 item {_top1_text(both['top1'], both.get('interval95'))}, "
+                              f"top-{r['beam']} overlap {both['topk_overlap']:.1%}."]
             exact = r.get("float32") or {}
             if "ours" in exact:
                 lines += ["", f"Against the float32 computation (Hugging Face's forward, the same weights upcast): "

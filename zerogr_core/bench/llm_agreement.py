@@ -26,6 +26,25 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> float:
     return len(set(a[a >= 0].tolist()) & set(b[b >= 0].tolist())) / max(1, int((b >= 0).sum()))
 
 
+def interval95(agreed: int, n: int) -> tuple[float, float]:
+    """Wilson's 95 % interval of a proportion, ``agreed`` of ``n``: how far a share of top items
+    measured on ``n`` requests can be from the rate that many more requests would show."""
+    if n < 1:
+        return 0.0, 1.0
+    z2, p = 1.96 ** 2, agreed / n
+    mid, half = p + z2 / (2 * n), 1.96 * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    # at 0 and n the bounds are exactly 0 and 1, which the float arithmetic misses by an ulp
+    lo = 0.0 if agreed == 0 else max(0.0, (mid - half) / (1 + z2 / n))
+    hi = 1.0 if agreed == n else min(1.0, (mid + half) / (1 + z2 / n))
+    return float(lo), float(hi)
+
+
+def _share(hits) -> dict:
+    """The top-1 share of ``hits`` (one bool per request), its count and its 95 % interval."""
+    k, n = int(np.sum(hits)), len(hits)
+    return dict(top1=k / max(n, 1), agreed=k, interval95=interval95(k, n))
+
+
 def _release(device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -70,12 +89,13 @@ def agreement(w, context: int, beam: int) -> dict:
     del ours, theirs
     _release(w.device)
     pairs = list(zip(got["ours"], got["hf"]))
-    top1 = [bool(a[0] == b[0]) for a, b in pairs]
-    rec = dict(method="agreement", context=context, batch=1, beam=beam, requests=len(top1),
-               top1_agreement=float(np.mean(top1)), topk_overlap=float(np.mean([_overlap(a, b) for a, b in pairs])),
+    top1 = _share([a[0] == b[0] for a, b in pairs])
+    rec = dict(method="agreement", context=context, batch=1, beam=beam, requests=len(pairs),
+               top1_agreement=top1["top1"], top1_agreed=top1["agreed"], top1_interval95=top1["interval95"],
+               topk_overlap=float(np.mean([_overlap(a, b) for a, b in pairs])),
                reference="zerogr_core.hf.HFStepModel (transformers' own DynamicCache forward), scoring first",
                hf_attentions=_hf_attentions(w, inputs, got["hf"], beam))
-    w.log(f"agreement over {len(top1)} requests: top-1 {rec['top1_agreement']:.2f}, "
+    w.log(f"agreement over {len(pairs)} requests: top-1 {rec['top1_agreement']:.2f}, "
           f"top-{beam} overlap {rec['topk_overlap']:.3f}")
     if w.dtype != torch.float32 and w.cfg.agreement_float32:
         rec.update(_against_float32(w, inputs, got, beam))
@@ -98,7 +118,7 @@ def _hf_attentions(w, inputs, sdpa: list, beam: int) -> dict:
         eager = None
         set_attention(w.model, before)
         _release(w.device)
-    out = dict(top1=float(np.mean([a[0] == b[0] for a, b in zip(sdpa, rows)])),
+    out = dict(_share([a[0] == b[0] for a, b in zip(sdpa, rows)]),
                topk_overlap=float(np.mean([_overlap(a, b) for a, b in zip(sdpa, rows)])),
                pair=f"Hugging Face's forward: {before} attention against eager attention")
     w.log(f"Hugging Face's own attentions (SDPA, eager): top-1 {out['top1']:.2f}, top-{beam} overlap "
