@@ -424,11 +424,13 @@ class GpuEngine:
         when a call lists more rows than its capacity), with ``lists`` copied in. Each
         normalisation has its own shape, so request-normalised lists never run the
         catalog-normalised pass. Deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`),
-        which the shape resolves on the device, have two shapes per normalisation: widths whose
-        ids the first kernel reads in place from pinned memory, and wider ones or ids already on
-        the device, copied first (:attr:`~zerogr_core.decode.id_lists.DenyIds.copied`), each
-        grown to the widest call so far and serving every narrower one, so GPU memory stays
-        bounded whatever the list sizes. Allow ids (:class:`~zerogr_core.decode.id_lists.AllowIds`)
+        which the shape resolves on the device, have up to four shapes per normalisation: ids the
+        first kernel reads in place from pinned memory, or ids copied first (wider ones, or ids
+        already on the device: :attr:`~zerogr_core.decode.id_lists.DenyIds.copied`), each at
+        widths sorted in one program's registers or wider ones sorted by torch
+        (:attr:`~zerogr_core.decode.id_lists.DenyIds.wide`); each is grown to the widest call so
+        far and serves every narrower one of its class, so GPU memory stays bounded whatever the
+        list sizes. Allow ids (:class:`~zerogr_core.decode.id_lists.AllowIds`)
         have one shape per normalisation, its id buffer grown by powers of two, whose first kernel
         turns them into bitmaps of alive successors. A global deny segment alone (a registered deny
         set every request names, a catalog version's deletions) that cannot empty any prefix of the
@@ -439,7 +441,7 @@ class GpuEngine:
         call after call) always takes its own."""
         width = getattr(lists, "width", 0)
         bitmaps = isinstance(lists, AllowIds)
-        kind = (("ids", lists.copied),) if width else (("allow-ids",) if bitmaps else ())
+        kind = (("ids", lists.copied, lists.wide),) if width else (("allow-ids",) if bitmaps else ())
         key = self.key(batch) + ("lists", lists.normalise) + kind
         by_ids = bool(width) or bitmaps
         skip = 0 if by_ids else listed_from(self.index, lists)

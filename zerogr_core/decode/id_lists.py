@@ -29,7 +29,7 @@ import torch
 
 from zerogr_kernels.allow_nodes import derive_tables, node_layout, rank_tables
 from zerogr_kernels.constraints import ALLOW, CATALOG_NORMALISED
-from zerogr_kernels.deny_ids import IN_PLACE_WIDTH, MAX_IDS
+from zerogr_kernels.deny_ids import IN_PLACE_WIDTH, MAX_IDS, MAX_WIDTH
 
 from ..catalog.item_ids import fits_int64
 from .constraints import row_starts
@@ -107,6 +107,14 @@ class DenyIds(IdLists):
         than :data:`~zerogr_kernels.deny_ids.IN_PLACE_WIDTH`, or ids already on the device;
         the others are read where the call wrote them, in pinned memory."""
         return self.width > IN_PLACE_WIDTH or self.on_device
+
+    @property
+    def wide(self) -> bool:
+        """Whether the rows are sorted by torch between launches (past
+        :data:`~zerogr_kernels.deny_ids.MAX_WIDTH` ids) rather than in one program's registers: the
+        engine keeps such widths in shapes of their own, so a wide call never pushes later short
+        lists onto the slower path."""
+        return self.width > MAX_WIDTH
 
     @property
     def total_rows(self) -> int:
