@@ -367,6 +367,43 @@ def test_agreement_reports_each_bf16_path_against_float32():
     assert np.mean([d["ours_vs_hf"] for d in detail]) == rec["top1_agreement"]
 
 
+def test_agreement_float32_falls_back_to_our_forward_when_hugging_faces_does_not_fit(monkeypatch):
+    """Where Hugging Face's float32 forward runs out of memory (its cache holds the context once
+    per beam), the float32 computation is our step model's over the same upcast weights: on the
+    tiny model it returns the same items as Hugging Face's, so every figure is the same."""
+    from dataclasses import replace
+
+    from zerogr_core import hf
+    from zerogr_core.bench.llm import LLM_PRESETS, Workload, markdown
+    from zerogr_core.bench.llm_agreement import _against_float32
+
+    w = Workload(replace(LLM_PRESETS["quick"], dtype="bfloat16", agreement_requests=3), log=lambda *_: None)
+    inputs = [w.inputs(1, 16, 50_000 + r) for r in range(3)]
+    ours = w.serving("score-first", "outside", 8)
+    theirs = hf.HFGenerator(w.model, w.index, beam_width=8, token_offsets=w.offsets, order="score-first")
+    got = {"ours": [ours.decode(i).item_rows[0].numpy() for i in inputs],
+           "hf": [theirs.generate(i).item_rows[0].numpy() for i in inputs]}
+    want = _against_float32(w, inputs, got, 8)
+    assert "HFStepModel" in want["float32"]["reference"]
+    generate = hf.HFGenerator.generate
+
+    def no_float32_memory(self, *args, **kwargs):
+        if self.step_model.model.dtype == torch.float32:
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(hf.HFGenerator, "generate", no_float32_memory)
+    fell_back = _against_float32(w, inputs, got, 8)
+    assert "Qwen3StepModel" in fell_back["float32"]["reference"]
+    for name in ("ours", "hf"):
+        assert fell_back["float32"][name] == want["float32"][name], name
+    assert [d["margin"] for d in fell_back["requests_detail"]] == pytest.approx(
+        [d["margin"] for d in want["requests_detail"]], abs=1e-4)
+    rec = dict(method="agreement", requests=3, context=16, beam=8, top1_agreement=1.0, topk_overlap=1.0,
+               float32=fell_back["float32"])
+    assert "Against the float32 computation (ours forward" in markdown([rec], w.cfg, {})
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_engine_matches_reference(dtype):

@@ -460,7 +460,8 @@ def markdown(records: list[dict], cfg: LLMBenchConfig, env: dict) -> str:
                               f"top-{r['beam']} overlap {both['topk_overlap']:.1%}."]
             exact = r.get("float32") or {}
             if "ours" in exact:
-                lines += ["", f"Against the float32 computation (Hugging Face's forward, the same weights upcast): "
+                by = "ours" if "Qwen3StepModel" in exact.get("reference", "") else "Hugging Face's"
+                lines += ["", f"Against the float32 computation ({by} forward, the same weights upcast): "
                               f"top-1 item ours {exact['ours']['top1']:.0%}, Hugging Face {cfg.dtype} "
                               f"{exact['hf']['top1']:.0%}; top-{r['beam']} overlap {exact['ours']['topk_overlap']:.1%} "
                               f"and {exact['hf']['topk_overlap']:.1%}."]

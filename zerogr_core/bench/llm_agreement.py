@@ -7,10 +7,10 @@ Scoring first, one request at a time, the same beam loop over two step models:
 round differently (stacked projections, fused norms, another attention kernel, a padded
 context), and with random weights the best items' scores are close, so some requests rank
 their top item differently. How much of that is bf16 itself is measured beside it: the same
-weights upcast to float32 through Hugging Face's forward are the exact computation, and
-each bf16 path is compared with it. A top-1 gap that bf16 alone explains is a gap Hugging
-Face's own bf16 forward shows too. And how far two correct implementations of the same dtype
-part: Hugging Face's forward with its eager attention (matmul, softmax, matmul) instead of
+weights upcast to float32 through Hugging Face's forward (or, where its per-beam cache does not
+fit in float32, through ours) are the exact computation, and each bf16 path is compared with
+it. A top-1 gap that bf16 alone explains is a gap Hugging Face's own bf16 forward shows too.
+And how far two correct implementations of the same dtype part: Hugging Face's forward with its eager attention (matmul, softmax, matmul) instead of
 SDPA, against itself with SDPA, on the same weights.
 """
 from __future__ import annotations
@@ -126,31 +126,60 @@ def _hf_attentions(w, inputs, sdpa: list, beam: int) -> dict:
     return out
 
 
-def _against_float32(w, inputs, got: dict, beam: int) -> dict:
-    """Each bf16 path against Hugging Face's forward over the same weights in float32."""
+def _float32_paths(w, exact_model, beam: int):
+    """``(reference, decode)`` of the float32 computation, the most independent of ours first:
+    Hugging Face's forward, then our step model, whose context is held once rather than once per
+    beam (Hugging Face's float32 cache of 256 beams of 1,000 tokens outgrows an 80 GB card)."""
     from ..hf import HFGenerator
+    from ..models.protocol import StepDecoder
+    from ..models.qwen3 import Qwen3StepModel
 
+    def hf():
+        return HFGenerator(exact_model, w.index, beam_width=beam, token_offsets=w.offsets,
+                           order="score-first").generate
+
+    def ours():
+        sm = Qwen3StepModel(exact_model, w.offsets, context_bucket=w.cfg.context_bucket)
+        return StepDecoder(sm, w.index, sm.head, beam_width=beam, order="score-first", band_offsets=w.offsets,
+                           prefill="outside").decode
+
+    yield "zerogr_core.hf.HFStepModel over the weights upcast to float32", hf
+    yield ("zerogr_core.models.qwen3.Qwen3StepModel over the weights upcast to float32 (Hugging Face's "
+           "forward ran out of memory)"), ours
+
+
+def _against_float32(w, inputs, got: dict, beam: int) -> dict:
+    """Each bf16 path against the float32 computation over the same weights: Hugging Face's forward,
+    or ours where Hugging Face's does not fit."""
+    rows, reference, exact_model = None, None, None
     try:
         exact_model = copy.deepcopy(w.model).float()
-        exact = HFGenerator(exact_model, w.index, beam_width=beam, token_offsets=w.offsets, order="score-first")
-        rows, margins = [], []
-        for ids in inputs:
-            r = exact.generate(ids)
-            rows.append(r.item_rows[0].cpu().numpy())
-            s = r.scores[0].float().cpu().numpy()
-            margins.append(float(s[0] - s[1]) if s.size > 1 else float("inf"))
+        for reference, make in _float32_paths(w, exact_model, beam):
+            try:
+                decode = make()
+                rows, margins = [], []
+                for ids in inputs:
+                    r = decode(ids)
+                    rows.append(r.item_rows[0].cpu().numpy())
+                    s = r.scores[0].float().cpu().numpy()
+                    margins.append(float(s[0] - s[1]) if s.size > 1 else float("inf"))
+                break
+            except torch.OutOfMemoryError:
+                rows = decode = None
+                _release(w.device)
     except torch.OutOfMemoryError:
-        return dict(float32={"error": "out of memory"})
+        rows = None
     finally:
-        exact_model = exact = None
+        exact_model = decode = None
         _release(w.device)
+    if rows is None:
+        return dict(float32={"error": "out of memory"})
     out = {name: dict(top1=float(np.mean([a[0] == c[0] for a, c in zip(got[name], rows)])),
                       topk_overlap=float(np.mean([_overlap(a, c) for a, c in zip(got[name], rows)])))
            for name in ("ours", "hf")}
     detail = [dict(margin=m, ours_vs_hf=bool(a[0] == b[0]), ours_vs_float32=bool(a[0] == c[0]),
                    hf_vs_float32=bool(b[0] == c[0]))
               for m, a, b, c in zip(margins, got["ours"], got["hf"], rows)]
-    w.log(f"against float32 (Hugging Face's forward, same weights upcast): top-1 ours {out['ours']['top1']:.2f}, "
+    w.log(f"against float32 ({reference}): top-1 ours {out['ours']['top1']:.2f}, "
           f"Hugging Face bf16 {out['hf']['top1']:.2f}")
-    return dict(float32=dict(out, reference="zerogr_core.hf.HFStepModel over the weights upcast to float32"),
-                requests_detail=detail)
+    return dict(float32=dict(out, reference=reference), requests_detail=detail)
