@@ -330,6 +330,22 @@ def test_bench_quick(tmp_path):
     assert agree["top1_agreed"] == agree["requests"] and agree["top1_interval95"][1] == 1.0
 
 
+def test_a_spent_budget_skips_the_shapes_never_the_agreement(tmp_path):
+    """A budget already spent when the run starts (it counts the model's build): every shape is
+    recorded as skipped, and the agreement check still runs, first."""
+    from dataclasses import replace
+
+    from zerogr_core.bench.llm import LLM_PRESETS, run
+
+    cfg = replace(LLM_PRESETS["quick"], budget_s=0.0, agreement_requests=2, shapes=((16, 1),))
+    recs = run(cfg, tmp_path, "test", log=lambda *_: None)
+    methods = [r["method"] for r in recs]
+    assert methods[1] == "agreement" and recs[1]["requests"] == 2, methods
+    assert [r["what"] for r in recs if r["method"] == "skipped"] == ["shape context 16 batch 1 beam 8",
+                                                                      "hf context 16 batch 1 beam 8"]
+    assert "zerogr" not in methods
+
+
 def test_agreement_interval_is_wilsons():
     """The agreement's 95 % interval: Wilson's score interval of the top-1 share (the known value at 49
     of 60), inside [0, 1], holding the share, and narrower with more requests."""

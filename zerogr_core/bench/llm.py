@@ -496,14 +496,15 @@ def run(cfg: LLMBenchConfig, out: Path, command: str, log=print) -> list[dict]:
     shapes.sort(key=lambda s: (s[:2] not in TARGETS, s))
     if cfg.shapes is None:
         shapes += [(cfg.contexts[0], 1, m) for m in cfg.extra_beams]
-    # the agreement check is correctness evidence: it runs first so the budget never drops it
+    # the agreement check is correctness evidence: it runs first and the budget never drops it (the
+    # budget counts from the start, the model's build included)
     todo = [("agreement", (cfg.contexts[0], 1, cfg.beam))] if cfg.agreement_requests else []
     after_first = len(todo) + 1           # Hugging Face right after the first shape
     todo += [("shape", s) for s in shapes]
     todo[after_first:after_first] = [("hf", (c, b, cfg.beam)) for c, b in cfg.hf_shapes]
     with torch.no_grad():
         for what, (c, b, m) in todo:
-            if time.perf_counter() - t0 > cfg.budget_s:
+            if what != "agreement" and time.perf_counter() - t0 > cfg.budget_s:
                 writer.add(dict(method="skipped", what=f"{what} context {c} batch {b} beam {m}"))
                 continue
             if what == "shape":
