@@ -172,16 +172,18 @@ class Workload:
         log(f"model {cfg.model} {self.model_s:.1f} s, catalog {self.catalog.n_items:,} items {self.catalog_s:.1f} s, "
             f"index on {self.device} {self.index_s:.1f} s")
 
-    def step_model(self):
+    def step_model(self, model=None):
         from ..models.qwen3 import Qwen3StepModel
 
-        return Qwen3StepModel(self.model, self.offsets, context_bucket=self.cfg.context_bucket)
+        return Qwen3StepModel(self.model if model is None else model, self.offsets,
+                              context_bucket=self.cfg.context_bucket)
 
-    def serving(self, order: str, prefill: str, beam: int):
-        """A :class:`~zerogr_core.models.protocol.StepDecoder` of a fresh step model (its own buffers)."""
+    def serving(self, order: str, prefill: str, beam: int, model=None):
+        """A :class:`~zerogr_core.models.protocol.StepDecoder` of a fresh step model (its own buffers)
+        over the run's model, or over ``model`` (the same weights in another dtype)."""
         from ..models.protocol import StepDecoder
 
-        sm = self.step_model()
+        sm = self.step_model(model)
         return StepDecoder(sm, self.index, sm.head, beam_width=beam, order=order, band_offsets=self.offsets,
                            prefill=prefill)
 

@@ -10,8 +10,9 @@ their top item differently. How much of that is bf16 itself is measured beside i
 weights upcast to float32 through Hugging Face's forward (or, where its per-beam cache does not
 fit in float32, through ours) are the exact computation, and each bf16 path is compared with
 it. A top-1 gap that bf16 alone explains is a gap Hugging Face's own bf16 forward shows too.
-And how far two correct implementations of the same dtype part: Hugging Face's forward with its eager attention (matmul, softmax, matmul) instead of
-SDPA, against itself with SDPA, on the same weights.
+And how far two correct implementations of the same dtype part: Hugging Face's forward with its
+eager attention (matmul, softmax, matmul) instead of SDPA, against itself with SDPA, on the same
+weights.
 """
 from __future__ import annotations
 
@@ -131,17 +132,13 @@ def _float32_paths(w, exact_model, beam: int):
     Hugging Face's forward, then our step model, whose context is held once rather than once per
     beam (Hugging Face's float32 cache of 256 beams of 1,000 tokens outgrows an 80 GB card)."""
     from ..hf import HFGenerator
-    from ..models.protocol import StepDecoder
-    from ..models.qwen3 import Qwen3StepModel
 
     def hf():
         return HFGenerator(exact_model, w.index, beam_width=beam, token_offsets=w.offsets,
                            order="score-first").generate
 
     def ours():
-        sm = Qwen3StepModel(exact_model, w.offsets, context_bucket=w.cfg.context_bucket)
-        return StepDecoder(sm, w.index, sm.head, beam_width=beam, order="score-first", band_offsets=w.offsets,
-                           prefill="outside").decode
+        return w.serving("score-first", "outside", beam, model=exact_model).decode
 
     yield "zerogr_core.hf.HFStepModel over the weights upcast to float32", hf
     yield ("zerogr_core.models.qwen3.Qwen3StepModel over the weights upcast to float32 (Hugging Face's "
