@@ -16,6 +16,9 @@ Variants (each a fresh step model over the same weights, against the same Huggin
   apart     exact, and q/k/v and gate/up as separate GEMMs, as Hugging Face's modules run them
             (the step model stacks each set into one GEMM; cuBLAS may then pick another kernel)
   all       lastfull, sdpa and apart
+  torch     exact, and the fused norm, q/k norm + rotary and SwiGLU kernels replaced by their PyTorch
+            references (Hugging Face's eager ops, rounding for rounding)
+  every     all, and torch: the step model computes what Hugging Face's forward does, op for op
 
 Hugging Face's eager attention against its SDPA one is printed beside them: how far two correct
 forwards of the same weights part.
@@ -35,8 +38,11 @@ from zerogr_core.bench.llm_agreement import _overlap, set_attention
 from zerogr_core.hf import HFGenerator
 from zerogr_core.models import qwen3
 from zerogr_core.models.protocol import StepDecoder
+from zerogr_kernels.qk_norm_rope import qk_norm_rope_reference
+from zerogr_kernels.rms_norm import rms_layer_norm_reference
+from zerogr_kernels.swiglu import silu_mul_reference
 
-VARIANTS = ("shipped", "exact", "lastfull", "sdpa", "apart", "all")
+VARIANTS = ("shipped", "exact", "lastfull", "sdpa", "apart", "all", "torch", "every")
 
 
 def per_beam_sdpa(q, k, v, lengths, *, context_len, lineage_len, step, scale=None, lineage=None):
@@ -87,9 +93,10 @@ def stacked_parts(sm) -> dict:
 
 
 @contextmanager
-def swapped(lastfull: bool, sdpa: bool, apart: dict | None = None):
+def swapped(lastfull: bool, sdpa: bool, apart: dict | None = None, eager: bool = False):
     """The step model's module patched for the variant, restored afterwards."""
     layers, attention, functional = qwen3.Qwen3StepModel._layers, qwen3.beam_context_attention_triton, qwen3.F
+    fused = qwen3.rms_layer_norm, qwen3.qk_norm_rope, qwen3.silu_mul
 
     def every_row(self, x, cos, sin, cache, attend, keep=None):
         out = layers(self, x, cos, sin, cache, attend)
@@ -102,9 +109,13 @@ def swapped(lastfull: bool, sdpa: bool, apart: dict | None = None):
             qwen3.beam_context_attention_triton = per_beam_sdpa
         if apart:
             qwen3.F = ApartLinear(apart)
+        if eager:
+            qwen3.rms_layer_norm, qwen3.qk_norm_rope, qwen3.silu_mul = (
+                rms_layer_norm_reference, qk_norm_rope_reference, silu_mul_reference)
         yield
     finally:
         qwen3.Qwen3StepModel._layers, qwen3.beam_context_attention_triton, qwen3.F = layers, attention, functional
+        qwen3.rms_layer_norm, qwen3.qk_norm_rope, qwen3.silu_mul = fused
 
 
 def main() -> None:
@@ -127,6 +138,19 @@ def main() -> None:
     eager_rows = [eager.generate(ids).item_rows[0].cpu().numpy() for ids in inputs]
     set_attention(w.model, "sdpa")
     del theirs, eager
+    # the prefill's last hidden state (final norm applied), Hugging Face's forward against each variant's
+    probes = inputs[:10]
+    with torch.no_grad():
+        hf_last = [w.model.model(input_ids=ids).last_hidden_state[:, -1] for ids in probes]
+
+    def prefill_bits(sm) -> str:
+        same, worst = [], 0.0
+        for ids, ref in zip(probes, hf_last):
+            sm.prefill(ids, beam_width=beam)
+            mine = sm.first.view_as(ref)
+            same.append((mine == ref).float().mean().item())
+            worst = max(worst, (mine.float() - ref.float()).abs().max().item())
+        return f"; prefill hidden state: {np.mean(same):.1%} of elements bitwise Hugging Face's, max |diff| {worst:.3g}"
 
     def report(name, rows, note=""):
         top1 = [int(a[0] == b[0]) for a, b in zip(rows, hf)]
@@ -138,14 +162,15 @@ def main() -> None:
     for name in variants:
         bucket = cfg.context_bucket if name == "shipped" else 1
         sm = qwen3.Qwen3StepModel(w.model, w.offsets, context_bucket=bucket)
-        every = name == "all"
+        every = name in ("all", "every")
         with swapped(every or name == "lastfull", every or name == "sdpa",
-                     stacked_parts(sm) if every or name == "apart" else None):
+                     stacked_parts(sm) if every or name == "apart" else None, name in ("torch", "every")):
             ours = StepDecoder(sm, w.index, sm.head, beam_width=beam, order="score-first", band_offsets=w.offsets,
                                prefill="outside")
             rows = [ours.decode(ids).item_rows[0].cpu().numpy() for ids in inputs]
             split = getattr(qwen3.F, "split_calls", None)
-        report(name, rows, "" if split is None else f"; {split} GEMMs split")
+            bits = prefill_bits(sm)
+        report(name, rows, ("" if split is None else f"; {split} GEMMs split") + bits)
         del ours, sm
         if w.device.type == "cuda":
             torch.cuda.empty_cache()
