@@ -6,7 +6,11 @@ and then rotates it (``q * cos + rotate_half(q) * sin``, each product and the su
 to the dtype). In eager PyTorch that is about a dozen kernels per layer; at decode sizes
 (a few hundred rows) their launches, not their bytes, cost the time.
 :func:`qk_norm_rope` does both, for the queries and the keys of a token, in one program
-and with the same roundings.
+and with the same roundings; on a GPU its outputs are the eager ops' bits. The norm's sum
+adds in torch's order (:mod:`zerogr_kernels.row_sums`), and the kernel compiles without
+floating-point contraction: with it the compiler turned a rotary product, which the eager ops
+round to bf16 before the sum, and that sum into one bf16 multiply-add (``fma.rn.bf16``), and
+14 % of the outputs differed in their last bit.
 """
 from __future__ import annotations
 
@@ -15,11 +19,12 @@ import triton
 import triton.language as tl
 
 from ._common import FLOAT_DTYPES, check_tensor, next_pow2, use_triton
+from .row_sums import order_of, sum_squares
 
 
 @triton.jit
-def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, out_at, H, half, D, eps, cos_lo, cos_hi, sin_lo, sin_hi,
-                       BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, out_at, H, half, D, inv_d, eps, cos_lo, cos_hi, sin_lo,
+                       sin_hi, EAGER: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """One token's H heads: RMS norm, weight, rotation, each half of the head loaded once; the
     result goes to ``out_ptr + out_at`` (the token's heads contiguous there)."""
     heads = tl.arange(0, BLOCK_H)
@@ -30,7 +35,9 @@ def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, out_at, H, half, D, eps,
     hi = tl.load(x_ptr + tok * row + half + at, mask=ok, other=0.0)
     dt = lo.dtype
     lof, hif = lo.to(tl.float32), hi.to(tl.float32)
-    r = tl.math.rsqrt((tl.sum(lof * lof, axis=1) + tl.sum(hif * hif, axis=1)) / D + eps)[:, None]
+    # the mean as torch takes it (the sum in its order, times 1/D in float32)
+    ss = sum_squares(x_ptr, x_ptr, tok * row + heads * D, heads < H, D, False, EAGER, BLOCK_H, 2 * BLOCK_HALF)
+    r = tl.math.rsqrt(ss * inv_d + eps)[:, None]
     w_lo = tl.load(w_ptr + cols, mask=cols < half, other=0.0).to(tl.float32)[None, :]
     w_hi = tl.load(w_ptr + half + cols, mask=cols < half, other=0.0).to(tl.float32)[None, :]
     # the eager roundings: normed row to the dtype, times the weight, each rotary product, the sum
@@ -46,7 +53,8 @@ def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, out_at, H, half, D, eps,
 
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, vo_ptr, HQ, HK, D,
-                         eps, q_row, k_row, v_row, R, ko_s0, ko_s1, vo_s0, vo_s1, BLOCK_HQ: tl.constexpr,
+                         inv_d, eps, q_row, k_row, v_row, R, ko_s0, ko_s1, vo_s0, vo_s1, EAGER: tl.constexpr,
+                         BLOCK_HQ: tl.constexpr,
                          BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, COPY_V: tl.constexpr,
                          BLOCK_KV: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
@@ -59,10 +67,10 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, 
     cos_hi = tl.load(cos_ptr + tok * D + half + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     sin_lo = tl.load(sin_ptr + tok * D + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
     sin_hi = tl.load(sin_ptr + tok * D + half + cols, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    _norm_rotate_heads(q_ptr, qw_ptr, qo_ptr, tok, q_row, tok * HQ * D, HQ, half, D, eps, cos_lo, cos_hi, sin_lo,
-                       sin_hi, BLOCK_HQ, BLOCK_HALF)
-    _norm_rotate_heads(k_ptr, kw_ptr, ko_ptr, tok, k_row, blk * ko_s0 + sub * ko_s1, HK, half, D, eps, cos_lo, cos_hi,
-                       sin_lo, sin_hi, BLOCK_HK, BLOCK_HALF)
+    _norm_rotate_heads(q_ptr, qw_ptr, qo_ptr, tok, q_row, tok * HQ * D, HQ, half, D, inv_d, eps, cos_lo, cos_hi, sin_lo,
+                       sin_hi, EAGER, BLOCK_HQ, BLOCK_HALF)
+    _norm_rotate_heads(k_ptr, kw_ptr, ko_ptr, tok, k_row, blk * ko_s0 + sub * ko_s1, HK, half, D, inv_d, eps, cos_lo, cos_hi,
+                       sin_lo, sin_hi, EAGER, BLOCK_HK, BLOCK_HALF)
     if COPY_V:
         at = tl.arange(0, BLOCK_KV)
         ok = at < HK * D
@@ -124,12 +132,13 @@ def qk_norm_rope_triton(q, k, q_weight, k_weight, eps: float, cos, sin, *, k_out
     if n:
         block_half = next_pow2(d // 2)
         _qk_norm_rope_kernel[(n,)](q, k, v if copy_v else k, q_weight, k_weight, cos, sin, q_out, dst,
-                                   v_out if copy_v else dst, hq, hk, d, float(eps), q.stride(0), k.stride(0),
+                                   v_out if copy_v else dst, hq, hk, d, 1.0 / d, float(eps), q.stride(0), k.stride(0),
                                    v.stride(0) if copy_v else 0, dst.shape[1], dst.stride(0), dst.stride(1),
                                    v_out.stride(0) if copy_v else 0, v_out.stride(1) if copy_v else 0,
-                                   BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_HALF=block_half,
+                                   EAGER=order_of(d, 1), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_HALF=block_half,
                                    COPY_V=copy_v, BLOCK_KV=next_pow2(hk * d) if copy_v else 1,
-                                   num_warps=4 if next_pow2(hq) * block_half <= 1024 else 8)
+                                   num_warps=4 if next_pow2(hq) * block_half <= 1024 else 8,
+                                   enable_fp_fusion=False)
     return q_out, (k_out if k_out is not None else dst[0])
 
 

@@ -6,7 +6,9 @@ float16 or bfloat16, and multiplies by the weight. In eager PyTorch that is five
 kernels per call; a T5 decoder step calls it three times per layer, so at decode sizes the
 launches, not the arithmetic, dominate. :func:`rms_layer_norm` does it in one kernel and,
 given ``residual``, also adds the residual first (``x + residual`` rounded to ``x``'s
-dtype, as the eager add) and returns that sum, which is the next residual stream.
+dtype, as the eager add) and returns that sum, which is the next residual stream. The
+variance's sum is added in eager PyTorch's order where the row width allows
+(:mod:`zerogr_kernels.row_sums`), so on a GPU the kernel rounds as the eager norm does.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ._common import FLOAT_DTYPES, cdiv, check_tensor, next_pow2, use_triton
+from .row_sums import order_of, sum_squares
 
 MAX_WIDTH = 16384
 """Widest row the kernel holds in one block (T5 models stop at d_model 1024)."""
@@ -23,8 +26,9 @@ TILE = 2048
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_rows, D, eps,
-                     HAS_RES: tl.constexpr, ROUND_W: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_rows, D, inv_d, eps,
+                     HAS_RES: tl.constexpr, ROUND_W: tl.constexpr, EAGER: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_D: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     ok = (rows < n_rows)[:, None] & (cols < D)[None, :]
@@ -35,7 +39,8 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_rows, D, eps,
         x = (x.to(tl.float32) + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
         tl.store(sum_ptr + at, x, mask=ok)
     xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, axis=1) / D
+    # the mean as torch takes it: the sum times 1/D in float32
+    var = sum_squares(x_ptr, res_ptr, rows * D, rows < n_rows, D, HAS_RES, EAGER, ROWS, BLOCK_D) * inv_d
     y = xf * tl.math.rsqrt(var + eps)[:, None]
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
     if ROUND_W:
@@ -73,8 +78,9 @@ def rms_layer_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, res
         rows = min(next_pow2(n), max(1, TILE // block_d))
         _rms_norm_kernel[(cdiv(n, rows),)](
             x, residual if residual is not None else x, weight, out, total if total is not None else out, n, d,
-            float(eps), HAS_RES=residual is not None, ROUND_W=weight.dtype in (torch.float16, torch.bfloat16),
-            ROWS=rows, BLOCK_D=block_d, num_warps=4 if block_d * rows <= 4096 else 8)
+            1.0 / d, float(eps), HAS_RES=residual is not None, ROUND_W=weight.dtype in (torch.float16, torch.bfloat16),
+            EAGER=order_of(d, 2), ROWS=rows, BLOCK_D=block_d, num_warps=4 if block_d * rows <= 4096 else 8,
+            enable_fp_fusion=False)
     return out if residual is None else (out, total)
 
 

@@ -19,6 +19,7 @@ Variants (each a fresh step model over the same weights, against the same Huggin
   torch     exact, and the fused norm, q/k norm + rotary and SwiGLU kernels replaced by their PyTorch
             references (Hugging Face's eager ops, rounding for rounding)
   every     all, and torch: the step model computes what Hugging Face's forward does, op for op
+  qkref     exact, and the q/k norm + rotary kernel replaced by its reference (the other kernels kept)
 
 Hugging Face's eager attention against its SDPA one is printed beside them: how far two correct
 forwards of the same weights part.
@@ -42,7 +43,7 @@ from zerogr_kernels.qk_norm_rope import qk_norm_rope_reference
 from zerogr_kernels.rms_norm import rms_layer_norm_reference
 from zerogr_kernels.swiglu import silu_mul_reference
 
-VARIANTS = ("shipped", "exact", "lastfull", "sdpa", "apart", "all", "torch", "every")
+VARIANTS = ("shipped", "exact", "lastfull", "sdpa", "apart", "all", "torch", "every", "qkref")
 
 
 def per_beam_sdpa(q, k, v, lengths, *, context_len, lineage_len, step, scale=None, lineage=None):
@@ -93,7 +94,7 @@ def stacked_parts(sm) -> dict:
 
 
 @contextmanager
-def swapped(lastfull: bool, sdpa: bool, apart: dict | None = None, eager: bool = False):
+def swapped(lastfull: bool, sdpa: bool, apart: dict | None = None, eager: bool = False, qk: bool = False):
     """The step model's module patched for the variant, restored afterwards."""
     layers, attention, functional = qwen3.Qwen3StepModel._layers, qwen3.beam_context_attention_triton, qwen3.F
     fused = qwen3.rms_layer_norm, qwen3.qk_norm_rope, qwen3.silu_mul
@@ -112,6 +113,8 @@ def swapped(lastfull: bool, sdpa: bool, apart: dict | None = None, eager: bool =
         if eager:
             qwen3.rms_layer_norm, qwen3.qk_norm_rope, qwen3.silu_mul = (
                 rms_layer_norm_reference, qk_norm_rope_reference, silu_mul_reference)
+        if qk:
+            qwen3.qk_norm_rope = qk_norm_rope_reference
         yield
     finally:
         qwen3.Qwen3StepModel._layers, qwen3.beam_context_attention_triton, qwen3.F = layers, attention, functional
@@ -164,7 +167,8 @@ def main() -> None:
         sm = qwen3.Qwen3StepModel(w.model, w.offsets, context_bucket=bucket)
         every = name in ("all", "every")
         with swapped(every or name == "lastfull", every or name == "sdpa",
-                     stacked_parts(sm) if every or name == "apart" else None, name in ("torch", "every")):
+                     stacked_parts(sm) if every or name == "apart" else None, name in ("torch", "every"),
+                     name == "qkref"):
             ours = StepDecoder(sm, w.index, sm.head, beam_width=beam, order="score-first", band_offsets=w.offsets,
                                prefill="outside")
             rows = [ours.decode(ids).item_rows[0].cpu().numpy() for ids in inputs]

@@ -161,6 +161,21 @@ def _launch_grid():
         x = e(n, d, dtype=dtype)
         for w_dtype in {dtype, torch.float32}:
             rms_layer_norm_triton(x, e(d, dtype=w_dtype), 1e-6, residual=e(n, d, dtype=dtype) if residual else None)
+    from zerogr_kernels.qk_norm_rope import qk_norm_rope_triton
+    from zerogr_kernels.row_sums import row_sum_squares_triton
+    from zerogr_kernels.swiglu import silu_mul_triton
+
+    # Qwen3: hidden 2,048 rows (prefill, decode, one kept row) summed in eager order; q/k heads of
+    # 128 (eager order) and of 16 (a tiny config, Triton's tree), keys straight into a cache; SwiGLU
+    for n, dtype in itertools.product((1, 256, 1000), (torch.bfloat16, torch.float32)):
+        rms_layer_norm_triton(e(n, 2048, dtype=dtype), e(2048, dtype=dtype), 1e-6, residual=e(n, 2048, dtype=dtype))
+        row_sum_squares_triton(e(n, 2048, dtype=dtype))
+        for heads, kvh, d in ((16, 8, 128), (4, 2, 16)):
+            q, k = e(n, heads, d, dtype=dtype), e(n, kvh, d, dtype=dtype)
+            qk_norm_rope_triton(q, k, e(d, dtype=dtype), e(d, dtype=dtype), 1e-6, e(n, d, dtype=dtype),
+                                e(n, d, dtype=dtype), k_out=e(1, n, kvh, d, dtype=dtype), v=e(n, kvh, d, dtype=dtype),
+                                v_out=e(1, n, kvh, d, dtype=dtype))
+        silu_mul_triton(e(n, 2 * 6144, dtype=dtype))
     # every step of an 8-level decode; head widths 64 (T5's), 8 and 5 (not a power of two)
     for step, (heads, d), dtype in itertools.product(range(8), [(6, 64), (4, 8), (2, 5)],
                                                      (torch.float16, torch.bfloat16, torch.float32)):
@@ -200,8 +215,9 @@ def _launch_grid():
 
 
 def record_specs() -> list[tuple]:
-    """``(module, kernel, signature, constexprs, num_warps, launch_pdl, num_stages)`` of every distinct launch
-    over the grid (``num_stages`` None where the launcher leaves Triton's default)."""
+    """``(module, kernel, signature, constexprs, num_warps, launch_pdl, num_stages, enable_fp_fusion)`` of every
+    distinct launch over the grid (``num_stages``, ``enable_fp_fusion`` None where the launcher leaves Triton's
+    default)."""
     from triton.runtime.jit import JITFunction
 
     specs: dict = {}
@@ -211,7 +227,7 @@ def record_specs() -> list[tuple]:
         constexprs = {k: v for k, v in kwargs.items() if k in params}
         signature = {name: _arg_type(a) for name, a in zip(self.arg_names, args)}
         spec = (self.fn.__module__, self.fn.__name__, signature, constexprs, kwargs.get("num_warps", 4),
-                bool(kwargs.get("launch_pdl", False)), kwargs.get("num_stages"))
+                bool(kwargs.get("launch_pdl", False)), kwargs.get("num_stages"), kwargs.get("enable_fp_fusion"))
         specs.setdefault(repr(spec), spec)
 
     original = JITFunction.run
@@ -231,12 +247,14 @@ def compile_spec(spec: tuple) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module, name, signature, constexprs, warps, pdl, stages = spec
+    module, name, signature, constexprs, warps, pdl, stages, fusion = spec
     fn = getattr(importlib.import_module(module), name)
     sig = dict(signature, **{k: "constexpr" for k in constexprs})
     options = {"num_warps": warps, "launch_pdl": pdl}
     if stages is not None:
         options["num_stages"] = stages
+    if fusion is not None:
+        options["enable_fp_fusion"] = fusion
     try:
         kernel = triton.compile(ASTSource(fn, signature=sig, constexprs=constexprs),
                                 target=GPUTarget("cuda", 90, 32), options=options)
@@ -263,7 +281,7 @@ def compile_all() -> int:
           f"dependent launch")
     print("decode attention pipeline stages:", sorted({s[6] for s in specs if s[1] == "_split_kernel"}))
     print("filter launches (HAS_LOGITS, launch_pdl):",
-          sorted({(c["HAS_LOGITS"], pdl) for _, name, _, c, _, pdl, _ in specs if name.startswith("_filter")}))
+          sorted({(c["HAS_LOGITS"], pdl) for _, name, _, c, _, pdl, *_ in specs if name.startswith("_filter")}))
     return len(failures)
 
 
@@ -281,7 +299,8 @@ def test_every_launched_specialisation_compiles_for_hopper():
                    "_slot_keys_kernel", "_gather_kernel", "_log_softmax_slots_kernel", "_filter_sparse_kernel",
                    "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
                    "_constrain_scored_kernel", "_deny_rows_kernel", "_deny_keys_kernel",
-                   "_deny_count_kernel", "_deny_distinct_kernel", "_rms_norm_kernel",
+                   "_deny_count_kernel", "_deny_distinct_kernel", "_rms_norm_kernel", "_qk_norm_rope_kernel",
+                   "_row_sum_squares_kernel", "_silu_mul_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel", "_split_kernel",
                    "_merge_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"
