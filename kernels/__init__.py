@@ -33,11 +33,13 @@ Per decoding step (docs/design.md §4), op (module):
    slots), with ``prefixes`` it also writes the next step's token prefixes
    (:func:`extend_prefixes` (``beams_out``) is the unfused form).
 
-Beside the decoding step, six kernels serve the models that feed it (a T5 decoder step,
+Beside the decoding step, seven kernels serve the models that feed it (a T5 decoder step,
 a Qwen3 layer): :func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
 (``memory_attention``), :func:`beam_context_attention` (``beam_context_attention``),
-:func:`rms_layer_norm` (``rms_norm``), :func:`qk_norm_rope` (``qk_norm_rope``) and
-:func:`silu_mul` (``swiglu``).
+:func:`rms_layer_norm` (``rms_norm``), :func:`qk_norm_rope` (``qk_norm_rope``),
+:func:`silu_mul` (``swiglu``) and :func:`row_sum_squares` (``row_sums``, the norms' variance
+sums added in eager PyTorch's order). On a GPU the norm, q/k norm + rotary and SwiGLU kernels
+return the bits of the eager ops they replace, at the widths :func:`row_sums.eager_order` names.
 
 Launches: on Hopper and later (compute capability 9+) the step's kernels launch with
 programmatic dependent launch and open with ``_common.pdl_prologue`` (wait for the previous
@@ -70,6 +72,7 @@ from .naive_selective import naive_selective_proj
 from .memory_attention import request_attention, request_attention_reference, request_attention_triton
 from .qk_norm_rope import qk_norm_rope, qk_norm_rope_reference, qk_norm_rope_triton
 from .rms_norm import rms_layer_norm, rms_layer_norm_reference, rms_layer_norm_triton
+from .row_sums import row_sum_squares, row_sum_squares_reference, row_sum_squares_triton
 from .swiglu import silu_mul, silu_mul_reference, silu_mul_triton
 from .selective import selective_proj, selective_proj_reference, selective_proj_triton
 from .beam_groups import BeamGroups, group_beams, group_beams_reference, group_beams_triton
@@ -83,6 +86,7 @@ __all__ = [
     "request_attention", "request_attention_reference", "request_attention_triton",
     "beam_context_attention", "beam_context_attention_reference", "beam_context_attention_triton",
     "rms_layer_norm", "rms_layer_norm_reference", "rms_layer_norm_triton",
+    "row_sum_squares", "row_sum_squares_reference", "row_sum_squares_triton",
     "qk_norm_rope", "qk_norm_rope_reference", "qk_norm_rope_triton",
     "silu_mul", "silu_mul_reference", "silu_mul_triton",
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
