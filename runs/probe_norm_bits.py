@@ -6,8 +6,9 @@ GPU, in bf16? And what does summing in eager PyTorch's order cost? From the repo
 Prints, for each kernel, the share of output elements equal to its PyTorch reference (the eager
 ops), at the Qwen3-1.7B shapes of a prefill (1,000 rows) and a decode step (256 rows). Then the
 variance's sum alone against ``x.float().pow(2).mean(-1)``, in the shipped order and in candidate
-orders (to find torch's, should it change). Then each norm kernel's time with the sum in eager
-order against Triton's tree (CUDA events, medians).
+orders (to find torch's, should it change), and Triton's rsqrt against torch's. Then each norm
+kernel's GPU time (20 calls captured in a CUDA graph, median replay) with the sum in eager order,
+in either layout of ``zerogr_kernels.row_sums.sum_squares`` (``IMPL`` 2, 1), against Triton's tree (0).
 """
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def main() -> None:
                                         f"qk {same(b[0], qk_norm_rope_reference(q, k, qw, kw, 1e-6, cos, sin)[0])})")
             line.append(f"IMPL {impl}: rms+residual {graphed(lambda: rms_layer_norm_triton(x, w, 1e-6, r)):.2f}, "
                         f"qk_norm_rope {graphed(lambda: qk_norm_rope_triton(q, k, qw, kw, 1e-6, cos, sin)):.2f}{ok}")
-        row_sums.IMPL = 2
+        row_sums.IMPL = None
         print(f"{n} rows: " + "; ".join(line), flush=True)
 
 
