@@ -35,8 +35,11 @@ def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, out_at, H, half, D, inv_
     hi = tl.load(x_ptr + tok * row + half + at, mask=ok, other=0.0)
     dt = lo.dtype
     lof, hif = lo.to(tl.float32), hi.to(tl.float32)
-    # the mean as torch takes it (the sum in its order, times 1/D in float32)
-    ss = sum_squares(x_ptr, x_ptr, tok * row + heads * D, heads < H, D, False, EAGER, BLOCK_H, 2 * BLOCK_HALF)
+    if EAGER:  # torch's order (each element reloaded where the order wants it)
+        ss = sum_squares(x_ptr, x_ptr, tok * row + heads * D, heads < H, D, False, EAGER, BLOCK_H, 2 * BLOCK_HALF)
+    else:
+        ss = tl.sum(lof * lof, axis=1) + tl.sum(hif * hif, axis=1)
+    # the mean as torch takes it: the sum times 1/D in float32
     r = tl.math.rsqrt(ss * inv_d + eps)[:, None]
     w_lo = tl.load(w_ptr + cols, mask=cols < half, other=0.0).to(tl.float32)[None, :]
     w_hi = tl.load(w_ptr + half + cols, mask=cols < half, other=0.0).to(tl.float32)[None, :]

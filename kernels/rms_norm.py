@@ -39,8 +39,12 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_rows, D, inv_d, 
         x = (x.to(tl.float32) + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(x.dtype)
         tl.store(sum_ptr + at, x, mask=ok)
     xf = x.to(tl.float32)
+    if EAGER:  # torch's order (each element reloaded where the order wants it)
+        ss = sum_squares(x_ptr, res_ptr, rows * D, rows < n_rows, D, HAS_RES, EAGER, ROWS, BLOCK_D)
+    else:
+        ss = tl.sum(xf * xf, axis=1)
     # the mean as torch takes it: the sum times 1/D in float32
-    var = sum_squares(x_ptr, res_ptr, rows * D, rows < n_rows, D, HAS_RES, EAGER, ROWS, BLOCK_D) * inv_d
+    var = ss * inv_d
     y = xf * tl.math.rsqrt(var + eps)[:, None]
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
     if ROUND_W:

@@ -84,8 +84,9 @@ def sum_squares(x_ptr, res_ptr, base, ok_rows, D, HAS_RES: tl.constexpr, EAGER: 
                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     """Sums of squares (ROWS,) float32 of the rows starting at ``x_ptr + base`` (base: (ROWS,)
     int64, rows where ``ok_rows``), each of ``D`` contiguous elements; with ``res_ptr`` added
-    first when ``HAS_RES`` (the same offsets). ``EAGER``: in eager PyTorch's order (D must pass
-    :func:`eager_order`), else Triton's tree over a (ROWS, BLOCK_D) tile."""
+    first when ``HAS_RES`` (the same offsets). ``EAGER`` 1 or 2: in eager PyTorch's order (D must
+    pass :func:`eager_order`), laid out as (ROWS, 32) lanes or as (ROWS, 32, 4) tiles; 0: Triton's
+    tree over a (ROWS, BLOCK_D) tile (a caller that holds the row already sums it itself)."""
     if EAGER == 2:
         # (thread t, lane i of its vector) holds elements 128 k + 4 t + i, added k after k
         tv = tl.arange(0, 32)[:, None] * 4 + tl.arange(0, 4)[None, :]
