@@ -4,8 +4,8 @@ own forward decodes, on the same weights, in the same dtype?
 Scoring first, one request at a time, the same beam loop over two step models:
 :class:`~zerogr_core.models.qwen3.Qwen3StepModel` (ours) and
 :class:`~zerogr_core.hf.HFStepModel` (``transformers``' own cached forward). In bf16 the two
-round differently (stacked projections, fused norms, another attention kernel, a padded
-context), and with random weights the best items' scores are close, so some requests rank
+round differently (stacked projections, another attention kernel, a padded context; the fused
+norm, rotary and gate kernels return Hugging Face's eager bits on a GPU), and with random weights the best items' scores are close, so some requests rank
 their top item differently. How much of that is bf16 itself is measured beside it: the same
 weights upcast to float32 through Hugging Face's forward (or, where its per-beam cache does not
 fit in float32, through ours) are the exact computation, and each bf16 path is compared with

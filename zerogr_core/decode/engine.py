@@ -425,8 +425,9 @@ class GpuEngine:
         normalisation has its own shape, so request-normalised lists never run the
         catalog-normalised pass. Deny ids (:class:`~zerogr_core.decode.id_lists.DenyIds`),
         which the shape resolves on the device, have up to four shapes per normalisation: ids the
-        first kernel reads in place from pinned memory, or ids copied first (wider ones, or ids
-        already on the device: :attr:`~zerogr_core.decode.id_lists.DenyIds.copied`), each at
+        first kernel reads in place from pinned memory, or ids copied first (ids already on the
+        device, or lists past ``IN_PLACE_WIDTH``, which is ``MAX_IDS`` now:
+        :attr:`~zerogr_core.decode.id_lists.DenyIds.copied`), each at
         widths sorted in one program's registers or wider ones sorted by torch
         (:attr:`~zerogr_core.decode.id_lists.DenyIds.wide`); each is grown to the widest call so
         far and serves every narrower one of its class, so GPU memory stays bounded whatever the

@@ -4,8 +4,8 @@ The request is a token sequence (the user's context); the item is its SID, L tok
 appended to the model's vocabulary (level ``l``, local token ``t`` is vocabulary id
 ``token_offsets[l] + t``). :class:`Qwen3StepModel` wraps a ``transformers``
 ``Qwen3ForCausalLM`` of any size (it reads the module's parameters and calls its MLPs and
-rotary module; the norms run in the project's fused kernels with ``Qwen3RMSNorm``'s
-arithmetic) and serves it through the step protocol (:mod:`zerogr_core.models.protocol`):
+rotary module; the norms run in the project's fused kernels, which on a GPU return
+``Qwen3RMSNorm``'s bits) and serves it through the step protocol (:mod:`zerogr_core.models.protocol`):
 
 * **Prefill.** Each request's context runs once through the layers with causal SDPA
   (flash on a GPU). Contexts are right-padded up to a length bucket: with a causal mask
