@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from ._common import FLOAT_DTYPES, check_tensor, next_pow2, use_triton
-from .row_sums import order_of, sum_squares
+from .row_sums import halves_sum_squares, order_of, sum_squares
 
 
 @triton.jit
@@ -35,7 +35,9 @@ def _norm_rotate_heads(x_ptr, w_ptr, out_ptr, tok, row, out_at, H, half, D, inv_
     hi = tl.load(x_ptr + tok * row + half + at, mask=ok, other=0.0)
     dt = lo.dtype
     lof, hif = lo.to(tl.float32), hi.to(tl.float32)
-    if EAGER:  # torch's order (each element reloaded where the order wants it)
+    if EAGER == 3:  # row_sums.HALVES: torch's order, from the halves as loaded
+        ss = halves_sum_squares(lof, hif, BLOCK_H)
+    elif EAGER:  # torch's order (each element reloaded where the order wants it)
         ss = sum_squares(x_ptr, x_ptr, tok * row + heads * D, heads < H, D, False, EAGER, BLOCK_H, 2 * BLOCK_HALF)
     else:
         ss = tl.sum(lof * lof, axis=1) + tl.sum(hif * hif, axis=1)
@@ -138,7 +140,7 @@ def qk_norm_rope_triton(q, k, q_weight, k_weight, eps: float, cos, sin, *, k_out
                                    v_out if copy_v else dst, hq, hk, d, 1.0 / d, float(eps), q.stride(0), k.stride(0),
                                    v.stride(0) if copy_v else 0, dst.shape[1], dst.stride(0), dst.stride(1),
                                    v_out.stride(0) if copy_v else 0, v_out.stride(1) if copy_v else 0,
-                                   EAGER=order_of(d, 1), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_HALF=block_half,
+                                   EAGER=order_of(d, 1, halves=d == 128), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_HALF=block_half,
                                    COPY_V=copy_v, BLOCK_KV=next_pow2(hk * d) if copy_v else 1,
                                    num_warps=4 if next_pow2(hq) * block_half <= 1024 else 8,
                                    enable_fp_fusion=False)

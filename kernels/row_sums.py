@@ -35,8 +35,14 @@ VEC = 4
 """float32 elements per vector load of a row wider than 128."""
 
 
+HALVES = 3
+"""The ``EAGER`` code of a kernel that holds each row of 128 elements as its two halves of 64 in
+registers and sums them with :func:`halves_sum_squares` (``qk_norm_rope``'s heads of 128). Not
+any launcher's default until its GPU time has been measured (``python runs/probe_norm_bits.py``)."""
+
 IMPL: int | None = None
-"""Overrides every launcher's choice of :func:`sum_squares` code (a probe's A/B; None: each its own)."""
+"""Overrides every launcher's choice of :func:`sum_squares` code (a probe's A/B; None: each its own).
+:data:`HALVES` overrides only the launchers that offer it."""
 
 
 def eager_order(d: int) -> bool:
@@ -44,13 +50,16 @@ def eager_order(d: int) -> bool:
     return d >= LANES * VEC and d % (LANES * VEC) == 0
 
 
-def order_of(d: int, layout: int) -> int:
-    """The ``EAGER`` argument of :func:`sum_squares` for rows of ``d`` elements: ``layout`` (1 or 2,
-    the same additions, laid out for one row per program's heads or for rows of a tile) where
-    :func:`eager_order` holds, else 0."""
+def order_of(d: int, layout: int, halves: bool = False) -> int:
+    """The ``EAGER`` argument of :func:`sum_squares` for rows of ``d`` elements: ``layout`` (the
+    same additions, laid out for one row per program's heads (1) or for rows of a tile (2)) where
+    :func:`eager_order` holds, else 0. ``halves``: the launcher can sum rows of 128 from the two
+    halves it holds (:data:`HALVES`), which :data:`IMPL` may then choose."""
     if not eager_order(d):
         return 0
-    return layout if IMPL is None else IMPL
+    if IMPL is None or (IMPL == HALVES and not halves):
+        return layout
+    return IMPL
 
 
 @triton.jit
@@ -66,6 +75,28 @@ def _lanes_sum(v, ROWS: tl.constexpr):
     reduction ends in its first lane."""
     v = _halves(_halves(_halves(_halves(_halves(v, ROWS, 16), ROWS, 8), ROWS, 4), ROWS, 2), ROWS, 1)
     return tl.reshape(v, (ROWS,))
+
+
+@triton.jit
+def _vector_sums(sq, ROWS: tl.constexpr, THREADS: tl.constexpr):
+    """(ROWS, 4 THREADS) or (ROWS, THREADS, 4) -> (ROWS, THREADS): each thread's vector of 4 added
+    as ``((s0 + s1) + s2) + s3``."""
+    e0, e1 = tl.split(tl.reshape(sq, (ROWS, THREADS, 2, 2)))     # i = 0, 2 and i = 1, 3
+    s0, s2 = tl.split(e0)
+    s1, s3 = tl.split(e1)
+    return ((s0 + s1) + s2) + s3
+
+
+@triton.jit
+def halves_sum_squares(lo, hi, ROWS: tl.constexpr):
+    """Sums of squares (ROWS,) float32, in eager PyTorch's order, of rows of 128 elements held in
+    registers as their halves ``lo`` and ``hi`` (ROWS, 64) float32. In that order thread t's
+    vector is elements 4 t … 4 t + 3, so ``lo`` holds threads 0–15 and ``hi`` threads 16–31, and
+    the warp's first shuffle (distance 16) adds ``lo``'s thread t to ``hi``'s: no element is
+    loaded again and no lane moves before that add."""
+    v = tl.reshape(_vector_sums(lo * lo, ROWS, 16) + _vector_sums(hi * hi, ROWS, 16), (ROWS, 2, 2, 2, 2))
+    # thread t = 8 b + 4 c + 2 d + e: then distances 8, 4, 2, 1
+    return tl.sum(tl.sum(tl.sum(tl.sum(v, axis=1), axis=1), axis=1), axis=1)
 
 
 @triton.jit
@@ -95,11 +126,8 @@ def sum_squares(x_ptr, res_ptr, base, ok_rows, D, HAS_RES: tl.constexpr, EAGER: 
             at = base[:, None, None] + (128 * k + tv)[None, :, :]
             ok = ok_rows[:, None, None] & ((128 * k + tv) < D)[None, :, :]
             acc += _square_at(x_ptr, res_ptr, at, ok, HAS_RES)
-        e0, e1 = tl.split(tl.reshape(acc, (ROWS, 32, 2, 2)))     # i = 0, 2 and i = 1, 3
-        s0, s2 = tl.split(e0)
-        s1, s3 = tl.split(e1)
         # thread t = 16 a + 8 b + 4 c + 2 d + e: the warp adds a's pairs first, then b's, …
-        v = tl.reshape(((s0 + s1) + s2) + s3, (ROWS, 2, 2, 2, 2, 2))
+        v = tl.reshape(_vector_sums(acc, ROWS, 32), (ROWS, 2, 2, 2, 2, 2))
         v = tl.sum(tl.sum(tl.sum(tl.sum(tl.sum(v, axis=1), axis=1), axis=1), axis=1), axis=1)
         return v
     elif EAGER == 1:

@@ -2,6 +2,7 @@
 
     python runs/probe_llm_ab.py blas [SHAPES] [ROUNDS]     (on a GPU; SHAPES like 1000x1,1000x8, ROUNDS 2)
     python runs/probe_llm_ab.py stage [SHAPES] [ROUNDS]
+    python runs/probe_llm_ab.py sums [SHAPES] [ROUNDS]
 
 The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-item catalog, beam
 256, filtering first, prefill inside the graph) is built once; each arm is timed end to end as the
@@ -9,6 +10,9 @@ benchmark times it (CUDA events, warm-up, rotated inputs of one length, median),
 
 * ``blas``: ``torch.backends.cuda.preferred_blas_library`` set to cuBLAS, then cuBLASLt; each arm's
   serving is captured afresh under its setting.
+* ``sums``: the norms' variance sums as shipped (``eager``: torch's order, :mod:`zerogr_kernels.row_sums`)
+  against Triton's tree (``tree``, ``row_sums.IMPL = 0``: other bits, the price of the agreement); each
+  arm's serving is captured afresh, since the order is chosen at each kernel's launch.
 * ``stage``: ``always`` (the padding's zeroing and the lengths' fill launched every call, by telling the
   model before each call that both are stale) against :meth:`Qwen3StepModel.stage` as shipped (``skip``:
   neither launch when the last call left them as this one needs), on one serving.
@@ -29,6 +33,13 @@ def _blas(lib: str):
     return enter
 
 
+def _sums(impl):
+    def enter(sm):
+        import zerogr_kernels.row_sums as row_sums
+        row_sums.IMPL = impl
+    return enter
+
+
 def _stage(stale: bool):
     def before(sm):
         if stale and sm._static_key is not None:
@@ -39,6 +50,7 @@ def _stage(stale: bool):
 # per experiment: whether each arm captures a fresh serving, and its arms (name, what runs before its calls)
 EXPERIMENTS = {
     "blas": (True, {"cublas": _blas("cublas"), "cublaslt": _blas("cublaslt")}),
+    "sums": (True, {"eager": _sums(None), "tree": _sums(0)}),
     "stage": (False, {"always": _stage(True), "skip": _stage(False)}),
 }
 

@@ -8,7 +8,9 @@ ops), at the Qwen3-1.7B shapes of a prefill (1,000 rows) and a decode step (256 
 variance's sum alone against ``x.float().pow(2).mean(-1)``, in the shipped order and in candidate
 orders (to find torch's, should it change), and Triton's rsqrt against torch's. Then each norm
 kernel's GPU time (20 calls captured in a CUDA graph, median replay) with the sum in eager order,
-in either layout of ``zerogr_kernels.row_sums.sum_squares`` (``IMPL`` 2, 1), against Triton's tree (0).
+in each layout of ``zerogr_kernels.row_sums`` (``IMPL`` 3: the q/k kernel's heads summed from the halves it
+holds, ``halves_sum_squares``; 2 and 1: ``sum_squares``), against Triton's tree (0); and the residual norm
+in eager order at other rows and warps a program.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+import zerogr_kernels.rms_norm as rms_norm
 import zerogr_kernels.row_sums as row_sums
 from zerogr_kernels.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from zerogr_kernels.rms_norm import rms_layer_norm_reference, rms_layer_norm_triton
@@ -152,13 +155,14 @@ def main() -> None:
     print(f"torch: 1 / torch.sqrt against torch.rsqrt {same(1 / torch.sqrt(v), want)}", flush=True)
 
     print("== GPU time of 20 calls in a CUDA graph, per call (µs, median of 50 replays): the sum in eager "
-          "order (IMPL 2, IMPL 1) against Triton's tree (0) ==")
+          "order (IMPL 3: q/k heads summed from their halves in registers, rms as shipped; IMPL 2, IMPL 1) against "
+          "Triton's tree (0) ==")
     for n in (1000, 256, 8):
         x, r = randn(n, 2048, scale=3), randn(n, 2048, scale=3)
         q, k = randn(n, 16, 128, scale=2), randn(n, 8, 128, scale=2)
         cos = sin = randn(n, 128)
         line = []
-        for impl in (2, 1, 0):
+        for impl in (row_sums.HALVES, 2, 1, 0):
             row_sums.IMPL = impl
             a, b = rms_layer_norm_triton(x, w, 1e-6, r), qk_norm_rope_triton(q, k, qw, kw, 1e-6, cos, sin)
             ok = "" if impl == 0 else (f" (bitwise: rms {same(a[0], rms_layer_norm_reference(x, w, 1e-6, r)[0])}, "
@@ -167,6 +171,19 @@ def main() -> None:
                         f"qk_norm_rope {graphed(lambda: qk_norm_rope_triton(q, k, qw, kw, 1e-6, cos, sin)):.2f}{ok}")
         row_sums.IMPL = None
         print(f"{n} rows: " + "; ".join(line), flush=True)
+        # rows and warps per program of the residual norm in eager order (the launcher ships 1 row, 4
+        # warps at this width): a warp a row keeps each row's 32 lane sums in one warp
+        line = []
+        for rows, warps in ((1, 4), (2, 2), (4, 4), (8, 8), (4, 8)):
+            def launch():
+                out, tot = torch.empty_like(x), torch.empty_like(x)
+                rms_norm._rms_norm_kernel[(triton.cdiv(n, rows),)](
+                    x, r, w, out, tot, n, 2048, 1.0 / 2048, 1e-6, HAS_RES=True, ROUND_W=True, EAGER=2, ROWS=rows,
+                    BLOCK_D=2048, num_warps=warps, enable_fp_fusion=False)
+                return out
+            ok = same(launch(), rms_layer_norm_reference(x, w, 1e-6, r)[0])
+            line.append(f"{rows} rows / {warps} warps: {graphed(launch):.2f} ({ok})")
+        print(f"{n} rows, rms+residual in eager order by rows and warps a program: " + "; ".join(line), flush=True)
 
 
 if __name__ == "__main__":

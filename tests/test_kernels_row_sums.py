@@ -2,9 +2,12 @@
 additions, one tensor op each), and on a GPU against torch's own reduction, bit for bit."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 from kernel_asserts import assert_kernel_equal, kernel_device
 
-from zerogr_kernels.row_sums import eager_order, row_sum_squares, row_sum_squares_reference, row_sum_squares_triton
+from zerogr_kernels.row_sums import (HALVES, IMPL, eager_order, halves_sum_squares, order_of, row_sum_squares,
+                                     row_sum_squares_reference, row_sum_squares_triton)
 
 DEV = kernel_device()
 
@@ -35,6 +38,41 @@ def test_other_widths_sum_by_tree(n, d):
     x = rows(n, d, torch.float32)
     assert not eager_order(d)
     assert_kernel_equal(row_sum_squares_triton(x), x.pow(2).sum(-1), name=f"sums {n}x{d}", rtol=1e-5, atol=1e-5)
+
+
+@triton.jit
+def _halves_kernel(x_ptr, out_ptr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    at = rows[:, None] * 128 + tl.arange(0, 64)[None, :]
+    lo = tl.load(x_ptr + at).to(tl.float32)
+    hi = tl.load(x_ptr + at + 64).to(tl.float32)
+    tl.store(out_ptr + rows, halves_sum_squares(lo, hi, ROWS))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows_per_program", [1, 4, 16])
+def test_halves_sum_as_the_reference_bitwise(dtype, rows_per_program):
+    """Rows of 128 held as two halves of 64 (the q/k kernel's heads) add exactly what the reference adds."""
+    n = 3 * rows_per_program
+    x = rows(n, 128, dtype, seed=11)
+    got = torch.empty(n, dtype=torch.float32, device=x.device)
+    _halves_kernel[(3,)](x, got, ROWS=rows_per_program, num_warps=4, enable_fp_fusion=False)
+    assert_kernel_equal(got, row_sum_squares_reference(x), name=f"halves sums {n}x128", rtol=0, atol=0)
+
+
+def test_halves_only_where_offered():
+    """The halves' code is chosen only for a launcher that offers it, and only by a probe's
+    override, which leaves the other launchers' layouts alone."""
+    assert IMPL is None
+    assert (order_of(128, 1, halves=True), order_of(128, 2), order_of(100, 1, halves=True)) == (1, 2, 0)
+    import zerogr_kernels.row_sums as row_sums
+    try:
+        row_sums.IMPL = HALVES
+        assert (order_of(128, 2), order_of(256, 1), order_of(128, 1, halves=True)) == (2, 1, HALVES)
+        row_sums.IMPL = 0
+        assert (order_of(128, 2), order_of(128, 1, halves=True)) == (0, 0)
+    finally:
+        row_sums.IMPL = None
 
 
 def test_empty_and_dispatch():
