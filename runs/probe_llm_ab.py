@@ -3,6 +3,7 @@
     python runs/probe_llm_ab.py blas [SHAPES] [ROUNDS]     (on a GPU; SHAPES like 1000x1,1000x8, ROUNDS 2)
     python runs/probe_llm_ab.py stage [SHAPES] [ROUNDS]
     python runs/probe_llm_ab.py sums [SHAPES] [ROUNDS]
+    python runs/probe_llm_ab.py halves [SHAPES] [ROUNDS]
 
 The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-item catalog, beam
 256, filtering first, prefill inside the graph) is built once; each arm is timed end to end as the
@@ -13,11 +14,14 @@ benchmark times it (CUDA events, warm-up, rotated inputs of one length, median),
 * ``sums``: the norms' variance sums as shipped (``eager``: torch's order, :mod:`zerogr_kernels.row_sums`)
   against Triton's tree (``tree``, ``row_sums.IMPL = 0``: other bits, the price of the agreement); each
   arm's serving is captured afresh, since the order is chosen at each kernel's launch.
+* ``halves``: the shipped eager order (the q/k heads' sums from the lanes layout) against
+  ``row_sums.IMPL = 3`` (:data:`~zerogr_kernels.row_sums.HALVES`: the q/k heads of 128 summed from the
+  halves the kernel holds; the same bits), each arm captured afresh.
 * ``stage``: ``always`` (the padding's zeroing and the lengths' fill launched every call, by telling the
   model before each call that both are stale) against :meth:`Qwen3StepModel.stage` as shipped (``skip``:
   neither launch when the last call left them as this one needs), on one serving.
 
-A line per round, arm and shape, then the medians of the rounds and the second arm's ratio to the first.
+A line per round, arm and shape, then the medians of the rounds and each later arm's ratio to the first.
 """
 import statistics
 import sys
@@ -51,6 +55,7 @@ def _stage(stale: bool):
 EXPERIMENTS = {
     "blas": (True, {"cublas": _blas("cublas"), "cublaslt": _blas("cublaslt")}),
     "sums": (True, {"eager": _sums(None), "tree": _sums(0)}),
+    "halves": (True, {"eager": _sums(None), "halves": _sums(3)}),
     "stage": (False, {"always": _stage(True), "skip": _stage(False)}),
 }
 
@@ -88,13 +93,14 @@ def main() -> None:
                 print(f"round {r} {arm:9s} {context}x{batch}: {ms:.3f} ms", flush=True)
         del run
         torch.cuda.empty_cache()
-    first, second = arms
+    first = next(iter(arms))
     if fresh:
         arms[first](None)
     for context, batch in shapes:
         a = statistics.median(got[(context, batch, first)])
-        b = statistics.median(got[(context, batch, second)])
-        print(f"{context}x{batch}: {first} {a:.3f} ms, {second} {b:.3f} ms ({b / a:.4f}x)", flush=True)
+        line = ", ".join(f"{arm} {statistics.median(got[(context, batch, arm)]):.3f} ms "
+                         f"({statistics.median(got[(context, batch, arm)]) / a:.4f}x)" for arm in list(arms)[1:])
+        print(f"{context}x{batch}: {first} {a:.3f} ms, {line}", flush=True)
 
 
 if __name__ == "__main__":
