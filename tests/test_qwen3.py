@@ -420,6 +420,7 @@ def test_agreement_float32_falls_back_to_our_forward_when_hugging_faces_does_not
     assert "Against the float32 computation (ours forward" in markdown([rec], w.cfg, {})
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_engine_matches_reference(dtype):
