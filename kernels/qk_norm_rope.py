@@ -140,7 +140,7 @@ def qk_norm_rope_triton(q, k, q_weight, k_weight, eps: float, cos, sin, *, k_out
                                    v_out if copy_v else dst, hq, hk, d, 1.0 / d, float(eps), q.stride(0), k.stride(0),
                                    v.stride(0) if copy_v else 0, dst.shape[1], dst.stride(0), dst.stride(1),
                                    v_out.stride(0) if copy_v else 0, v_out.stride(1) if copy_v else 0,
-                                   EAGER=order_of(d, 1, halves=d == 128), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_HALF=block_half,
+                                   EAGER=order_of(d, 1, halves=True), BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(hk), BLOCK_HALF=block_half,
                                    COPY_V=copy_v, BLOCK_KV=next_pow2(hk * d) if copy_v else 1,
                                    num_warps=4 if next_pow2(hq) * block_half <= 1024 else 8,
                                    enable_fp_fusion=False)

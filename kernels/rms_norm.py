@@ -23,6 +23,11 @@ MAX_WIDTH = 16384
 """Widest row the kernel holds in one block (T5 models stop at d_model 1024)."""
 TILE = 2048
 """Target elements per program: narrow rows share a program."""
+MANY_ROWS = 1024
+"""From this many rows of 2,048 summed in eager order, a program takes 4 rows with 8 warps rather
+than one with 4: on an H100, 4.83 against 5.31 µs a call at 1,000 rows with a residual, but 3.40
+against 2.53 µs at 256, where its 64 programs leave SMs idle (`python runs/probe_norm_bits.py`,
+``runs/results/llm/session-2026-12-06h/``)."""
 
 
 @triton.jit
@@ -79,11 +84,12 @@ def rms_layer_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, res
     total = torch.empty_like(x) if residual is not None else None
     if n:
         block_d = next_pow2(d)
-        rows = min(next_pow2(n), max(1, TILE // block_d))
+        eager = order_of(d, 2)
+        rows = 4 if eager and d == TILE and n >= MANY_ROWS else min(next_pow2(n), max(1, TILE // block_d))
         _rms_norm_kernel[(cdiv(n, rows),)](
             x, residual if residual is not None else x, weight, out, total if total is not None else out, n, d,
             1.0 / d, float(eps), HAS_RES=residual is not None, ROUND_W=weight.dtype in (torch.float16, torch.bfloat16),
-            EAGER=order_of(d, 2), ROWS=rows, BLOCK_D=block_d, num_warps=4 if block_d * rows <= 4096 else 8,
+            EAGER=eager, ROWS=rows, BLOCK_D=block_d, num_warps=4 if block_d * rows <= 4096 else 8,
             enable_fp_fusion=False)
     return out if residual is None else (out, total)
 

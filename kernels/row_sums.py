@@ -37,8 +37,10 @@ VEC = 4
 
 HALVES = 3
 """The ``EAGER`` code of a kernel that holds each row of 128 elements as its two halves of 64 in
-registers and sums them with :func:`halves_sum_squares` (``qk_norm_rope``'s heads of 128). Not
-any launcher's default until its GPU time has been measured (``python runs/probe_norm_bits.py``)."""
+registers and sums them with :func:`halves_sum_squares`: ``qk_norm_rope``'s choice for heads of 128,
+since nothing is loaded again (on an H100 it took 3.76 µs a call at 1,000 rows against 8.53 µs for
+the lanes layout and 4.20 µs for Triton's tree, `python runs/probe_norm_bits.py`,
+``runs/results/llm/session-2026-12-06h/``)."""
 
 IMPL: int | None = None
 """Overrides every launcher's choice of :func:`sum_squares` code (a probe's A/B; None: each its own).
@@ -53,13 +55,14 @@ def eager_order(d: int) -> bool:
 def order_of(d: int, layout: int, halves: bool = False) -> int:
     """The ``EAGER`` argument of :func:`sum_squares` for rows of ``d`` elements: ``layout`` (the
     same additions, laid out for one row per program's heads (1) or for rows of a tile (2)) where
-    :func:`eager_order` holds, else 0. ``halves``: the launcher can sum rows of 128 from the two
-    halves it holds (:data:`HALVES`), which :data:`IMPL` may then choose."""
+    :func:`eager_order` holds, else 0. ``halves``: the launcher sums rows of 128 from the two
+    halves it holds (:data:`HALVES`) unless :data:`IMPL` chooses another code."""
     if not eager_order(d):
         return 0
-    if IMPL is None or (IMPL == HALVES and not halves):
-        return layout
-    return IMPL
+    halves = halves and d == LANES * VEC
+    if IMPL is None:
+        return HALVES if halves else layout
+    return layout if IMPL == HALVES and not halves else IMPL
 
 
 @triton.jit

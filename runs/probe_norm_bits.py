@@ -171,8 +171,8 @@ def main() -> None:
                         f"qk_norm_rope {graphed(lambda: qk_norm_rope_triton(q, k, qw, kw, 1e-6, cos, sin)):.2f}{ok}")
         row_sums.IMPL = None
         print(f"{n} rows: " + "; ".join(line), flush=True)
-        # rows and warps per program of the residual norm in eager order (the launcher ships 1 row, 4
-        # warps at this width): a warp a row keeps each row's 32 lane sums in one warp
+        # rows and warps per program of the residual norm in eager order (the launcher takes 1 row and 4
+        # warps at this width below rms_norm.MANY_ROWS rows, 4 rows and 8 warps from there)
         line = []
         for rows, warps in ((1, 4), (2, 2), (4, 4), (8, 8), (4, 8)):
             def launch():

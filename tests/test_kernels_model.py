@@ -41,6 +41,26 @@ def test_rms_norm_with_residual(dtype):
     assert_kernel_equal(got, want, name="rms_norm", **TOL.get(dtype, {}))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_of_many_rows_four_a_program(dtype):
+    """From MANY_ROWS rows of 2,048 a program takes four rows (through a last program that holds
+    one): the same bits as one row a program, which the same rows get in two shorter calls."""
+    from zerogr_kernels.rms_norm import MANY_ROWS
+    n = MANY_ROWS + 1
+    x, r = _randn(n, 2048, seed=4, dtype=dtype, scale=3.0), _randn(n, 2048, seed=5, dtype=dtype)
+    w = _randn(2048, seed=6, dtype=dtype)
+    got, got_sum = rms_layer_norm_triton(x, w, 1e-6, residual=r)
+    h = n // 2
+    parts = [rms_layer_norm_triton(x[s], w, 1e-6, residual=r[s]) for s in (slice(0, h), slice(h, n))]
+    assert_kernel_equal(got, torch.cat([p[0] for p in parts]), name="rms_norm, 4 rows against 1", rtol=0, atol=0)
+    assert_kernel_equal(got_sum, torch.cat([p[1] for p in parts]), name="x + residual, 4 rows against 1", rtol=0,
+                        atol=0)
+    if dtype == torch.float32:
+        want, want_sum = rms_layer_norm_reference(x, w, 1e-6, residual=r)
+        assert_kernel_equal(got_sum, want_sum, name="x + residual", rtol=0, atol=0)
+        assert_kernel_equal(got, want, name="rms_norm")
+
+
 @pytest.mark.parametrize("x_dtype,w_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
                                              (torch.float16, torch.float32)])
 def test_rms_norm_mixed_dtypes_follow_hugging_face(x_dtype, w_dtype):

@@ -60,15 +60,18 @@ def test_halves_sum_as_the_reference_bitwise(dtype, rows_per_program):
     assert_kernel_equal(got, row_sum_squares_reference(x), name=f"halves sums {n}x128", rtol=0, atol=0)
 
 
-def test_halves_only_where_offered():
-    """The halves' code is chosen only for a launcher that offers it, and only by a probe's
-    override, which leaves the other launchers' layouts alone."""
+def test_halves_where_offered():
+    """Heads of 128 in a launcher that holds their halves sum from them; a probe's override of
+    the code leaves the other launchers' layouts alone."""
     import zerogr_kernels.row_sums as row_sums
     assert row_sums.IMPL is None
-    assert (order_of(128, 1, halves=True), order_of(128, 2), order_of(100, 1, halves=True)) == (1, 2, 0)
+    assert (order_of(128, 1, halves=True), order_of(128, 2), order_of(256, 1, halves=True),
+            order_of(100, 1, halves=True)) == (HALVES, 2, 1, 0)
     try:
         row_sums.IMPL = HALVES
         assert (order_of(128, 2), order_of(256, 1), order_of(128, 1, halves=True)) == (2, 1, HALVES)
+        row_sums.IMPL = 1
+        assert (order_of(128, 2), order_of(128, 1, halves=True)) == (1, 1)
         row_sums.IMPL = 0
         assert (order_of(128, 2), order_of(128, 1, halves=True)) == (0, 0)
     finally:
@@ -102,7 +105,7 @@ def test_on_a_gpu_sums_as_torch_bit_for_bit(n, d):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("n", [1000, 256, 8])
+@pytest.mark.parametrize("n", [1025, 1000, 256, 8])
 def test_on_a_gpu_the_qwen3_kernels_round_as_eager_bit_for_bit(n):
     """At the Qwen3-1.7B shapes in bf16 (hidden 2,048, heads of 128, FFN 6,144) the fused norm, q/k
     norm + rotary and SwiGLU kernels return their eager references' bits: the sums in torch's order,
