@@ -121,14 +121,17 @@ def test_rejects_odd_head_dim():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_heads_summed_from_their_halves_give_the_same_bits(dtype):
-    """Heads of 128 summed from the two halves the kernel holds (``row_sums.HALVES``, a probe's
-    choice) add what the shipped layout adds, in the same order: the same outputs, bit for bit."""
+    """Heads of 128 summed from the two halves the kernel holds (``row_sums.HALVES``, the
+    launcher's choice) add what the lanes layout (``EAGER`` 1, which reloads the elements) adds,
+    in the same order: the same outputs, bit for bit."""
     import zerogr_kernels.row_sums as row_sums
+    from zerogr_kernels.row_sums import order_of
+    assert order_of(128, 1, halves=True) == row_sums.HALVES
     args = tuple(a.to(DEV) for a in make(9, 16, 8, 128, dtype, seed=3))
-    want = qk_norm_rope_triton(*args[:4], 1e-6, *args[4:])
+    got = qk_norm_rope_triton(*args[:4], 1e-6, *args[4:])
     try:
-        row_sums.IMPL = row_sums.HALVES
-        got = qk_norm_rope_triton(*args[:4], 1e-6, *args[4:])
+        row_sums.IMPL = 1
+        want = qk_norm_rope_triton(*args[:4], 1e-6, *args[4:])
     finally:
         row_sums.IMPL = None
     for g, w in zip(got, want):
