@@ -108,6 +108,25 @@ def test_quick_bench_writes_every_suite_with_metadata(quick_run):
     assert "[checks]" in result.stdout.strip().splitlines()[-2] or "[checks]" in result.stdout[-2000:]
 
 
+def test_a_committed_runs_csv_is_written_back_from_its_json(quick_run, tmp_path):
+    """Committed runs keep the JSON only: ``python -m zerogr_core.bench.write_csv`` writes the CSV the
+    run itself wrote, byte for byte; anything else is one line naming the file."""
+    out, _ = quick_run
+    kept = tmp_path / "quick.json"
+    kept.write_text((out / "quick.json").read_text())
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, "-m", "zerogr_core.bench.write_csv", str(kept)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "quick.csv").read_text() == (out / "quick.csv").read_text()
+    other = tmp_path / "notes.json"
+    other.write_text("{}")
+    bad = subprocess.run([sys.executable, "-m", "zerogr_core.bench.write_csv", str(other)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip() == f"error: {other}: not a benchmark result file (a {FORMAT} .json or .jsonl)"
+
+
 def test_summarize_saved_results(quick_run):
     out, _ = quick_run
     result = run_bench("--summarize", str(out))

@@ -1,5 +1,7 @@
 """Result files: a JSON Lines log appended record by record, plus one JSON document and one CSV.
 
+``python -m zerogr_core.bench.write_csv FILE.json`` writes a committed run's CSV back beside its JSON.
+
 Every record is appended to ``<name>.jsonl`` (line 1: the run header) and flushed at once;
 ``<name>.json`` and ``<name>.csv`` are rewritten at most every few seconds and when the run
 ends. A run stopped at any point (a time limit on the GPU machine) therefore leaves every
@@ -199,3 +201,17 @@ def load_results(path) -> list[dict]:
             rec.setdefault("run_started", str(header.get("started") or ""))
             out.append(rec)
     return out
+
+
+def write_csv(file) -> Path:
+    """Write ``<name>.csv`` beside the result document ``<name>.json`` (or log ``<name>.jsonl``): one
+    row per record, as the run itself wrote it. Committed runs keep only the ``.json``; this gives
+    the table back. Raises ``ValueError`` (one line naming the file) for anything else."""
+    file = Path(file)
+    read = _read_jsonl(file) if file.suffix == ".jsonl" else _read_json(file) if file.suffix == ".json" else None
+    if read is None:
+        raise ValueError(f"{file}: not a benchmark result file (a {FORMAT} .json or .jsonl)")
+    out = file.with_suffix(".csv")
+    _atomic_write(out, records_to_csv(read[1]))
+    return out
+
