@@ -125,6 +125,13 @@ def test_a_committed_runs_csv_is_written_back_from_its_json(quick_run, tmp_path)
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.strip() == f"error: {other}: not a benchmark result file (a {FORMAT} .json or .jsonl)"
+    # a folder: every result document under it, the other JSON left alone
+    (tmp_path / "quick.csv").unlink()
+    whole = subprocess.run([sys.executable, "-m", "zerogr_core.bench.write_csv", str(tmp_path)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert whole.returncode == 0, whole.stderr
+    assert (tmp_path / "quick.csv").read_text() == (out / "quick.csv").read_text()
+    assert not (tmp_path / "notes.csv").exists()
 
 
 def test_summarize_saved_results(quick_run):

@@ -215,3 +215,15 @@ def write_csv(file) -> Path:
     _atomic_write(out, records_to_csv(read[1]))
     return out
 
+
+def write_csvs(path) -> list[Path]:
+    """:func:`write_csv` of ``path``, or of every result document under it when it is a folder (other
+    JSON files there are left alone); the CSVs written. Raises ``ValueError`` naming ``path`` when a
+    folder holds no result document."""
+    path = Path(path)
+    if not path.is_dir():
+        return [write_csv(path)]
+    found = [f for f in sorted(path.rglob("*.json")) if _read_json(f) is not None]
+    if not found:
+        raise ValueError(f"{path}: no benchmark result file under this folder")
+    return [write_csv(f) for f in found]
