@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import sys
 
+from ..errors import Parser, UsageError
 from .results import write_csvs
 
 
 def main(argv=None) -> int:
-    files = sys.argv[1:] if argv is None else list(argv)
-    if not files or any(f.startswith("-") for f in files):
-        print("usage: python -m zerogr_core.bench.write_csv PATH [PATH ...]  (a result FILE.json, or a folder of "
-              "them; writes FILE.csv beside each)", file=sys.stderr)
+    p = Parser(prog="python -m zerogr_core.bench.write_csv",
+               description="Write each benchmark run's CSV beside its JSON document")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a result FILE.json, or a folder of them")
+    try:
+        a = p.parse_args(argv)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    for f in files:
+    for path in a.paths:
         try:
-            for written in write_csvs(f):
+            for written in write_csvs(path):
                 print(written)
         except (ValueError, OSError) as err:
             print(f"error: {err}", file=sys.stderr)
