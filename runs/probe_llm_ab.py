@@ -14,9 +14,9 @@ benchmark times it (CUDA events, warm-up, rotated inputs of one length, median),
 * ``sums``: the norms' variance sums as shipped (``eager``: torch's order, :mod:`zerogr_kernels.row_sums`)
   against Triton's tree (``tree``, ``row_sums.IMPL = 0``: other bits, the price of the agreement); each
   arm's serving is captured afresh, since the order is chosen at each kernel's launch.
-* ``halves``: the shipped eager order (the q/k heads' sums from the lanes layout) against
-  ``row_sums.IMPL = 3`` (:data:`~zerogr_kernels.row_sums.HALVES`: the q/k heads of 128 summed from the
-  halves the kernel holds; the same bits), each arm captured afresh.
+* ``halves``: the shipped eager order (``halves``: the q/k heads of 128 summed from the halves the
+  kernel holds, :data:`~zerogr_kernels.row_sums.HALVES`) against the lanes layout it replaced (``lanes``,
+  ``row_sums.IMPL = 1``; the same bits), each arm captured afresh.
 * ``stage``: ``always`` (the padding's zeroing and the lengths' fill launched every call, by telling the
   model before each call that both are stale) against :meth:`Qwen3StepModel.stage` as shipped (``skip``:
   neither launch when the last call left them as this one needs), on one serving.
@@ -55,7 +55,7 @@ def _stage(stale: bool):
 EXPERIMENTS = {
     "blas": (True, {"cublas": _blas("cublas"), "cublaslt": _blas("cublaslt")}),
     "sums": (True, {"eager": _sums(None), "tree": _sums(0)}),
-    "halves": (True, {"eager": _sums(None), "halves": _sums(3)}),
+    "halves": (True, {"halves": _sums(None), "lanes": _sums(1)}),
     "stage": (False, {"always": _stage(True), "skip": _stage(False)}),
 }
 
