@@ -35,8 +35,8 @@ Per decoding step (docs/design.md §4), op (module):
 
 Beside the decoding step, seven kernels serve the models that feed it (a T5 decoder step,
 a Qwen3 layer): :func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
-(``memory_attention``), :func:`beam_context_attention` (``beam_context_attention``),
-:func:`rms_layer_norm` (``rms_norm``), :func:`qk_norm_rope` (``qk_norm_rope``),
+(``memory_attention``), :func:`beam_context_attention` (``context_attention``),
+:func:`rms_layer_norm` (``rms_norm``), :func:`qk_norm_rope` (``head_norm_rope``),
 :func:`silu_mul` (``swiglu``) and :func:`row_sum_squares` (``row_sums``, the norms' variance
 sums added in eager PyTorch's order). On a GPU the norm, q/k norm + rotary and SwiGLU kernels
 return the bits of the eager ops they replace, at the widths :func:`row_sums.eager_order` names.
@@ -62,7 +62,7 @@ any plan, with scores within about 1e-5.
 """
 from .beam_attention import (cached_self_attention, cached_self_attention_reference,
                              cached_self_attention_triton)
-from .beam_context_attention import (beam_context_attention, beam_context_attention_reference,
+from .context_attention import (beam_context_attention, beam_context_attention_reference,
                                      beam_context_attention_triton)
 from .filtering import (TASK_WIDTH, FilterOut, filter_slots, filter_slots_reference,
                            filter_slots_triton, num_tasks)
@@ -70,7 +70,7 @@ from .full_projection import full_proj, full_proj_reference
 from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
 from .naive_selective import naive_selective_proj
 from .memory_attention import request_attention, request_attention_reference, request_attention_triton
-from .qk_norm_rope import qk_norm_rope, qk_norm_rope_reference, qk_norm_rope_triton
+from .head_norm_rope import qk_norm_rope, qk_norm_rope_reference, qk_norm_rope_triton
 from .rms_norm import rms_layer_norm, rms_layer_norm_reference, rms_layer_norm_triton
 from .row_sums import row_sum_squares, row_sum_squares_reference, row_sum_squares_triton
 from .swiglu import silu_mul, silu_mul_reference, silu_mul_triton

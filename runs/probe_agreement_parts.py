@@ -39,7 +39,7 @@ from zerogr_core.bench.llm_agreement import _overlap, set_attention
 from zerogr_core.hf import HFGenerator
 from zerogr_core.models import qwen3
 from zerogr_core.models.protocol import StepDecoder
-from zerogr_kernels.qk_norm_rope import qk_norm_rope_reference
+from zerogr_kernels.head_norm_rope import qk_norm_rope_reference
 from zerogr_kernels.rms_norm import rms_layer_norm_reference
 from zerogr_kernels.swiglu import silu_mul_reference
 

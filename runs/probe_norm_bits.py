@@ -21,7 +21,7 @@ from triton.language.extra import libdevice
 
 import zerogr_kernels.rms_norm as rms_norm
 import zerogr_kernels.row_sums as row_sums
-from zerogr_kernels.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
+from zerogr_kernels.head_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 from zerogr_kernels.rms_norm import rms_layer_norm_reference, rms_layer_norm_triton
 from zerogr_kernels.row_sums import row_sum_squares_reference, row_sum_squares_triton
 from zerogr_kernels.swiglu import silu_mul_reference, silu_mul_triton

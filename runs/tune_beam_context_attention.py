@@ -22,10 +22,7 @@ if not os.path.exists(f"{LINKS}/zerogr_kernels"):
 sys.path.insert(0, LINKS)
 import torch
 import torch.nn.functional as F
-import importlib
-
-# the package exports a function of the module's name: take the module itself
-bca = importlib.import_module("zerogr_kernels.beam_context_attention")
+import zerogr_kernels.context_attention as bca
 
 def timeit(fn, reps=50):
     for _ in range(3): fn()

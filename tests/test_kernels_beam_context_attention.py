@@ -10,7 +10,7 @@ from kernel_asserts import assert_kernel_equal, kernel_device
 
 from zerogr_kernels import (beam_context_attention, beam_context_attention_reference,
                             beam_context_attention_triton)
-from zerogr_kernels.beam_context_attention import beam_context_bias, pipeline_stages, split_count
+from zerogr_kernels.context_attention import beam_context_bias, pipeline_stages, split_count
 
 DEV = kernel_device()
 

@@ -161,7 +161,7 @@ def _launch_grid():
         x = e(n, d, dtype=dtype)
         for w_dtype in {dtype, torch.float32}:
             rms_layer_norm_triton(x, e(d, dtype=w_dtype), 1e-6, residual=e(n, d, dtype=dtype) if residual else None)
-    from zerogr_kernels.qk_norm_rope import qk_norm_rope_triton
+    from zerogr_kernels.head_norm_rope import qk_norm_rope_triton
     from zerogr_kernels.row_sums import row_sum_squares_triton
     from zerogr_kernels.swiglu import silu_mul_triton
 
@@ -199,7 +199,7 @@ def _launch_grid():
                 request_attention_triton(*qkv.split(heads * d, dim=-1), e(2, heads, t, t, dtype=dtype), heads=heads)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = False
-    from zerogr_kernels.beam_context_attention import beam_context_attention_triton
+    from zerogr_kernels.context_attention import beam_context_attention_triton
 
     # Qwen3 decode attention: tiny odd shapes, and Qwen3-1.7B's (16 / 8 heads of 128, beam 256,
     # 3 SID levels) with one split (batch 8) and several (batch 1, then the merge kernel), each

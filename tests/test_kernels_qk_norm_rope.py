@@ -3,7 +3,7 @@ import pytest
 import torch
 from kernel_asserts import kernel_device
 
-from zerogr_kernels.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
+from zerogr_kernels.head_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
 
 DEV = kernel_device()
 

@@ -110,7 +110,7 @@ def test_on_a_gpu_the_qwen3_kernels_round_as_eager_bit_for_bit(n):
     """At the Qwen3-1.7B shapes in bf16 (hidden 2,048, heads of 128, FFN 6,144) the fused norm, q/k
     norm + rotary and SwiGLU kernels return their eager references' bits: the sums in torch's order,
     libdevice's exp, and no contraction of a rounded product into a fused multiply-add."""
-    from zerogr_kernels.qk_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
+    from zerogr_kernels.head_norm_rope import qk_norm_rope_reference, qk_norm_rope_triton
     from zerogr_kernels.rms_norm import rms_layer_norm_reference, rms_layer_norm_triton
     from zerogr_kernels.swiglu import silu_mul_reference, silu_mul_triton
 

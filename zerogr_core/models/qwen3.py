@@ -46,8 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from zerogr_kernels._common import use_triton
-from zerogr_kernels.beam_context_attention import beam_context_attention_reference, beam_context_attention_triton
-from zerogr_kernels.qk_norm_rope import qk_norm_rope
+from zerogr_kernels.context_attention import beam_context_attention_reference, beam_context_attention_triton
+from zerogr_kernels.head_norm_rope import qk_norm_rope
 from zerogr_kernels.rms_norm import rms_layer_norm
 from zerogr_kernels.swiglu import silu_mul
 
