@@ -145,3 +145,13 @@ def test_the_graph_reader_sees_imports():
     assert ("zerogr_core.cli", "zerogr_core.serve") in edges
     assert ("pages", "zerogr_core.app_support") in edges
     assert os.path.basename(modules()["zerogr_core.decode"]) == "__init__.py"
+
+
+def test_no_kernel_module_is_named_after_an_op():
+    """``zerogr_kernels`` binds each op over the module of the same name, which then cannot be
+    imported as a module (``import zerogr_kernels.<name> as m`` gives the function)."""
+    init = ast.parse((ROOT / "kernels" / "__init__.py").read_text())
+    exported = next(ast.literal_eval(node.value) for node in init.body if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
+    named = sorted(p.stem for p in (ROOT / "kernels").glob("*.py") if p.stem in set(exported))
+    assert not named, f"kernels/ modules named after an exported op: {named}"
