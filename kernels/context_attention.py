@@ -144,22 +144,27 @@ def _lineage_keys(q_rows, q, k_base, v_base, anc_ptr, b, beam, r_ok, dd, d_ok, m
 
 
 @triton.jit
+def _program_rows(R, KVH, D, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A program's (request, KV head) pair ``bh``, its request ``b`` and KV head ``kh``, and its query rows:
+    row ``r`` of the head's ``M · g`` is beam ``r // g``'s query head ``kh · g + r % g``."""
+    bh = tl.program_id(1)
+    b = (bh // KVH).to(tl.int64)
+    kh = bh % KVH
+    r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dd = tl.arange(0, BLOCK_D)
+    r_ok, d_ok = r < R, dd < D
+    return bh, b, kh, r, r // G, kh * G + r % G, dd, r_ok, d_ok, r_ok[:, None] & d_ok[None, :]
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, len_ptr, anc_ptr, out_ptr, ws_m_ptr, ws_l_ptr, ws_acc_ptr,
                   R, KVH, D, context_len, step, chunk, qk_scale,
                   sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   G: tl.constexpr, P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_BLOCKS: tl.constexpr, PRECISION: tl.constexpr,
                   UPCAST: tl.constexpr, EVEN_D: tl.constexpr, HAS_ANC: tl.constexpr):
-    bh = tl.program_id(1)
     split = tl.program_id(2)
-    b = (bh // KVH).to(tl.int64)
-    kh = bh % KVH
-    r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    beam = r // G
-    head = kh * G + r % G
-    dd = tl.arange(0, BLOCK_D)
-    r_ok, d_ok = r < R, dd < D
-    rd_ok = r_ok[:, None] & d_ok[None, :]
+    bh, b, kh, r, beam, head, dd, r_ok, d_ok, rd_ok = _program_rows(R, KVH, D, G, BLOCK_M, BLOCK_D)
     q_rows = q_ptr + b * sq_b + beam * sq_m + head * sq_h
     q = tl.load(q_rows[:, None] + dd[None, :], mask=rd_ok, other=0.0)
     if UPCAST:
@@ -216,15 +221,7 @@ def _merge_kernel(ws_m_ptr, ws_l_ptr, ws_acc_ptr, out_ptr, q_ptr, k_ptr, v_ptr, 
                   qk_scale, sq_b, sq_m, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
                   G: tl.constexpr, P: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_D: tl.constexpr, HAS_ANC: tl.constexpr, CHUNK_D: tl.constexpr):
-    bh = tl.program_id(1)
-    b = (bh // KVH).to(tl.int64)
-    kh = bh % KVH
-    r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    beam = r // G
-    head = kh * G + r % G
-    dd = tl.arange(0, BLOCK_D)
-    r_ok, d_ok = r < R, dd < D
-    rd_ok = r_ok[:, None] & d_ok[None, :]
+    bh, b, kh, r, beam, head, dd, r_ok, d_ok, rd_ok = _program_rows(R, KVH, D, G, BLOCK_M, BLOCK_D)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
