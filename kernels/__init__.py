@@ -63,7 +63,7 @@ any plan, with scores within about 1e-5.
 from .beam_attention import (cached_self_attention, cached_self_attention_reference,
                              cached_self_attention_triton)
 from .context_attention import (beam_context_attention, beam_context_attention_reference,
-                                     beam_context_attention_triton)
+                                beam_context_attention_triton)
 from .filtering import (TASK_WIDTH, FilterOut, filter_slots, filter_slots_reference,
                            filter_slots_triton, num_tasks)
 from .full_projection import full_proj, full_proj_reference
