@@ -41,11 +41,13 @@ def ptxas_report(spec) -> tuple:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    module, name, signature, constexprs, warps, pdl, stages = spec
+    module, name, signature, constexprs, warps, pdl, stages, fusion = spec
     fn = getattr(importlib.import_module(module), name)
     options = {"num_warps": warps, "launch_pdl": pdl}
     if stages is not None:
         options["num_stages"] = stages
+    if fusion is not None:
+        options["enable_fp_fusion"] = fusion
     kernel = triton.compile(ASTSource(fn, signature=dict(signature, **{k: "constexpr" for k in constexprs}),
                                       constexprs=constexprs), target=GPUTarget("cuda", 90, 32), options=options)
     ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
