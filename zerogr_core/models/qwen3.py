@@ -443,7 +443,8 @@ class Qwen3StepModel:
         brought into L2 on a side stream ahead of their GEMMs."""
         layers = self.core.layers
         ahead = _prefetch.weight_prefetch(x) if prefetch else None
-        gate_up = self.gate_up_weight if self.fused_mlp else [None] * len(layers)
+        if ahead:
+            gate_up = self.gate_up_weight if self.fused_mlp else [None] * len(layers)
         h = self._norm(layers[0].input_layernorm, x)
         for i, layer in enumerate(layers):
             attn = layer.self_attn

@@ -9,6 +9,8 @@ does nothing.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from zerogr_kernels.l2_prefetch import CHUNK, prefetch_l2
@@ -75,10 +77,12 @@ _SIDE: dict = {}
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    # one side stream per device for every model: prefetches are hints and never wait on each other
-    key = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
+    # one side stream per device and thread: prefetches never wait on each other, but two threads
+    # capturing graphs at once must not fork onto the same stream
+    index = torch.device(device).index
+    key = (torch.cuda.current_device() if index is None else index, threading.get_ident())
     if key not in _SIDE:
-        _SIDE[key] = torch.cuda.Stream(device=key)
+        _SIDE[key] = torch.cuda.Stream(device=key[0])
     return _SIDE[key]
 
 
