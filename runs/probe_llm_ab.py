@@ -4,8 +4,6 @@
     python runs/probe_llm_ab.py stage [SHAPES] [ROUNDS]
     python runs/probe_llm_ab.py sums [SHAPES] [ROUNDS]
     python runs/probe_llm_ab.py halves [SHAPES] [ROUNDS]
-    python runs/probe_llm_ab.py gate [SHAPES] [ROUNDS]
-    python runs/probe_llm_ab.py prefetch [SHAPES] [ROUNDS]
 
 The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-item catalog, beam
 256, filtering first, prefill inside the graph) is built once; each arm is timed end to end as the
@@ -19,16 +17,6 @@ benchmark times it (CUDA events, warm-up, rotated inputs of one length, median),
 * ``halves``: the shipped eager order (``halves``: the q/k heads of 128 summed from the halves the
   kernel holds, :data:`~zerogr_kernels.row_sums.HALVES`) against the lanes layout it replaced (``lanes``,
   ``row_sums.IMPL = 1``; the same bits), each arm captured afresh.
-* ``prefetch``: the decode steps' weights brought into L2 on a side stream ahead of their GEMMs
-  (:mod:`zerogr_core.models.weight_prefetch`): ``off`` (as shipped), ``o`` (the output projection
-  during the attention), ``o+gate`` (and the gate/up projection, half during the attention, half
-  during the norm after it) and ``all`` (and the down projection during SwiGLU's gate, and the next
-  layer's q/k/v during its input norm), each arm captured afresh.
-* ``gate``: SwiGLU's gate as shipped (``cublas``: one cuBLAS GEMM for gate and up, then
-  :func:`~zerogr_kernels.silu_mul`; ``qwen3.GATED_PROJECTION = "cublas"``) against the gate in the GEMM's
-  epilogue (:func:`~zerogr_kernels.gate_up_silu`) in every call (``fused``: ``"fused"``,
-  ``qwen3.GATED_MIN_ROWS = 0``) and in the calls of 4,096 rows or more only (``fused>=4096``: the large
-  prefills; the decode steps' few hundred rows keep cuBLAS), each arm captured afresh.
 * ``stage``: ``always`` (the padding's zeroing and the lengths' fill launched every call, by telling the
   model before each call that both are stale) against :meth:`Qwen3StepModel.stage` as shipped (``skip``:
   neither launch when the last call left them as this one needs), on one serving.
@@ -56,20 +44,6 @@ def _sums(impl):
     return enter
 
 
-def _prefetch(names):
-    def enter(sm):
-        from zerogr_core.models import weight_prefetch
-        weight_prefetch.PREFETCH = names
-    return enter
-
-
-def _gate(projection: str, min_rows: int):
-    def enter(sm):
-        from zerogr_core.models import qwen3
-        qwen3.GATED_PROJECTION, qwen3.GATED_MIN_ROWS = projection, min_rows
-    return enter
-
-
 def _stage(stale: bool):
     def before(sm):
         if stale and sm._static_key is not None:
@@ -82,10 +56,6 @@ EXPERIMENTS = {
     "blas": (True, {"cublas": _blas("cublas"), "cublaslt": _blas("cublaslt")}),
     "sums": (True, {"eager": _sums(None), "tree": _sums(0)}),
     "halves": (True, {"halves": _sums(None), "lanes": _sums(1)}),
-    "prefetch": (True, {"off": _prefetch(()), "o": _prefetch(("o",)), "o+gate": _prefetch(("o", "gate")),
-                        "all": _prefetch(("o", "gate", "down", "qkv"))}),
-    "gate": (True, {"cublas": _gate("cublas", 0), "fused": _gate("fused", 0),
-                    "fused>=4096": _gate("fused", 4096)}),
     "stage": (False, {"always": _stage(True), "skip": _stage(False)}),
 }
 

@@ -176,24 +176,6 @@ def _launch_grid():
                                 e(n, d, dtype=dtype), k_out=e(1, n, kvh, d, dtype=dtype), v=e(n, kvh, d, dtype=dtype),
                                 v_out=e(1, n, kvh, d, dtype=dtype))
         silu_mul_triton(e(n, 2 * 6144, dtype=dtype))
-    from zerogr_kernels.gated_projection import TILINGS, gate_up_silu_triton
-
-    # the gate/up GEMM with the gate in its epilogue: Qwen3-1.7B's (hidden 2,048, F 6,144) at a decode's
-    # 256 rows, 1,000 rows and prefills of 8,064 and 40,000, each at the tiling its row count chooses and
-    # at every preset; a small odd float32 call (its stages cut to fit), strict and with TF32 allowed
-    for n, tiling in itertools.product((256, 1000, 8064, 40000), (None, *TILINGS.values())):
-        gate_up_silu_triton(e(n, 2048, dtype=torch.bfloat16), e(2 * 6144, 2048, dtype=torch.bfloat16), tiling)
-    for tiling, tf32 in itertools.product((None, *TILINGS.values()), (False, True)):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
-            gate_up_silu_triton(e(17, 40, dtype=torch.float32), e(2 * 33, 40, dtype=torch.float32), tiling)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = False
-    from zerogr_kernels.l2_prefetch import prefetch_l2_triton
-
-    # the L2 prefetch of a decode GEMM's weight (gate/up, 48 MiB) and of an odd span
-    prefetch_l2_triton(e(12288, 2048, dtype=torch.bfloat16))
-    prefetch_l2_triton(e(1001, dtype=torch.float16), 16, 1968)
     # every step of an 8-level decode; head widths 64 (T5's), 8 and 5 (not a power of two)
     for step, (heads, d), dtype in itertools.product(range(8), [(6, 64), (4, 8), (2, 5)],
                                                      (torch.float16, torch.bfloat16, torch.float32)):
@@ -318,7 +300,7 @@ def test_every_launched_specialisation_compiles_for_hopper():
                    "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
                    "_constrain_scored_kernel", "_deny_rows_kernel", "_deny_keys_kernel",
                    "_deny_count_kernel", "_deny_distinct_kernel", "_rms_norm_kernel", "_qk_norm_rope_kernel",
-                   "_row_sum_squares_kernel", "_silu_mul_kernel", "_gate_up_silu_kernel", "_prefetch_l2_kernel",
+                   "_row_sum_squares_kernel", "_silu_mul_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel", "_split_kernel",
                    "_merge_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"

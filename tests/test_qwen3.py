@@ -441,24 +441,3 @@ def test_cuda_engine_matches_reference(dtype):
     if dtype == torch.float32:
         assert torch.equal(rows, want.item_rows)
         torch.testing.assert_close(scores, want.scores, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_weight_prefetch_changes_no_value(monkeypatch):
-    """On a GPU: the decode steps' weights prefetched into L2 on a side stream (every point) leave the
-    captured engine's beams and scores bit for bit as they are without it."""
-    from zerogr_core.models import weight_prefetch
-
-    catalog = tiny_catalog()
-    ids, mask = inputs()
-    cpu = build_random(SHAPE, seed=3)[0].to("cuda", torch.bfloat16)
-    got = {}
-    for names in ((), ("o", "gate", "down", "qkv")):
-        monkeypatch.setattr(weight_prefetch, "PREFETCH", names)
-        run = serving(cpu, build_index(catalog, device="cuda"), 6)
-        for _ in range(2):
-            out = run.decode(ids.cuda(), mask.cuda())
-        got[names] = (out.item_rows.cpu(), out.scores.cpu())
-    (rows0, scores0), (rows1, scores1) = got.values()
-    assert torch.equal(rows0, rows1) and torch.equal(scores0, scores1)

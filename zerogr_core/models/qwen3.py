@@ -47,27 +47,14 @@ import torch.nn.functional as F
 
 from zerogr_kernels._common import use_triton
 from zerogr_kernels.context_attention import beam_context_attention_reference, beam_context_attention_triton
-from zerogr_kernels.gated_projection import gate_up_silu
 from zerogr_kernels.head_norm_rope import qk_norm_rope
 from zerogr_kernels.rms_norm import rms_layer_norm
 from zerogr_kernels.swiglu import silu_mul
 
 from ..arg_types import whole_value
 from ..errors import ZeroGRError
-from . import weight_prefetch as _prefetch
 
 __all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random"]
-
-GATED_PROJECTION = "cublas"
-"""How a layer's MLP computes ``silu(gate) * up``: ``"cublas"`` (as shipped: one cuBLAS GEMM writes
-``[gate | up]``, then :func:`zerogr_kernels.silu_mul` reads it) or ``"fused"``
-(:func:`zerogr_kernels.gate_up_silu`: the gate in the GEMM's epilogue, no ``[gate | up]`` in memory;
-half-precision outputs may differ by the GEMM's summation order). Read at every call, so an A/B sets it
-before a serving captures its graph."""
-
-GATED_MIN_ROWS = 0
-"""Under ``"fused"``, a call over fewer rows than this keeps the cuBLAS path (e.g. 4,096: the fused
-kernel in the large prefills only, cuBLAS in the decode steps' few hundred rows). Read at every call."""
 
 
 @dataclass(frozen=True)
@@ -409,26 +396,13 @@ class Qwen3StepModel:
                             k_out=k_dst, v=y[:, b:].view(n, self.kv_heads, d), v_out=v_dst)
         return q, k_dst, v_dst
 
-    def _mlp(self, i: int, layer, h: torch.Tensor, ahead=None) -> torch.Tensor:
-        """Layer i's SwiGLU MLP of h (n, hidden): one GEMM for gate and up, one pass for the gate, or
-        (:data:`GATED_PROJECTION` ``"fused"``, from :data:`GATED_MIN_ROWS` rows) one GEMM with the gate
-        in its epilogue. ``ahead`` (a :class:`~.weight_prefetch.WeightPrefetch`) prefetches the down
-        projection's weight during the gate pass."""
+    def _mlp(self, i: int, layer, h: torch.Tensor) -> torch.Tensor:
+        """Layer i's SwiGLU MLP of h (n, hidden): one GEMM for gate and up, one pass for the gate."""
         if not self.fused_mlp:
             return layer.mlp(h)
-        if GATED_PROJECTION not in ("cublas", "fused"):
-            raise ZeroGRError(f"GATED_PROJECTION: expected 'cublas' or 'fused', got {GATED_PROJECTION!r}")
-        if GATED_PROJECTION == "fused" and h.shape[0] >= GATED_MIN_ROWS:
-            a = gate_up_silu(h, self.gate_up_weight[i])
-        else:
-            y = F.linear(h, self.gate_up_weight[i])
-            if ahead:
-                ahead(("down", layer.mlp.down_proj.weight, 0, 1))
-            a = silu_mul(y)
-        return F.linear(a, layer.mlp.down_proj.weight)
+        return F.linear(silu_mul(F.linear(h, self.gate_up_weight[i])), layer.mlp.down_proj.weight)
 
-    def _layers(self, x: torch.Tensor, cos, sin, cache, attend, keep: torch.Tensor | None = None,
-                prefetch: bool = False) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, cos, sin, cache, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The decoder layers over rows x (n, hidden); ``cache(i)`` gives layer i's (k_dst, v_dst)
         cache views for the rows' keys and values (see :meth:`_qkv`), and ``attend(i, q, k, v)``
         -> (n, heads · D) is the attention of layer i over them. Residual adds are fused into the
@@ -437,39 +411,24 @@ class Qwen3StepModel:
         With ``keep`` (int64 row indices, (r,)), only those rows' outputs are wanted: the last
         layer still projects and caches every row's key and value, ``attend(i, q, k, v, keep)``
         returns the attention of the kept rows only, (r, heads · D), and the layer's output
-        projection, residual and MLP run on them alone. Returns (r, hidden) then.
-
-        With ``prefetch`` (the decode steps), the weights :data:`.weight_prefetch.PREFETCH` names are
-        brought into L2 on a side stream ahead of their GEMMs."""
+        projection, residual and MLP run on them alone. Returns (r, hidden) then."""
         layers = self.core.layers
-        ahead = _prefetch.weight_prefetch(x) if prefetch else None
-        if ahead:
-            gate_up = self.gate_up_weight if self.fused_mlp else [None] * len(layers)
         h = self._norm(layers[0].input_layernorm, x)
         for i, layer in enumerate(layers):
             attn = layer.self_attn
             q, k, v = self._qkv(i, attn, h, cos, sin, cache(i))
-            if ahead:
-                ahead(("o", attn.o_proj.weight, 0, 1), ("gate", gate_up[i], 0, _prefetch.SPLIT))
             if keep is not None and i + 1 == len(layers):
                 # a prefill reads one row per request from here on: the rest of the layer's work
                 # (about 5/6 of its GEMMs, and its attention) is skipped for the other rows
                 o, x = attend(i, q, k, v, keep), x[keep]
             else:
                 o = attend(i, q, k, v)
-            y = attn.o_proj(o)
-            if ahead:
-                ahead(("gate", gate_up[i], _prefetch.SPLIT, 1))
-            h, x = self._norm(layer.post_attention_layernorm, y, x)
-            m = self._mlp(i, layer, h, ahead)
+            h, x = self._norm(layer.post_attention_layernorm, attn.o_proj(o), x)
+            m = self._mlp(i, layer, h)
             if i + 1 < len(layers):
-                if ahead:
-                    ahead(("qkv", self.qkv_weight[i + 1], 0, 1))
                 h, x = self._norm(layers[i + 1].input_layernorm, m, x)
             else:
                 x = x + m
-        if ahead:
-            ahead.join()
         return x
 
     @torch.no_grad()
@@ -548,7 +507,7 @@ class Qwen3StepModel:
                           lineage_len=p, step=step, lineage=self.lineage)
             return o.view(n, self.heads * d)
 
-        return self._norm(self.core.norm, self._layers(x, cos, sin, cache, attend, prefetch=True))
+        return self._norm(self.core.norm, self._layers(x, cos, sin, cache, attend))
 
 
 def _stack(linears, name: str) -> torch.Tensor:
