@@ -125,7 +125,7 @@ EOF
 }
 
 group_tests() {
-  local b; b=$(budget tests 240)
+  local b; b=$(budget tests 320)
   if (( b < 30 )); then log "skip tests: time budget spent"; return; fi
   local tl="$OUT/gpu_tests.log"
   { header; echo; } > "$tl"
