@@ -33,12 +33,13 @@ Per decoding step (docs/design.md §4), op (module):
    slots), with ``prefixes`` it also writes the next step's token prefixes
    (:func:`extend_prefixes` (``beams_out``) is the unfused form).
 
-Beside the decoding step, seven kernels serve the models that feed it (a T5 decoder step,
+Beside the decoding step, eight kernels serve the models that feed it (a T5 decoder step,
 a Qwen3 layer): :func:`cached_self_attention` (``beam_attention``), :func:`request_attention`
 (``memory_attention``), :func:`beam_context_attention` (``context_attention``),
 :func:`rms_layer_norm` (``rms_norm``), :func:`qk_norm_rope` (``head_norm_rope``),
-:func:`silu_mul` (``swiglu``) and :func:`row_sum_squares` (``row_sums``, the norms' variance
-sums added in eager PyTorch's order). On a GPU the norm, q/k norm + rotary and SwiGLU kernels
+:func:`silu_mul` (``swiglu``), :func:`row_sum_squares` (``row_sums``, the norms' variance
+sums added in eager PyTorch's order) and :func:`quantize_rows` (``fp8_rows``, the activations of
+the opt-in FP8 projections). On a GPU the norm, q/k norm + rotary and SwiGLU kernels
 return the bits of the eager ops they replace, at the widths :func:`row_sums.eager_order` names.
 
 Launches: on Hopper and later (compute capability 9+) the step's kernels launch with
@@ -67,6 +68,7 @@ from .context_attention import (beam_context_attention, beam_context_attention_r
 from .filtering import (TASK_WIDTH, FilterOut, filter_slots, filter_slots_reference,
                            filter_slots_triton, num_tasks)
 from .full_projection import full_proj, full_proj_reference
+from .fp8_rows import quantize_rows, quantize_rows_reference, quantize_rows_triton
 from .normalize import log_softmax_slots, log_softmax_slots_reference, log_softmax_slots_triton
 from .naive_selective import naive_selective_proj
 from .memory_attention import request_attention, request_attention_reference, request_attention_triton
@@ -89,6 +91,7 @@ __all__ = [
     "row_sum_squares", "row_sum_squares_reference", "row_sum_squares_triton",
     "qk_norm_rope", "qk_norm_rope_reference", "qk_norm_rope_triton",
     "silu_mul", "silu_mul_reference", "silu_mul_triton",
+    "quantize_rows", "quantize_rows_reference", "quantize_rows_triton",
     "TASK_WIDTH", "FilterOut", "filter_slots", "filter_slots_reference", "filter_slots_triton",
     "num_tasks", "full_proj", "full_proj_reference", "log_softmax_slots", "log_softmax_slots_reference",
     "log_softmax_slots_triton", "naive_selective_proj", "selective_proj",

@@ -135,13 +135,14 @@ group_tests() {
                tests/test_kernels_selective.py tests/test_kernels_shared_selective.py
                tests/test_kernels_full_projection.py tests/test_kernels_filter_lists.py tests/test_kernels_list_spans.py
                tests/test_kernels_model.py tests/test_kernels_row_sums.py tests/test_kernels_qk_norm_rope.py
-               tests/test_kernels_swiglu.py tests/test_kernels_beam_context_attention.py tests/test_contract.py
+               tests/test_kernels_swiglu.py tests/test_kernels_beam_context_attention.py tests/test_kernels_fp8_rows.py
+               tests/test_contract.py
                tests/test_engine.py tests/test_decode.py tests/test_index.py tests/test_crosscheck.py)
   # GPU-marked tests of the modules that import without polars/streamlit (absent on the
   # lent machine's image; tests/test_app_gpu.py needs streamlit wheels carried in)
   local marked=(tests/test_kernels_gpu.py tests/test_bench.py tests/test_plan_store.py tests/test_constraints.py
                 tests/test_models_gpu.py tests/test_allow_nodes.py tests/test_deny_ids.py tests/test_device_lists.py
-                tests/test_constraint_api.py tests/test_graphed_step.py tests/test_qwen3.py)
+                tests/test_constraint_api.py tests/test_graphed_step.py tests/test_qwen3.py tests/test_qwen3_fp8.py)
   [[ "${BENCH_QUICK:-0}" == 1 ]] && suite=(tests/test_bench.py) && marked=(tests/test_bench.py)
   # Triton compiles every specialisation on first use (CPU-bound): spread the tests over
   # pytest-xdist workers when it is installed (they share the Triton cache)

@@ -4,6 +4,7 @@
     python runs/probe_llm_ab.py stage [SHAPES] [ROUNDS]
     python runs/probe_llm_ab.py sums [SHAPES] [ROUNDS]
     python runs/probe_llm_ab.py halves [SHAPES] [ROUNDS]
+    python runs/probe_llm_ab.py fp8 [SHAPES] [ROUNDS]
 
 The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-item catalog, beam
 256, filtering first, prefill inside the graph) is built once; each arm is timed end to end as the
@@ -17,11 +18,17 @@ benchmark times it (CUDA events, warm-up, rotated inputs of one length, median),
 * ``halves``: the shipped eager order (``halves``: the q/k heads of 128 summed from the halves the
   kernel holds, :data:`~zerogr_kernels.row_sums.HALVES`) against the lanes layout it replaced (``lanes``,
   ``row_sums.IMPL = 1``; the same bits), each arm captured afresh.
+* ``fp8``: the layers' weight GEMMs in the model's bf16 (``model``, as shipped) against float8 e4m3
+  weights and activations with row scales (``fp8``: ``Qwen3StepModel(projections="fp8")``), each arm
+  captured afresh.
 * ``stage``: ``always`` (the padding's zeroing and the lengths' fill launched every call, by telling the
   model before each call that both are stale) against :meth:`Qwen3StepModel.stage` as shipped (``skip``:
   neither launch when the last call left them as this one needs), on one serving.
 
-A line per round, arm and shape, then the medians of the rounds and each later arm's ratio to the first.
+A line per round, arm and shape, then the medians of the rounds and each later arm's ratio to the first,
+and how often each later arm's items agree with the first arm's on the same requests (at least 24, other inputs
+than the timed ones, decoded once per arm after its first round): the top-1 item, and the overlap of the M
+returned items.
 """
 import statistics
 import sys
@@ -44,6 +51,12 @@ def _sums(impl):
     return enter
 
 
+def _projections(kind: str):
+    def enter(w):
+        w.projections = kind
+    return enter
+
+
 def _stage(stale: bool):
     def before(sm):
         if stale and sm._static_key is not None:
@@ -56,6 +69,7 @@ EXPERIMENTS = {
     "blas": (True, {"cublas": _blas("cublas"), "cublaslt": _blas("cublaslt")}),
     "sums": (True, {"eager": _sums(None), "tree": _sums(0)}),
     "halves": (True, {"halves": _sums(None), "lanes": _sums(1)}),
+    "fp8": (True, {"model": _projections("model"), "fp8": _projections("fp8")}),
     "stage": (False, {"always": _stage(True), "skip": _stage(False)}),
 }
 
@@ -70,14 +84,16 @@ def main() -> None:
     cfg = LLM_PRESETS["h200"]
     w = Workload(cfg, lambda m: print(m, flush=True))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    got = {}
+    got, items = {}, {}
     for context, batch in shapes:
         sets = [w.inputs(batch, context, 1000 * batch + context + i) for i in range(cfg.rotations)]
+        # at least 24 requests for the agreement, in calls of the timed shape
+        agree = [w.inputs(batch, context, 7000 + i) for i in range(-(-24 // batch))]
         run = None
         for r in range(rounds):
             for arm, setting in arms.items():
-                if fresh:  # the setting applies at capture: this arm's own serving
-                    setting(None)
+                if fresh:  # the setting applies at capture (or at the wrap): this arm's own serving
+                    setting(w)
                     run = None
                     torch.cuda.empty_cache()
                 run = run or w.serving("filter-first", "auto", cfg.beam)
@@ -91,16 +107,25 @@ def main() -> None:
                 ms = _timed(lambda: run.decode(sets[cur["i"]]).item_rows.cpu(), w.device, cfg, before)
                 got.setdefault((context, batch, arm), []).append(ms)
                 print(f"round {r} {arm:9s} {context}x{batch}: {ms:.3f} ms", flush=True)
+                if r == 0:
+                    items[(context, batch, arm)] = torch.cat([run.decode(x).item_rows.cpu() for x in agree])
         del run
         torch.cuda.empty_cache()
     first = next(iter(arms))
     if fresh:
-        arms[first](None)
+        arms[first](w)
     for context, batch in shapes:
         a = statistics.median(got[(context, batch, first)])
         line = ", ".join(f"{arm} {statistics.median(got[(context, batch, arm)]):.3f} ms "
                          f"({statistics.median(got[(context, batch, arm)]) / a:.4f}x)" for arm in list(arms)[1:])
         print(f"{context}x{batch}: {first} {a:.3f} ms, {line}", flush=True)
+        base = items[(context, batch, first)]
+        for arm in list(arms)[1:]:
+            rows = items[(context, batch, arm)]
+            top1 = (rows[:, 0] == base[:, 0]).float().mean().item()
+            overlap = sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(rows, base)) / base.numel()
+            print(f"{context}x{batch}: {arm} against {first} over {base.shape[0]} requests: top-1 item {top1:.1%}, "
+                  f"top-{base.shape[1]} overlap {overlap:.1%}", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int64": "i64", "int32": "i32",
-          "int16": "i16", "int8": "i8", "bool": "i1"}
+_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "fp8e4nv", "int64": "i64",
+          "int32": "i32", "int16": "i16", "int8": "i8", "bool": "i1"}
 
 
 def _arg_type(value) -> str:
@@ -176,6 +176,14 @@ def _launch_grid():
                                 e(n, d, dtype=dtype), k_out=e(1, n, kvh, d, dtype=dtype), v=e(n, kvh, d, dtype=dtype),
                                 v_out=e(1, n, kvh, d, dtype=dtype))
         silu_mul_triton(e(n, 2 * 6144, dtype=dtype))
+    from zerogr_kernels.fp8_rows import quantize_rows_triton
+
+    # the FP8 projections' activations: Qwen3-1.7B's GEMM inputs (hidden 2,048, FFN 6,144) at a decode's
+    # 256 rows and a prefill's 8,064, and rows wider than a block (two passes) in every dtype
+    for n, k in ((256, 2048), (256, 6144), (8064, 2048), (8064, 6144)):
+        quantize_rows_triton(e(n, k, dtype=torch.bfloat16))
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        quantize_rows_triton(e(3, 9000, dtype=dtype))
     # every step of an 8-level decode; head widths 64 (T5's), 8 and 5 (not a power of two)
     for step, (heads, d), dtype in itertools.product(range(8), [(6, 64), (4, 8), (2, 5)],
                                                      (torch.float16, torch.bfloat16, torch.float32)):
@@ -300,7 +308,7 @@ def test_every_launched_specialisation_compiles_for_hopper():
                    "_filter_dense_kernel", "_selective_proj_kernel", "_split_sum_kernel", "_constrain_kernel",
                    "_constrain_scored_kernel", "_deny_rows_kernel", "_deny_keys_kernel",
                    "_deny_count_kernel", "_deny_distinct_kernel", "_rms_norm_kernel", "_qk_norm_rope_kernel",
-                   "_row_sum_squares_kernel", "_silu_mul_kernel",
+                   "_row_sum_squares_kernel", "_silu_mul_kernel", "_quantize_rows_kernel",
                    "_cached_attention_kernel", "_request_attention_kernel", "_split_kernel",
                    "_merge_kernel"):
         assert kernel in out, f"{kernel} not launched by the shape grid"

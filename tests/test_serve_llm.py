@@ -371,9 +371,25 @@ def test_config_presets_and_checks():
     assert LLMServeConfig.from_dict(json.loads(json.dumps(CONFIG.to_dict()))) == CONFIG
     for bad, words in [(dict(model="gpt"), "model"), (dict(beam=0), "beam"), (dict(batch_sizes=()), "batch_sizes"),
                        (dict(checkpoint="/x"), "token_offsets"), (dict(dtype="int8"), "dtype"),
-                       (dict(warmup_context=5000), "warmup_context")]:
+                       (dict(warmup_context=5000), "warmup_context"),
+                       (dict(projections="int4"), "^projections: expected model or fp8, got 'int4'$"),
+                       (dict(projections="fp8"), "^projections: fp8 needs dtype bfloat16, got float32$")]:
         with pytest.raises(ZeroGRError, match=words):
             LLMServeConfig.preset("tiny", **bad)
+
+
+def test_an_fp8_replica_serves_and_says_so():
+    """A bfloat16 replica with FP8 projections answers /generate with catalog items and reports its
+    projections in /health."""
+    svc = LLMService(LLMServeConfig.preset("tiny", dtype="bfloat16", projections="fp8", batch_sizes=(1,)))
+    svc.wait_ready(120)
+    rec = svc.rec
+    assert all(s.step_model.fp8 is not None for s in rec.servings.values())
+    reply = call(svc, "POST", "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"n": 4}})
+    assert reply.status == 200
+    items = [b["item"] for b in reply.json()["beam_results"]]
+    assert len(items) == 4 and (rec.catalog.rows_of(items) >= 0).all()
+    assert call(svc, "GET", "/health").json()["projections"] == "fp8"
 
 
 def test_config_takes_whole_numbers_and_refuses_the_rest():
@@ -401,6 +417,8 @@ def test_config_takes_whole_numbers_and_refuses_the_rest():
     (["serve", "--llm", "tiny", "--checkpoint", "/nonexistent"], "token_offsets"),
     (["serve", "--llm", "tiny", "--checkpoint", "/nonexistent", "--token-offsets", "64,128,192"], "no such folder"),
     (["serve", "--token-offsets", "1,2,3"], "only with --llm"),
+    (["serve", "--projections", "fp8"], "--projections: only with --llm"),
+    (["serve", "--llm", "tiny", "--projections", "fp8"], "--llm tiny: projections: fp8 needs dtype bfloat16"),
 ])
 def test_serve_llm_cli_errors_are_one_line(argv, words, capsys):
     assert main(argv) == 2

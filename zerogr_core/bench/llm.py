@@ -153,6 +153,8 @@ class Workload:
         from ..timing import Stopwatch
 
         self.cfg, self.log = cfg, log
+        # how the step models run their weight GEMMs (Qwen3StepModel's ``projections``; an A/B may switch it)
+        self.projections = "model"
         self.device = torch.device(cfg.device)
         self.dtype = getattr(torch, cfg.dtype)
         with Stopwatch(self.device) as sw:
@@ -176,7 +178,7 @@ class Workload:
         from ..models.qwen3 import Qwen3StepModel
 
         return Qwen3StepModel(self.model if model is None else model, self.offsets,
-                              context_bucket=self.cfg.context_bucket)
+                              context_bucket=self.cfg.context_bucket, projections=self.projections)
 
     def serving(self, order: str, prefill: str, beam: int, model=None):
         """A :class:`~zerogr_core.models.protocol.StepDecoder` of a fresh step model (its own buffers)

@@ -27,6 +27,8 @@ rotary module; the norms run in the project's fused kernels, which on a GPU retu
   and its gate/up weights into another, once at wrap time; the module's own parameters
   become views into them (no second copy), so a layer runs 4 GEMMs instead of 7 and the
   SwiGLU gate reads the gate/up output once (:func:`zerogr_kernels.silu_mul`).
+* **FP8 projections (opt-in).** ``projections="fp8"`` runs the four weight GEMMs of a layer on
+  float8 e4m3 weights and activations with one scale per row (:mod:`.fp8_projections`).
 * **Head.** The SID rows of the tied embedding, one shared head with a band per level
   (as the generic adapter :mod:`.hf` builds it), so filtering first reads only valid rows.
 
@@ -53,8 +55,12 @@ from zerogr_kernels.swiglu import silu_mul
 
 from ..arg_types import whole_value
 from ..errors import ZeroGRError
+from . import fp8_projections
 
 __all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random"]
+
+PROJECTIONS = ("model", "fp8")
+"""How :class:`Qwen3StepModel` runs a layer's weight GEMMs (its ``projections`` argument)."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +182,18 @@ class Qwen3StepModel:
     context_bucket : int
         Contexts are right-padded to a multiple of it, so nearby lengths share static
         buffers (and a captured graph).
+    projections : str
+        How each layer's four weight GEMMs run: ``"model"`` (the model's dtype, as Hugging Face's
+        layers compute them) or ``"fp8"`` (float8 e4m3 weights quantized once and activations
+        quantized per call, one scale per row: :mod:`.fp8_projections`; a bfloat16 model on a GPU of
+        compute capability 8.9 or later, or on the CPU).
 
     Raises
     ------
     ZeroGRError
         Not a Qwen3 model, an unsupported output projection
-        (:func:`~zerogr_core.models.hf.output_head`), bad ``token_offsets`` or ``context_bucket``.
+        (:func:`~zerogr_core.models.hf.output_head`), bad ``token_offsets``, ``context_bucket`` or
+        ``projections``, or FP8 projections where they cannot run.
 
     Attributes
     ----------
@@ -202,7 +214,7 @@ class Qwen3StepModel:
     ``generate`` numbers a left-padded prompt.
     """
 
-    def __init__(self, model, token_offsets: Sequence[int], context_bucket: int = 256):
+    def __init__(self, model, token_offsets: Sequence[int], context_bucket: int = 256, projections: str = "model"):
         from .hf import output_head, step_offsets
 
         cfg = model.config
@@ -222,6 +234,7 @@ class Qwen3StepModel:
         self.vocab = int(weight.shape[0])
         self.context_bucket = _whole_bucket(context_bucket)
         self._stack_weights()
+        self.fp8 = self._fp8_projections(projections)
         self.batch = 0
         self.prefill_in_step = False
         self.graph_safe = True
@@ -370,6 +383,30 @@ class Qwen3StepModel:
                 else:
                     self.gate_up_weight.append(_stack((mlp.gate_proj, mlp.up_proj), "weight"))
 
+    def _fp8_projections(self, projections: str):
+        """The layers' FP8 projections (:mod:`.fp8_projections`) under ``projections="fp8"``, else None."""
+        if projections not in PROJECTIONS:
+            raise ZeroGRError(f"projections must be one of {', '.join(PROJECTIONS)}, got {projections!r}")
+        if projections == "model":
+            return None
+        if not self.fused_mlp:
+            raise ZeroGRError("projections='fp8' needs a SwiGLU MLP without biases")
+        layers = self.core.layers
+        weights = {"qkv": self.qkv_weight, "o": [layer.self_attn.o_proj.weight for layer in layers],
+                   "gate_up": self.gate_up_weight, "down": [layer.mlp.down_proj.weight for layer in layers]}
+        shapes = {tuple(w.shape) for ws in weights.values() for w in ws}
+        why = fp8_projections.unsupported(self.device, self.dtype, shapes)
+        if why:
+            raise ZeroGRError(why)
+        return fp8_projections.for_model(self.model, weights)
+
+    def _linear(self, kind: str, i: int, x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+        """Layer i's ``kind`` projection (:data:`.fp8_projections.KINDS`) of rows x: ``x @ weight.T + bias``,
+        in FP8 under ``projections="fp8"``."""
+        if self.fp8 is None:
+            return F.linear(x, weight, bias)
+        return self.fp8(x, kind, i, bias)
+
     def _rope(self, x: torch.Tensor, positions: torch.Tensor):
         """cos, sin of shape (n, D) for int64 ``positions`` (n,) (the model's own rotary module)."""
         cos, sin = self.core.rotary_emb(x, positions[None])
@@ -389,7 +426,7 @@ class Qwen3StepModel:
         blocks · rows = n, which are returned with q."""
         n, d = h.shape[0], self.head_dim
         a, b = self.heads * d, (self.heads + self.kv_heads) * d
-        y = F.linear(h, self.qkv_weight[i], self.qkv_bias[i])
+        y = self._linear("qkv", i, h, self.qkv_weight[i], self.qkv_bias[i])
         k_dst, v_dst = cache
         q, _ = qk_norm_rope(y[:, :a].view(n, self.heads, d), y[:, a:b].view(n, self.kv_heads, d),
                             attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon, cos, sin,
@@ -400,7 +437,8 @@ class Qwen3StepModel:
         """Layer i's SwiGLU MLP of h (n, hidden): one GEMM for gate and up, one pass for the gate."""
         if not self.fused_mlp:
             return layer.mlp(h)
-        return F.linear(silu_mul(F.linear(h, self.gate_up_weight[i])), layer.mlp.down_proj.weight)
+        a = silu_mul(self._linear("gate_up", i, h, self.gate_up_weight[i]))
+        return self._linear("down", i, a, layer.mlp.down_proj.weight)
 
     def _layers(self, x: torch.Tensor, cos, sin, cache, attend, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The decoder layers over rows x (n, hidden); ``cache(i)`` gives layer i's (k_dst, v_dst)
@@ -423,7 +461,8 @@ class Qwen3StepModel:
                 o, x = attend(i, q, k, v, keep), x[keep]
             else:
                 o = attend(i, q, k, v)
-            h, x = self._norm(layer.post_attention_layernorm, attn.o_proj(o), x)
+            y = self._linear("o", i, o, attn.o_proj.weight, attn.o_proj.bias)
+            h, x = self._norm(layer.post_attention_layernorm, y, x)
             m = self._mlp(i, layer, h)
             if i + 1 < len(layers):
                 h, x = self._norm(layers[i + 1].input_layernorm, m, x)

@@ -38,6 +38,9 @@ def register(subparsers) -> None:
                         "POST /recommend, GET /ready, GET /health, GET /metrics (Prometheus)")
     p.add_argument("--token-offsets", type=wholes(0), default=None, metavar="O1,O2,…",
                    help="with --llm and --checkpoint: vocabulary id of token 0 of each SID level")
+    p.add_argument("--projections", choices=("model", "fp8"), default=None,
+                   help="with --llm: the layers' weight GEMMs in the model's dtype (model, the default) or in "
+                        "float8 with row scales (fp8: bfloat16 models on GPUs of compute capability 8.9+)")
     p.set_defaults(handler=run_serve)
 
     d = subparsers.add_parser("decode-dataset", help="top-K recommendations for every user, sharded over GPUs "
@@ -118,6 +121,8 @@ def llm_config_from_args(args: argparse.Namespace, **changes):
         changes["checkpoint"] = args.checkpoint
     if args.token_offsets is not None:
         changes["token_offsets"] = tuple(args.token_offsets)
+    if args.projections is not None:
+        changes["projections"] = args.projections
     try:
         config = LLMServeConfig.preset(args.llm, **changes)
     except ZeroGRError as err:
@@ -150,6 +155,8 @@ def run_serve(args: argparse.Namespace) -> int:
     else:
         if args.token_offsets is not None:
             raise UsageError("--token-offsets: only with --llm")
+        if args.projections is not None:
+            raise UsageError("--projections: only with --llm")
         config = config_from_args(args, check_device=args.address is None, **changes)
     _check_port(args.host, port)
     if args.llm is None:

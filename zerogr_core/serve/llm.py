@@ -60,6 +60,10 @@ class LLMServeConfig:
         ``bfloat16``, ``float16`` or ``float32``.
     seed : int
         Seed of the random weights.
+    projections : str
+        How the layers' weight GEMMs run: ``model`` (the model's dtype) or ``fp8`` (float8 weights and
+        activations with row scales, a bfloat16 model on a GPU of compute capability 8.9 or later;
+        :class:`~zerogr_core.models.qwen3.Qwen3StepModel`'s ``projections``).
     """
 
     model: str = "tiny"
@@ -75,9 +79,10 @@ class LLMServeConfig:
     device: str = "auto"
     dtype: str = "float32"
     seed: int = 0
+    projections: str = "model"
 
     def __post_init__(self):
-        from ..models.qwen3 import QWEN3_PRESETS
+        from ..models.qwen3 import PROJECTIONS, QWEN3_PRESETS
 
         if self.checkpoint is None and self.model not in QWEN3_PRESETS:
             raise ZeroGRError(f"model: unknown Qwen3 preset {self.model!r}; choose one of {', '.join(QWEN3_PRESETS)}")
@@ -111,6 +116,10 @@ class LLMServeConfig:
             raise ZeroGRError(f"device: expected auto, cuda or cpu, got {self.device!r}")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ZeroGRError(f"dtype: expected bfloat16, float16 or float32, got {self.dtype!r}")
+        if self.projections not in PROJECTIONS:
+            raise ZeroGRError(f"projections: expected {' or '.join(PROJECTIONS)}, got {self.projections!r}")
+        if self.projections == "fp8" and self.dtype != "bfloat16":
+            raise ZeroGRError(f"projections: fp8 needs dtype bfloat16, got {self.dtype}")
 
     @property
     def max_batch(self) -> int:
@@ -270,7 +279,8 @@ class LLMRecommender:
         self._offsets = torch.tensor(self.offsets, dtype=torch.int64)
         self.servings = {}
         for size in config.batch_sizes:
-            sm = Qwen3StepModel(self.model, self.offsets, context_bucket=config.context_bucket)
+            sm = Qwen3StepModel(self.model, self.offsets, context_bucket=config.context_bucket,
+                                projections=config.projections)
             self.servings[size] = StepDecoder(sm, self.index, sm.head, beam_width=config.beam,
                                               order="filter-first", band_offsets=self.offsets)
         self._lock = threading.Lock()
@@ -294,7 +304,7 @@ class LLMRecommender:
         return dict(model=self.config.model, weights=self.config.weights, catalog=self.config.catalog,
                     items=int(self.catalog.n_items), levels=self.levels, token_offsets=list(self.offsets),
                     beam=self.config.beam, batch_sizes=list(self.config.batch_sizes), device=str(self.device),
-                    dtype=self.config.dtype, loop=self.loop())
+                    dtype=self.config.dtype, projections=self.config.projections, loop=self.loop())
 
     @torch.no_grad()
     def warmup(self) -> None:
