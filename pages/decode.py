@@ -138,11 +138,16 @@ def llm_settings(gpu: bool) -> LLMSpec:
                                     help="Tokens of each request's context, prefilled once (its keys and values "
                                          "stored once per request, not per beam) before the SID tokens."))
     dtype = llm_dtype(gpu)
+    fp8 = st.checkbox("FP8 projections", key="dec_llm_fp8", disabled=dtype != "bfloat16",
+                      help="Each layer's weight GEMMs on float8 weights and activations with one scale per row: "
+                           "faster at large batches, less accurate (a bfloat16 model on a GPU of compute "
+                           "capability 8.9 or later). Both orders use the same projections.")
     st.caption(f"A `transformers` Qwen3ForCausalLM of this shape with **random weights** (no checkpoint is "
-               f"shipped), in {dtype}, the catalog's SID tokens appended to its vocabulary (one band per level). "
-               "Latency and memory are the shape's; the lists mean nothing. Requests are seeded random contexts; "
-               "both orders decode from the same prefill, timed on its own.")
-    return LLMSpec(shape, context, dtype)
+               f"shipped), in {dtype}{' with FP8 projections' if fp8 else ''}, the catalog's SID tokens appended "
+               "to its vocabulary (one band per level). Latency and memory are the shape's; the lists mean "
+               "nothing. Requests are seeded random contexts; both orders decode from the same prefill, timed on "
+               "its own.")
+    return LLMSpec(shape, context, dtype, "fp8" if fp8 else "model")
 
 
 def item_set_settings() -> ItemSet:

@@ -234,6 +234,7 @@ def test_decode_the_tiny_qwen3_in_both_orders_and_refuse_the_1_7b_shape_on_a_cpu
     at = open_page(at, "decode", dec_model=QWEN3, dec_beam=4, dec_batch=2, dec_context=40, dec_timing="quick")
     assert_clean(at)
     assert at.selectbox(key="dec_llm_shape").value == "tiny"  # the CPU default
+    assert at.checkbox(key="dec_llm_fp8").disabled  # FP8 projections need bfloat16, a GPU's
     at.button(key="btn_dec_run").click().run()
     assert_clean(at)
     assert not errors(at), errors(at)

@@ -487,6 +487,30 @@ def test_model_limits_refuse_the_1_7b_shape_on_a_cpu_and_read_the_environment():
         with pytest.raises(ZeroGRError, match=rf"^context length: expected a positive whole number of tokens, got "
                                               rf"{context!r}$"):
             LLMSpec("tiny", context, "float32")
+    with pytest.raises(ZeroGRError, match=r"^projections: expected model or fp8, got 'int4'$"):
+        LLMSpec("tiny", 64, "bfloat16", "int4")
+    with pytest.raises(ZeroGRError, match=r"^FP8 projections: need a bfloat16 model \(a GPU\), this one runs in "
+                                          r"float32$"):
+        LLMSpec("tiny", 64, "float32", "fp8")
+
+
+def test_the_page_s_qwen3_inputs_take_fp8_projections():
+    """The Decode page's Qwen3 requests with FP8 projections: a bfloat16 model's step model runs its GEMMs in
+    FP8, and both orders decode catalog items from its prefill."""
+    pytest.importorskip("transformers")
+    from zerogr_core import Decoder, build_index
+    from zerogr_core.app_support.llm_model import LLMSpec, build_llm, llm_inputs
+    from zerogr_core.app_support.sources import load_source, sample_source
+
+    catalog = load_source(sample_source("tiny"))
+    spec = LLMSpec("tiny", 24, "bfloat16", "fp8")
+    model, preset = build_llm(spec.shape, spec.dtype, catalog.codebook_sizes, "cpu")
+    inputs = llm_inputs(model, preset, spec, "cpu", 2, 4, 0)
+    assert inputs.hidden_fn.fp8 is not None and inputs.prefill_ms > 0
+    for order in ("filter-first", "score-first"):
+        result = Decoder(build_index(catalog), inputs.heads, 4, order=order, band_offsets=inputs.band_offsets,
+                         engine="reference").decode(inputs.hidden_fn, 2)
+        assert bool((result.item_rows >= 0).all()), order
 
 
 def test_item_set_constraints_name_the_registered_set_and_deny_histories_by_id():

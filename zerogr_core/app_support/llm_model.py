@@ -42,11 +42,15 @@ class LLMSpec:
         Context tokens per request (1 … the shape's ``max_positions`` less the SID levels).
     dtype : str
         ``bfloat16`` on a GPU, ``float32`` on a CPU (:func:`llm_dtype`).
+    projections : str
+        ``model`` or ``fp8`` (:class:`~zerogr_core.models.qwen3.Qwen3StepModel`'s ``projections``;
+        ``fp8`` needs ``bfloat16``).
     """
 
     shape: str
     context: int
     dtype: str
+    projections: str = "model"
 
     def __post_init__(self):
         if self.shape not in LLM_SHAPES:
@@ -55,6 +59,10 @@ class LLMSpec:
             raise ZeroGRError(f"dtype: expected float32, bfloat16 or float16, got {self.dtype!r}")
         if isinstance(self.context, bool) or not isinstance(self.context, int) or self.context < 1:
             raise ZeroGRError(f"context length: expected a positive whole number of tokens, got {self.context!r}")
+        if self.projections not in ("model", "fp8"):
+            raise ZeroGRError(f"projections: expected model or fp8, got {self.projections!r}")
+        if self.projections == "fp8" and self.dtype != "bfloat16":
+            raise ZeroGRError(f"FP8 projections: need a bfloat16 model (a GPU), this one runs in {self.dtype}")
 
 
 def llm_dtype(gpu: bool) -> str:
@@ -130,7 +138,8 @@ def llm_inputs(model, preset, spec: LLMSpec, device, batch: int, beam: int, seed
     from ..models.qwen3 import Qwen3StepModel
 
     llm_preset(spec, preset.codebook_sizes)  # the context fits the shape
-    step_model = Qwen3StepModel(model, preset.token_offsets, context_bucket=CONTEXT_BUCKET)
+    step_model = Qwen3StepModel(model, preset.token_offsets, context_bucket=CONTEXT_BUCKET,
+                                projections=spec.projections)
     generator = torch.Generator().manual_seed(seed)
     contexts = torch.randint(0, preset.base_vocab, (batch, spec.context), generator=generator).to(device)
     with torch.no_grad(), Stopwatch(device) as sw:
