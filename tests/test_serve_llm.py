@@ -373,7 +373,7 @@ def test_config_presets_and_checks():
                        (dict(checkpoint="/x"), "token_offsets"), (dict(dtype="int8"), "dtype"),
                        (dict(warmup_context=5000), "warmup_context"),
                        (dict(projections="int4"), "^projections: expected model or fp8, got 'int4'$"),
-                       (dict(projections="fp8"), "^projections: fp8 needs dtype bfloat16, got float32$")]:
+                       (dict(projections="fp8"), "^projections: fp8 needs a bfloat16 model, got float32$")]:
         with pytest.raises(ZeroGRError, match=words):
             LLMServeConfig.preset("tiny", **bad)
 
@@ -418,7 +418,7 @@ def test_config_takes_whole_numbers_and_refuses_the_rest():
     (["serve", "--llm", "tiny", "--checkpoint", "/nonexistent", "--token-offsets", "64,128,192"], "no such folder"),
     (["serve", "--token-offsets", "1,2,3"], "only with --llm"),
     (["serve", "--projections", "fp8"], "--projections: only with --llm"),
-    (["serve", "--llm", "tiny", "--projections", "fp8"], "--llm tiny: projections: fp8 needs dtype bfloat16"),
+    (["serve", "--llm", "tiny", "--projections", "fp8"], "--llm tiny: projections: fp8 needs a bfloat16 model"),
 ])
 def test_serve_llm_cli_errors_are_one_line(argv, words, capsys):
     assert main(argv) == 2

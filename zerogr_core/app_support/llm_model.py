@@ -59,10 +59,11 @@ class LLMSpec:
             raise ZeroGRError(f"dtype: expected float32, bfloat16 or float16, got {self.dtype!r}")
         if isinstance(self.context, bool) or not isinstance(self.context, int) or self.context < 1:
             raise ZeroGRError(f"context length: expected a positive whole number of tokens, got {self.context!r}")
-        if self.projections not in ("model", "fp8"):
-            raise ZeroGRError(f"projections: expected model or fp8, got {self.projections!r}")
-        if self.projections == "fp8" and self.dtype != "bfloat16":
-            raise ZeroGRError(f"FP8 projections: need a bfloat16 model (a GPU), this one runs in {self.dtype}")
+        from ..models.qwen3 import projections_problem
+
+        why = projections_problem(self.projections, self.dtype)
+        if why:
+            raise ZeroGRError(why)
 
 
 def llm_dtype(gpu: bool) -> str:

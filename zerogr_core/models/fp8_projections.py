@@ -26,12 +26,10 @@ KINDS = ("qkv", "o", "gate_up", "down")
 _CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
-def unsupported(device: torch.device, dtype: torch.dtype, shapes) -> str | None:
+def unsupported(device: torch.device, shapes) -> str | None:
     """Why FP8 projections cannot run here (``None`` when they can): a CUDA device before Ada/Hopper
-    (compute capability 8.9), a dtype other than bfloat16 (the row-scaled GEMM's output), or a
-    weight whose rows or columns are not a multiple of 16. ``shapes``: the weights' (out, in)."""
-    if dtype != torch.bfloat16:
-        return f"FP8 projections need a bfloat16 model, got {dtype}"
+    (compute capability 8.9), or a weight whose rows or columns are not a multiple of 16. ``shapes``:
+    the weights' (out, in). (The model's dtype: :func:`~zerogr_core.models.qwen3.projections_problem`.)"""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
         return f"FP8 projections need compute capability 8.9 or later, got {torch.cuda.get_device_capability(device)}"
     for n, k in shapes:

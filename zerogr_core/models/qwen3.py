@@ -57,10 +57,21 @@ from ..arg_types import whole_value
 from ..errors import ZeroGRError
 from . import fp8_projections
 
-__all__ = ["QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random"]
+__all__ = ["PROJECTIONS", "QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random", "projections_problem"]
 
 PROJECTIONS = ("model", "fp8")
 """How :class:`Qwen3StepModel` runs a layer's weight GEMMs (its ``projections`` argument)."""
+
+
+def projections_problem(projections, dtype) -> str | None:
+    """Why ``projections`` cannot run a model of ``dtype`` (a ``torch.dtype`` or its name), in one line
+    starting ``projections:``; ``None`` when it can. FP8 needs bfloat16 (the row-scaled GEMM's output)."""
+    if projections not in PROJECTIONS:
+        return f"projections: expected {' or '.join(PROJECTIONS)}, got {projections!r}"
+    name = str(dtype).replace("torch.", "")
+    if projections == "fp8" and name != "bfloat16":
+        return f"projections: fp8 needs a bfloat16 model, got {name}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -385,8 +396,9 @@ class Qwen3StepModel:
 
     def _fp8_projections(self, projections: str):
         """The layers' FP8 projections (:mod:`.fp8_projections`) under ``projections="fp8"``, else None."""
-        if projections not in PROJECTIONS:
-            raise ZeroGRError(f"projections must be one of {', '.join(PROJECTIONS)}, got {projections!r}")
+        why = projections_problem(projections, self.dtype)
+        if why:
+            raise ZeroGRError(why)
         if projections == "model":
             return None
         if not self.fused_mlp:
@@ -395,7 +407,7 @@ class Qwen3StepModel:
         weights = {"qkv": self.qkv_weight, "o": [layer.self_attn.o_proj.weight for layer in layers],
                    "gate_up": self.gate_up_weight, "down": [layer.mlp.down_proj.weight for layer in layers]}
         shapes = {tuple(w.shape) for ws in weights.values() for w in ws}
-        why = fp8_projections.unsupported(self.device, self.dtype, shapes)
+        why = fp8_projections.unsupported(self.device, shapes)
         if why:
             raise ZeroGRError(why)
         return fp8_projections.for_model(self.model, weights)

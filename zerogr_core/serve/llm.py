@@ -82,7 +82,7 @@ class LLMServeConfig:
     projections: str = "model"
 
     def __post_init__(self):
-        from ..models.qwen3 import PROJECTIONS, QWEN3_PRESETS
+        from ..models.qwen3 import QWEN3_PRESETS, projections_problem
 
         if self.checkpoint is None and self.model not in QWEN3_PRESETS:
             raise ZeroGRError(f"model: unknown Qwen3 preset {self.model!r}; choose one of {', '.join(QWEN3_PRESETS)}")
@@ -116,10 +116,9 @@ class LLMServeConfig:
             raise ZeroGRError(f"device: expected auto, cuda or cpu, got {self.device!r}")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             raise ZeroGRError(f"dtype: expected bfloat16, float16 or float32, got {self.dtype!r}")
-        if self.projections not in PROJECTIONS:
-            raise ZeroGRError(f"projections: expected {' or '.join(PROJECTIONS)}, got {self.projections!r}")
-        if self.projections == "fp8" and self.dtype != "bfloat16":
-            raise ZeroGRError(f"projections: fp8 needs dtype bfloat16, got {self.dtype}")
+        why = projections_problem(self.projections, self.dtype)
+        if why:
+            raise ZeroGRError(why)
 
     @property
     def max_batch(self) -> int:
