@@ -376,15 +376,16 @@ def beam_context_bias(lengths, *, beams: int, group: int, slots: int, context_le
         0 where query row ``r`` (beam ``m = r // group``) may look, -inf elsewhere: context
         slots below ``min(lengths[b], context_len)``, and for each SID position ``t < step``
         the lineage slot ``context_len + a · P + t`` with ``a = lineage[b, m, t]`` (``m``
-        itself without ``lineage``).
+        itself without ``lineage``), any beam whose slots lie below ``slots``.
     """
     dev = lengths.device
     pos = torch.arange(slots, device=dev)
     context = (pos[None, :] < lengths[:, None].clamp(max=context_len))[:, None, :]               # (B, 1, S)
     p = lineage_len
     rel = pos - context_len
-    inside = (rel >= 0) & (rel < beams * p)
-    rel = rel.clamp(0, beams * p - 1)
+    held = max(slots - context_len, p) // p * p        # the lineage slots of every beam k holds, ancestors' included
+    inside = (rel >= 0) & (rel < held)
+    rel = rel.clamp(0, held - 1)
     t, owner = rel % p, rel // p                                                                 # (S,)
     beam = torch.arange(beams * group, device=dev) // group                                     # (R,)
     if lineage is None:
@@ -445,7 +446,9 @@ def beam_context_attention(q, k, v, lengths, *, context_len: int, lineage_len: i
     lineage : torch.Tensor, shape (B, M, lineage_len), int32 or int64, contiguous, optional
         ``lineage[b, m, t]``: the beam whose lineage slot of position ``t`` holds beam ``m``'s
         SID token ``t`` (its ancestor at that position), so that beams reordered at each step
-        need no copy of the keys and values. Without it, each beam's own slots.
+        need no copy of the keys and values. Without it, each beam's own slots. An ancestor may
+        be any beam whose slots ``k`` holds (below ``(S - context_len) / lineage_len``), not only
+        the first ``M``: a call over some of a request's beams reads the lineage of all of them.
 
     Returns
     -------

@@ -5,6 +5,7 @@
     python runs/probe_llm_ab.py sums [SHAPES] [ROUNDS]
     python runs/probe_llm_ab.py halves [SHAPES] [ROUNDS]
     python runs/probe_llm_ab.py fp8 [SHAPES] [ROUNDS]
+    python runs/probe_llm_ab.py partial [SHAPES] [ROUNDS]
 
 The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-item catalog, beam
 256, filtering first, prefill inside the graph) is built once; each arm is timed end to end as the
@@ -21,6 +22,10 @@ benchmark times it (CUDA events, warm-up, rotated inputs of one length, median),
 * ``fp8``: the layers' weight GEMMs in the model's bf16 (``model``, as shipped) against float8 e4m3
   weights and activations with row scales (``fp8``: ``Qwen3StepModel(projections="fp8")``), each arm
   captured afresh.
+* ``partial``: the last step's layers over every beam (``full``, ``partial_last_step = False``) against
+  the beams whose prefix holds more than one item only (``partial``, as shipped: a beam in any other
+  prefix gets log-probability 0 for its only item whatever its logits), each arm captured afresh; the
+  partial arm also prints the row counts its last step ran at (a graph each).
 * ``stage``: ``always`` (the padding's zeroing and the lengths' fill launched every call, by telling the
   model before each call that both are stale) against :meth:`Qwen3StepModel.stage` as shipped (``skip``:
   neither launch when the last call left them as this one needs), on one serving.
@@ -57,6 +62,13 @@ def _projections(kind: str):
     return enter
 
 
+def _partial(on: bool):
+    def enter(w):
+        from zerogr_core.models.qwen3 import Qwen3StepModel
+        Qwen3StepModel.partial_last_step = on
+    return enter
+
+
 def _stage(stale: bool):
     def before(sm):
         if stale and sm._static_key is not None:
@@ -70,6 +82,7 @@ EXPERIMENTS = {
     "sums": (True, {"eager": _sums(None), "tree": _sums(0)}),
     "halves": (True, {"halves": _sums(None), "lanes": _sums(1)}),
     "fp8": (True, {"model": _projections("model"), "fp8": _projections("fp8")}),
+    "partial": (True, {"full": _partial(False), "partial": _partial(True)}),
     "stage": (False, {"always": _stage(True), "skip": _stage(False)}),
 }
 
@@ -107,6 +120,9 @@ def main() -> None:
                 ms = _timed(lambda: run.decode(sets[cur["i"]]).item_rows.cpu(), w.device, cfg, before)
                 got.setdefault((context, batch, arm), []).append(ms)
                 print(f"round {r} {arm:9s} {context}x{batch}: {ms:.3f} ms", flush=True)
+                partial = [s.partial for s in run.decoder.gpu_engine._shapes.values() if s.partial is not None]
+                if partial:
+                    print(f"  last-step rows per request: {sorted(partial[0].graphs)} of {cfg.beam}", flush=True)
                 if r == 0:
                     items[(context, batch, arm)] = torch.cat([run.decode(x).item_rows.cpu() for x in agree])
         del run

@@ -157,6 +157,28 @@ def test_ancestor_table_equals_a_copied_lineage(splits, dtype):
         check(got, want, dtype, f"kernel, step {step}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_some_beams_read_the_lineage_of_all(splits, dtype):
+    """A call over the first m' of M beams (the cache sized for M) whose ancestors are any of the M
+    beams (a partial last step): the kernel and the reference equal the beams of the full call
+    with the same ancestors, whose queries they share."""
+    batch, beams, heads, kvh, d, context, p, lengths = CASES["varied-lengths"]
+    p = 3
+    q, k, v, lens = make(batch, beams, heads, kvh, d, context, p, lengths, dtype, seed=8)
+    anc = _ancestors(batch, beams, p, seed=9)
+    few = 2
+    part = anc[:, :few].contiguous()
+    assert (part >= few).any()                                  # some ancestors lie past the m' beams
+    for step in range(1, p + 1):
+        kw = dict(context_len=context, lineage_len=p, step=step)
+        want = beam_context_attention_reference(q, k, v, lens, lineage=anc, **kw)[:, :few]
+        ref = beam_context_attention_reference(q[:, :few].contiguous(), k, v, lens, lineage=part, **kw)
+        check(ref, want, dtype, f"reference, step {step}")
+        got = beam_context_attention_triton(q[:, :few].contiguous(), k, v, lens, lineage=part, splits=splits, **kw)
+        check(got, want, dtype, f"kernel, step {step}")
+
+
 def test_lineage_checks():
     q, k, v, lens = make(1, 2, 2, 1, 16, 8, 2, [5], torch.float32)
     kw = dict(context_len=8, lineage_len=2, step=1)

@@ -41,8 +41,9 @@ def warm_up(fn: Callable[[], object], runs: int = 2) -> None:
     torch.cuda.current_stream().wait_stream(side)
 
 
-def capture(fn: Callable[[], object], warmup: int = 2):
-    """Capture ``fn`` in a CUDA graph after ``warmup`` runs on a side stream.
+def capture(fn: Callable[[], object], warmup: int = 2, pool=None):
+    """Capture ``fn`` in a CUDA graph after ``warmup`` runs on a side stream; ``pool`` (another
+    graph's ``pool()``) shares that graph's memory, for graphs never replayed at the same time.
 
     Returns
     -------
@@ -53,7 +54,7 @@ def capture(fn: Callable[[], object], warmup: int = 2):
     if warmup:
         warm_up(fn, warmup)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         out = fn()
     torch.cuda.synchronize()
     return graph, out

@@ -8,7 +8,10 @@ For a serving shape (batch, beam width, dtype, hidden size) the engine
    the fastest and stores the plan,
 2. compiles the plan's Triton variants together (:mod:`zerogr_core.decode.precompile`),
    then captures all L steps — model call included — in one CUDA graph whose replays
-   serve later calls of that shape.
+   serve later calls of that shape. A step model that computes only the beams the last step
+   reads (``partial_last_step``, :mod:`zerogr_core.decode.loop`) gets two: the steps before the
+   last, then, once the host has read how many beams are wanted, the last step's graph for that
+   many rows (:class:`PartialLastStep`).
 
 The steps run in the one beam loop (:class:`~zerogr_core.decode.loop.BeamLoop`). Its model
 is a ``hidden_fn(step, prefixes)`` or a prefilled step model
@@ -42,6 +45,7 @@ from .list_buffers import attach_lists, capacity_for, listed_from, load_lists
 from .options import MODES, PLANNED_TOPK, SHARED_GROUP, StepOption, step_options
 from .plan_store import catalog_fingerprint, device_fingerprint, resolve_store, use_project_triton_cache
 from .planner import DEFAULT_COST_MODEL, Plan, PlanShape, cost_model_summary, make_plan
+from .last_step import PartialLastStep
 from .loop import BeamLoop
 from .ops import no_timer
 from .precompile import precompile
@@ -103,6 +107,11 @@ class StepRunner:
         self.prepare_lists = None
         self.deferred = False
         self.top = TopkOut.empty(batch, beam_width, dev)
+
+    def wanted_rows(self, states: torch.Tensor) -> torch.Tensor:
+        """The beams whose hidden states this step reads: (n,) bool, those in a state with more than
+        one valid token (:mod:`zerogr_core.decode.loop`)."""
+        return self.mapping.branches(states)
 
     def project(self, states: torch.Tensor, hidden: torch.Tensor, timer=no_timer) -> FilterOut:
         """Filter + projection: slot logits of every beam (raw, not normalised)."""
@@ -206,6 +215,8 @@ class ShapeState:
         self.outputs = None
         # why the capture failed: the shape then runs eagerly and is never captured again
         self.graph_error = None
+        # with a model that computes the last step's wanted beams only: that step's graphs
+        self.partial = None
 
     def run(self, model, record=None, timer=no_timer):
         """All L steps (:meth:`BeamLoop.run`); returns (tokens, scores, rows) views of static buffers.
@@ -214,6 +225,12 @@ class ShapeState:
         if self.capacity:
             self.lists.begin()
         return self.loop.run(model, record, timer)
+
+    def begin(self, model) -> None:
+        """Every step but the last (:meth:`BeamLoop.begin`), the call's lists resolved first."""
+        if self.capacity:
+            self.lists.begin()
+        self.loop.begin(model)
 
     def launched(self) -> None:
         """After a decode of this shape was launched (its list buffers then guard their pinned block)."""
@@ -494,9 +511,12 @@ class GpuEngine:
             if shape.graph is None or shape.graph_fn is not model or shape.graph_key != key:
                 self._capture(shape, model, batch_size)
             if shape.graph is not None:
-                shape.graph.replay()
+                if shape.partial is not None:
+                    tokens, scores, rows = shape.partial.replay()
+                else:
+                    shape.graph.replay()
+                    tokens, scores, rows = shape.outputs
                 shape.launched()
-                tokens, scores, rows = shape.outputs
                 return DecodeResult(tokens.clone(), scores.clone(), rows.clone())
         tokens, scores, rows = shape.run(model)
         shape.launched()
@@ -507,20 +527,24 @@ class GpuEngine:
         warm_up(lambda: shape.run(model), 2)
 
     def _record_graph(self, shape: ShapeState, model: DecodeModel):
-        """Capture all steps in one CUDA graph; returns ``(graph, outputs)``."""
+        """Capture all steps in one CUDA graph; returns ``(graph, outputs)``. With a model that
+        computes the last step's wanted beams only, ``(first graph, PartialLastStep)``."""
+        if shape.loop.skips_rows(model):
+            partial = PartialLastStep(shape, model, _no_pdl(shape))
+            return partial.first, partial
         return capture(lambda: shape.run(model), warmup=0)
 
     def _capture(self, shape: ShapeState, model: DecodeModel, batch: int) -> None:
         """Warm up and capture; on failure record why in the shape's plan and fall back to
         eager decoding for this shape for good (no warm-up or capture is tried again)."""
         try:
-            with pdl_disabled(shape.capacity > 0 and batch > CONSTRAINED_PDL_MAX_BATCH):
+            with pdl_disabled(_no_pdl(shape)):
                 self._warm_up(shape, model)
                 graph, outputs = self._record_graph(shape, model)
         except ZeroGRError:
             # the caller's mistake (a hidden_fn of the wrong shape or device), not a model that cannot
             # be captured: the shape stays capturable, and the next call with a sound model captures it
-            shape.graph, shape.graph_fn = None, None
+            shape.graph, shape.graph_fn, shape.partial = None, None, None
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             raise
@@ -530,9 +554,15 @@ class GpuEngine:
             key = self.key(batch)
             if key in self.plans:
                 self.plans[key] = dataclasses.replace(self.plans[key], graph_error=reason)
-            shape.graph, shape.graph_fn = None, None
+            shape.graph, shape.graph_fn, shape.partial = None, None, None
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             return
-        shape.graph, shape.graph_fn, shape.outputs = graph, model, outputs
+        shape.partial = outputs if isinstance(outputs, PartialLastStep) else None
+        shape.graph, shape.graph_fn, shape.outputs = graph, model, None if shape.partial else outputs
         shape.graph_key = getattr(model, "_static_key", None)
+
+
+def _no_pdl(shape: ShapeState) -> bool:
+    """Whether the shape's graphs launch without PDL (:data:`CONSTRAINED_PDL_MAX_BATCH`)."""
+    return shape.capacity > 0 and shape.batch > CONSTRAINED_PDL_MAX_BATCH

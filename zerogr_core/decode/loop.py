@@ -25,6 +25,17 @@ A step is any callable with the :class:`Step` signature. The ones provided here:
     prefixes written with :func:`zerogr_kernels.extend_prefixes` (the benchmark's baselines).
 
 The engine's :class:`~zerogr_core.decode.engine.StepRunner` is a step too.
+
+**The last step's wanted beams.** Filtering first normalises a beam's log-probabilities over its
+valid next tokens, so at the last level a beam whose prefix holds a single item gets log-probability
+0 for it whatever the model says (and a list can only take that item away). A step that knows this
+offers ``wanted_rows(states) -> (n,) bool``: the beams whose hidden states it reads. A step model
+that sets ``partial_last_step = True`` is then asked at the last level for those beams only
+(``model.step(l, tokens, parents, wanted=(batch, M) bool, rows=r)``, at most ``r`` wanted beams per
+request, ``r`` a multiple of :data:`ROW_GRANULE`), and may return zeros for the others: the step
+selects exactly the beams and scores of a full last step. :meth:`BeamLoop.begin` runs every level
+but the last and counts the wanted beams (``most``, on the device); :meth:`BeamLoop.finish` runs the
+last level for a given ``r`` (eagerly: read from ``most``), so the engine can capture the two apart.
 """
 from __future__ import annotations
 
@@ -37,7 +48,30 @@ from zerogr_kernels import TopkOut, extend_prefixes
 from ..errors import ZeroGRError
 from .ops import DISPATCH, KernelOps, no_timer
 
-__all__ = ["BeamLoop", "PrefixStep", "SelectStep", "Step", "is_step_model"]
+__all__ = ["BeamLoop", "PrefixStep", "ROW_GRANULE", "SelectStep", "Step", "is_step_model", "partial_rows"]
+
+ROW_GRANULE = 16
+"""A partial last step computes its wanted beams in multiples of this many rows per request, so
+that a captured decode needs at most ``M / ROW_GRANULE`` graphs of its last step."""
+
+
+def partial_rows(most: int, beams: int) -> int:
+    """Beams per request the last step computes when no request has more than ``most`` wanted ones.
+
+    Parameters
+    ----------
+    most : int
+        The largest number of wanted beams in one request (``BeamLoop.most``).
+    beams : int
+        M, the beam width.
+
+    Returns
+    -------
+    int
+        ``most`` rounded up to a multiple of :data:`ROW_GRANULE`, at most ``beams`` (0 when no beam
+        is wanted).
+    """
+    return min(int(beams), -(-int(most) // ROW_GRANULE) * ROW_GRANULE)
 
 
 def check_hidden(hidden: torch.Tensor, batch: int, beams: int, hidden_size: int, step: int,
@@ -99,6 +133,9 @@ class SelectStep:
 
     def __init__(self, score_fn, level: int, batch: int, beam_width: int, ops: KernelOps = DISPATCH):
         self.score_fn, self.level, self.batch, self.beam_width, self.ops = score_fn, level, batch, beam_width, ops
+        wanted = getattr(score_fn, "wanted_rows", None)
+        if wanted is not None:
+            self.wanted_rows = lambda states: wanted(level, states)
 
     def __call__(self, states, hidden, scores, prefixes, timer=no_timer) -> TopkOut:
         slot_scores, slot_tokens, slot_succ = self.score_fn(self.level, states, hidden, scores, timer)
@@ -149,11 +186,23 @@ class BeamLoop:
         self.prefixes = [torch.empty(batch, 1 if l == 0 else beam_width, l, dtype=torch.int64, device=device)
                          for l in range(len(self.steps) + 1)]
 
-    def hidden(self, model, level: int, top: TopkOut | None) -> torch.Tensor:
-        """The model's hidden states of step ``level``, checked, as (batch × beams, H)."""
+    def skips_rows(self, model) -> bool:
+        """Whether the last step asks ``model`` for its wanted beams only (module docstring)."""
+        return (len(self.steps) > 1 and is_step_model(model) and getattr(model, "partial_last_step", False) is True
+                and callable(getattr(self.steps[-1], "wanted_rows", None)))
+
+    def hidden(self, model, level: int, top: TopkOut | None, wanted: torch.Tensor | None = None,
+               rows: int | None = None) -> torch.Tensor:
+        """The model's hidden states of step ``level``, checked, as (batch × beams, H); with ``wanted``
+        ((batch × beams,) bool) a partial step model computes at most ``rows`` of them per request."""
         prev = self.prefixes[level]
         batch, beams = prev.shape[:2]
-        if is_step_model(model):
+        if is_step_model(model) and wanted is not None:
+            hidden = model.step(level, top.tokens, top.parents, wanted=wanted.view(batch, beams), rows=rows)
+            if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] == batch * beams:
+                hidden = hidden.view(batch, beams, hidden.shape[1])
+            check_hidden(hidden, batch, beams, self.hidden_size, level, what="model.step", device=prev.device)
+        elif is_step_model(model):
             hidden = model.step(level, None if top is None else top.tokens, None if top is None else top.parents)
             if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] == batch * beams:
                 hidden = hidden.view(batch, beams, hidden.shape[1])
@@ -181,12 +230,38 @@ class BeamLoop:
         tokens (batch, M, L) int64, scores (batch, M) float32, final states (batch, M) int64
             Views of the loop's buffers and the last step's outputs (clone to keep them).
         """
+        self.begin(model, record, timer)
+        return self.finish(model, None, record, timer)
+
+    def begin(self, model, record: list | None = None, timer=no_timer) -> None:
+        """Every level but the last (see :meth:`run`). With a partial last step
+        (:meth:`skips_rows`) it then sets ``wanted`` ((batch × M,) bool) and ``most`` (a 0-d int64
+        tensor on the device: the largest number of wanted beams in one request); else both ``None``."""
         states, scores, top = self.states0, self.scores0, None
-        for level, step in enumerate(self.steps):
-            with timer(level, "model"):
-                hidden = self.hidden(model, level, top)
-            if record is not None:
-                record.append((states.clone(), hidden.clone(), scores.clone()))
-            top = step(states, hidden, scores, (self.prefixes[level], self.prefixes[level + 1]), timer)
-            states, scores = top.succ.view(-1), top.scores.view(-1)
+        for level, step in enumerate(self.steps[:-1]):
+            states, scores, top = self._level(model, level, step, states, scores, top, None, None, record, timer)
+        self._carry = (states, scores, top)
+        self.wanted = self.most = None
+        if self.skips_rows(model):
+            self.wanted = self.steps[-1].wanted_rows(states)
+            self.most = self.wanted.view(self.batch, -1).sum(dim=1).amax()
+
+    def finish(self, model, rows: int | None = None, record: list | None = None, timer=no_timer):
+        """The last level after :meth:`begin`; returns what :meth:`run` does. ``rows``: the wanted
+        beams per request a partial last step computes (:func:`partial_rows`; ``None`` reads
+        ``most`` on the host). Reads only :meth:`begin`'s outputs, so it may run again."""
+        states, scores, top = self._carry
+        level = len(self.steps) - 1
+        if self.wanted is not None and rows is None:
+            rows = partial_rows(int(self.most), self.beam_width)
+        states, scores, _ = self._level(model, level, self.steps[-1], states, scores, top, self.wanted, rows,
+                                        record, timer)
         return self.prefixes[-1], scores.view(self.batch, -1), states.view(self.batch, -1)
+
+    def _level(self, model, level, step, states, scores, top, wanted, rows, record, timer):
+        with timer(level, "model"):
+            hidden = self.hidden(model, level, top, wanted, rows)
+        if record is not None:
+            record.append((states.clone(), hidden.clone(), scores.clone()))
+        top = step(states, hidden, scores, (self.prefixes[level], self.prefixes[level + 1]), timer)
+        return top.succ.view(-1), top.scores.view(-1), top

@@ -58,6 +58,12 @@ class FilterFirst:
         #: applied to the slots before projection (catalog-normalised lists: after it).
         self.constraint = None
 
+    def wanted_rows(self, step: int, states: torch.Tensor) -> torch.Tensor:
+        """The beams whose hidden states step ``step`` reads: (n,) bool, those in a state with more
+        than one valid token (the only token of any other state gets log-probability 0, under either
+        normalisation and any list)."""
+        return self.index.steps[step].branches(states)
+
     def __call__(self, step, states, hidden, scores, timer=no_timer):
         mapping, ops = self.index.steps[step], self.ops
         band = self.heads.bands[step]

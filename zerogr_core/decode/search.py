@@ -41,7 +41,9 @@ class StepModel(Protocol):
         """Read a batch of requests and size every buffer for ``beam_width`` beams."""
 
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
-        """Hidden states of step ``step``: (batch, H) at step 0, (batch * M, H) after."""
+        """Hidden states of step ``step``: (batch, H) at step 0, (batch * M, H) after. A model with
+        ``partial_last_step = True`` also takes ``wanted=`` and ``rows=`` at the last step
+        (:mod:`zerogr_core.models.protocol`)."""
 
 
 DecodeModel = Union[HiddenFn, StepModel]

@@ -122,6 +122,28 @@ class StepMapping:
         offsets[1:] = counts.cumsum(0)
         return tokens, offsets
 
+    def branches(self, states: torch.Tensor) -> torch.Tensor:
+        """Whether each beam's state has more than one valid token.
+
+        Filtering first gives a state's only token log-probability 0, so a beam in a state that
+        does not branch needs no logits at the last step (:mod:`zerogr_core.decode.loop`).
+
+        Parameters
+        ----------
+        states : torch.Tensor, shape (n,), int64
+            States of this step, -1 for unfilled beams; on the mapping's device.
+
+        Returns
+        -------
+        torch.Tensor, shape (n,), bool
+            False for unfilled beams. The per-state table behind it is computed once.
+        """
+        table = getattr(self, "_branching", None)
+        if table is None:
+            counts = (self.offsets[1:] - self.offsets[:-1]) if self.kind == "sparse" else (self.table >= 0).sum(dim=1)
+            table = self._branching = counts > 1
+        return (states >= 0) & table[states.clamp(min=0)]
+
     def lookup(self, state: int, token: int) -> int:
         """Successor of (state, token) or -1 (host-side; for CLI and tests)."""
         if self.kind == "dense":

@@ -14,6 +14,13 @@ A :class:`StepModel` serves one batch of requests at a time:
    :class:`zerogr_kernels.TopkOut` calls ``parents``. The model reorders its caches by parent,
    appends the new tokens and returns the hidden states (batch * M, H).
 
+A model may set ``partial_last_step = True``: at the last step filtering first then passes
+``step(L-1, tokens, parents, wanted=(batch, M) bool, rows=r)``, the beams whose hidden states it
+reads (those whose prefix holds more than one item; any other beam's only item gets log-probability
+0 whatever the model says) and ``r``, at least their number in every request; the model may compute
+``r`` beams per request, the wanted ones among them, and return zeros for the rest
+(:mod:`zerogr_core.decode.loop`; :class:`~zerogr_core.models.qwen3.Qwen3StepModel` does).
+
 A model may also offer ``stage(history, attention_mask, beam_width=M)``: the prefill's
 device work moved into ``step(0, …)`` (the inputs copied into static, length-bucketed
 buffers; the encoder and the cross-attention keys/values computed there), so one CUDA
@@ -86,6 +93,64 @@ def token_inputs(history, attention_mask, vocab: int | None, device: torch.devic
     if mask.shape != history.shape:
         raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from input_ids {tuple(history.shape)}")
     return history, mask
+
+
+def right_padded(history, attention_mask, vocab: int, device: torch.device):
+    """A causal LM's requests moved to right padding, validated.
+
+    Parameters
+    ----------
+    history : torch.Tensor, shape (B, T), integer
+        Token ids.
+    attention_mask : torch.Tensor, shape (B, T), or None
+        Ones on tokens, one contiguous run per row (left or right padding); any other layout,
+        an empty row or ids outside ``[0, vocab)`` on a token are refused in one line.
+    vocab : int
+    device : torch.device
+
+    Returns
+    -------
+    ids : torch.Tensor, shape (B, T), int64, on ``device``
+        Each row's tokens first, then 0.
+    lengths : torch.Tensor, shape (B,), int64, or None
+        Tokens per row; ``None`` without a mask (every row is T tokens).
+    """
+    if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[1] < 1:
+        shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
+        raise ZeroGRError(f"input_ids: expected a (batch, T ≥ 1) integer tensor, got {shape}")
+    if history.dtype.is_floating_point or history.dtype == torch.bool:
+        raise ZeroGRError(f"input_ids: expected integer token ids, got {history.dtype}")
+    b, t = history.shape
+    if attention_mask is None:
+        # the common call: one reduction where the ids are (a synchronisation only if that is a GPU)
+        lo, hi = torch.stack(torch.aminmax(history)).tolist()
+        if lo < 0 or hi >= vocab:
+            row = int(((history < 0) | (history >= vocab)).any(dim=1).nonzero()[0, 0])
+            raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {vocab})")
+        return history.to(device, torch.int64), None
+    ids = history.to(device, torch.int64)
+    out_of_vocab = (ids < 0) | (ids >= vocab)
+    if tuple(attention_mask.shape) != (b, t):
+        raise ZeroGRError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
+                          f"{(b, t)}")
+    mask = attention_mask.to(device).bool()
+    lengths = mask.sum(dim=1)
+    start = mask.to(torch.int8).argmax(dim=1)
+    pos = torch.arange(t, device=device)
+    rel = pos[None, :] - start[:, None]
+    scattered = (mask != ((rel >= 0) & (rel < lengths[:, None]))).any()
+    bad_ids = (mask & out_of_vocab).any(dim=1)
+    empty, scattered, bad = torch.stack([(lengths < 1).any(), scattered, bad_ids.any()]).tolist()
+    if empty:
+        raise ZeroGRError(f"attention_mask: row {int(torch.argmin(lengths))} has no token")
+    if scattered:
+        raise ZeroGRError("attention_mask: each row's tokens must be one contiguous run (left or right padding)")
+    if bad:
+        row = int(bad_ids.nonzero()[0, 0])
+        raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {vocab})")
+    src = (start[:, None] + pos[None, :]).clamp(max=t - 1)
+    ids = torch.where(pos[None, :] < lengths[:, None], ids.gather(1, src), 0)
+    return ids, lengths
 
 
 def safe_parents(parents: torch.Tensor, beams_prev: int) -> torch.Tensor:

@@ -56,6 +56,7 @@ from zerogr_kernels.swiglu import silu_mul
 from ..arg_types import whole_value
 from ..errors import ZeroGRError
 from . import fp8_projections
+from .protocol import right_padded, safe_parents
 
 __all__ = ["PROJECTIONS", "QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random", "projections_problem"]
 
@@ -265,45 +266,6 @@ class Qwen3StepModel:
 
     # ---- requests -------------------------------------------------------------------
 
-    def _right_padded(self, history, attention_mask):
-        """(ids (B, T) right-padded with 0, lengths (B,) or None when every row is T tokens), validated."""
-        if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[1] < 1:
-            shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
-            raise ZeroGRError(f"input_ids: expected a (batch, T ≥ 1) integer tensor, got {shape}")
-        if history.dtype.is_floating_point or history.dtype == torch.bool:
-            raise ZeroGRError(f"input_ids: expected integer token ids, got {history.dtype}")
-        b, t = history.shape
-        if attention_mask is None:
-            # the common call: one reduction where the ids are (a synchronisation only if that is a GPU)
-            lo, hi = torch.stack(torch.aminmax(history)).tolist()
-            if lo < 0 or hi >= self.vocab:
-                row = int(((history < 0) | (history >= self.vocab)).any(dim=1).nonzero()[0, 0])
-                raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {self.vocab})")
-            return history.to(self.device, torch.int64), None
-        ids = history.to(self.device, torch.int64)
-        out_of_vocab = (ids < 0) | (ids >= self.vocab)
-        if tuple(attention_mask.shape) != (b, t):
-            raise ZeroGRError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids "
-                              f"{(b, t)}")
-        mask = attention_mask.to(self.device).bool()
-        lengths = mask.sum(dim=1)
-        start = mask.to(torch.int8).argmax(dim=1)
-        pos = torch.arange(t, device=self.device)
-        rel = pos[None, :] - start[:, None]
-        scattered = (mask != ((rel >= 0) & (rel < lengths[:, None]))).any()
-        bad_ids = (mask & out_of_vocab).any(dim=1)
-        empty, scattered, bad = torch.stack([(lengths < 1).any(), scattered, bad_ids.any()]).tolist()
-        if empty:
-            raise ZeroGRError(f"attention_mask: row {int(torch.argmin(lengths))} has no token")
-        if scattered:
-            raise ZeroGRError("attention_mask: each row's tokens must be one contiguous run (left or right padding)")
-        if bad:
-            row = int(bad_ids.nonzero()[0, 0])
-            raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {self.vocab})")
-        src = (start[:, None] + pos[None, :]).clamp(max=t - 1)
-        ids = torch.where(pos[None, :] < lengths[:, None], ids.gather(1, src), 0)
-        return ids, lengths
-
     def _allocate(self, b: int, tb: int, beam_width: int) -> None:
         dev, dt = self.device, self.dtype
         self.lineage_len = max(self.n_levels - 1, 1)
@@ -343,7 +305,7 @@ class Qwen3StepModel:
         """
         if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1:
             raise ZeroGRError(f"beam_width must be a positive integer, got {beam_width!r}")
-        ids, lengths = self._right_padded(history, attention_mask)
+        ids, lengths = right_padded(history, attention_mask, self.vocab, self.device)
         b, t = ids.shape
         tb = self.bucket(t)
         key = (b, tb, beam_width, self.dtype)
@@ -511,35 +473,64 @@ class Qwen3StepModel:
 
         self.first.copy_(self._norm(self.core.norm, self._layers(x, cos, sin, cache, attend, keep=last)))
 
-    def _descend(self, parents: torch.Tensor | None, position: int) -> None:
-        """The ancestor table after a step that chose SID position ``position``: positions before it
-        inherited from each beam's parent, the new one (and those after) the beam's own slot."""
-        from .protocol import safe_parents
-
+    def _descend(self, parents: torch.Tensor | None, position: int, keep: bool = True) -> torch.Tensor:
+        """The ancestor table (B, M, P) after a step that chose SID position ``position``: positions
+        before it inherited from each beam's parent, the new one (and those after) the beam's own
+        slot. Kept as the model's table unless ``keep`` is false (the last step, which may run again)."""
         if position == 0:
-            self.lineage.copy_(self.own_slots)
-            return
-        b, m = self.batch, self.beam_width
-        rows = safe_parents(parents.to(self.device), m).view(b, m)
-        local = rows - torch.arange(b, device=self.device)[:, None] * m                  # parent beam in its request
-        inherited = self.lineage[torch.arange(b, device=self.device)[:, None], local]    # (b, M, P)
-        inherited[:, :, position:] = self.own_slots[:, :, position:]
-        self.lineage.copy_(inherited)
+            table = self.own_slots
+        else:
+            b, m = self.batch, self.beam_width
+            rows = safe_parents(parents.to(self.device), m).view(b, m)
+            local = rows - torch.arange(b, device=self.device)[:, None] * m              # parent beam in its request
+            table = self.lineage[torch.arange(b, device=self.device)[:, None], local]    # (b, M, P)
+            table[:, :, position:] = self.own_slots[:, :, position:]
+        if keep:
+            self.lineage.copy_(table)
+            return self.lineage
+        return table
+
+    #: At the last step the model computes only the beams the decode reads (``wanted``), at most
+    #: ``rows`` per request (:mod:`zerogr_core.decode.loop`).
+    partial_last_step = True
 
     @torch.no_grad()
-    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
-        """Hidden states of step ``step``: (B, hidden) at 0, (B · M, hidden) after (see the protocol)."""
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None,
+             wanted: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
+        """Hidden states of step ``step``: (B, hidden) at 0, (B · M, hidden) after (see the protocol).
+
+        At the last step, ``wanted`` ((B, M) bool) with ``rows`` (int, at least the number of wanted
+        beams of every request) runs the layers on ``rows`` beams per request, the wanted ones first;
+        the rows of the beams left out are zeros."""
         if not self.batch:
             raise ZeroGRError("step model: call prefill before step")
         if step == 0:
             if self.prefill_in_step:
                 self.run_prefill()
             return self.first
-        b, m, tb, p = self.batch, tokens.shape[1], self.context_len, self.lineage_len
+        m, p = tokens.shape[1], self.lineage_len
         if m != self.beam_width:
             raise ZeroGRError(f"step model: {m} beams per request at step {step}, prefilled for {self.beam_width}")
+        last = step + 1 == self.n_levels
+        lineage = self._descend(parents, step - 1, keep=not last)
+        if not last or wanted is None or rows is None or rows >= m:
+            return self._beams(step, tokens, lineage)
+        b = self.batch
+        out = torch.zeros(b, m, self.hidden_size, dtype=self.dtype, device=self.device)
+        if rows > 0:
+            # a request's wanted beams first, in beam order; each takes the lineage slots of its new place
+            order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)[:, :rows]
+            table = lineage.gather(1, order[:, :, None].expand(b, rows, p)).clone()
+            table[:, :, step - 1:] = self.own_slots[:, :rows, step - 1:]
+            h = self._beams(step, tokens.gather(1, order), table)
+            out.scatter_(1, order[:, :, None].expand(b, rows, self.hidden_size), h.view(b, rows, -1))
+        return out.view(b * m, self.hidden_size)
+
+    def _beams(self, step: int, tokens: torch.Tensor, lineage: torch.Tensor) -> torch.Tensor:
+        """The layers over the beams ``tokens`` (B, m) just chose, whose ancestors are ``lineage``
+        (B, m, P) (beam ``i`` writes its new key and value to its own slot ``i``): (B · m, hidden)."""
+        b, m, tb, p = self.batch, tokens.shape[1], self.context_len, self.lineage_len
         n, j, d = b * m, step - 1, self.head_dim                       # j: SID position of the new token
-        self._descend(parents, j)
         ids = tokens.to(self.device, torch.int64).clamp(min=0).reshape(n) + self.token_offsets[j]
         x = self.core.embed_tokens(ids)                                                  # (n, hidden)
         rope = self.rope_table[:, self.lengths + j]                                      # (2, b, D)
@@ -553,9 +544,9 @@ class Qwen3StepModel:
             return self.kv[0, i][:, tb + j:tb + m * p:p], self.kv[1, i][:, tb + j:tb + m * p:p]
 
         def attend(i, q, k, v):
-            # all M beams and g query heads of a KV head attend together: the context is read once per request
+            # all m beams and g query heads of a KV head attend together: the context is read once per request
             o = attention(q.view(b, m, self.heads, d), self.kv[0, i], self.kv[1, i], self.lengths, context_len=tb,
-                          lineage_len=p, step=step, lineage=self.lineage)
+                          lineage_len=p, step=step, lineage=lineage)
             return o.view(n, self.heads * d)
 
         return self._norm(self.core.norm, self._layers(x, cos, sin, cache, attend))
