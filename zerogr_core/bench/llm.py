@@ -155,6 +155,8 @@ class Workload:
         self.cfg, self.log = cfg, log
         # how the step models run their weight GEMMs (Qwen3StepModel's ``projections``; an A/B may switch it)
         self.projections = "model"
+        # whether the last step runs on the beams that branch only (an A/B may switch it)
+        self.partial_last_step = False
         self.device = torch.device(cfg.device)
         self.dtype = getattr(torch, cfg.dtype)
         with Stopwatch(self.device) as sw:
@@ -178,7 +180,8 @@ class Workload:
         from ..models.qwen3 import Qwen3StepModel
 
         return Qwen3StepModel(self.model if model is None else model, self.offsets,
-                              context_bucket=self.cfg.context_bucket, projections=self.projections)
+                              context_bucket=self.cfg.context_bucket, projections=self.projections,
+                              partial_last_step=self.partial_last_step)
 
     def serving(self, order: str, prefill: str, beam: int, model=None):
         """A :class:`~zerogr_core.models.protocol.StepDecoder` of a fresh step model (its own buffers)

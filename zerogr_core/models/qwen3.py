@@ -199,6 +199,11 @@ class Qwen3StepModel:
         layers compute them) or ``"fp8"`` (float8 e4m3 weights quantized once and activations
         quantized per call, one scale per row: :mod:`.fp8_projections`; a bfloat16 model on a GPU of
         compute capability 8.9 or later, or on the CPU).
+    partial_last_step : bool
+        At the last step, run the layers only on the beams filtering first reads (those whose prefix
+        holds more than one item), at most ``rows`` per request (:mod:`zerogr_core.decode.loop`); the
+        decode returns the same beams. Off by default: its captured form (two graphs and a host read,
+        :mod:`zerogr_core.decode.last_step`) has not run on a GPU yet.
 
     Raises
     ------
@@ -226,7 +231,8 @@ class Qwen3StepModel:
     ``generate`` numbers a left-padded prompt.
     """
 
-    def __init__(self, model, token_offsets: Sequence[int], context_bucket: int = 256, projections: str = "model"):
+    def __init__(self, model, token_offsets: Sequence[int], context_bucket: int = 256, projections: str = "model",
+                 partial_last_step: bool = False):
         from .hf import output_head, step_offsets
 
         cfg = model.config
@@ -247,6 +253,7 @@ class Qwen3StepModel:
         self.context_bucket = _whole_bucket(context_bucket)
         self._stack_weights()
         self.fp8 = self._fp8_projections(projections)
+        self.partial_last_step = partial_last_step is True
         self.batch = 0
         self.prefill_in_step = False
         self.graph_safe = True
@@ -489,10 +496,6 @@ class Qwen3StepModel:
             self.lineage.copy_(table)
             return self.lineage
         return table
-
-    #: At the last step the model computes only the beams the decode reads (``wanted``), at most
-    #: ``rows`` per request (:mod:`zerogr_core.decode.loop`).
-    partial_last_step = True
 
     @torch.no_grad()
     def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None,
