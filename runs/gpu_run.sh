@@ -245,7 +245,8 @@ module_group() {  # module_group GROUP DEFAULT_BUDGET TESTS -- COMMAND...: CUDA 
 }
 group_llm() {  # Qwen3-1.7B-shaped recommender: the SID-GR matrix, Hugging Face generate, bf16 agreement
   module_group llm 330 tests/test_qwen3.py tests/test_kernels_qk_norm_rope.py tests/test_kernels_swiglu.py \
-    tests/test_kernels_beam_context_attention.py tests/test_kernels_fp8_rows.py tests/test_qwen3_fp8.py -- \
+    tests/test_kernels_beam_context_attention.py tests/test_kernels_fp8_rows.py tests/test_qwen3_fp8.py \
+    tests/test_partial_last_step.py -- \
     $PY -m zerogr_core.bench.llm --budget-s "$(( $(budget llm 330) * 2 / 3 - 40 ))" ${LLM_ARGS:-}
 }
 group_serve_llm() {  # the Qwen3 server in-process: context 5,000, beam 256, 64 requests at concurrency 4
