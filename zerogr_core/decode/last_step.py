@@ -8,12 +8,17 @@ the host after it reads the count.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from zerogr_kernels._common import pdl_disabled
 
 from ..timing import capture
 from .loop import partial_rows
+
+if TYPE_CHECKING:
+    from .engine import ShapeState
 
 __all__ = ["PartialLastStep"]
 
@@ -27,7 +32,7 @@ class PartialLastStep:
 
     Parameters
     ----------
-    shape : zerogr_core.decode.engine.ShapeState
+    shape : ShapeState
     model : StepModel
         Prefilled; ``partial_last_step`` is true.
     no_pdl : bool

@@ -197,13 +197,10 @@ class BeamLoop:
         ((batch × beams,) bool) a partial step model computes at most ``rows`` of them per request."""
         prev = self.prefixes[level]
         batch, beams = prev.shape[:2]
-        if is_step_model(model) and wanted is not None:
-            hidden = model.step(level, top.tokens, top.parents, wanted=wanted.view(batch, beams), rows=rows)
-            if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] == batch * beams:
-                hidden = hidden.view(batch, beams, hidden.shape[1])
-            check_hidden(hidden, batch, beams, self.hidden_size, level, what="model.step", device=prev.device)
-        elif is_step_model(model):
-            hidden = model.step(level, None if top is None else top.tokens, None if top is None else top.parents)
+        if is_step_model(model):
+            partial = {} if wanted is None else {"wanted": wanted.view(batch, beams), "rows": rows}
+            hidden = model.step(level, None if top is None else top.tokens, None if top is None else top.parents,
+                                **partial)
             if isinstance(hidden, torch.Tensor) and hidden.dim() == 2 and hidden.shape[0] == batch * beams:
                 hidden = hidden.view(batch, beams, hidden.shape[1])
             check_hidden(hidden, batch, beams, self.hidden_size, level, what="model.step", device=prev.device)
