@@ -112,6 +112,24 @@ def test_branches_counts_each_states_tokens(sids, seed):
             assert g == want, (level, s)
 
 
+def test_the_llm_bench_runs_it(tmp_path):
+    """``python -m zerogr_core.bench.llm --partial-last-step`` builds its step models with it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "zerogr_core.bench.llm", "--quick", "--out", str(tmp_path),
+                          "--shapes", "16x2", "--no-hf", "--agreement-requests", "0", "--partial-last-step"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = json.loads((tmp_path / "llm.json").read_text())["records"]
+    assert next(r for r in recs if r.get("method") == "setup")["config"]["partial_last_step"] is True
+    ours = [r for r in recs if r.get("method") == "zerogr"]
+    assert ours and all(r["items_in_catalog"] and r["valid_fraction"] == 1.0 for r in ours)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("lists", [None, "request"])
