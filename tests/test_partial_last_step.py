@@ -11,6 +11,7 @@ from zerogr_core import Catalog, build_index  # noqa: E402
 from zerogr_core.decode import loop as loop_module  # noqa: E402
 from zerogr_core.decode.constraints import build_lists  # noqa: E402
 from zerogr_core.decode.loop import ROW_GRANULE, partial_rows  # noqa: E402
+from zerogr_core.errors import ZeroGRError  # noqa: E402
 from zerogr_core.models.protocol import StepDecoder  # noqa: E402
 from zerogr_core.models.qwen3 import Qwen3StepModel, build_random  # noqa: E402
 
@@ -36,6 +37,11 @@ def decoder(model, index, beam, partial: bool):
     sm.asked = []
     sm.partial_last_step = partial
     return StepDecoder(sm, index, sm.head, beam_width=beam, band_offsets=OFFSETS), sm
+
+
+def test_the_option_takes_a_bool_only(model):
+    with pytest.raises(ZeroGRError, match="partial_last_step: expected True or False, got 'yes'"):
+        Qwen3StepModel(model, OFFSETS, partial_last_step="yes")
 
 
 def test_partial_rows():

@@ -27,7 +27,7 @@ class PartialLastStep:
     """The captured decode of a shape whose model computes the last step's wanted beams only
     (:mod:`zerogr_core.decode.loop`): :attr:`first` holds every step but the last and copies the
     count of wanted beams to the host, which picks the last step's graph for that many rows per
-    request (captured the first time a count needs it; at most ``M / ROW_GRANULE`` of them, sharing
+    request (captured the first time a count needs it; at most ``M / ROW_GRANULE + 1`` of them, sharing
     one memory pool). The host waits for the count, so such a call synchronises once mid-decode.
 
     Parameters

@@ -52,7 +52,7 @@ __all__ = ["BeamLoop", "PrefixStep", "ROW_GRANULE", "SelectStep", "Step", "is_st
 
 ROW_GRANULE = 16
 """A partial last step computes its wanted beams in multiples of this many rows per request, so
-that a captured decode needs at most ``M / ROW_GRANULE`` graphs of its last step."""
+that a captured decode needs at most ``M / ROW_GRANULE + 1`` graphs of its last step (0 rows included)."""
 
 
 def partial_rows(most: int, beams: int) -> int:

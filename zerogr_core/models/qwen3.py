@@ -253,7 +253,9 @@ class Qwen3StepModel:
         self.context_bucket = _whole_bucket(context_bucket)
         self._stack_weights()
         self.fp8 = self._fp8_projections(projections)
-        self.partial_last_step = partial_last_step is True
+        if not isinstance(partial_last_step, bool):
+            raise ZeroGRError(f"partial_last_step: expected True or False, got {partial_last_step!r}")
+        self.partial_last_step = partial_last_step
         self.batch = 0
         self.prefill_in_step = False
         self.graph_safe = True
@@ -523,7 +525,7 @@ class Qwen3StepModel:
         if rows > 0:
             # a request's wanted beams first, in beam order; each takes the lineage slots of its new place
             order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)[:, :rows]
-            table = lineage.gather(1, order[:, :, None].expand(b, rows, p)).clone()
+            table = lineage.gather(1, order[:, :, None].expand(b, rows, p))
             table[:, :, step - 1:] = self.own_slots[:, :rows, step - 1:]
             h = self._beams(step, tokens.gather(1, order), table)
             out.scatter_(1, order[:, :, None].expand(b, rows, self.hidden_size), h.view(b, rows, -1))
