@@ -22,8 +22,8 @@ benchmark times it (CUDA events, warm-up, rotated inputs of one length, median),
 * ``fp8``: the layers' weight GEMMs in the model's bf16 (``model``, as shipped) against float8 e4m3
   weights and activations with row scales (``fp8``: ``Qwen3StepModel(projections="fp8")``), each arm
   captured afresh.
-* ``partial``: the last step's layers over every beam (``full``, as shipped) against the beams whose
-  prefix holds more than one item only (``partial``, ``Qwen3StepModel(partial_last_step=True)``: a beam in any other
+* ``partial``: the last step's layers over every beam (``full``, ``partial_last_step=False``) against the beams whose
+  prefix holds more than one item only (``partial``, as shipped: a beam in any other
   prefix gets log-probability 0 for its only item whatever its logits), each arm captured afresh; the
   partial arm also prints the row counts its last step ran at (a graph each).
 * ``stage``: ``always`` (the padding's zeroing and the lengths' fill launched every call, by telling the

@@ -90,7 +90,7 @@ class LLMBenchConfig:
         Kernel tables at every shape (default: the first context at the largest batch).
     partial_last_step : bool
         Filtering first's last step runs the layers on the beams that branch only
-        (``Qwen3StepModel(partial_last_step=True)``).
+        (``Qwen3StepModel(partial_last_step=...)``, on by default).
     """
 
     model: str = "qwen3-1.7b"
@@ -116,7 +116,7 @@ class LLMBenchConfig:
     cpu_threads: int | None = None
     shapes: tuple | None = None
     profile_all: bool = False
-    partial_last_step: bool = False
+    partial_last_step: bool = True
 
 
 LLM_PRESETS = {
@@ -554,8 +554,9 @@ def main(argv=None) -> int:
                    help="only these shapes, e.g. 1000x1,5000x8 (context x batch)")
     p.add_argument("--profile", action="store_true", help="kernel tables at every shape")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
-    p.add_argument("--partial-last-step", action="store_true",
-                   help="filtering first's last step on the beams whose prefix holds more than one item only")
+    p.add_argument("--partial-last-step", action=argparse.BooleanOptionalAction, default=None,
+                   help="filtering first's last step on the beams whose prefix holds more than one item only "
+                        "(default: on)")
     p.add_argument("--agreement-requests", type=whole(0), default=None,
                    help="requests of the agreement check against Hugging Face (0 skips it)")
     try:
@@ -570,8 +571,8 @@ def main(argv=None) -> int:
         cfg = replace(cfg, profile_all=True)
     if a.no_hf:
         cfg = replace(cfg, hf_shapes=())
-    if a.partial_last_step:
-        cfg = replace(cfg, partial_last_step=True)
+    if a.partial_last_step is not None:
+        cfg = replace(cfg, partial_last_step=a.partial_last_step)
     if a.budget_s is not None:
         cfg = replace(cfg, budget_s=a.budget_s)
     if a.agreement_requests is not None:

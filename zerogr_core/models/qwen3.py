@@ -202,8 +202,8 @@ class Qwen3StepModel:
     partial_last_step : bool
         At the last step, run the layers only on the beams filtering first reads (those whose prefix
         holds more than one item), at most ``rows`` per request (:mod:`zerogr_core.decode.loop`); the
-        decode returns the same beams. Off by default: its captured form (two graphs and a host read,
-        :mod:`zerogr_core.decode.last_step`) has not run on a GPU yet.
+        decode returns the same beams. On a GPU the decode is then captured as two graphs with one host
+        read between them (:mod:`zerogr_core.decode.last_step`).
 
     Raises
     ------
@@ -232,7 +232,7 @@ class Qwen3StepModel:
     """
 
     def __init__(self, model, token_offsets: Sequence[int], context_bucket: int = 256, projections: str = "model",
-                 partial_last_step: bool = False):
+                 partial_last_step: bool = True):
         from .hf import output_head, step_offsets
 
         cfg = model.config
