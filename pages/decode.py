@@ -142,12 +142,16 @@ def llm_settings(gpu: bool) -> LLMSpec:
                       help="Each layer's weight GEMMs on float8 weights and activations with one scale per row: "
                            "faster at large batches, less accurate (a bfloat16 model on a GPU of compute "
                            "capability 8.9 or later). Both orders use the same projections.")
+    partial = st.checkbox("Last step on the branching beams only", value=True, key="dec_llm_partial",
+                          help="Filtering first runs the last step's layers only on the beams whose prefix holds more "
+                               "than one item: the others score 0 for their only item whatever the model says. The "
+                               "same items; scoring first always runs every beam.")
     st.caption(f"A `transformers` Qwen3ForCausalLM of this shape with **random weights** (no checkpoint is "
                f"shipped), in {dtype}{' with FP8 projections' if fp8 else ''}, the catalog's SID tokens appended "
                "to its vocabulary (one band per level). Latency and memory are the shape's; the lists mean "
                "nothing. Requests are seeded random contexts; both orders decode from the same prefill, timed on "
                "its own.")
-    return LLMSpec(shape, context, dtype, "fp8" if fp8 else "model")
+    return LLMSpec(shape, context, dtype, "fp8" if fp8 else "model", partial)
 
 
 def item_set_settings() -> ItemSet:

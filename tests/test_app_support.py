@@ -491,6 +491,8 @@ def test_model_limits_refuse_the_1_7b_shape_on_a_cpu_and_read_the_environment():
         LLMSpec("tiny", 64, "bfloat16", "int4")
     with pytest.raises(ZeroGRError, match=r"^projections: fp8 needs a bfloat16 model, got float32$"):
         LLMSpec("tiny", 64, "float32", "fp8")
+    with pytest.raises(ZeroGRError, match=r"^partial_last_step: expected True or False, got 'yes'$"):
+        LLMSpec("tiny", 64, "float32", "model", "yes")
 
 
 def test_the_page_s_qwen3_inputs_take_fp8_projections():
@@ -505,7 +507,9 @@ def test_the_page_s_qwen3_inputs_take_fp8_projections():
     spec = LLMSpec("tiny", 24, "bfloat16", "fp8")
     model, preset = build_llm(spec.shape, spec.dtype, catalog.codebook_sizes, "cpu")
     inputs = llm_inputs(model, preset, spec, "cpu", 2, 4, 0)
-    assert inputs.hidden_fn.fp8 is not None and inputs.prefill_ms > 0
+    assert inputs.hidden_fn.fp8 is not None and inputs.prefill_ms > 0 and inputs.hidden_fn.partial_last_step is True
+    off = llm_inputs(model, preset, LLMSpec("tiny", 24, "bfloat16", "fp8", False), "cpu", 2, 4, 0)
+    assert off.hidden_fn.partial_last_step is False
     for order in ("filter-first", "score-first"):
         result = Decoder(build_index(catalog), inputs.heads, 4, order=order, band_offsets=inputs.band_offsets,
                          engine="reference").decode(inputs.hidden_fn, 2)

@@ -373,9 +373,25 @@ def test_config_presets_and_checks():
                        (dict(checkpoint="/x"), "token_offsets"), (dict(dtype="int8"), "dtype"),
                        (dict(warmup_context=5000), "warmup_context"),
                        (dict(projections="int4"), "^projections: expected model or fp8, got 'int4'$"),
-                       (dict(projections="fp8"), "^projections: fp8 needs a bfloat16 model, got float32$")]:
+                       (dict(projections="fp8"), "^projections: fp8 needs a bfloat16 model, got float32$"),
+                       (dict(partial_last_step="no"), "^partial_last_step: expected true or false, got 'no'$")]:
         with pytest.raises(ZeroGRError, match=words):
             LLMServeConfig.preset("tiny", **bad)
+
+
+def test_a_replica_without_the_partial_last_step_serves_and_says_so():
+    """``partial_last_step=False`` reaches every planned size's step model, /health reports it, and
+    /generate answers with the items a replica with it (the default) returns."""
+    answers = {}
+    for partial in (True, False):
+        svc = LLMService(LLMServeConfig.preset("tiny", batch_sizes=(1,), partial_last_step=partial))
+        svc.wait_ready(120)
+        assert all(s.step_model.partial_last_step is partial for s in svc.rec.servings.values())
+        assert call(svc, "GET", "/health").json()["partial_last_step"] is partial
+        reply = call(svc, "POST", "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"n": 4}})
+        assert reply.status == 200
+        answers[partial] = [b["item"] for b in reply.json()["beam_results"]]
+    assert answers[True] == answers[False] and len(answers[True]) == 4
 
 
 def test_an_fp8_replica_serves_and_says_so():
@@ -419,6 +435,7 @@ def test_config_takes_whole_numbers_and_refuses_the_rest():
     (["serve", "--token-offsets", "1,2,3"], "only with --llm"),
     (["serve", "--projections", "fp8"], "--projections: only with --llm"),
     (["serve", "--llm", "tiny", "--projections", "fp8"], "--llm tiny: projections: fp8 needs a bfloat16 model"),
+    (["serve", "--no-partial-last-step"], "--no-partial-last-step: only with --llm"),
 ])
 def test_serve_llm_cli_errors_are_one_line(argv, words, capsys):
     assert main(argv) == 2

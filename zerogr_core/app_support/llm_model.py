@@ -45,12 +45,16 @@ class LLMSpec:
     projections : str
         ``model`` or ``fp8`` (:class:`~zerogr_core.models.qwen3.Qwen3StepModel`'s ``projections``;
         ``fp8`` needs ``bfloat16``).
+    partial_last_step : bool
+        Filtering first's last step runs the layers on the beams whose prefix holds more than one
+        item only (:class:`~zerogr_core.models.qwen3.Qwen3StepModel`'s ``partial_last_step``).
     """
 
     shape: str
     context: int
     dtype: str
     projections: str = "model"
+    partial_last_step: bool = True
 
     def __post_init__(self):
         if self.shape not in LLM_SHAPES:
@@ -64,6 +68,8 @@ class LLMSpec:
         why = projections_problem(self.projections, self.dtype)
         if why:
             raise ZeroGRError(why)
+        if not isinstance(self.partial_last_step, bool):
+            raise ZeroGRError(f"partial_last_step: expected True or False, got {self.partial_last_step!r}")
 
 
 def llm_dtype(gpu: bool) -> str:
@@ -140,7 +146,7 @@ def llm_inputs(model, preset, spec: LLMSpec, device, batch: int, beam: int, seed
 
     llm_preset(spec, preset.codebook_sizes)  # the context fits the shape
     step_model = Qwen3StepModel(model, preset.token_offsets, context_bucket=CONTEXT_BUCKET,
-                                projections=spec.projections)
+                                projections=spec.projections, partial_last_step=spec.partial_last_step)
     generator = torch.Generator().manual_seed(seed)
     contexts = torch.randint(0, preset.base_vocab, (batch, spec.context), generator=generator).to(device)
     with torch.no_grad(), Stopwatch(device) as sw:

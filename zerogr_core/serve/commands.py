@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--projections", choices=("model", "fp8"), default=None,
                    help="with --llm: the layers' weight GEMMs in the model's dtype (model, the default) or in "
                         "float8 with row scales (fp8: bfloat16 models on GPUs of compute capability 8.9+)")
+    p.add_argument("--partial-last-step", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --llm: the last step's layers on the beams whose prefix holds more than one item "
+                        "only (default: on; the same items)")
     p.set_defaults(handler=run_serve)
 
     d = subparsers.add_parser("decode-dataset", help="top-K recommendations for every user, sharded over GPUs "
@@ -123,6 +126,8 @@ def llm_config_from_args(args: argparse.Namespace, **changes):
         changes["token_offsets"] = tuple(args.token_offsets)
     if args.projections is not None:
         changes["projections"] = args.projections
+    if args.partial_last_step is not None:
+        changes["partial_last_step"] = args.partial_last_step
     try:
         config = LLMServeConfig.preset(args.llm, **changes)
     except ZeroGRError as err:
@@ -157,6 +162,8 @@ def run_serve(args: argparse.Namespace) -> int:
             raise UsageError("--token-offsets: only with --llm")
         if args.projections is not None:
             raise UsageError("--projections: only with --llm")
+        if args.partial_last_step is not None:
+            raise UsageError(f"--{'' if args.partial_last_step else 'no-'}partial-last-step: only with --llm")
         config = config_from_args(args, check_device=args.address is None, **changes)
     _check_port(args.host, port)
     if args.llm is None:

@@ -64,6 +64,9 @@ class LLMServeConfig:
         How the layers' weight GEMMs run: ``model`` (the model's dtype) or ``fp8`` (float8 weights and
         activations with row scales, a bfloat16 model on a GPU of compute capability 8.9 or later;
         :class:`~zerogr_core.models.qwen3.Qwen3StepModel`'s ``projections``).
+    partial_last_step : bool
+        The last step's layers on the beams whose prefix holds more than one item only (the
+        step model's ``partial_last_step``; on a GPU one host read mid-decode).
     """
 
     model: str = "tiny"
@@ -80,6 +83,7 @@ class LLMServeConfig:
     dtype: str = "float32"
     seed: int = 0
     projections: str = "model"
+    partial_last_step: bool = True
 
     def __post_init__(self):
         from ..models.qwen3 import QWEN3_PRESETS, projections_problem
@@ -119,6 +123,8 @@ class LLMServeConfig:
         why = projections_problem(self.projections, self.dtype)
         if why:
             raise ZeroGRError(why)
+        if not isinstance(self.partial_last_step, bool):
+            raise ZeroGRError(f"partial_last_step: expected true or false, got {self.partial_last_step!r}")
 
     @property
     def max_batch(self) -> int:
@@ -279,7 +285,7 @@ class LLMRecommender:
         self.servings = {}
         for size in config.batch_sizes:
             sm = Qwen3StepModel(self.model, self.offsets, context_bucket=config.context_bucket,
-                                projections=config.projections)
+                                projections=config.projections, partial_last_step=config.partial_last_step)
             self.servings[size] = StepDecoder(sm, self.index, sm.head, beam_width=config.beam,
                                               order="filter-first", band_offsets=self.offsets)
         self._lock = threading.Lock()
@@ -303,7 +309,8 @@ class LLMRecommender:
         return dict(model=self.config.model, weights=self.config.weights, catalog=self.config.catalog,
                     items=int(self.catalog.n_items), levels=self.levels, token_offsets=list(self.offsets),
                     beam=self.config.beam, batch_sizes=list(self.config.batch_sizes), device=str(self.device),
-                    dtype=self.config.dtype, projections=self.config.projections, loop=self.loop())
+                    dtype=self.config.dtype, projections=self.config.projections,
+                    partial_last_step=self.config.partial_last_step, loop=self.loop())
 
     @torch.no_grad()
     def warmup(self) -> None:
