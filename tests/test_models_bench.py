@@ -16,13 +16,13 @@ def test_bench_e2e_quick(tmp_path, capsys):
                                          "--preset quick")
     assert "--quick" in doc["run_command"]
     timed = [r for r in doc["records"] if r["method"] != "derived"]
-    methods = {"zerogr", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
-               "hf-unconstrained"}
+    methods = {"zerogr", "zerogr-partial", "zerogr-hf-cache", "static", "unconstrained", "model-only",
+               "hf-constrained", "hf-unconstrained"}
     assert {r["method"] for r in timed} == methods
     assert {(r["batch"], r["beam"]) for r in timed} == {(1, 4), (2, 4)}
     for r in timed:
         assert r["median_ms"] > 0 and r["env"]["torch"] and r["n_items"] == 2000
-        if r["method"] in ("zerogr", "zerogr-hf-cache", "static", "hf-constrained"):
+        if r["method"] in ("zerogr", "zerogr-partial", "zerogr-hf-cache", "static", "hf-constrained"):
             assert r["valid_fraction"] == 1.0, r
         if r["method"] in ("static", "unconstrained", "model-only"):
             assert r["loop"] == "ZeroGR beam loop, eager"
@@ -33,6 +33,7 @@ def test_bench_e2e_quick(tmp_path, capsys):
         assert r["speedup_vs_hf-constrained"] > 0 and r["speedup_vs_static"] > 0
         assert r["decode_share"] < 1 and r["model_only_ms"] > 0
         assert "constrained_overhead_vs_unconstrained" in r
+        assert r["partial_same_items"] == 1.0 and r["partial_last_step_ratio"] > 0
     printed = capsys.readouterr().out
     assert "x HF constrained" in printed and "constrained decoding" in printed
     try:
@@ -77,8 +78,8 @@ def test_bench_e2e_decoder_only_default_methods_leave_out_the_t5_only_ones(tmp_p
     assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--batch", "1", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "e2e-decoder-only-fp32-4x16-2000__quick.json").read_text())
     timed = [r for r in doc["records"] if r["method"] != "derived"]
-    assert [r["method"] for r in timed] == ["zerogr", "static", "unconstrained", "model-only", "hf-constrained",
-                                            "hf-unconstrained"]
+    assert [r["method"] for r in timed] == ["zerogr", "zerogr-partial", "static", "unconstrained", "model-only",
+                                            "hf-constrained", "hf-unconstrained"]
     valid = {r["method"]: r["valid_fraction"] for r in timed}
     assert valid["zerogr"] == valid["static"] == valid["hf-constrained"] == 1.0
 

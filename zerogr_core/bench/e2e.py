@@ -15,6 +15,10 @@ zerogr
     decoder-only model's history pass,
     :meth:`~zerogr_core.models.decoder_only.DecoderOnlyStepModel.stage`). ``--prefill
     outside`` runs the prefill eagerly before the graph instead, for every loop method alike.
+zerogr-partial
+    ``zerogr`` with the step model's partial last step (``partial_last_step=True``: the last
+    step's layers run only on the beams whose prefix holds more than one item; the same
+    items, two CUDA graphs and a host read between them).
 zerogr-hf-cache
     Filtering first with the model's own Hugging Face caches
     (:class:`~zerogr_core.hf.HFStepModel`, eager engine; T5 only): a cross-check of the items.
@@ -61,7 +65,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-METHODS = ("zerogr", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
+METHODS = ("zerogr", "zerogr-partial", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
            "hf-unconstrained")
 T5_ONLY = ("zerogr-hf-cache",)
 #: Methods of ZeroGR's beam loop with bench step types (captured with the model on a GPU).
@@ -408,11 +412,13 @@ class Workbench:
         history = np.where(mask[..., None], self.catalog.sids[rows].astype(np.int64), 0)
         return torch.from_numpy(history).to(self.device), torch.from_numpy(mask).to(self.device)
 
-    def step_model(self):
+    def step_model(self, partial_last_step: bool = False):
         """A fresh KV-cache step model of the model (its own static buffers)."""
         from ..models.t5 import T5StepModel
 
-        return T5StepModel(self.model, self.offsets) if self.kind == "t5" else self.model.step_model()
+        if self.kind == "t5":
+            return T5StepModel(self.model, self.offsets, partial_last_step=partial_last_step)
+        return self.model.step_model(partial_last_step=partial_last_step)
 
     def serving(self, method: str, beam: int):
         """What ``method`` calls per batch: ``fn(inputs, mask) -> (result, valid_fraction, loop)``."""
@@ -458,13 +464,14 @@ class Workbench:
                     return float(((rows >= 0) & finite).sum() / finite.sum().clamp(min=1))
                 return tokens, valid, serving.loop_name
             return loop
+        partial = method == "zerogr-partial"
         if self.kind == "t5":
-            step_model = None if method == "zerogr-hf-cache" else self.step_model()
+            step_model = None if method == "zerogr-hf-cache" else self.step_model(partial)
             run = HFGenerator(self.model, self.index, beam_width=beam, token_offsets=self.offsets,
                               step_model=step_model, prefill="auto" if self.stage else "outside").serving
         else:
-            run = StepDecoder(self.step_model(), self.index, self.head, beam_width=beam, band_offsets=self.offsets,
-                              prefill="auto" if self.stage else "outside")
+            run = StepDecoder(self.step_model(partial), self.index, self.head, beam_width=beam,
+                              band_offsets=self.offsets, prefill="auto" if self.stage else "outside")
 
         def ours(ids, mask):
             result = run.decode(ids, mask)

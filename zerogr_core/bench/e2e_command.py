@@ -212,7 +212,8 @@ def hf_cache_agreement(ours: tuple, theirs: tuple) -> dict:
 def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
     """Speed-ups, constrained decoding's overhead and share, and the item cross-check of one shape.
 
-    ``rows`` maps ``zerogr`` and ``zerogr-hf-cache`` to their ``(item_rows, scores)``. In
+    ``rows`` maps ``zerogr``, ``zerogr-partial`` and ``zerogr-hf-cache`` to their ``(item_rows, scores)``
+    (``partial_same_items``: the share of item slots ``zerogr-partial`` fills as ``zerogr`` does). In
     float32 the two must agree (:data:`HF_CACHE_MIN_OVERLAP`, :data:`HF_CACHE_SCORE_TOL`);
     in TF32, BF16 and FP16 the two step models round differently, so their agreement is
     recorded, not checked (the kernels are checked against their references per dtype in
@@ -230,6 +231,11 @@ def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
     for other in ("hf-constrained", "hf-unconstrained", "zerogr-hf-cache", "static", "unconstrained"):
         if other in medians:
             derived[f"speedup_vs_{other}"] = medians[other] / z
+    if "zerogr-partial" in medians:
+        derived["partial_last_step_ratio"] = medians["zerogr-partial"] / z
+    if "zerogr-partial" in rows and "zerogr" in rows:
+        # the same beams by construction; other GEMM row counts may round a near tie the other way
+        derived["partial_same_items"] = float((rows["zerogr-partial"][0] == rows["zerogr"][0]).float().mean())
     if "unconstrained" in medians:
         derived["constrained_overhead_vs_unconstrained"] = z / medians["unconstrained"] - 1
     if "model-only" in medians:
@@ -283,7 +289,7 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
                         runners[method] = wb.serving(method, beam)
                     run = runners[method]
                     result, valid, loop = run(ids, mask)
-                    if method in ("zerogr", "zerogr-hf-cache"):
+                    if method in ("zerogr", "zerogr-partial", "zerogr-hf-cache"):
                         rows[method] = (result.item_rows.clone(), result.scores.clone())
                     stats = summarize(time_runs(lambda: run(ids, mask), device, warmup=warmup,
                                                 repeats=hf_repeats if method.startswith("hf-") else repeats))

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ZeroGRError
-from .protocol import _copy_into, keep_static, reorder_rows, safe_parents
+from .protocol import _copy_into, keep_static, partial_flag, partial_step, reorder_rows, safe_parents
 
 
 @dataclass(frozen=True)
@@ -239,9 +239,9 @@ class DecoderOnlyRecommender(nn.Module):
             hf.lm_head.weight.copy_(self.head)
         return hf
 
-    def step_model(self, history_bucket: int = 16) -> "DecoderOnlyStepModel":
+    def step_model(self, history_bucket: int = 16, partial_last_step: bool = False) -> "DecoderOnlyStepModel":
         """This model served through the step protocol (see :class:`DecoderOnlyStepModel`)."""
-        return DecoderOnlyStepModel(self, history_bucket)
+        return DecoderOnlyStepModel(self, history_bucket, partial_last_step)
 
 
 class DecoderOnlyStepModel:
@@ -255,6 +255,10 @@ class DecoderOnlyStepModel:
         :meth:`stage` left-pads the history up to a multiple of it (at most
         ``max_history``), so histories of nearby lengths share static buffers (and one
         captured graph).
+    partial_last_step : bool
+        At the last step, run the layers only on the beams filtering first reads (those whose
+        prefix holds more than one item; :mod:`zerogr_core.decode.loop`); the decode returns the
+        same beams.
 
     Notes
     -----
@@ -265,7 +269,7 @@ class DecoderOnlyStepModel:
     the bucket is masked out and positions count real items only.
     """
 
-    def __init__(self, model: DecoderOnlyRecommender, history_bucket: int = 16):
+    def __init__(self, model: DecoderOnlyRecommender, history_bucket: int = 16, partial_last_step: bool = False):
         self.model = model.eval()
         self.n_levels = model.n_levels
         self.hidden_size = model.config.d_model
@@ -275,6 +279,7 @@ class DecoderOnlyStepModel:
         self.batch = 0
         self.history_in_step = False
         self.graph_safe = True   # static buffers only: the whole decode may be captured in a CUDA graph
+        self.partial_last_step = partial_flag(partial_last_step)
 
     @property
     def device(self) -> torch.device:
@@ -416,22 +421,40 @@ class DecoderOnlyStepModel:
         self.lengths.copy_(lengths)
 
     @torch.no_grad()
-    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
-        """Hidden states (batch * beams, d) of step ``step`` (see the protocol)."""
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None,
+             wanted: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
+        """Hidden states (batch * beams, d) of step ``step`` (see the protocol).
+
+        At the last step, ``wanted`` ((B, M) bool) with ``rows`` (int, at least the number of wanted
+        beams of every request) runs the layers on ``rows`` beams per request, the wanted ones first;
+        the rows of the beams left out are zeros, and the caches are left as they were (the step may
+        run again)."""
         if not self.batch:
             raise ZeroGRError("step model: call prefill before step")
         if step == 0:
             if self.history_in_step:
                 self.run_history()
             return self.first
+        b, beams = self.batch, tokens.shape[1]
+        prev = 1 if step == 1 else self.beam_width
+        parent_rows = safe_parents(parents.to(self.first.device), prev)
+        if wanted is None or rows is None or step + 1 != self.n_levels:
+            # SID positions 0 … step-2 are cached; step 1 has none to reorder
+            if step > 1:
+                reorder_rows([buf for kv in self.cache for buf in kv], parent_rows, b * prev, step - 1)
+            return self._layers(step, tokens, None)
+        return partial_step(wanted, rows, self.hidden_size, self.dtype,
+                            lambda order: self._layers(step, tokens.gather(1, order),
+                                                       parent_rows.view(b, beams).gather(1, order).reshape(-1)))
+
+    def _layers(self, step: int, tokens: torch.Tensor, parent_rows: torch.Tensor | None) -> torch.Tensor:
+        """The layers over the (B, beams) SID tokens of level ``step - 1``: (B · beams, d). Without
+        ``parent_rows`` the caches already hold each beam's earlier positions in its own row, and the
+        new ones are written there; with them ((B · beams,) rows of the caches), the earlier positions
+        are read from those rows and nothing is written."""
         m, b = self.model, self.batch
         device = self.first.device
         beams = tokens.shape[1]
-        prev = 1 if step == 1 else self.beam_width
-        # SID positions 0 … step-2 are cached; step 1 has none to reorder
-        if step > 1:
-            reorder_rows([buf for kv in self.cache for buf in kv], safe_parents(parents.to(device), prev),
-                         b * prev, step - 1)
         n, j = b * beams, step - 1                                                    # SID position of the new token
         pos = (self.lengths + j)[:, None].expand(b, beams)
         x = (m.token_embedding(tokens.to(device), j) + m.pos_emb(pos)).reshape(n, 1, -1)
@@ -439,8 +462,13 @@ class DecoderOnlyStepModel:
         for layer, block in enumerate(m.blocks):
             q, k, v = block.qkv_heads(x)                                             # (n, heads, 1, dh)
             k_cache, v_cache = self.cache[layer]
-            k_cache[:n, :, j:j + 1].copy_(k)
-            v_cache[:n, :, j:j + 1].copy_(v)
+            if parent_rows is None:
+                k_cache[:n, :, j:j + 1].copy_(k)
+                v_cache[:n, :, j:j + 1].copy_(v)
+                k_own, v_own = k_cache[:n, :, :j + 1], v_cache[:n, :, :j + 1]        # (n, heads, j+1, dh)
+            else:
+                k_own = torch.cat([k_cache[parent_rows, :, :j], k], dim=2)
+                v_own = torch.cat([v_cache[parent_rows, :, :j], v], dim=2)
             hk, hv = self.history_kv[layer]                                          # (B, heads, T, dh)
             heads, dh = q.shape[1], q.shape[3]
             qr = q.view(b, beams, heads, dh).transpose(1, 2)                         # (B, heads, M, dh)
@@ -449,7 +477,6 @@ class DecoderOnlyStepModel:
             # the beam's own ≤ L tokens: one query per (beam, head), so a matrix product
             # would be a batched matrix-vector product (slow strided GEMV kernels on a GPU);
             # multiply and sum instead, accumulating in float32
-            k_own, v_own = k_cache[:n, :, :j + 1], v_cache[:n, :, :j + 1]            # (n, heads, j+1, dh)
             s_own = (q * k_own).sum(-1, dtype=torch.float32) * scale                 # (n, heads, j+1)
             s_own = s_own.view(b, beams, heads, j + 1).transpose(1, 2)                # (B, heads, M, j+1)
             w = torch.softmax(torch.cat([s_hist, s_own], dim=-1), dim=-1).to(q.dtype)

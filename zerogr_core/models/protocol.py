@@ -19,7 +19,9 @@ A model may set ``partial_last_step = True``: at the last step filtering first t
 reads (those whose prefix holds more than one item; any other beam's only item gets log-probability
 0 whatever the model says) and ``r``, at least their number in every request; the model may compute
 ``r`` beams per request, the wanted ones among them, and return zeros for the rest
-(:mod:`zerogr_core.decode.loop`; :class:`~zerogr_core.models.qwen3.Qwen3StepModel` does).
+(:mod:`zerogr_core.decode.loop`; :func:`partial_step`). Such a step must leave the model's caches as
+it found them: the engine may run it again after the same earlier steps (the Qwen3, T5 and
+decoder-only step models do this).
 
 A model may also offer ``stage(history, attention_mask, beam_width=M)``: the prefill's
 device work moved into ``step(0, …)`` (the inputs copied into static, length-bucketed
@@ -171,6 +173,45 @@ def safe_parents(parents: torch.Tensor, beams_prev: int) -> torch.Tensor:
     batch, beams = parents.shape
     first = torch.arange(batch, device=parents.device)[:, None] * beams_prev
     return torch.where(parents >= 0, parents, first).reshape(batch * beams)
+
+
+def partial_flag(value) -> bool:
+    """A step model's ``partial_last_step`` argument, refused in one line unless a bool (a string
+    such as ``"no"`` would read as true)."""
+    if not isinstance(value, bool):
+        raise ZeroGRError(f"partial_last_step: expected True or False, got {value!r}")
+    return value
+
+
+def partial_step(wanted: torch.Tensor, rows: int, hidden_size: int, dtype: torch.dtype, compute) -> torch.Tensor:
+    """A partial last step's hidden states: ``compute`` on ``rows`` beams per request, each request's
+    wanted beams first (in beam order), zeros for the beams left out.
+
+    Parameters
+    ----------
+    wanted : torch.Tensor, shape (batch, M), bool
+        The beams the step's selection reads (:mod:`zerogr_core.decode.loop`).
+    rows : int
+        Beams per request to compute, at least the wanted ones of every request (at most M is used).
+    hidden_size : int
+    dtype : torch.dtype
+        Of the returned states.
+    compute : callable
+        ``compute(order)`` with ``order`` (batch, r) int64, the beams (positions within their request)
+        to compute, returns their hidden states (batch * r, hidden_size), request by request.
+
+    Returns
+    -------
+    torch.Tensor, shape (batch * M, hidden_size)
+    """
+    batch, beams = wanted.shape
+    r = min(int(rows), beams)
+    out = torch.zeros(batch, beams, hidden_size, dtype=dtype, device=wanted.device)
+    if r > 0:
+        order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)[:, :r]
+        h = compute(order).view(batch, r, hidden_size)
+        out.scatter_(1, order[:, :, None].expand(batch, r, hidden_size), h.to(dtype))
+    return out.view(batch * beams, hidden_size)
 
 
 def reorder_rows(buffers, rows: torch.Tensor, n_prev: int, positions: int | None = None) -> None:

@@ -56,7 +56,7 @@ from zerogr_kernels.swiglu import silu_mul
 from ..arg_types import whole_value
 from ..errors import ZeroGRError
 from . import fp8_projections
-from .protocol import right_padded, safe_parents
+from .protocol import partial_flag, partial_step, right_padded, safe_parents
 
 __all__ = ["PROJECTIONS", "QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random", "projections_problem"]
 
@@ -253,9 +253,7 @@ class Qwen3StepModel:
         self.context_bucket = _whole_bucket(context_bucket)
         self._stack_weights()
         self.fp8 = self._fp8_projections(projections)
-        if not isinstance(partial_last_step, bool):
-            raise ZeroGRError(f"partial_last_step: expected True or False, got {partial_last_step!r}")
-        self.partial_last_step = partial_last_step
+        self.partial_last_step = partial_flag(partial_last_step)
         self.batch = 0
         self.prefill_in_step = False
         self.graph_safe = True
@@ -520,16 +518,14 @@ class Qwen3StepModel:
         lineage = self._descend(parents, step - 1, keep=not last)
         if not last or wanted is None or rows is None or rows >= m:
             return self._beams(step, tokens, lineage)
-        b = self.batch
-        out = torch.zeros(b, m, self.hidden_size, dtype=self.dtype, device=self.device)
-        if rows > 0:
-            # a request's wanted beams first, in beam order; each takes the lineage slots of its new place
-            order = torch.argsort(wanted.to(torch.int8), dim=1, descending=True, stable=True)[:, :rows]
-            table = lineage.gather(1, order[:, :, None].expand(b, rows, p))
-            table[:, :, step - 1:] = self.own_slots[:, :rows, step - 1:]
-            h = self._beams(step, tokens.gather(1, order), table)
-            out.scatter_(1, order[:, :, None].expand(b, rows, self.hidden_size), h.view(b, rows, -1))
-        return out.view(b * m, self.hidden_size)
+
+        def compute(order):
+            # each computed beam takes the lineage slots of its new place
+            table = lineage.gather(1, order[:, :, None].expand(*order.shape, p))
+            table[:, :, step - 1:] = self.own_slots[:, :order.shape[1], step - 1:]
+            return self._beams(step, tokens.gather(1, order), table)
+
+        return partial_step(wanted, rows, self.hidden_size, self.dtype, compute)
 
     def _beams(self, step: int, tokens: torch.Tensor, lineage: torch.Tensor) -> torch.Tensor:
         """The layers over the beams ``tokens`` (B, m) just chose, whose ancestors are ``lineage``

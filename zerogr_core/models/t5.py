@@ -36,7 +36,7 @@ from zerogr_kernels.rms_norm import MAX_WIDTH, rms_layer_norm_reference, rms_lay
 
 from ..errors import ZeroGRError
 from .hf import step_offsets
-from .protocol import keep_static, safe_parents, token_inputs
+from .protocol import keep_static, partial_flag, partial_step, safe_parents, token_inputs
 
 
 class T5StepModel:
@@ -56,6 +56,10 @@ class T5StepModel:
     history_bucket : int
         :meth:`stage` pads the input length up to a multiple of it, so histories of
         nearby lengths share static buffers (and one captured graph).
+    partial_last_step : bool
+        At the last step, run the decoder only on the beams filtering first reads (those whose
+        prefix holds more than one item; :mod:`zerogr_core.decode.loop`); the decode returns the
+        same beams.
 
     Attributes
     ----------
@@ -71,7 +75,8 @@ class T5StepModel:
     (:meth:`encode`) inside the decode, so a CUDA graph of the decode includes it.
     """
 
-    def __init__(self, model, token_offsets, decoder_start_token_id: int | None = None, history_bucket: int = 16):
+    def __init__(self, model, token_offsets, decoder_start_token_id: int | None = None, history_bucket: int = 16,
+                 partial_last_step: bool = False):
         self.token_offsets = step_offsets(model, token_offsets)
         self.model = model.eval()
         config = model.config
@@ -97,6 +102,7 @@ class T5StepModel:
         self.kernels = None
         self.encode_in_step = False
         self.graph_safe = True   # static buffers only: the whole decode may be captured in a CUDA graph
+        self.partial_last_step = partial_flag(partial_last_step)
 
     @property
     def device(self) -> torch.device:
@@ -127,6 +133,8 @@ class T5StepModel:
         n, hd = b * beam_width, self.heads * self.d_kv
         self.qkv = torch.zeros(len(self.blocks), self.n_levels, n, 3 * hd, dtype=dtype, device=self.device)
         self.ancestors = torch.zeros(self.n_levels, n, dtype=torch.int64, device=self.device)
+        # a partial last step's own ancestry (the step leaves ``ancestors`` as it found it)
+        self.last_ancestors = torch.zeros_like(self.ancestors)
         self.step_bias = self.position_bias[0].to(dtype).float().transpose(0, 1).contiguous()
         self.batch, self.beam_width = b, beam_width
 
@@ -293,25 +301,52 @@ class T5StepModel:
         self.cross_bias.copy_(_padding_bias(self.ids_mask, dtype))
 
     @torch.no_grad()
-    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None) -> torch.Tensor:
-        """Decoder output (batch * beams, d_model) at position ``step`` (see the protocol)."""
+    def step(self, step: int, tokens: torch.Tensor | None, parents: torch.Tensor | None,
+             wanted: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
+        """Decoder output (batch * beams, d_model) at position ``step`` (see the protocol).
+
+        At the last step, ``wanted`` ((B, M) bool) with ``rows`` (int, at least the number of wanted
+        beams of every request) runs the layers on ``rows`` beams per request, the wanted ones first;
+        the rows of the beams left out are zeros, and the beams' ancestry is left as it was (the step
+        may run again)."""
         if not self.batch:
             raise ZeroGRError("step model: call prefill before step")
         b = self.batch
         if step == 0:
             if self.encode_in_step:
                 self.encode()
-            beams = 1
-            ids = torch.full((b,), self.start, dtype=torch.int64, device=self.device)
-        else:
-            beams = tokens.shape[1]
-            prev = 1 if step == 1 else self.beam_width
-            rows = safe_parents(parents.to(self.device), prev)
-            n = rows.numel()
+            return self._layers(0, torch.full((b,), self.start, dtype=torch.int64, device=self.device),
+                                self.ancestors, 1)
+        beams = tokens.shape[1]
+        prev = 1 if step == 1 else self.beam_width
+        parent_rows = safe_parents(parents.to(self.device), prev)
+        if wanted is None or rows is None or step + 1 != self.n_levels:
+            n = parent_rows.numel()
             if step > 1:
-                self.ancestors[:step - 1, :n].copy_(self.ancestors[:step - 1, :b * prev].index_select(1, rows))
-            self.ancestors[step - 1, :n].copy_(rows)
-            ids = tokens.to(self.device, torch.int64).reshape(-1).clamp(min=0) + self.token_offsets[step - 1]
+                self.ancestors[:step - 1, :n].copy_(self.ancestors[:step - 1, :b * prev].index_select(1, parent_rows))
+            self.ancestors[step - 1, :n].copy_(parent_rows)
+            return self._layers(step, self._ids(step, tokens), self.ancestors, beams)
+
+        def compute(order):
+            # the computed beams' ancestry in a table of their own, row i for the i-th of them
+            n, src = order.numel(), parent_rows.view(b, beams).gather(1, order).reshape(-1)
+            table = self.last_ancestors
+            if step > 1:
+                table[:step - 1, :n].copy_(self.ancestors[:step - 1].index_select(1, src))
+            table[step - 1, :n].copy_(src)
+            return self._layers(step, self._ids(step, tokens.gather(1, order)), table, order.shape[1])
+
+        return partial_step(wanted, rows, self.hidden_size, self.dtype, compute)
+
+    def _ids(self, step: int, tokens: torch.Tensor) -> torch.Tensor:
+        """The vocabulary ids (n,) of the (B, beams) SID tokens of level ``step - 1``."""
+        return tokens.to(self.device, torch.int64).reshape(-1).clamp(min=0) + self.token_offsets[step - 1]
+
+    def _layers(self, step: int, ids: torch.Tensor, ancestors: torch.Tensor, beams: int) -> torch.Tensor:
+        """The decoder over ``beams`` beams per request at position ``step``, fed ``ids`` (B · beams,),
+        whose earlier positions' rows are ``ancestors`` (L, rows) (beam ``i`` writes its query, key
+        and value to row ``i`` of position ``step``): (B · beams, d_model)."""
+        b = self.batch
         n = b * beams
         x = self.model.decoder.embed_tokens(ids)                                  # (n, d)
         kernels = self._kernels(x)
@@ -322,7 +357,7 @@ class T5StepModel:
         for layer, block in enumerate(self.blocks):
             qkv = self.qkv[layer]
             torch.mm(h, self.w_qkv[layer].t(), out=qkv[step, :n])
-            y = attend(qkv, self.ancestors, self.step_bias[step], step=step, n=n, heads=self.heads)
+            y = attend(qkv, ancestors, self.step_bias[step], step=step, n=n, heads=self.heads)
             ca, ff = block.layer[1], block.layer[2]
             h, x = self._add_norm(block.layer[0].SelfAttention.o(y), x, ca.layer_norm)
             cross = ca.EncDecAttention
