@@ -64,19 +64,23 @@ class Asked:
         return self.model.step(step, tokens, parents, wanted=wanted, rows=rows)
 
 
-def servings(kind, partial, beam):
-    """(step model wrapped in :class:`Asked`, StepDecoder, catalog, (ids, mask))."""
+def servings(kind, partial, beam, device="cpu", spy=True):
+    """(step model, wrapped in :class:`Asked` with ``spy``, StepDecoder, catalog, (ids, mask))."""
+    wrap = Asked if spy else (lambda sm: sm)
     if kind == "decoder-only":
-        m, cat = decoder_only(), catalog(DO_SIZES, 400)
-        sm = Asked(DecoderOnlyStepModel(m, partial_last_step=partial))
-        run = StepDecoder(sm, build_index(cat), m.head_weight(), beam_width=beam, band_offsets=m.band_offsets)
+        m, cat = decoder_only().to(device), catalog(DO_SIZES, 400)
+        sm = wrap(DecoderOnlyStepModel(m, partial_last_step=partial))
+        run = StepDecoder(sm, build_index(cat, device=device), m.head_weight(), beam_width=beam,
+                          band_offsets=m.band_offsets)
         return sm, run, cat, do_requests()
     from zerogr_core.models.t5 import T5StepModel
 
-    m, cat = t5(), catalog(T5_SIZES, 600)
-    sm = Asked(T5StepModel(m, T5_OFFSETS, partial_last_step=partial))
-    sm.model.kernels = kind == "t5-kernels"          # the Triton kernels (interpreted on the CPU)
-    run = StepDecoder(sm, build_index(cat), m.lm_head.weight.detach(), beam_width=beam, band_offsets=T5_OFFSETS)
+    m, cat = t5().to(device), catalog(T5_SIZES, 600)
+    inner = T5StepModel(m, T5_OFFSETS, partial_last_step=partial)
+    inner.kernels = None if device != "cpu" else kind == "t5-kernels"   # the Triton kernels (interpreted on the CPU)
+    sm = wrap(inner)
+    run = StepDecoder(sm, build_index(cat, device=device), m.lm_head.weight.detach(), beam_width=beam,
+                      band_offsets=T5_OFFSETS)
     return sm, run, cat, t5_requests()
 
 
@@ -156,3 +160,30 @@ def test_the_option_takes_a_bool_only(kind):
             from zerogr_core.models.t5 import T5StepModel
 
             T5StepModel(t5(), T5_OFFSETS, partial_last_step="no")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("lists", [None, "request"])
+@pytest.mark.parametrize("kind", ["decoder-only", "t5"])
+def test_cuda_graphs_of_the_last_step_equal_the_reference(kind, lists, monkeypatch):
+    """On a GPU the engine captures the steps before the last, then one graph of the last step per
+    count of wanted beams: new requests replay them and return the CPU reference's beams (float32)."""
+    monkeypatch.setattr(loop_module, "ROW_GRANULE", 2)
+    _, ref, cat, _ = servings(kind, False, beam=12)
+    _, run, _, _ = servings(kind, True, beam=12, device="cuda", spy=False)
+    requests = do_requests if kind == "decoder-only" else t5_requests
+    for seed in range(5):
+        ids, mask = requests(seed=seed)
+        req = None
+        if lists is not None:
+            req = build_lists(cat, 3, None, [cat.item_ids[seed::4], None, cat.item_ids[[0, 5]]], normalise=lists)
+        want = ref.decode(ids, mask, lists=req)
+        got = run.decode(ids.cuda(), mask.cuda(), lists=req)
+        assert torch.equal(got.item_rows.cpu(), want.item_rows), seed
+        torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
+    engine = run.decoder.gpu_engine
+    assert engine.graph_error is None and run.prefill_in_graph
+    shape = next(iter(engine._shapes.values()))
+    assert shape.partial is not None and shape.partial.graphs and not shape.partial.errors
+    assert any(rows < 12 for rows in shape.partial.graphs)         # some calls ran a partial last step
