@@ -15,6 +15,7 @@ from zerogr_core.errors import ZeroGRError  # noqa: E402
 from zerogr_core.models.protocol import StepDecoder  # noqa: E402
 from zerogr_core.models.qwen3 import Qwen3StepModel, build_random  # noqa: E402
 
+from test_partial_last_step_models import check_equal_decodes, check_graphs_against_reference  # noqa: E402
 from test_qwen3 import OFFSETS, SHAPE, inputs, tiny_catalog  # noqa: E402
 
 
@@ -69,14 +70,7 @@ def test_partial_last_step_returns_the_full_decode(model, monkeypatch, granule, 
             deny = [None, catalog.item_ids[::3], catalog.item_ids[[0, 5]]]
             req = build_lists(catalog, 3, allow, deny, normalise=lists)
         got[partial] = (run.decode(ids, mask, lists=req), sm.asked)
-    (part, asked), (full, none) = got[True], got[False]
-    assert none == [] and len(asked) == 1
-    most, rows, m = asked[0]
-    assert most <= rows == min(m, -(-most // granule) * granule)
-    if granule == 1:
-        assert rows < m                      # the tiny catalog has single-item prefixes among the beams
-    assert torch.equal(part.tokens, full.tokens) and torch.equal(part.item_rows, full.item_rows)
-    torch.testing.assert_close(part.scores, full.scores, rtol=1e-5, atol=1e-5)
+    check_equal_decodes(got, granule)
 
 
 def test_wanted_rows_equal_the_full_step_and_the_rest_are_zero(model):
@@ -150,18 +144,4 @@ def test_cuda_graphs_of_the_last_step_equal_the_reference(monkeypatch, lists):
     gpu = Qwen3StepModel(build_random(SHAPE, seed=3)[0].cuda(), OFFSETS, context_bucket=8)
     # not the Spy: it reads the count on the host, which a graph being captured may not
     run = StepDecoder(gpu, build_index(catalog, device="cuda"), gpu.head, beam_width=8, band_offsets=OFFSETS)
-    for seed in range(5):
-        ids, mask = inputs(seed)
-        req = None
-        if lists is not None:
-            deny = [catalog.item_ids[seed::4], None, catalog.item_ids[[0, 5]]]
-            req = build_lists(catalog, 3, None, deny)
-        want = ref.decode(ids, mask, lists=req)
-        got = run.decode(ids.cuda(), mask.cuda(), lists=req)
-        assert torch.equal(got.item_rows.cpu(), want.item_rows), seed
-        torch.testing.assert_close(got.scores.cpu(), want.scores, rtol=1e-4, atol=1e-4)
-    engine = run.decoder.gpu_engine
-    assert engine.graph_error is None and run.prefill_in_graph
-    shape = next(iter(engine._shapes.values()))
-    assert shape.partial is not None and shape.partial.graphs and not shape.partial.errors
-    assert any(rows < 8 for rows in shape.partial.graphs)          # some calls ran a partial last step
+    check_graphs_against_reference(run, ref, catalog, inputs, lists, 8)

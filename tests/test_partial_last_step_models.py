@@ -98,6 +98,12 @@ def test_partial_last_step_returns_the_full_decode(kind, lists, granule, monkeyp
             deny = [None, cat.item_ids[::3], cat.item_ids[[0, 5]]]
             req = build_lists(cat, 3, allow, deny, normalise=lists)
         got[partial] = (run.decode(ids, mask, lists=req), sm.asked)
+    check_equal_decodes(got, granule)
+
+
+def check_equal_decodes(got, granule):
+    """``got[partial]`` = (result, rows asked) of a decode with and without the partial last step: one
+    last step asked for its wanted beams (rounded up to ``granule``), the same beams and scores."""
     (part, asked), (full, none) = got[True], got[False]
     assert none == [] and len(asked) == 1
     most, rows, m = asked[0]
@@ -172,7 +178,13 @@ def test_cuda_graphs_of_the_last_step_equal_the_reference(kind, lists, monkeypat
     monkeypatch.setattr(loop_module, "ROW_GRANULE", 2)
     _, ref, cat, _ = servings(kind, False, beam=12)
     _, run, _, _ = servings(kind, True, beam=12, device="cuda", spy=False)
-    requests = do_requests if kind == "decoder-only" else t5_requests
+    check_graphs_against_reference(run, ref, cat, do_requests if kind == "decoder-only" else t5_requests, lists, 12)
+
+
+def check_graphs_against_reference(run, ref, cat, requests, lists, beam):
+    """Five batches of new requests (``requests(seed=)``) through ``run``, a GPU StepDecoder with a partial
+    last step, return the beams of ``ref``, its CPU reference; the engine captured the two graphs and some
+    call ran fewer than ``beam`` rows."""
     for seed in range(5):
         ids, mask = requests(seed=seed)
         req = None
@@ -186,4 +198,4 @@ def test_cuda_graphs_of_the_last_step_equal_the_reference(kind, lists, monkeypat
     assert engine.graph_error is None and run.prefill_in_graph
     shape = next(iter(engine._shapes.values()))
     assert shape.partial is not None and shape.partial.graphs and not shape.partial.errors
-    assert any(rows < 12 for rows in shape.partial.graphs)         # some calls ran a partial last step
+    assert any(rows < beam for rows in shape.partial.graphs)       # some calls ran a partial last step
