@@ -8,17 +8,12 @@ the host after it reads the count.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from zerogr_kernels._common import pdl_disabled
 
 from ..timing import capture
 from .loop import partial_rows
-
-if TYPE_CHECKING:
-    from .engine import ShapeState
 
 __all__ = ["PartialLastStep"]
 
@@ -32,14 +27,16 @@ class PartialLastStep:
 
     Parameters
     ----------
-    shape : ShapeState
+    shape : zerogr_core.decode.engine.ShapeState
+        The engine's state of one shape (its beam loop); this module does not import the engine,
+        which imports it.
     model : StepModel
         Prefilled; ``partial_last_step`` is true.
     no_pdl : bool
         Capture with programmatic dependent launch off (as the shape's first graph).
     """
 
-    def __init__(self, shape: ShapeState, model, no_pdl: bool):
+    def __init__(self, shape, model, no_pdl: bool):
         self.shape, self.model, self.no_pdl = shape, model, no_pdl
         self.most = torch.zeros((), dtype=torch.int64).pin_memory()
         self.ready = torch.cuda.Event()
