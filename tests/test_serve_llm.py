@@ -374,7 +374,7 @@ def test_config_presets_and_checks():
                        (dict(warmup_context=5000), "warmup_context"),
                        (dict(projections="int4"), "^projections: expected model or fp8, got 'int4'$"),
                        (dict(projections="fp8"), "^projections: fp8 needs a bfloat16 model, got float32$"),
-                       (dict(partial_last_step="no"), "^partial_last_step: expected true or false, got 'no'$")]:
+                       (dict(partial_last_step="no"), "^partial_last_step: expected True or False, got 'no'$")]:
         with pytest.raises(ZeroGRError, match=words):
             LLMServeConfig.preset("tiny", **bad)
 

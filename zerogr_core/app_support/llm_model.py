@@ -63,13 +63,13 @@ class LLMSpec:
             raise ZeroGRError(f"dtype: expected float32, bfloat16 or float16, got {self.dtype!r}")
         if isinstance(self.context, bool) or not isinstance(self.context, int) or self.context < 1:
             raise ZeroGRError(f"context length: expected a positive whole number of tokens, got {self.context!r}")
+        from ..models.protocol import partial_flag
         from ..models.qwen3 import projections_problem
 
         why = projections_problem(self.projections, self.dtype)
         if why:
             raise ZeroGRError(why)
-        if not isinstance(self.partial_last_step, bool):
-            raise ZeroGRError(f"partial_last_step: expected True or False, got {self.partial_last_step!r}")
+        partial_flag(self.partial_last_step)
 
 
 def llm_dtype(gpu: bool) -> str:

@@ -86,6 +86,7 @@ class LLMServeConfig:
     partial_last_step: bool = True
 
     def __post_init__(self):
+        from ..models.protocol import partial_flag
         from ..models.qwen3 import QWEN3_PRESETS, projections_problem
 
         if self.checkpoint is None and self.model not in QWEN3_PRESETS:
@@ -123,8 +124,7 @@ class LLMServeConfig:
         why = projections_problem(self.projections, self.dtype)
         if why:
             raise ZeroGRError(why)
-        if not isinstance(self.partial_last_step, bool):
-            raise ZeroGRError(f"partial_last_step: expected true or false, got {self.partial_last_step!r}")
+        partial_flag(self.partial_last_step)
 
     @property
     def max_batch(self) -> int:
