@@ -27,6 +27,9 @@ def test_bench_e2e_quick(tmp_path, capsys):
         if r["method"] in ("static", "unconstrained", "model-only"):
             assert r["loop"] == "ZeroGR beam loop, eager"
     assert all(r["valid_fraction"] is None for r in timed if r["method"] == "model-only")
+    # the T5's step model runs the full last step by default, so zerogr is the full arm
+    assert {r["method"]: r.get("partial_last_step") for r in timed if r["method"].startswith("zerogr")} == {
+        "zerogr": False, "zerogr-partial": True, "zerogr-hf-cache": None}
     derived = [r for r in doc["records"] if r["method"] == "derived"]
     assert len(derived) == 2 and all(r["check_agrees_with_hf_cache"] and r["hf_cache_overlap"] == 1.0 for r in derived)
     for r in derived:
@@ -78,10 +81,14 @@ def test_bench_e2e_decoder_only_default_methods_leave_out_the_t5_only_ones(tmp_p
     assert main(["bench-e2e", "--quick", "--model", "decoder-only", "--batch", "1", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "e2e-decoder-only-fp32-4x16-2000__quick.json").read_text())
     timed = [r for r in doc["records"] if r["method"] != "derived"]
-    assert [r["method"] for r in timed] == ["zerogr", "zerogr-partial", "static", "unconstrained", "model-only",
+    # the decoder-only step model runs the partial last step by default: the other arm is the full one
+    assert [r["method"] for r in timed] == ["zerogr", "zerogr-full", "static", "unconstrained", "model-only",
                                             "hf-constrained", "hf-unconstrained"]
+    assert [r["partial_last_step"] for r in timed[:2]] == [True, False]
     valid = {r["method"]: r["valid_fraction"] for r in timed}
-    assert valid["zerogr"] == valid["static"] == valid["hf-constrained"] == 1.0
+    assert valid["zerogr"] == valid["zerogr-full"] == valid["static"] == valid["hf-constrained"] == 1.0
+    derived = [r for r in doc["records"] if r["method"] == "derived"]
+    assert [r["partial_same_items"] for r in derived] == [1.0] and derived[0]["partial_last_step_ratio"] > 0
 
 
 def test_bench_e2e_tf32_is_an_fp32_model_recorded_as_tf32(tmp_path):

@@ -15,10 +15,14 @@ zerogr
     decoder-only model's history pass,
     :meth:`~zerogr_core.models.decoder_only.DecoderOnlyStepModel.stage`). ``--prefill
     outside`` runs the prefill eagerly before the graph instead, for every loop method alike.
-zerogr-partial
-    ``zerogr`` with the step model's partial last step (``partial_last_step=True``: the last
-    step's layers run only on the beams whose prefix holds more than one item; the same
-    items, two CUDA graphs and a host read between them).
+    ``zerogr`` runs the step model as it is built by default: the decoder-only model with its
+    partial last step, the T5 without (the record's ``partial_last_step`` says which).
+zerogr-partial, zerogr-full
+    ``zerogr`` with the step model's partial last step forced on (``partial_last_step=True``:
+    the last step's layers run only on the beams whose prefix holds more than one item; the
+    same items, two CUDA graphs and a host read between them) or off. By default only the arm
+    that differs from ``zerogr`` runs; the derived record compares the two
+    (``partial_last_step_ratio``, ``partial_same_items``).
 zerogr-hf-cache
     Filtering first with the model's own Hugging Face caches
     (:class:`~zerogr_core.hf.HFStepModel`, eager engine; T5 only): a cross-check of the items.
@@ -65,11 +69,24 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-METHODS = ("zerogr", "zerogr-partial", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
+METHODS = ("zerogr", "zerogr-partial", "zerogr-full", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
            "hf-unconstrained")
 T5_ONLY = ("zerogr-hf-cache",)
 #: Methods of ZeroGR's beam loop with bench step types (captured with the model on a GPU).
 LOOP_METHODS = ("static", "unconstrained", "model-only")
+LAST_STEP_ARMS = {"zerogr-partial": True, "zerogr-full": False}
+"""The methods that force the step model's ``partial_last_step`` (``zerogr`` keeps its default)."""
+
+
+def default_partial_last_step(kind: str) -> bool:
+    """Whether the ``kind`` model's step model runs the partial last step when not told."""
+    import inspect
+
+    from ..models.decoder_only import DecoderOnlyStepModel
+    from ..models.t5 import T5StepModel
+
+    cls = T5StepModel if kind == "t5" else DecoderOnlyStepModel
+    return inspect.signature(cls).parameters["partial_last_step"].default
 MODELS = ("t5", "decoder-only")
 CATALOGS = ("tiger", "search")
 DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -412,10 +429,13 @@ class Workbench:
         history = np.where(mask[..., None], self.catalog.sids[rows].astype(np.int64), 0)
         return torch.from_numpy(history).to(self.device), torch.from_numpy(mask).to(self.device)
 
-    def step_model(self, partial_last_step: bool = False):
-        """A fresh KV-cache step model of the model (its own static buffers)."""
+    def step_model(self, partial_last_step: bool | None = None):
+        """A fresh KV-cache step model of the model (its own static buffers); ``None``: the
+        model's default last step (:func:`default_partial_last_step`)."""
         from ..models.t5 import T5StepModel
 
+        if partial_last_step is None:
+            partial_last_step = default_partial_last_step(self.kind)
         if self.kind == "t5":
             return T5StepModel(self.model, self.offsets, partial_last_step=partial_last_step)
         return self.model.step_model(partial_last_step=partial_last_step)
@@ -449,7 +469,7 @@ class Workbench:
             makers = {"static": lambda b: StaticStep(self.static_index, self.heads, b, beam, "full"),
                       "unconstrained": lambda b: UnconstrainedStep(self.heads, b, beam),
                       "model-only": lambda b: FixedBeams(b, beam, self.device)}
-            serving = LoopServing(self.step_model(), makers[method], L, beam, self.heads.hidden_size,
+            serving = LoopServing(self.step_model(False), makers[method], L, beam, self.heads.hidden_size,
                                   self.heads.dtype, self.device, stage=self.stage)
 
             def loop(ids, mask):
@@ -464,7 +484,7 @@ class Workbench:
                     return float(((rows >= 0) & finite).sum() / finite.sum().clamp(min=1))
                 return tokens, valid, serving.loop_name
             return loop
-        partial = method == "zerogr-partial"
+        partial = LAST_STEP_ARMS.get(method)
         if self.kind == "t5":
             step_model = None if method == "zerogr-hf-cache" else self.step_model(partial)
             run = HFGenerator(self.model, self.index, beam_width=beam, token_offsets=self.offsets,

@@ -15,8 +15,8 @@ from pathlib import Path
 from ..arg_types import SEED_MAX, seconds, whole, wholes
 from ..decode.work_limits import MAX_REPEATS
 from ..devices import device_arg, resolved
-from .e2e import (CATALOGS, DTYPE_FIELDS, DTYPES, METHODS, MODELS, T5_ONLY, E2EConfig, Workbench, build_catalog,
-                  catalog_label)
+from .e2e import (CATALOGS, DTYPE_FIELDS, DTYPES, LAST_STEP_ARMS, METHODS, MODELS, T5_ONLY, E2EConfig, Workbench,
+                  build_catalog, catalog_label, default_partial_last_step)
 
 
 def register(subparsers) -> None:
@@ -44,7 +44,8 @@ def register(subparsers) -> None:
                    help="on a GPU: run the prefill inside each loop method's CUDA graph (default) or eagerly "
                         "before it")
     p.add_argument("--quick", action="store_true", help="CPU/CI mode: the quick preset, batches 1,2, beam 4, 2 repeats")
-    p.add_argument("--methods", default=None, help=f"comma list of {', '.join(METHODS)} (default: all)")
+    p.add_argument("--methods", default=None, help=f"comma list of {', '.join(METHODS)} (default: all but the last-step "
+                   "arm that equals zerogr for the model)")
     p.add_argument("--batch", type=wholes(1), default=None, help="batch sizes (default 1,8,32)")
     p.add_argument("--beam", type=wholes(1), default=None, help="beam widths (default 32,128,256)")
     p.add_argument("--items", type=whole(1), default=None, metavar="N",
@@ -134,6 +135,8 @@ def run_e2e(args: argparse.Namespace) -> int:
         errors, written = 0, 0
         for i, (kind, name) in enumerate(blocks):
             methods = [m for m in wanted if kind == "t5" or m not in T5_ONLY]
+            if args.methods is None:   # by default, only the last-step arm that differs from zerogr's
+                methods = [m for m in methods if LAST_STEP_ARMS.get(m, None) != default_partial_last_step(kind)]
             parts = ["python", "-m", "zerogr_core", "bench-e2e", "--model", kind, "--catalog", name, "--dtype",
                      args.dtype, "--preset", preset, "--methods", ",".join(methods), "--batch",
                      ",".join(map(str, batches)), "--beam", ",".join(map(str, beams)), "--repeats", str(repeats),
@@ -209,11 +212,13 @@ def hf_cache_agreement(ours: tuple, theirs: tuple) -> dict:
     return dict(hf_cache_overlap=sum(overlaps) / n, hf_cache_same_top1=sum(top1) / n, hf_cache_max_score_gap=gap)
 
 
-def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
+def derived_record(base: dict, medians: dict, rows: dict, partial: dict | None = None) -> tuple[dict, int]:
     """Speed-ups, constrained decoding's overhead and share, and the item cross-check of one shape.
 
-    ``rows`` maps ``zerogr``, ``zerogr-partial`` and ``zerogr-hf-cache`` to their ``(item_rows, scores)``
-    (``partial_same_items``: the share of item slots ``zerogr-partial`` fills as ``zerogr`` does). In
+    ``rows`` maps ``zerogr``, ``zerogr-partial``, ``zerogr-full`` and ``zerogr-hf-cache`` to their
+    ``(item_rows, scores)``; ``partial`` maps the first three to whether their step model ran the
+    partial last step (``partial_last_step_ratio``: the partial arm's median over the full arm's;
+    ``partial_same_items``: the share of item slots the two fill alike). In
     float32 the two must agree (:data:`HF_CACHE_MIN_OVERLAP`, :data:`HF_CACHE_SCORE_TOL`);
     in TF32, BF16 and FP16 the two step models round differently, so their agreement is
     recorded, not checked (the kernels are checked against their references per dtype in
@@ -231,11 +236,13 @@ def derived_record(base: dict, medians: dict, rows: dict) -> tuple[dict, int]:
     for other in ("hf-constrained", "hf-unconstrained", "zerogr-hf-cache", "static", "unconstrained"):
         if other in medians:
             derived[f"speedup_vs_{other}"] = medians[other] / z
-    if "zerogr-partial" in medians:
-        derived["partial_last_step_ratio"] = medians["zerogr-partial"] / z
-    if "zerogr-partial" in rows and "zerogr" in rows:
-        # the same beams by construction; other GEMM row counts may round a near tie the other way
-        derived["partial_same_items"] = float((rows["zerogr-partial"][0] == rows["zerogr"][0]).float().mean())
+    arms = {flag: method for method, flag in (partial or {}).items() if method in medians}
+    if True in arms and False in arms:
+        on, off = arms[True], arms[False]
+        derived["partial_last_step_ratio"] = medians[on] / medians[off]
+        if on in rows and off in rows:
+            # the same beams by construction; other GEMM row counts may round a near tie the other way
+            derived["partial_same_items"] = float((rows[on][0] == rows[off][0]).float().mean())
     if "unconstrained" in medians:
         derived["constrained_overhead_vs_unconstrained"] = z / medians["unconstrained"] - 1
     if "model-only" in medians:
@@ -270,6 +277,7 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
                 dtype=dtype_field or str(dtype).replace("torch.", ""),
                 device=str(device), model_kind=kind, prefill=wb.prefill_where, **wb.fields)
     errors = 0
+    partial = {m: LAST_STEP_ARMS.get(m, default_partial_last_step(kind)) for m in ("zerogr", *LAST_STEP_ARMS)}
     for beam in beams:
         runners = {}
         for batch in batches:
@@ -280,7 +288,7 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
                 if deadline is not None and time.perf_counter() > deadline:
                     print(f"bench-e2e: time budget of {kind} on {catalog_name} spent; stopping", flush=True)
                     if medians:
-                        record, bad = derived_record(dict(base, **shape), medians, rows)
+                        record, bad = derived_record(dict(base, **shape), medians, rows, partial)
                         writer.add(record)
                         errors += bad
                     return errors
@@ -289,7 +297,7 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
                         runners[method] = wb.serving(method, beam)
                     run = runners[method]
                     result, valid, loop = run(ids, mask)
-                    if method in ("zerogr", "zerogr-partial", "zerogr-hf-cache"):
+                    if method in ("zerogr", "zerogr-partial", "zerogr-full", "zerogr-hf-cache"):
                         rows[method] = (result.item_rows.clone(), result.scores.clone())
                     stats = summarize(time_runs(lambda: run(ids, mask), device, warmup=warmup,
                                                 repeats=hf_repeats if method.startswith("hf-") else repeats))
@@ -310,11 +318,12 @@ def _run(cfg, kind, catalog_name, catalog, dtype, methods, batches, beams, repea
                     continue
                 medians[method] = stats["median_ms"]
                 valid = valid()
-                writer.add(dict(base, method=method, loop=loop, **shape, valid_fraction=valid, **stats))
+                last = dict(partial_last_step=partial[method]) if method in partial else {}
+                writer.add(dict(base, method=method, loop=loop, **shape, valid_fraction=valid, **last, **stats))
                 shown = "   -  " if valid is None else f"{valid:.3f}"
                 print(f"bench-e2e: {kind} {catalog_name} beam {beam:4d} batch {batch:3d} {method:17s} "
                       f"{stats['median_ms']:10.3f} ms valid {shown} ({loop})", flush=True)
-            record, bad = derived_record(dict(base, **shape), medians, rows)
+            record, bad = derived_record(dict(base, **shape), medians, rows, partial)
             writer.add(record)
             errors += bad
             summary = [text.format(record[field]) for field, text in (
