@@ -6,48 +6,31 @@ context keys, then to each beam's own lineage keys. The project's kernel
 would take for the context part alone, returning the log-sum-exp a merge with the lineage keys
 needs: FlashAttention-2's variable-length forward (queries in the projection's own layout,
 ``seqused_k`` for each request's context length) and cuDNN's attention (the two query heads of a
-KV head folded into the rows, a bias masking the padding). Times are per call, CUDA graphs of 10
-calls, median of 5 rounds of 30 replays.
+KV head folded into the rows, a bias masking the padding). Times are per call: a CUDA graph of 10
+calls, the median of 150 replays.
 
 Run on a GPU from the repository root: python runs/probe_context_attention_libs.py [SHAPES]
 SHAPES: comma list of BATCHxKEYS (default 1x1024,8x1024,1x5056,8x5056).
 """
 import os
-import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import torch
-import torch.nn.functional as F
 
 import zerogr_kernels.context_attention as bca
+
+from zerogr_core.timing import median_us
 
 M, H, KVH, D, P = 256, 16, 8, 128, 2
 G = H // KVH
 SCALE = D ** -0.5
 
 
-def timeit(fn, rounds=5, reps=30):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(10):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(reps):
-            g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) / reps / 10 * 1000)
-    return statistics.median(times)
+def timeit(fn):
+    """µs per call: a CUDA graph of 10 calls, the median of 150 replays (zerogr_core.timing)."""
+    return median_us(lambda: [fn() for _ in range(10)], "cuda", repeats=150) / 10
 
 
 def main():
