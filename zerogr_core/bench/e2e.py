@@ -69,13 +69,20 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-METHODS = ("zerogr", "zerogr-partial", "zerogr-full", "zerogr-hf-cache", "static", "unconstrained", "model-only", "hf-constrained",
-           "hf-unconstrained")
+METHODS = ("zerogr", "zerogr-partial", "zerogr-full", "zerogr-hf-cache", "static", "unconstrained", "model-only",
+           "hf-constrained", "hf-unconstrained")
 T5_ONLY = ("zerogr-hf-cache",)
 #: Methods of ZeroGR's beam loop with bench step types (captured with the model on a GPU).
 LOOP_METHODS = ("static", "unconstrained", "model-only")
 LAST_STEP_ARMS = {"zerogr-partial": True, "zerogr-full": False}
 """The methods that force the step model's ``partial_last_step`` (``zerogr`` keeps its default)."""
+MODELS = ("t5", "decoder-only")
+CATALOGS = ("tiger", "search")
+DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: The ``dtype`` field of the records: the weights' dtype, or ``tf32`` for float32 weights whose
+#: matrix products may use TF32 tensor cores (every other run keeps them in strict FP32).
+DTYPE_FIELDS = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
+SPECIAL_TOKENS = 3          # pad 0, eos 1, unk 2; SID level l starts at 3 + sum(|V_<l|)
 
 
 def default_partial_last_step(kind: str) -> bool:
@@ -87,13 +94,6 @@ def default_partial_last_step(kind: str) -> bool:
 
     cls = T5StepModel if kind == "t5" else DecoderOnlyStepModel
     return inspect.signature(cls).parameters["partial_last_step"].default
-MODELS = ("t5", "decoder-only")
-CATALOGS = ("tiger", "search")
-DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-#: The ``dtype`` field of the records: the weights' dtype, or ``tf32`` for float32 weights whose
-#: matrix products may use TF32 tensor cores (every other run keeps them in strict FP32).
-DTYPE_FIELDS = {"fp32": "float32", "tf32": "tf32", "bf16": "bfloat16", "fp16": "float16"}
-SPECIAL_TOKENS = 3          # pad 0, eos 1, unk 2; SID level l starts at 3 + sum(|V_<l|)
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ def register(subparsers) -> None:
                    help="on a GPU: run the prefill inside each loop method's CUDA graph (default) or eagerly "
                         "before it")
     p.add_argument("--quick", action="store_true", help="CPU/CI mode: the quick preset, batches 1,2, beam 4, 2 repeats")
-    p.add_argument("--methods", default=None, help=f"comma list of {', '.join(METHODS)} (default: all but the last-step "
-                   "arm that equals zerogr for the model)")
+    p.add_argument("--methods", default=None,
+                   help=f"comma list of {', '.join(METHODS)} (default: all but the last-step arm that equals zerogr "
+                        "for the model)")
     p.add_argument("--batch", type=wholes(1), default=None, help="batch sizes (default 1,8,32)")
     p.add_argument("--beam", type=wholes(1), default=None, help="beam widths (default 32,128,256)")
     p.add_argument("--items", type=whole(1), default=None, metavar="N",

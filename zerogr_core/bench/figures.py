@@ -26,7 +26,8 @@ COLORS = {"zerogr": "#d62728", "static": "#1f77b4", "static-adapted": "#17becf",
           "band-gemm-head-dtype-out": "#98df8a"}
 #: End-to-end methods (``bench-e2e``), in legend order, and their colours.
 E2E_COLORS = {"zerogr": "#d62728", "zerogr-partial": "#e377c2", "zerogr-full": "#8c564b", "zerogr-hf-cache": "#ff9896",
-              "static": "#1f77b4", "unconstrained": "#7f7f7f", "model-only": "#2ca02c", "hf-constrained": "#9467bd", "hf-unconstrained": "#c5b0d5"}
+              "static": "#1f77b4", "unconstrained": "#7f7f7f", "model-only": "#2ca02c", "hf-constrained": "#9467bd",
+              "hf-unconstrained": "#c5b0d5"}
 STAGE_COLORS = {"filtering+projection": "#1f77b4", "normalisation": "#ff7f0e", "selection+gather": "#2ca02c"}
 STRUCT_COLORS = {"zerogr": "#d62728", "zerogr (all sparse)": "#ff9896", "static-style": "#1f77b4",
                  "sid-table-int16": "#7f7f7f", "host-trie": "#9467bd"}
