@@ -1,6 +1,8 @@
 """What every benchmark and serving record carries about the machine and the software."""
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import platform
 import subprocess
@@ -9,6 +11,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The folders whose Python sources :func:`source_digest` covers: the library, its clients and the kernels.
+SOURCE_FOLDERS = ("zerogr_core", "kernels")
 
 
 def gpu_driver() -> str:
@@ -47,8 +51,38 @@ def _git_commit() -> str:
     return "n/a"
 
 
+@functools.lru_cache(maxsize=1)
+def source_digest(root: Path = ROOT) -> str:
+    """A digest of the Python sources this process runs, independent of git.
+
+    A record's ``git_commit`` names the checkout's HEAD, which a copy of the working tree (a lent
+    GPU machine's) may not have moved with the files: there it reads an older commit
+    ``+dirty``. The digest names the code itself: the SHA-256 of every ``*.py`` file under
+    :data:`SOURCE_FOLDERS`, each as its path relative to ``root`` and its bytes, in path order
+    (first 12 hex digits). Computed once per process.
+
+    Parameters
+    ----------
+    root : pathlib.Path
+        The repository root (default: this checkout's).
+
+    Returns
+    -------
+    str
+        ``"n/a"`` when no source is found under ``root``.
+    """
+    h, found = hashlib.sha256(), False
+    for folder in SOURCE_FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            found = True
+            h.update(path.relative_to(root).as_posix().encode() + b"\0")
+            h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()[:12] if found else "n/a"
+
+
 def environment(device: torch.device) -> dict:
-    """GPU name, driver, torch/triton/CUDA versions, host and TF32 settings."""
+    """GPU name, driver, torch/triton/CUDA versions, host and TF32 settings, and the code's commit and
+    :func:`source_digest`."""
     try:
         import triton
 
@@ -68,5 +102,10 @@ def environment(device: torch.device) -> dict:
     return dict(gpu=gpu, driver=driver, torch=torch.__version__, triton=triton_version,
                 python=platform.python_version(), host_cpus=os.cpu_count(), platform=platform.platform(),
                 tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32), git_commit=_git_commit(),
+                source_digest=source_digest(),
                 triton_interpret=os.environ.get("TRITON_INTERPRET", ""), **extra)
 
+
+
+if __name__ == "__main__":   # python -m zerogr_core.environment: this checkout's source digest
+    print(source_digest())
