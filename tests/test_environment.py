@@ -32,7 +32,8 @@ def test_the_digest_names_the_sources_not_the_checkout(tmp_path):
     assert source_digest.__wrapped__(tmp_path / "empty") == "n/a"
 
 
-def test_every_record_carries_this_checkouts_digest():
+def test_every_record_carries_the_digest_of_the_imported_packages():
+    # the packages this process imports (kernels/ as zerogr_kernels) read as the checkout's folders
     env = environment(torch.device("cpu"))
     assert env["source_digest"] == source_digest() == source_digest.__wrapped__(ROOT)
     assert SOURCE_FOLDERS == ("zerogr_core", "kernels")

@@ -51,31 +51,47 @@ def _git_commit() -> str:
     return "n/a"
 
 
-@functools.lru_cache(maxsize=1)
-def source_digest(root: Path = ROOT) -> str:
+def _source_folders() -> dict:
+    """The folders of :data:`SOURCE_FOLDERS` this process imports, by their name in the repository:
+    ``kernels/`` is installed as the package ``zerogr_kernels``."""
+    folders = {"zerogr_core": Path(__file__).resolve().parent}
+    try:
+        import zerogr_kernels
+
+        folders["kernels"] = Path(zerogr_kernels.__file__).resolve().parent
+    except ImportError:
+        pass
+    return folders
+
+
+@functools.lru_cache(maxsize=2)
+def source_digest(root: Path | None = None) -> str:
     """A digest of the Python sources this process runs, independent of git.
 
     A record's ``git_commit`` names the checkout's HEAD, which a copy of the working tree (a lent
     GPU machine's) may not have moved with the files: there it reads an older commit
     ``+dirty``. The digest names the code itself: the SHA-256 of every ``*.py`` file under
-    :data:`SOURCE_FOLDERS`, each as its path relative to ``root`` and its bytes, in path order
-    (first 12 hex digits). Computed once per process.
+    :data:`SOURCE_FOLDERS`, each as its path in the repository and its bytes, in path order
+    (first 12 hex digits), so a checkout and an installed wheel of the same code agree. Computed
+    once per process.
 
     Parameters
     ----------
-    root : pathlib.Path
-        The repository root (default: this checkout's).
+    root : pathlib.Path, optional
+        A repository root whose folders to read; default: the packages this process imports.
 
     Returns
     -------
     str
-        ``"n/a"`` when no source is found under ``root``.
+        ``"n/a"`` when no source is found.
     """
+    folders = _source_folders() if root is None else {name: root / name for name in SOURCE_FOLDERS}
     h, found = hashlib.sha256(), False
-    for folder in SOURCE_FOLDERS:
-        for path in sorted((root / folder).rglob("*.py")):
+    for name in SOURCE_FOLDERS:
+        base = folders.get(name)
+        for path in sorted(base.rglob("*.py")) if base is not None else ():
             found = True
-            h.update(path.relative_to(root).as_posix().encode() + b"\0")
+            h.update(f"{name}/{path.relative_to(base).as_posix()}".encode() + b"\0")
             h.update(path.read_bytes() + b"\0")
     return h.hexdigest()[:12] if found else "n/a"
 
