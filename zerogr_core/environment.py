@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
 import platform
 import subprocess
@@ -55,12 +56,10 @@ def _source_folders() -> dict:
     """The folders of :data:`SOURCE_FOLDERS` this process imports, by their name in the repository:
     ``kernels/`` is installed as the package ``zerogr_kernels``."""
     folders = {"zerogr_core": Path(__file__).resolve().parent}
-    try:
-        import zerogr_kernels
-
-        folders["kernels"] = Path(zerogr_kernels.__file__).resolve().parent
-    except ImportError:
-        pass
+    # located, not imported: this module sits below the kernels' layer and only reads their files
+    spec = importlib.util.find_spec("zerogr_kernels")
+    if spec is not None and spec.origin:
+        folders["kernels"] = Path(spec.origin).resolve().parent
     return folders
 
 
