@@ -20,10 +20,12 @@ The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-it
 Then one call's timeline: host clock and device events at each boundary (ms from the call's
 start), so the device's idle stretches show where they are.
 """
+import itertools
 import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 
 from zerogr_core.bench.llm import LLM_PRESETS, Workload
@@ -139,7 +141,9 @@ def main() -> None:
         res = run.decode(sets[0])
         rows_np = res.item_rows.cpu().numpy()
         lone = torch.cuda.Event()
+        step = itertools.count(1)
         print(f"{context}x{batch} host µs: ids_of_rows {host_us(lambda: w.catalog.ids_of_rows(rows_np)):.1f}, "
+              f"ids_of_rows of other rows each call {host_us(lambda: w.catalog.ids_of_rows((np.abs(rows_np) + 7919 * next(step)) % w.catalog.n_items)):.1f}, "
               f"item_rows.cpu() {host_us(lambda: res.item_rows.cpu()):.1f}, "
               f"right_padded checked {host_us(lambda: right_padded(sets[0], None, sm.vocab, w.device)):.1f}, "
               f"unchecked {host_us(lambda: right_padded(sets[0], None, sm.vocab, w.device, check_range=False)):.1f}, "
