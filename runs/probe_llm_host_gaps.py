@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from zerogr_core.bench.llm import LLM_PRESETS, Workload
+from zerogr_core.decode.loop import partial_rows
 from zerogr_core.models import qwen3
 from zerogr_core.models.protocol import right_padded
 from zerogr_core.timing import paired_runs
@@ -77,7 +78,6 @@ def timeline(run, ids, beam):
     p.ready.record()
     p.ready.synchronize()
     host["count read"] = time.perf_counter()
-    from zerogr_core.decode.loop import partial_rows
     rows = partial_rows(int(p.most), run.decoder.beam_width)
     ev["read"].record()
     graph, out = p.graphs[rows]
