@@ -241,6 +241,35 @@ def test_errors(model):
         Qwen3StepModel(gpt2, OFFSETS)
 
 
+@pytest.mark.parametrize("prefill", ["inside", "outside"])
+def test_deferred_range_check(model, monkeypatch, prefill):
+    """Ids on the model's GPU are range-checked after the launch (StagedRange), here forced on the CPU:
+    a bad id raises the one-line error naming its row (the clamped prefill never indexes past the
+    table), the decode after it is unharmed, and good ids decode exactly as with the check first."""
+    import zerogr_core.models.qwen3 as qwen3
+
+    index = build_index(tiny_catalog())
+    ids, _ = inputs(5)
+    want = serving(model, index, 6, prefill=prefill).decode(ids)
+    monkeypatch.setattr(qwen3, "_defers_range", lambda history, device: True)
+    run = serving(model, index, 6, prefill=prefill)
+    for value, row in ((SHAPE.vocab, 2), (-3, 0), (SHAPE.vocab + 1000, 1)):
+        bad = ids.clone()
+        bad[row, 4] = value
+        with pytest.raises(ZeroGRError, match=rf"^input_ids: row {row} has ids outside the model's vocabulary "
+                                              rf"\[0, {SHAPE.vocab}\)$"):
+            run.decode(bad)
+        assert not run.step_model._range.pending
+        got = run.decode(ids)
+        assert torch.equal(got.item_rows, want.item_rows)
+        torch.testing.assert_close(got.scores, want.scores)
+    sm = Qwen3StepModel(model, OFFSETS)
+    bad = ids.clone()
+    bad[1, 0] = SHAPE.vocab
+    with pytest.raises(ZeroGRError, match="input_ids: row 1 has ids outside"):
+        sm.prefill(bad, None, beam_width=2)
+
+
 def test_token_offsets_are_checked(model):
     """Qwen3StepModel took its offsets through int(): 16.7 became 16 and True 1 (level 1's ids
     moved, silently), "16" and () were accepted; now through the check HFStepModel and
@@ -441,3 +470,32 @@ def test_cuda_engine_matches_reference(dtype):
     if dtype == torch.float32:
         assert torch.equal(rows, want.item_rows)
         torch.testing.assert_close(scores, want.scores, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_range_check_after_the_launch():
+    """On a GPU, ids on the GPU without a mask are range-checked after the graph's launch: a bad id
+    raises the one-line error, the next replay returns the same items as the check before the launch."""
+    import zerogr_core.models.qwen3 as qwen3
+
+    catalog = tiny_catalog()
+    ids = inputs(6)[0].cuda()
+    model = build_random(SHAPE, seed=3)[0].to("cuda")
+    index = build_index(catalog, device="cuda")
+    run = serving(model, index, 6)
+    first = [run.decode(ids) for _ in range(2)][-1]
+    assert run.prefill_in_graph and not run.step_model._range.pending
+    bad = ids.clone()
+    bad[2, 3] = SHAPE.vocab
+    with pytest.raises(ZeroGRError, match=r"^input_ids: row 2 has ids outside the model's vocabulary"):
+        run.decode(bad)
+    again = run.decode(ids)
+    assert torch.equal(again.item_rows, first.item_rows)
+    checked = serving(model, index, 6)
+    original, qwen3._defers_range = qwen3._defers_range, lambda history, device: False
+    try:
+        want = checked.decode(ids)
+    finally:
+        qwen3._defers_range = original
+    assert torch.equal(want.item_rows, first.item_rows)

@@ -80,8 +80,7 @@ def token_inputs(history, attention_mask, vocab: int | None, device: torch.devic
     if vocab is not None and history.device.type == "cpu":
         outside = ((history < 0) | (history >= vocab)).any(dim=1)
         if bool(outside.any()):
-            raise ZeroGRError(f"input_ids: row {int(outside.nonzero()[0, 0])} has ids outside the model's vocabulary "
-                              f"[0, {vocab})")
+            raise vocab_error(vocab, int(outside.nonzero()[0, 0]))
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise ZeroGRError(f"attention_mask: expected a torch.Tensor, got {type(attention_mask).__name__}")
     if attention_mask is not None and attention_mask.device.type == "cpu" and attention_mask.dtype != torch.bool:
@@ -97,7 +96,7 @@ def token_inputs(history, attention_mask, vocab: int | None, device: torch.devic
     return history, mask
 
 
-def right_padded(history, attention_mask, vocab: int, device: torch.device):
+def right_padded(history, attention_mask, vocab: int, device: torch.device, *, check_range: bool = True):
     """A causal LM's requests moved to right padding, validated.
 
     Parameters
@@ -109,6 +108,9 @@ def right_padded(history, attention_mask, vocab: int, device: torch.device):
         an empty row or ids outside ``[0, vocab)`` on a token are refused in one line.
     vocab : int
     device : torch.device
+    check_range : bool
+        ``False`` leaves the range of the ids of a call without a mask to the caller
+        (:class:`StagedRange`, read once the prefill is launched).
 
     Returns
     -------
@@ -123,12 +125,13 @@ def right_padded(history, attention_mask, vocab: int, device: torch.device):
     if history.dtype.is_floating_point or history.dtype == torch.bool:
         raise ZeroGRError(f"input_ids: expected integer token ids, got {history.dtype}")
     b, t = history.shape
+    if attention_mask is None and not check_range:
+        return history.to(device, torch.int64), None
     if attention_mask is None:
         # the common call: one reduction where the ids are (a synchronisation only if that is a GPU)
         lo, hi = torch.stack(torch.aminmax(history)).tolist()
         if lo < 0 or hi >= vocab:
-            row = int(((history < 0) | (history >= vocab)).any(dim=1).nonzero()[0, 0])
-            raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {vocab})")
+            raise vocab_error(vocab, int(((history < 0) | (history >= vocab)).any(dim=1).nonzero()[0, 0]))
         return history.to(device, torch.int64), None
     ids = history.to(device, torch.int64)
     out_of_vocab = (ids < 0) | (ids >= vocab)
@@ -148,11 +151,63 @@ def right_padded(history, attention_mask, vocab: int, device: torch.device):
     if scattered:
         raise ZeroGRError("attention_mask: each row's tokens must be one contiguous run (left or right padding)")
     if bad:
-        row = int(bad_ids.nonzero()[0, 0])
-        raise ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {vocab})")
+        raise vocab_error(vocab, int(bad_ids.nonzero()[0, 0]))
     src = (start[:, None] + pos[None, :]).clamp(max=t - 1)
     ids = torch.where(pos[None, :] < lengths[:, None], ids.gather(1, src), 0)
     return ids, lengths
+
+
+def vocab_error(vocab: int, row: int) -> ZeroGRError:
+    """The one-line error of a request whose token ids leave ``[0, vocab)``."""
+    return ZeroGRError(f"input_ids: row {row} has ids outside the model's vocabulary [0, {vocab})")
+
+
+class StagedRange:
+    """The range check of token ids staged from a GPU tensor, read once the prefill is launched.
+
+    Checking a CUDA tensor's ids before the prefill means the host waits for a device reduction
+    with the GPU idle: 0.24 ms of a 1,000-token, batch-1 Qwen3 call on a lent H100
+    (``runs/probe_llm_host_gaps.py``). Instead the prefill writes the staged ids' minimum and
+    maximum to pinned memory (a copy and an event node inside its CUDA graph) and embeds the ids
+    clamped into range, so a bad id never reaches a gather; :meth:`verify`, called after the
+    decode's launch, waits for that early event and raises the same one-line error as the check
+    before, and the caller drops the decode's results.
+
+    Parameters
+    ----------
+    device : torch.device
+        The model's device.
+    """
+
+    def __init__(self, device):
+        cuda = torch.device(device).type == "cuda"
+        self.host = torch.zeros(2, dtype=torch.int64)
+        if cuda:
+            self.host = self.host.pin_memory()
+        self.ready = torch.cuda.Event(external=True) if cuda else None
+        #: the staged ids wait for :meth:`verify` (set by the model's ``stage``)
+        self.pending = False
+
+    def record(self, ids: torch.Tensor) -> None:
+        """Device work beside the prefill (capturable): copy the min and max of ``ids`` to the host.
+        On a GPU it always runs, since a captured graph runs it for every later call."""
+        if self.ready is None and not self.pending:
+            return
+        self.host.copy_(torch.stack(torch.aminmax(ids)), non_blocking=self.ready is not None)
+        if self.ready is not None:
+            self.ready.record()
+
+    def verify(self, ids: torch.Tensor, vocab: int) -> None:
+        """Raise :class:`~zerogr_core.ZeroGRError` naming the first row of ``ids`` (the staged
+        buffer, shape (B, T)) with an id outside ``[0, vocab)``, if the staged ids wait for it."""
+        if not self.pending:
+            return
+        self.pending = False
+        if self.ready is not None:
+            self.ready.synchronize()
+        lo, hi = self.host.tolist()
+        if lo < 0 or hi >= vocab:
+            raise vocab_error(vocab, int(((ids < 0) | (ids >= vocab)).any(dim=1).nonzero()[0, 0]))
 
 
 def safe_parents(parents: torch.Tensor, beams_prev: int) -> torch.Tensor:
@@ -427,7 +482,11 @@ class StepDecoder:
         with self._lock:
             load_requests(self.step_model, history, attention_mask, beam_width=self.decoder.beam_width,
                           stage=self.stage)
-            return self.decoder.decode(self.step_model, int(history.shape[0]), lists=lists)
+            result = self.decoder.decode(self.step_model, int(history.shape[0]), lists=lists)
+            check = getattr(self.step_model, "check_staged", None)
+            if check is not None:  # a range check the model deferred past the launch (StagedRange)
+                check()
+            return result
 
 
 #: Where a :class:`StepDecoder` runs the prefill: ``inside`` the decode (captured with it),

@@ -56,7 +56,7 @@ from zerogr_kernels.swiglu import silu_mul
 from ..arg_types import whole_value
 from ..errors import ZeroGRError
 from . import fp8_projections
-from .protocol import partial_flag, partial_step, right_padded, safe_parents
+from .protocol import StagedRange, partial_flag, partial_step, right_padded, safe_parents
 
 __all__ = ["PROJECTIONS", "QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random", "projections_problem"]
 
@@ -173,6 +173,12 @@ def build_random(preset: str | Qwen3Preset = "tiny", *, device="cpu", dtype=torc
     return model.to(dtype).eval(), preset
 
 
+def _defers_range(history: torch.Tensor, device: torch.device) -> bool:
+    """Whether :meth:`Qwen3StepModel.stage` checks the range of ``history`` after the launch:
+    ids already on the model's GPU (a check of host ids costs no wait)."""
+    return history.is_cuda and device.type == "cuda"
+
+
 def _whole_bucket(value) -> int:
     """``context_bucket`` as an int ≥ 1: int() truncated 2.5 to 2 and raised a bare ValueError on "x"."""
     whole = whole_value(value)
@@ -258,6 +264,7 @@ class Qwen3StepModel:
         self.prefill_in_step = False
         self.graph_safe = True
         self._static_key = None
+        self._range = StagedRange(self.device)
 
     @property
     def device(self) -> torch.device:
@@ -312,7 +319,11 @@ class Qwen3StepModel:
         """
         if isinstance(beam_width, bool) or not isinstance(beam_width, int) or beam_width < 1:
             raise ZeroGRError(f"beam_width must be a positive integer, got {beam_width!r}")
-        ids, lengths = right_padded(history, attention_mask, self.vocab, self.device)
+        # ids already on the GPU are checked after the launch (StagedRange): a check now would hold
+        # the prefill back until the host has read a device reduction
+        defer = attention_mask is None and _defers_range(history, self.device)
+        ids, lengths = right_padded(history, attention_mask, self.vocab, self.device, check_range=not defer)
+        self._range.pending = defer
         b, t = ids.shape
         tb = self.bucket(t)
         key = (b, tb, beam_width, self.dtype)
@@ -341,6 +352,13 @@ class Qwen3StepModel:
         self.stage(history, attention_mask, beam_width=beam_width)
         self.run_prefill()
         self.prefill_in_step = False
+        self.check_staged()
+
+    def check_staged(self) -> None:
+        """Raise :class:`~zerogr_core.ZeroGRError` if the ids :meth:`stage` took from a GPU tensor
+        leave the vocabulary (read after the prefill's launch, :class:`~zerogr_core.models.protocol.StagedRange`);
+        :class:`~zerogr_core.models.protocol.StepDecoder` calls it after each decode."""
+        self._range.verify(self.ids, self.vocab)
 
     # ---- the network ----------------------------------------------------------------
 
@@ -456,7 +474,9 @@ class Qwen3StepModel:
         """The staged contexts through every layer, into the static buffers: device work only
         (no host synchronisation, static shapes), so a CUDA graph can hold it."""
         b, tb = self.ids.shape
-        x = self.core.embed_tokens(self.ids).view(b * tb, -1)
+        self._range.record(self.ids)
+        # clamped: ids whose range is checked after the launch must not index past the table meanwhile
+        x = self.core.embed_tokens(self.ids.clamp(0, self.vocab - 1)).view(b * tb, -1)
         cos, sin = self.rope_table[:, :tb].repeat(1, b, 1)                               # (b · tb, D) each
 
         last = torch.arange(b, device=self.device) * tb + self.lengths - 1   # each request's last token, flat
