@@ -7,12 +7,15 @@ The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-it
 256, filtering first, prefill inside the graph). Per shape, these calls take turns
 (:func:`zerogr_core.timing.paired_runs`: CUDA events around each, each on an idle device, medians):
 
-* ``e2e``: what the benchmark times, ``run.decode(ids)`` and the item ids on the host;
+* ``e2e``: ``run.decode(ids)`` and the item ids mapped on the host (``Catalog.ids_of_rows`` of the
+  rows read back);
 * ``rows``: ``run.decode(ids).item_rows.cpu()`` (no id mapping);
-* ``e2e-nocheck``: ``e2e`` with the inputs' range check (a device reduction the host reads before the
-  prefill may start, the GPU idle) left out: what moving it after the launch could save at most; or,
-  where the code already checks ids on the GPU after the launch (``qwen3._defers_range``, branch
-  ``range-after-launch``), ``e2e-check-first``: the check read before the prefill, as on main;
+* ``e2e-gpu-ids``: what the benchmark times, ``run.decode(ids).item_ids(catalog)``: the rows mapped
+  to ids on the GPU (:mod:`zerogr_core.decode.item_table`), so the host never reads the 80 MB id table;
+* ``e2e-small-table``: ``e2e`` with the host's gather reading a 512 KB table instead (the same numpy
+  work on memory that stays in cache): whether the mapping's cost is the table's cache misses;
+* ``e2e-check-first``: ``e2e`` with the inputs' range check read before the prefill (the GPU idle
+  while the host waits for a device reduction), where ``qwen3._defers_range`` reads it after the launch;
 * ``stage``: the model's ``stage`` alone (the inputs' check and copy into the static buffers);
 * ``graphs+read``: the captured graphs alone on the staged inputs, with the host's read of the
   last step's row count between them, as a call runs them;
@@ -36,13 +39,6 @@ from zerogr_core.models import qwen3
 from zerogr_core.models.protocol import right_padded
 from zerogr_core.timing import paired_runs
 
-DEFERS = hasattr(qwen3, "_defers_range")
-checked = qwen3.right_padded
-
-
-def unchecked(history, attention_mask, vocab, device, **_):
-    assert attention_mask is None
-    return history.to(device, torch.int64), None
 
 
 def host_us(fn, n=200):
@@ -113,19 +109,21 @@ def main() -> None:
         def e2e():
             w.catalog.ids_of_rows(run.decode(sets[cur["i"]]).item_rows.cpu().numpy())
 
-        def e2e_other_check():
-            # the range check where the code under test does not put it
-            if DEFERS:
-                deferred, qwen3._defers_range = qwen3._defers_range, lambda history, device: False
-            else:
-                qwen3.right_padded = unchecked
+        def e2e_check_first():
+            deferred, qwen3._defers_range = qwen3._defers_range, lambda history, device: False
             try:
                 e2e()
             finally:
-                if DEFERS:
-                    qwen3._defers_range = deferred
-                else:
-                    qwen3.right_padded = checked
+                qwen3._defers_range = deferred
+
+        small = np.arange(1 << 16, dtype=np.int64)
+
+        def e2e_gpu_ids():
+            run.decode(sets[cur["i"]]).item_ids(w.catalog)
+
+        def e2e_small_table():
+            r = run.decode(sets[cur["i"]]).item_rows.cpu().numpy()
+            np.where(r >= 0, small[np.clip(r, 0, None) % small.size], -1)
 
         def rows():
             run.decode(sets[cur["i"]]).item_rows.cpu()
@@ -146,7 +144,8 @@ def main() -> None:
         def last():
             p.graphs[cur["rows"]][0].replay()
 
-        fns = {"e2e": e2e, "e2e-check-first" if DEFERS else "e2e-nocheck": e2e_other_check, "rows": rows, "stage": stage}
+        fns = {"e2e": e2e, "e2e-gpu-ids": e2e_gpu_ids, "e2e-small-table": e2e_small_table,
+               "e2e-check-first": e2e_check_first, "rows": rows, "stage": stage}
         if p is not None:
             cur["rows"] = next(r for r, g in p.graphs.items() if g is not None)
             fns.update({"graphs+read": graphs_read, "graphs": graphs, "first": first, "last": last})
@@ -157,8 +156,7 @@ def main() -> None:
         rows_np = res.item_rows.cpu().numpy()
         lone = torch.cuda.Event()
         step = itertools.count(1)
-        unchecked_us = host_us(lambda: right_padded(sets[0], None, sm.vocab, w.device, check_range=False)) \
-            if DEFERS else host_us(lambda: unchecked(sets[0], None, sm.vocab, w.device))
+        unchecked_us = host_us(lambda: right_padded(sets[0], None, sm.vocab, w.device, check_range=False))
         print(f"{context}x{batch} host µs: ids_of_rows {host_us(lambda: w.catalog.ids_of_rows(rows_np)):.1f}, "
               f"ids_of_rows of other rows each call {host_us(lambda: w.catalog.ids_of_rows((np.abs(rows_np) + 7919 * next(step)) % w.catalog.n_items)):.1f}, "
               f"item_rows.cpu() {host_us(lambda: res.item_rows.cpu()):.1f}, "

@@ -241,7 +241,7 @@ def measure_shape(w: Workload, context: int, batch: int, beam: int) -> list[dict
         cur["i"] = i % len(sets)
 
     def items(result):
-        return w.catalog.ids_of_rows(result.item_rows.cpu().numpy())
+        return result.item_ids(w.catalog)
 
     # filtering first, end to end: stage + one graph (prefill inside) + item ids
     _peak_reset(dev)

@@ -329,7 +329,7 @@ class Catalog:
             out.extend(free[:count - len(out)].tolist())
         return np.array(out, dtype=StringDType())
 
-    def ids_of_rows(self, rows, fill=-1) -> np.ndarray:
+    def ids_of_rows(self, rows, fill=-1, *, gathered=None) -> np.ndarray:
         """Item ids of catalog ``rows``, padding (-1 rows) included; a row outside the catalog
         (decoded over another one) raises :class:`CatalogError` (clipped, it named the last item).
 
@@ -340,6 +340,10 @@ class Catalog:
         fill : int, optional
             The id written for padding with integer ids (default -1: pass another where -1 is
             an item's id, or tell padding by ``rows < 0``).
+        gathered : np.ndarray, optional, same shape as ``rows``, int64
+            The rows' ids already gathered from a copy of ``item_ids`` (on a GPU:
+            :func:`zerogr_core.decode.item_table.ids_of_rows`); only the checks and the padding
+            are done here.
 
         Returns
         -------
@@ -355,7 +359,13 @@ class Catalog:
         if outside.any():
             raise CatalogError(f"row {int(rows[outside].flat[0])} is not a row of catalog {self.name!r} "
                                f"({self.n_items} items): were these rows decoded over another catalog?")
-        ids = self.item_ids[np.clip(rows, 0, max(self.n_items - 1, 0))]
+        if gathered is None:
+            ids = self.item_ids[np.clip(rows, 0, max(self.n_items - 1, 0))]
+        elif self.string_ids or np.shape(gathered) != rows.shape:
+            raise CatalogError(f"gathered: expected int64 ids of shape {rows.shape}, got {np.shape(gathered)}"
+                               + (" for a catalog of string ids" if self.string_ids else ""))
+        else:
+            ids = np.asarray(gathered, dtype=np.int64)
         if self.string_ids:
             return np.where(rows >= 0, ids.astype(object), None)
         return np.where(rows >= 0, ids, np.int64(fill))

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import ZeroGRError
+from .item_table import ids_of_rows
 from .loop import BeamLoop, SelectStep
 from .ops import DISPATCH, KernelOps, no_timer
 
@@ -85,8 +86,13 @@ class DecodeResult:
         np.ndarray
             int64 with ``fill`` where there is no item (padding), for integer ids; object
             (Python ``str``) with ``None`` for padding, for string ids.
+
+        Notes
+        -----
+        On a GPU, integer ids are gathered there from a copy of the catalog's ids made on first
+        use (8 bytes per item, kept while the catalog lives: :mod:`zerogr_core.decode.item_table`).
         """
-        return catalog.ids_of_rows(self.item_rows.cpu().numpy(), fill)
+        return ids_of_rows(catalog, self.item_rows, fill)
 
 
 class StepFn(Protocol):

@@ -35,6 +35,7 @@ from ..catalog.item_ids import format_item_id
 from ..errors import CatalogError, ZeroGRError
 from ..index import build_index
 from .constraints import _id_array
+from .item_table import device_item_ids
 
 
 DEFAULT_COMPACT_FRACTION = 0.05
@@ -299,6 +300,8 @@ class CatalogStore:
     def _build(self, catalog: Catalog, version: int, note) -> CatalogVersion:
         kwargs = {} if self.index_config is None else {"config": self.index_config}
         index = build_index(catalog, device=self.device, **kwargs)
+        if index.device.type == "cuda":  # results' ids are gathered there: copied with the index, not by a request
+            device_item_ids(catalog, index.device)
         decoder = self.make_decoder(catalog, index)
         if getattr(decoder, "catalog", None) is not catalog:
             raise ZeroGRError("make_decoder must build its Decoder with catalog=catalog")
