@@ -15,7 +15,7 @@ The LLM benchmark's workload (Qwen3-1.7B shape, random bf16 weights, the 10^7-it
 * ``e2e-small-table``: ``e2e`` with the host's gather reading a 512 KB table instead (the same numpy
   work on memory that stays in cache): whether the mapping's cost is the table's cache misses;
 * ``e2e-check-first``: ``e2e`` with the inputs' range check read before the prefill (the GPU idle
-  while the host waits for a device reduction), where ``qwen3._defers_range`` reads it after the launch;
+  while the host waits for a device reduction), where ``qwen3.defers_range`` reads it after the launch;
 * ``stage``: the model's ``stage`` alone (the inputs' check and copy into the static buffers);
 * ``graphs+read``: the captured graphs alone on the staged inputs, with the host's read of the
   last step's row count between them, as a call runs them;
@@ -110,11 +110,11 @@ def main() -> None:
             w.catalog.ids_of_rows(run.decode(sets[cur["i"]]).item_rows.cpu().numpy())
 
         def e2e_check_first():
-            deferred, qwen3._defers_range = qwen3._defers_range, lambda history, device: False
+            deferred, qwen3.defers_range = qwen3.defers_range, lambda history, device: False
             try:
                 e2e()
             finally:
-                qwen3._defers_range = deferred
+                qwen3.defers_range = deferred
 
         small = np.arange(1 << 16, dtype=np.int64)
 

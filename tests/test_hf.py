@@ -205,6 +205,62 @@ def test_request_errors_name_the_argument(name):
     assert generator.generate(ids.to(torch.int32), mask).item_rows.shape == (ids.shape[0], 4)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_t5_deferred_range_check(monkeypatch, masked):
+    """T5's staged prefill checks ids on the model's GPU after the launch (StagedRange), here forced on
+    the CPU: a bad id raises the one-line error naming its row, the clamped encoder never indexes past
+    the table, and the next decode is unharmed and equal to the one checked first."""
+    import zerogr_core.models.t5 as t5
+    from zerogr_core.hf import HFGenerator
+
+    model, index = t5_model(), build_index(tiny_catalog())
+    ids, mask = inputs()
+    mask = mask if masked else None
+    make = lambda: HFGenerator(model, index, beam_width=4, token_offsets=OFFSETS,  # noqa: E731
+                               step_model=t5.T5StepModel(model, OFFSETS), prefill="inside")
+    want = make().generate(ids, mask)
+    monkeypatch.setattr(t5, "defers_range", lambda history, device: True)
+    generator = make()
+    for value, row in ((VOCAB, 1), (-2, 0)):
+        bad = ids.clone()
+        bad[row, -1] = value
+        with pytest.raises(ZeroGRError, match=rf"^input_ids: row {row} has ids outside the model's vocabulary "
+                                              rf"\[0, {VOCAB}\)$"):
+            generator.generate(bad, mask)
+        assert not generator.step_model._range.pending
+        got = generator.generate(ids, mask)
+        assert torch.equal(got.item_rows, want.item_rows)
+        torch.testing.assert_close(got.scores, want.scores)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("name", ["t5", "gpt2", "t5-staged"])
+def test_cuda_ids_outside_the_vocabulary_are_refused(name):
+    """Ids already on the GPU were not range-checked for these models: a bad one ended the process's
+    CUDA context in the embedding's device-side assert. Now the one-line error, and the next decode
+    on the same GPU gives the same beams as before it."""
+    from zerogr_core.hf import HFGenerator
+    from zerogr_core.models.t5 import T5StepModel
+
+    model = (gpt2_model if name == "gpt2" else t5_model)().to("cuda")
+    index = build_index(tiny_catalog(), device="cuda")
+    step_model = T5StepModel(model, OFFSETS) if name == "t5-staged" else None
+    generator = HFGenerator(model, index, beam_width=4, token_offsets=OFFSETS, step_model=step_model,
+                            prefill="inside" if name == "t5-staged" else "auto")
+    ids, mask = (t.cuda() for t in inputs())
+    first = [generator.generate(ids, mask) for _ in range(2)][-1]
+    for value, row in ((VOCAB, 1), (-1, 0)):
+        bad = ids.clone()
+        bad[row, -1] = value
+        with pytest.raises(ZeroGRError, match=rf"^input_ids: row {row} has ids outside the model's vocabulary"):
+            generator.generate(bad, mask)
+        torch.cuda.synchronize()
+        again = generator.generate(ids, mask)
+        assert torch.equal(again.item_rows, first.item_rows)
+        torch.testing.assert_close(again.scores, first.scores)
+
+
 def test_import_without_transformers():
     """``import zerogr_core`` and ``zerogr_core.hf`` load without importing transformers."""
     import subprocess

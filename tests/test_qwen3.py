@@ -251,7 +251,7 @@ def test_deferred_range_check(model, monkeypatch, prefill):
     index = build_index(tiny_catalog())
     ids, _ = inputs(5)
     want = serving(model, index, 6, prefill=prefill).decode(ids)
-    monkeypatch.setattr(qwen3, "_defers_range", lambda history, device: True)
+    monkeypatch.setattr(qwen3, "defers_range", lambda history, device: True)
     run = serving(model, index, 6, prefill=prefill)
     for value, row in ((SHAPE.vocab, 2), (-3, 0), (SHAPE.vocab + 1000, 1)):
         bad = ids.clone()
@@ -493,9 +493,9 @@ def test_cuda_range_check_after_the_launch():
     again = run.decode(ids)
     assert torch.equal(again.item_rows, first.item_rows)
     checked = serving(model, index, 6)
-    original, qwen3._defers_range = qwen3._defers_range, lambda history, device: False
+    original, qwen3.defers_range = qwen3.defers_range, lambda history, device: False
     try:
         want = checked.decode(ids)
     finally:
-        qwen3._defers_range = original
+        qwen3.defers_range = original
     assert torch.equal(want.item_rows, first.item_rows)

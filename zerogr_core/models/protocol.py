@@ -51,16 +51,17 @@ from ..decode.search import StepModel  # noqa: F401 (the protocol lives where th
 from ..errors import ZeroGRError
 
 
-def token_inputs(history, attention_mask, vocab: int | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def token_inputs(history, attention_mask, vocab: int | None, device: torch.device, *,
+                 check_range: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """A token-id model's requests, checked and on ``device``: ``(input_ids, attention_mask)``.
 
     Refused in one line naming the argument: not a tensor, not (batch ≥ 1, T ≥ 1), ids that are
     not integers (a float tensor would fail in the embedding, or be truncated when staged into
     the model's int64 buffers), ids outside ``[0, vocab)`` (an IndexError deep in the embedding
     on a CPU, a device-side assert that ends the process's CUDA context on a GPU) and a mask
-    that is not a tensor of the ids' shape, or holds values other than 0 and 1. The id range
-    (and the mask's values) are read where they are given when that is the host: ids already
-    on a GPU are not read back (staging stays free of host synchronisation).
+    that is not a tensor of the ids' shape, or holds values other than 0 and 1. The mask's values
+    are read where the mask is given when that is the host; the ids' range wherever they are (one
+    reduction read back for ids on a GPU), unless the caller checks it after the launch.
 
     Parameters
     ----------
@@ -71,16 +72,21 @@ def token_inputs(history, attention_mask, vocab: int | None, device: torch.devic
     vocab : int or None
         The model's input vocabulary size (``None``: not known, the ids' range is not checked).
     device : torch.device
+    check_range : bool
+        ``False`` leaves the ids' range to the caller (:class:`StagedRange`, for ids already on
+        a GPU, read once the prefill is launched).
     """
     if not isinstance(history, torch.Tensor) or history.dim() != 2 or history.shape[0] < 1 or history.shape[1] < 1:
         shape = tuple(history.shape) if isinstance(history, torch.Tensor) else type(history).__name__
         raise ZeroGRError(f"input_ids: expected a tensor of shape (batch ≥ 1, T ≥ 1), got {shape}")
     if history.is_floating_point() or history.is_complex() or history.dtype == torch.bool:
         raise ZeroGRError(f"input_ids: token ids must be integers, got {str(history.dtype).replace('torch.', '')}")
-    if vocab is not None and history.device.type == "cpu":
-        outside = ((history < 0) | (history >= vocab)).any(dim=1)
-        if bool(outside.any()):
-            raise vocab_error(vocab, int(outside.nonzero()[0, 0]))
+    # a bad id on a GPU would end the process's CUDA context in the embedding's device-side assert;
+    # a meta tensor (shapes only) has no values to read
+    if vocab is not None and check_range and history.device.type != "meta":
+        lo, hi = torch.stack(torch.aminmax(history)).tolist()
+        if lo < 0 or hi >= vocab:
+            raise vocab_error(vocab, int(((history < 0) | (history >= vocab)).any(dim=1).nonzero()[0, 0]))
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise ZeroGRError(f"attention_mask: expected a torch.Tensor, got {type(attention_mask).__name__}")
     if attention_mask is not None and attention_mask.device.type == "cpu" and attention_mask.dtype != torch.bool:
@@ -155,6 +161,12 @@ def right_padded(history, attention_mask, vocab: int, device: torch.device, *, c
     src = (start[:, None] + pos[None, :]).clamp(max=t - 1)
     ids = torch.where(pos[None, :] < lengths[:, None], ids.gather(1, src), 0)
     return ids, lengths
+
+
+def defers_range(history: torch.Tensor, device: torch.device) -> bool:
+    """Whether a step model's ``stage`` leaves the range check of ``history`` to :class:`StagedRange`:
+    ids already on the model's GPU (a check of host ids costs no wait)."""
+    return history.is_cuda and torch.device(device).type == "cuda"
 
 
 def vocab_error(vocab: int, row: int) -> ZeroGRError:

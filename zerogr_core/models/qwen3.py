@@ -56,7 +56,7 @@ from zerogr_kernels.swiglu import silu_mul
 from ..arg_types import whole_value
 from ..errors import ZeroGRError
 from . import fp8_projections
-from .protocol import StagedRange, partial_flag, partial_step, right_padded, safe_parents
+from .protocol import StagedRange, defers_range, partial_flag, partial_step, right_padded, safe_parents
 
 __all__ = ["PROJECTIONS", "QWEN3_PRESETS", "Qwen3Preset", "Qwen3StepModel", "build_random", "projections_problem"]
 
@@ -171,12 +171,6 @@ def build_random(preset: str | Qwen3Preset = "tiny", *, device="cpu", dtype=torc
     with torch.device(device):
         model = transformers.Qwen3ForCausalLM(preset.hf_config())
     return model.to(dtype).eval(), preset
-
-
-def _defers_range(history: torch.Tensor, device: torch.device) -> bool:
-    """Whether :meth:`Qwen3StepModel.stage` checks the range of ``history`` after the launch:
-    ids already on the model's GPU (a check of host ids costs no wait)."""
-    return history.is_cuda and device.type == "cuda"
 
 
 def _whole_bucket(value) -> int:
@@ -321,7 +315,7 @@ class Qwen3StepModel:
             raise ZeroGRError(f"beam_width must be a positive integer, got {beam_width!r}")
         # ids already on the GPU are checked after the launch (StagedRange): a check now would hold
         # the prefill back until the host has read a device reduction
-        defer = attention_mask is None and _defers_range(history, self.device)
+        defer = attention_mask is None and defers_range(history, self.device)
         ids, lengths = right_padded(history, attention_mask, self.vocab, self.device, check_range=not defer)
         self._range.pending = defer
         b, t = ids.shape

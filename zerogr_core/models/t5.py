@@ -36,7 +36,7 @@ from zerogr_kernels.rms_norm import MAX_WIDTH, rms_layer_norm_reference, rms_lay
 
 from ..errors import ZeroGRError
 from .hf import step_offsets
-from .protocol import keep_static, partial_flag, partial_step, safe_parents, token_inputs
+from .protocol import StagedRange, defers_range, keep_static, partial_flag, partial_step, safe_parents, token_inputs
 
 
 class T5StepModel:
@@ -107,6 +107,7 @@ class T5StepModel:
         self.encode_in_step = False
         self.graph_safe = True   # static buffers only: the whole decode may be captured in a CUDA graph
         self.partial_last_step = partial_flag(partial_last_step)
+        self._range = StagedRange(self.device)
 
     @property
     def device(self) -> torch.device:
@@ -116,9 +117,14 @@ class T5StepModel:
     def dtype(self) -> torch.dtype:
         return self.model.decoder.embed_tokens.weight.dtype
 
-    def _inputs(self, history: torch.Tensor, attention_mask: torch.Tensor | None):
+    @property
+    def vocab(self) -> int:
+        """The encoder's input vocabulary size."""
+        return int(self.model.encoder.embed_tokens.num_embeddings)
+
+    def _inputs(self, history: torch.Tensor, attention_mask: torch.Tensor | None, check_range: bool = True):
         """Checked (ids, mask) on the model's device (:func:`~.protocol.token_inputs`)."""
-        return token_inputs(history, attention_mask, self.model.encoder.embed_tokens.num_embeddings, self.device)
+        return token_inputs(history, attention_mask, self.vocab, self.device, check_range=check_range)
 
     def _cross(self, memory: torch.Tensor, mask: torch.Tensor):
         """Every decoder layer's cross-attention keys and values, one (B, T, layers · 2 · heads · d_kv)
@@ -221,6 +227,7 @@ class T5StepModel:
         stage : the same with the encoder run inside the decode (capturable in a CUDA graph).
         """
         history, mask = self._inputs(history, attention_mask)
+        self._range.pending = False
         b, t = history.shape
         memory = self.model.encoder(input_ids=history, attention_mask=mask).last_hidden_state
         self._fuse(memory.dtype)
@@ -251,7 +258,11 @@ class T5StepModel:
             1 on tokens, 0 on padding (any padding side).
         beam_width : int
         """
-        history, mask = self._inputs(history, attention_mask)
+        # ids already on the GPU are checked after the launch (StagedRange): a check now would hold
+        # the encoder back until the host has read a device reduction
+        defer = defers_range(history, self.device)
+        history, mask = self._inputs(history, attention_mask, check_range=not defer)
+        self._range.pending = defer
         b, t = history.shape
         tb, dtype = self.bucket(t), self.dtype
         self._fuse(dtype)
@@ -274,6 +285,13 @@ class T5StepModel:
         self.ids_mask[:, t:].zero_()
         self.encode_in_step = True
 
+    def check_staged(self) -> None:
+        """Raise :class:`~zerogr_core.ZeroGRError` if the ids :meth:`stage` took from a GPU tensor
+        leave the vocabulary (read after the decode's launch, :class:`~.protocol.StagedRange`);
+        :class:`~.protocol.StepDecoder` calls it after each decode."""
+        if self._range.pending:  # only a staged call sets it; the prefill outside has no ``ids``
+            self._range.verify(self.ids, self.vocab)
+
     @torch.no_grad()
     def encode(self) -> None:
         """The encoder and the cross-attention keys/values of the staged inputs, into static buffers.
@@ -287,7 +305,9 @@ class T5StepModel:
         dtype = self.dtype
         pad = (self.ids_mask == 0)[:, None, None, :]
         bias = self.encoder_bias.masked_fill(pad, torch.finfo(dtype).min)          # (B, heads, T_b, T_b)
-        x = encoder.embed_tokens(self.ids)
+        self._range.record(self.ids)
+        # clamped, so that an id outside the vocabulary cannot fault the gather before the check reads it
+        x = encoder.embed_tokens(self.ids.clamp(0, self.vocab - 1))
         b, t, _ = x.shape
         h = self._norm(x, encoder.block[0].layer[0].layer_norm)
         attend = request_attention_triton if self._kernels(x) else request_attention_reference
