@@ -144,6 +144,34 @@ def test_stage_checks_its_inputs_before_copying():
         m.step_model(history_bucket=0)
 
 
+@pytest.mark.parametrize("prefill", ["inside", "outside"])
+def test_history_tokens_outside_their_codebook_are_refused(prefill):
+    """A token past its level's codebook embedded as the next level's token (a wrong answer, silently),
+    or past the table at the last level (an IndexError here, a device-side assert on a GPU); a negative
+    one as token 0. Now one line naming the row, item and level; padding may hold anything, and a
+    refused call leaves the next decode as it was."""
+    m, index = model(), build_index(catalog())
+    run = StepDecoder(m.step_model(history_bucket=6), index, m.head_weight(), beam_width=BEAM,
+                      band_offsets=m.band_offsets, prefill=prefill)
+    history, mask = histories(3, 7, seed=9)
+    want = run.decode(history, mask)
+    for (row, item, level), value in (((0, 2, 0), SIZES[0]), ((1, 6, 3), SIZES[3] + 5), ((2, 6, 1), -1)):
+        bad = history.clone()
+        bad[row, item, level] = value
+        with pytest.raises(ZeroGRError, match=rf"^history: row {row}, item {item} has token {value} at level "
+                                              rf"{level + 1}, outside its codebook \[0, {SIZES[level]}\)$"):
+            run.decode(bad, mask)
+        with pytest.raises(ZeroGRError, match=rf"^history: row {row}, item {item} has token"):
+            run.decode(bad, None)
+    padded = history.clone()
+    padded[2, 0] = torch.tensor([-1, 99, -7, 4])                  # row 2 holds one item: position 0 is padding
+    assert mask[2, 0] == 0
+    assert_same_beams(run.decode(padded, mask), want)
+    with pytest.raises(ZeroGRError, match=r"^history: SID tokens must be integers, got float32$"):
+        run.decode(history.float(), mask)
+    assert_same_beams(run.decode(history, mask), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_staged_decode_reads_no_tensor_value_on_the_host(dtype):
     """On the meta device (shapes only, no values) every op that would synchronise with the
@@ -163,3 +191,24 @@ def test_staged_decode_reads_no_tensor_value_on_the_host(dtype):
         assert step_model.step(level, tokens, parents).shape == (8, 32)
     with pytest.raises(RuntimeError, match="meta"):
         step_model.prefill(history, mask, beam_width=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_history_tokens_outside_their_codebook_are_refused():
+    """On a GPU a last-level token past the table ended the CUDA context in the embedding's device-side
+    assert. Now the one-line error, and the captured decode after it returns what it did before."""
+    m, index = model(device="cuda"), build_index(catalog(), device="cuda")
+    run = StepDecoder(m.step_model(history_bucket=6), index, m.head_weight(), beam_width=BEAM,
+                      band_offsets=m.band_offsets, prefill="inside")
+    history, mask = (t.cuda() for t in histories(3, 7, seed=9))
+    want = [run.decode(history, mask) for _ in range(2)][-1]
+    bad = history.clone()
+    bad[1, 6, 3] = SIZES[3] + 5
+    with pytest.raises(ZeroGRError, match=r"^history: row 1, item 6 has token 9 at level 4, outside its codebook"):
+        run.decode(bad, mask)
+    padded = history.clone()
+    padded[2, 0, 1] = 10**6                                       # padding: embedded clamped, never read
+    assert_same_beams(run.decode(padded, mask), want)
+    torch.cuda.synchronize()
+    assert_same_beams(run.decode(history, mask), want)

@@ -120,6 +120,7 @@ class DecoderOnlyRecommender(nn.Module):
         # on the model's device, so that embedding a history copies nothing from the host
         # (a host copy cannot be captured in a CUDA graph)
         self.register_buffer("level_offsets", torch.tensor(self.band_offsets, dtype=torch.int64), persistent=False)
+        self.register_buffer("level_last", torch.tensor(sizes, dtype=torch.int64) - 1, persistent=False)
         for emb in (self.token_emb, self.pos_emb):
             nn.init.normal_(emb.weight, std=0.02)
 
@@ -132,29 +133,53 @@ class DecoderOnlyRecommender(nn.Module):
         return self.head.detach()
 
     def item_embedding(self, sids: torch.Tensor) -> torch.Tensor:
-        """Sum of the item's per-level token embeddings: (…, L) → (…, d)."""
-        return self.token_emb(sids.clamp(min=0) + self.level_offsets.to(sids.device)).sum(dim=-2)
+        """Sum of the item's per-level token embeddings: (…, L) → (…, d). Tokens are clamped into
+        their level's codebook, so padding may hold anything (:meth:`check_history` refuses such
+        tokens on real items)."""
+        tokens = torch.minimum(sids.clamp(min=0), self.level_last.to(sids.device))
+        return self.token_emb(tokens + self.level_offsets.to(sids.device)).sum(dim=-2)
 
     def token_embedding(self, tokens: torch.Tensor, level: int) -> torch.Tensor:
         """Embedding of level ``level``'s local tokens (-1 allowed: computed, never used)."""
         return self.token_emb(tokens.clamp(min=0) + self.band_offsets[level])
 
     def check_history(self, history: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """Validate (B, T, L) SIDs and a left-padding mask; returns the mask as bool."""
+        """Validate (B, T, L) SIDs and a left-padding mask; returns the mask as bool.
+
+        Every item under the mask must hold integer tokens within its level's codebook: a token past
+        a level's codebook would embed as another level's token (silently), or past the table (a
+        device-side assert on a GPU). Padding may hold anything. The checks are read on the host
+        once, where the history is (one flag read back for tensors on a GPU).
+        """
         if history.dim() != 3 or history.shape[2] != self.n_levels:
             raise ZeroGRError(f"history: expected shape (batch, T, {self.n_levels}), got {tuple(history.shape)}")
+        if history.is_floating_point() or history.is_complex() or history.dtype == torch.bool:
+            raise ZeroGRError(f"history: SID tokens must be integers, got {str(history.dtype).replace('torch.', '')}")
         b, t = history.shape[:2]
         if t > self.config.max_history:
             raise ZeroGRError(f"history: {t} items exceed max_history {self.config.max_history}")
+        # from the config, not the model's buffer: a meta model checks its requests on the host
+        last = torch.tensor(self.config.codebook_sizes, device=history.device) - 1
+        outside = ((history < 0) | (history > last)).any(dim=2)                     # (B, T)
         if attention_mask is None:
-            return torch.ones(b, t, dtype=torch.bool, device=history.device)
-        mask = attention_mask.to(history.device).bool()
-        if mask.shape != (b, t):
-            raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from the history's {(b, t)}")
-        lengths = mask.sum(dim=1)
-        left_padded = torch.arange(t, device=mask.device) >= t - lengths[:, None]
-        if bool((lengths < 1).any() | (mask != left_padded).any()):          # one read on the host
+            mask = torch.ones(b, t, dtype=torch.bool, device=history.device)
+            bad_layout = torch.zeros((), dtype=torch.bool, device=history.device)
+        else:
+            mask = attention_mask.to(history.device).bool()
+            if mask.shape != (b, t):
+                raise ZeroGRError(f"attention_mask: shape {tuple(mask.shape)} differs from the history's {(b, t)}")
+            lengths = mask.sum(dim=1)
+            left_padded = torch.arange(t, device=mask.device) >= t - lengths[:, None]
+            bad_layout = (lengths < 1).any() | (mask != left_padded).any()
+        outside &= mask
+        layout, tokens = torch.stack([bad_layout, outside.any()]).tolist()          # one read on the host
+        if layout:
             raise ZeroGRError("attention_mask: every row needs ≥ 1 item, padding on the left")
+        if tokens:
+            row, item = (int(v) for v in outside.nonzero()[0])
+            level = int(((history[row, item] < 0) | (history[row, item] > last)).nonzero()[0, 0])
+            raise ZeroGRError(f"history: row {row}, item {item} has token {int(history[row, item, level])} "
+                              f"at level {level + 1}, outside its codebook [0, {self.config.codebook_sizes[level]})")
         return mask
 
     @torch.no_grad()
