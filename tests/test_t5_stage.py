@@ -117,6 +117,30 @@ def test_staged_loop_serving_equals_prefill_outside():
     torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-5, atol=1e-5)
 
 
+def test_staged_loop_serving_checks_deferred_ids(monkeypatch):
+    """The bench's loop methods read a range check the model deferred past the launch, as StepDecoder
+    does (here forced on the CPU): a bad id raises the one-line error, the next decode is unharmed."""
+    from zerogr_core.bench.e2e import LoopServing
+    from zerogr_core.bench.methods import UnconstrainedStep
+    from zerogr_core.decode.heads import Heads
+    from zerogr_core.models import t5
+
+    m = model()
+    heads = Heads.build(m.lm_head.weight.detach(), SIZES, OFFSETS)
+    ids, mask = padded(3, 7, seed=5)
+    serving = LoopServing(T5StepModel(m, OFFSETS), lambda b: UnconstrainedStep(heads, b, 8), len(SIZES), 8,
+                          heads.hidden_size, heads.dtype, torch.device("cpu"), stage=True)
+    want = serving.decode(ids, mask)
+    monkeypatch.setattr(t5, "defers_range", lambda history, device: True)
+    bad = ids.clone()
+    bad[2, 0] = VOCAB
+    with pytest.raises(ZeroGRError, match=rf"^input_ids: row 2 has ids outside the model's vocabulary \[0, {VOCAB}\)$"):
+        serving.decode(bad, mask)
+    got = serving.decode(ids, mask)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
 def test_prefill_option_errors():
     from zerogr_core.hf import HFStepModel
 

@@ -287,7 +287,7 @@ class LoopServing:
     def decode(self, ids, mask):
         """Prefill (inside the graph when staged) and decode; returns (tokens, scores, states), cloned."""
         from ..decode.loop import BeamLoop, PrefixStep
-        from ..models.protocol import load_requests
+        from ..models.protocol import check_staged, load_requests
         from ..timing import capture
 
         batch = int(ids.shape[0])
@@ -316,6 +316,7 @@ class LoopServing:
             out = entry["outputs"]
         else:
             out = loop.run(self.step_model)
+        check_staged(self.step_model)
         return tuple(t.clone() for t in out)
 
 

@@ -495,9 +495,7 @@ class StepDecoder:
             load_requests(self.step_model, history, attention_mask, beam_width=self.decoder.beam_width,
                           stage=self.stage)
             result = self.decoder.decode(self.step_model, int(history.shape[0]), lists=lists)
-            check = getattr(self.step_model, "check_staged", None)
-            if check is not None:  # a range check the model deferred past the launch (StagedRange)
-                check()
+            check_staged(self.step_model)
             return result
 
 
@@ -509,6 +507,15 @@ PREFILLS = ("auto", "inside", "outside")
 def can_stage(step_model) -> bool:
     """Whether ``step_model`` offers a capturable prefill (``stage``, run by its step 0)."""
     return callable(getattr(step_model, "stage", None))
+
+
+def check_staged(step_model) -> None:
+    """After a decode's launch: raise the one-line error of staged ids outside the model's vocabulary,
+    where the model deferred that check past the launch (``check_staged``, :class:`StagedRange`); the
+    caller's results of that decode are then dropped."""
+    check = getattr(step_model, "check_staged", None)
+    if check is not None:
+        check()
 
 
 def load_requests(step_model, history: torch.Tensor, attention_mask: torch.Tensor | None, *, beam_width: int,
