@@ -178,8 +178,9 @@ class StagedRange:
     """The range check of token ids staged from a GPU tensor, read once the prefill is launched.
 
     Checking a CUDA tensor's ids before the prefill means the host waits for a device reduction
-    with the GPU idle: 0.24 ms of a 1,000-token, batch-1 Qwen3 call on a lent H100
-    (``runs/probe_llm_host_gaps.py``). Instead the prefill writes the staged ids' minimum and
+    with the GPU idle: on a lent H100, up to 0.16 ms of a 1,000-token, batch-1 Qwen3 call
+    (``runs/probe_llm_host_gaps.py``) and 6 % of a TIGER-size T5 call (``runs/probe_t5_range.py``),
+    where checking this way costs the T5 call 1.1–1.4 %. Instead the prefill writes the staged ids' minimum and
     maximum to pinned memory (a copy and an event node inside its CUDA graph) and embeds the ids
     clamped into range, so a bad id never reaches a gather; :meth:`verify`, called after the
     decode's launch, waits for that early event and raises the same one-line error as the check
